@@ -1,0 +1,62 @@
+# kubeinfer: the entry points people type. README.md and .ci/run use these names.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help setup test test-unit test-integration lint crds cluster-up cluster-down demo run \
+        bench bench-runtime bench-operator bench-autoscaler clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
+
+setup: ## idempotent: .venv + package, Debian prometheus, control-plane binaries and helm (hack/setup.sh)
+	@bash hack/setup.sh
+
+test: setup ## setup, then the unit and integration tests
+	@$(PY) -m pytest tests/unit tests/integration; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+test-unit: ## unit tests only (no setup of the control plane)
+	@$(PY) -m pytest tests/unit
+
+test-integration: setup ## integration tests only
+	@$(PY) -m pytest tests/integration
+
+lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
+	@bash hack/setup.sh --python-only
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	.venv/bin/lint-imports
+
+crds: ## regenerate crds/ and charts/kubeinfer/crds/ from the pydantic models
+	$(PY) -m kubeinfer.operator.crdgen
+
+cluster-up: setup ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints the kubeconfig
+	@$(PY) hack/cluster.py up
+
+cluster-down: ## stop the local control plane and remove its data and kubeconfig
+	@$(PY) hack/cluster.py down
+
+run: ## run the operator locally against $$KUBECONFIG
+	.venv/bin/kubeinfer-operator
+
+demo: setup ## the main job, end to end, on a local control plane with the bundled model
+	@$(PY) hack/demo.py
+
+bench-runtime: setup ## runtime benchmark -> bench/results/runtime.json
+	$(PY) bench/runtime_bench.py
+
+bench-operator: setup ## operator benchmark -> bench/results/operator.json
+	$(PY) bench/operator_bench.py
+
+bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
+	$(PY) bench/autoscaler_sim.py
+
+bench: bench-runtime bench-operator bench-autoscaler ## all benchmarks
+
+clean: cluster-down ## remove the venv and build cache
+	rm -rf .venv .cache

