@@ -1,0 +1,1 @@
+"""Helpers shared by tests, the demo and benchmarks (one module per owner)."""
