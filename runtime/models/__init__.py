@@ -1,1 +1,49 @@
-"""kubeinfer package."""
+"""Model loaders: ``load_model(cfg) -> ServableModel`` (Hugging Face directory or TorchScript file).
+
+torch and transformers are imported lazily, inside ``load_model``, so that importing the interface
+(``base``) stays cheap for the batcher's unit tests.
+"""
+
+from __future__ import annotations
+
+from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.models.base import (
+    REPORT_COMPARE_SECONDS,
+    REPORT_COSINE_MEAN,
+    REPORT_LOAD_SECONDS,
+    REPORT_RETRIEVAL_AGREEMENT,
+    REPORT_WARMUP_SECONDS,
+    InputError,
+    ServableModel,
+)
+
+__all__ = [
+    "REPORT_COMPARE_SECONDS",
+    "REPORT_COSINE_MEAN",
+    "REPORT_LOAD_SECONDS",
+    "REPORT_RETRIEVAL_AGREEMENT",
+    "REPORT_WARMUP_SECONDS",
+    "InputError",
+    "ServableModel",
+    "load_model",
+]
+
+
+def load_model(cfg: RuntimeConfig) -> ServableModel:
+    """Load, quantize and compare the model ``cfg.model`` describes, once per process.
+
+    ``cfg.model.format`` picks the loader: ``huggingface`` (a directory, or ``default`` for the
+    bundled all-MiniLM-L6-v2) or ``torchscript`` (a file with declared inputs/outputs). The model
+    is not warmed up; call ``warmup`` before reporting ready.
+
+    Raises:
+        FileNotFoundError: the model source does not exist.
+        ValueError: the configuration cannot be served (e.g. fp16 on a CPU, a bad calibration file).
+    """
+    if cfg.model.format == "torchscript":
+        from kubeinfer.runtime.models.torchscript import load_torchscript
+
+        return load_torchscript(cfg)
+    from kubeinfer.runtime.models.huggingface import load_huggingface
+
+    return load_huggingface(cfg)

@@ -1,0 +1,228 @@
+"""The model interface the batching server codes against: ``ServableModel`` and ``InputError``.
+
+Life cycle, as the server drives it:
+
+1. ``load_model(cfg)`` (``kubeinfer.runtime.models``) builds a model once per process: weights
+   loaded, quantized, compared with the unquantized model (see ``report()``).
+2. ``warmup(max_batch_size, steps)`` runs every batch-size bucket (1, 2, 4, ..., max) times the
+   model's sequence-length buckets before readiness; returns the seconds it took.
+3. Per request, on the event loop: ``validate(inputs)`` checks names, datatypes, shapes and limits
+   and returns the request's row count, or raises ``InputError`` (HTTP 400 or 413).
+4. Per batch, on executor threads: ``preprocess(batch)`` (tokenization, padding to the longest
+   row *in this batch*), then ``execute(prepared)`` which returns every output with the rows of the
+   batch's requests concatenated in order; the server splits them back by the row counts.
+   ``preprocess`` of the next batch may run on another thread while ``execute`` runs; both are
+   thread-safe. ``execute`` enters ``torch.inference_mode()`` itself (the mode is thread-local).
+
+Tensors are numpy arrays. BYTES tensors are numpy ``object`` arrays whose elements are ``bytes``.
+BF16 tensors are ``ml_dtypes.bfloat16`` arrays (numpy has no native bfloat16); a float32 array is
+also accepted for a BF16 input and converted by the model.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from kubeinfer.runtime.config import LimitsConfig, TensorSpec
+
+#: numpy dtype names accepted for each Open Inference Protocol datatype.
+ACCEPTED_NUMPY_DTYPES: dict[str, tuple[str, ...]] = {
+    "BOOL": ("bool",),
+    "UINT8": ("uint8",),
+    "INT8": ("int8",),
+    "INT16": ("int16",),
+    "INT32": ("int32",),
+    "INT64": ("int64",),
+    "FP16": ("float16",),
+    "BF16": ("bfloat16", "float32"),
+    "FP32": ("float32",),
+    "FP64": ("float64",),
+    "BYTES": ("object", "bytes"),
+}
+
+#: Protocol datatype of a numpy dtype name (the inverse of ``ACCEPTED_NUMPY_DTYPES``, for messages).
+NUMPY_TO_DATATYPE: dict[str, str] = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "bfloat16": "BF16",
+    "float32": "FP32",
+    "float64": "FP64",
+    "object": "BYTES",
+}
+
+# Keys of ``ServableModel.report()``; the server exports them as Prometheus gauges.
+#: Mean cosine similarity (ratio, -1..1) of the served model's embeddings to the unquantized ones.
+REPORT_COSINE_MEAN = "quantization_cosine_mean_ratio"
+#: Fraction (0..1) of held-out queries whose nearest neighbour agrees with the unquantized model's.
+REPORT_RETRIEVAL_AGREEMENT = "quantization_retrieval_agreement_ratio"
+#: Seconds spent in ``load_model`` (weights, quantization, comparison).
+REPORT_LOAD_SECONDS = "model_load_seconds"
+#: Seconds spent in the comparison with the unquantized model (part of the load time).
+REPORT_COMPARE_SECONDS = "quantization_compare_seconds"
+#: Seconds the last ``warmup`` took.
+REPORT_WARMUP_SECONDS = "warmup_seconds"
+
+
+class InputError(Exception):
+    """A request's input is bad; the server answers ``{"error": str(exc)}`` with ``status``.
+
+    Attributes:
+        tensor: name of the offending input tensor, or ``None`` when the whole request is at fault.
+        status: HTTP status, 400 (malformed: names, datatype, shape, encoding) or 413 (over a limit
+            of ``LimitsConfig``: elements, bytes, text tokens).
+    """
+
+    def __init__(self, message: str, *, tensor: str | None = None, status: int = 400) -> None:
+        if status not in (400, 413):
+            raise ValueError(f"InputError status must be 400 or 413, got {status}")
+        super().__init__(message)
+        self.tensor = tensor
+        self.status = status
+
+
+def tensor_nbytes(array: np.ndarray) -> int:
+    """Payload size of a tensor in bytes; for BYTES tensors the sum of the element lengths."""
+    if array.dtype == object:
+        return sum(len(x) if isinstance(x, (bytes, bytearray, str)) else 0 for x in array.reshape(-1))
+    return int(array.nbytes)
+
+
+def shape_matches(declared: Sequence[int], actual: Sequence[int]) -> bool:
+    """True if ``actual`` has the declared rank and matches every dimension that is not -1."""
+    return len(declared) == len(actual) and all(
+        d == -1 or d == a for d, a in zip(declared, actual, strict=True)
+    )
+
+
+class ServableModel(ABC):
+    """A loaded model the runtime serves.
+
+    Attributes (set by the loader):
+        name: model name in the protocol's URLs, e.g. ``minilm``.
+        inputs / outputs: declared tensors; the first dimension of every shape is the batch (-1).
+        device: torch device string, ``"cpu"`` or ``"cuda:0"``.
+        max_batch_size: the largest batch (rows) ``warmup`` covered; 0 before warmup.
+        limits: per-request input limits (413 beyond them).
+    """
+
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    device: str
+    max_batch_size: int
+    limits: LimitsConfig
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """Check a request's decoded inputs; return its row count (size of the batch dimension).
+
+        Checks, in order: exactly the declared input names; each tensor's datatype and shape (-1
+        matches any size); the same row count >= 1 on every input; element and byte limits (413);
+        then ``_validate_tensor`` for model-specific checks (UTF-8 text, token counts).
+
+        Raises:
+            InputError: naming the tensor and what was expected.
+        """
+        declared = {spec.name: spec for spec in self.inputs}
+        missing = [n for n in declared if n not in inputs]
+        if missing:
+            expected = ", ".join(f"{s.name} ({s.datatype} {s.shape})" for s in self.inputs)
+            raise InputError(
+                f"input tensor '{missing[0]}' is missing; model '{self.name}' expects: {expected}",
+                tensor=missing[0],
+            )
+        extra = [n for n in inputs if n not in declared]
+        if extra:
+            raise InputError(
+                f"unexpected input tensor '{extra[0]}'; model '{self.name}' expects only: "
+                + ", ".join(f"'{n}'" for n in declared),
+                tensor=extra[0],
+            )
+        rows: int | None = None
+        total_elements = 0
+        total_bytes = 0
+        for spec in self.inputs:
+            array = inputs[spec.name]
+            accepted = ACCEPTED_NUMPY_DTYPES[spec.datatype]
+            if array.dtype.name not in accepted:
+                got = NUMPY_TO_DATATYPE.get(array.dtype.name, array.dtype.name)
+                raise InputError(
+                    f"input tensor '{spec.name}': expected datatype {spec.datatype}, got {got}",
+                    tensor=spec.name,
+                )
+            if not shape_matches(spec.shape, array.shape):
+                raise InputError(
+                    f"input tensor '{spec.name}': expected shape {spec.shape} (-1 = any), "
+                    f"got {list(array.shape)}",
+                    tensor=spec.name,
+                )
+            n = int(array.shape[0])
+            if n < 1:
+                raise InputError(
+                    f"input tensor '{spec.name}': batch dimension is 0; send at least one row",
+                    tensor=spec.name,
+                )
+            if rows is not None and n != rows:
+                raise InputError(
+                    f"input tensor '{spec.name}' has {n} rows but another input has {rows}; "
+                    "all inputs must have the same batch dimension",
+                    tensor=spec.name,
+                )
+            rows = n
+            total_elements += int(math.prod(array.shape))
+            total_bytes += tensor_nbytes(array)
+            if total_elements > self.limits.max_request_elements:
+                raise InputError(
+                    f"input tensor '{spec.name}': request has {total_elements} elements, over the "
+                    f"limit of {self.limits.max_request_elements}",
+                    tensor=spec.name,
+                    status=413,
+                )
+            if total_bytes > self.limits.max_request_bytes:
+                raise InputError(
+                    f"input tensor '{spec.name}': request carries {total_bytes} bytes, over the "
+                    f"limit of {self.limits.max_request_bytes}",
+                    tensor=spec.name,
+                    status=413,
+                )
+            self._validate_tensor(spec, array)
+        assert rows is not None  # the model declares at least one input
+        return rows
+
+    def _validate_tensor(self, spec: TensorSpec, array: np.ndarray) -> None:  # noqa: B027
+        """Model-specific checks of one input tensor (after datatype/shape); raise ``InputError``."""
+
+    @abstractmethod
+    def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> Any:
+        """Turn validated requests into one model batch (rows concatenated in request order).
+
+        Text is tokenized and padded to the longest row in THIS batch. Runs on an executor thread.
+        """
+
+    @abstractmethod
+    def execute(self, prepared: Any) -> dict[str, np.ndarray]:
+        """Run the model on a prepared batch; outputs by name, rows in the order of ``preprocess``.
+
+        Raises any exception the model raises; the server isolates the failing request.
+        """
+
+    @abstractmethod
+    def warmup(self, max_batch_size: int, steps: int) -> float:
+        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` (always included) times the sequence
+        length buckets, ``steps`` times each; set ``self.max_batch_size``; return seconds taken."""
+
+    @abstractmethod
+    def report(self) -> dict[str, float]:
+        """Figures for metrics: the ``REPORT_*`` keys that apply (quantization deviation, seconds)."""
+
+    def example_inputs(self, rows: int) -> dict[str, np.ndarray]:
+        """A valid request of ``rows`` rows (for warmup, smoke tests and benchmarks)."""
+        raise NotImplementedError(f"model '{self.name}' has no example inputs")
