@@ -1,0 +1,636 @@
+"""The InferenceService API: pydantic models of ``spec`` and ``status``.
+
+``kubeinfer.io/v1alpha1``, kind ``InferenceService`` (plural ``inferenceservices``, short name
+``kisvc``), namespaced. Field names are camelCase in YAML/JSON (pydantic alias generator); in Python
+they are snake_case. Parse a custom resource with :meth:`InferenceServiceSpec.from_k8s` and
+:meth:`InferenceServiceStatus.from_k8s`; render with ``model_dump(by_alias=True, exclude_none=True)``.
+
+The CRD's ``openAPIV3Schema`` is generated from these models by ``kubeinfer.operator.crdgen``
+(``make crds``). Rules that span fields are written twice, on purpose: as CEL
+``x-kubernetes-validations`` (so ``kubectl apply`` refuses a bad manifest, message naming the field)
+and as pydantic validators (so the operator and unit tests see the same rules).
+
+Durations are Go/Kubernetes duration strings (``"10ms"``, ``"1.5s"``, ``"5m"``, ``"1h30m"``): the
+CRD declares them ``type: string`` with :data:`DURATION_PATTERN`, CEL's ``duration()`` parses them,
+and :func:`parse_duration` converts them to float seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, ModelFormat, Quantization
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+
+GROUP = "kubeinfer.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ("kisvc",)
+
+#: Server-side-apply field manager of the operator (Deployment, Service, ConfigMap, PDB, status).
+FIELD_MANAGER = "kubeinfer"
+#: Field manager of the autoscaler (``Deployment.spec.replicas`` through the scale subresource).
+AUTOSCALER_FIELD_MANAGER = "kubeinfer-autoscaler"
+#: Default runtime image.
+DEFAULT_IMAGE = "ghcr.io/kubeinfer/runtime:0.1.0"
+#: Port of the runtime's Open Inference Protocol v2 endpoint and of its ``/metrics``.
+RUNTIME_PORT = 8080
+#: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.
+DEFAULT_MODEL_NAME = "minilm"
+
+# --- durations -------------------------------------------------------------------------------------
+
+#: A Go duration (``time.ParseDuration``) without sign: one or more ``<number><unit>`` groups.
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
+_DURATION_RE = re.compile(DURATION_PATTERN)
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Convert a Go duration string to float seconds.
+
+    ``"10ms"`` → 0.01, ``"1.5s"`` → 1.5, ``"1h30m"`` → 5400.0. Units: ns, us, ms, s, m, h (the
+    units of Go's ``time.ParseDuration``, which CEL's ``duration()`` also uses; ``µs`` excepted).
+
+    Raises:
+        ValueError: ``text`` is not a duration (the message quotes it).
+    """
+    if not isinstance(text, str) or not _DURATION_RE.match(text):
+        raise ValueError(
+            f"invalid duration {text!r}: expected e.g. '10ms', '1.5s', '5m' (units ns|us|ms|s|m|h)"
+        )
+    return sum(float(num) * _UNIT_SECONDS[unit] for num, unit in _DURATION_PART_RE.findall(text))
+
+
+def format_duration(seconds: float) -> str:
+    """Render float seconds as the shortest exact-enough Go duration string.
+
+    Sub-second values are rendered in ms (``0.005`` → ``"5ms"``, ``0.0125`` → ``"12.5ms"``), values
+    below 1 ms in us, others in s (``90.0`` → ``"90s"``). Precision: 3 decimals of the unit.
+    ``parse_duration(format_duration(x))`` equals ``x`` to within 1 ns.
+
+    Raises:
+        ValueError: ``seconds`` is negative, NaN or infinite.
+    """
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration must be finite and >= 0, got {seconds!r}")
+    if seconds == 0:
+        return "0s"
+    if seconds < 1e-3:
+        value, unit = seconds * 1e6, "us"
+    elif seconds < 1.0:
+        value, unit = seconds * 1e3, "ms"
+    else:
+        value, unit = seconds, "s"
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    if text == "0":  # below 1 ns resolution of the chosen unit's 3 decimals
+        text, unit = f"{seconds * 1e9:.0f}", "ns"
+    return f"{text}{unit}"
+
+
+def _check_duration(text: str) -> str:
+    parse_duration(text)
+    return text
+
+
+#: A duration string field (``type: string`` + ``pattern`` in the CRD).
+Duration = Annotated[
+    str,
+    StringConstraints(pattern=DURATION_PATTERN, max_length=64),
+    AfterValidator(_check_duration),
+]
+
+#: A Kubernetes resource quantity (``"2"``, ``"500m"``, ``"8Gi"``); pattern from apimachinery.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
+
+#: ``model.uri``: the bundled model, an absolute path in the image, or ``pvc://<claim>/<path>``.
+MODEL_URI_PATTERN = r"^(default|/.*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+)$"
+#: A data reference (calibration data): an absolute path in the image or ``pvc://<claim>/<path>``.
+DATA_URI_PATTERN = r"^(/.*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+)$"
+_PVC_RE = re.compile(r"^pvc://([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)/(.+)$")
+
+
+def parse_pvc_uri(uri: str) -> tuple[str, str] | None:
+    """Split ``pvc://<claim>/<path>`` into ``(claim, path)``; ``None`` for any other URI."""
+    m = _PVC_RE.match(uri)
+    return (m.group(1), m.group(2)) if m else None
+
+
+# --- base classes ----------------------------------------------------------------------------------
+
+
+class _Spec(BaseModel):
+    """Spec models: camelCase aliases, unknown fields refused (the API server prunes them anyway)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class _Status(BaseModel):
+    """Status models: camelCase aliases, unknown fields ignored (other writers may add fields)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+def _cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> JsonDict:
+    """One ``x-kubernetes-validations`` entry (``fieldPath``/``reason`` need Kubernetes >= 1.28)."""
+    out: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+# --- spec ------------------------------------------------------------------------------------------
+
+
+class TensorSpec(_Spec):
+    """A declared model input or output (TorchScript). ``shape``: -1 for a variable dimension."""
+
+    name: str = Field(min_length=1, max_length=128)
+    datatype: Datatype
+    shape: list[int] = Field(min_length=1, max_length=8)
+
+
+class ModelSpec(_Spec):
+    """Where the model comes from and its format."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.format != 'torchscript' || (has(self.inputs) && size(self.inputs) > 0 && "
+                    "has(self.outputs) && size(self.outputs) > 0)",
+                    "spec.model.inputs and spec.model.outputs are required when spec.model.format is "
+                    "torchscript",
+                    ".inputs",
+                    "FieldValueRequired",
+                ),
+                _cel(
+                    "self.format != 'torchscript' || self.uri != 'default'",
+                    "spec.model.uri: the bundled default model is huggingface, not torchscript",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    uri: str = Field(
+        default=BUNDLED_MODEL,
+        pattern=MODEL_URI_PATTERN,
+        max_length=1024,
+        description="'default' (bundled all-MiniLM-L6-v2), an absolute path inside the runtime image, "
+        "or pvc://<claim>/<path> (mounted read-only).",
+    )
+    format: ModelFormat = Field(default="huggingface", description="huggingface | torchscript")
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        max_length=63,
+        description="Served model name (v2 protocol). Default: 'minilm' for the bundled model, else "
+        "metadata.name.",
+    )
+    inputs: list[TensorSpec] = Field(default_factory=list, max_length=16, description="TorchScript only.")
+    outputs: list[TensorSpec] = Field(default_factory=list, max_length=16, description="TorchScript only.")
+
+    @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        if self.format == "torchscript" and (not self.inputs or not self.outputs):
+            raise ValueError(
+                "spec.model.inputs and spec.model.outputs are required when spec.model.format is torchscript"
+            )
+        if self.format == "torchscript" and self.uri == BUNDLED_MODEL:
+            raise ValueError("spec.model.uri: the bundled default model is huggingface, not torchscript")
+        return self
+
+
+class CalibrationSpec(_Spec):
+    """Calibration data for int8-static: one text sample per line."""
+
+    uri: str = Field(pattern=DATA_URI_PATTERN, max_length=1024, description="/path or pvc://<claim>/<path>")
+
+
+class QuantizationSpec(_Spec):
+    """Post-training quantization applied by the runtime at load."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.mode != 'int8-static' || has(self.calibration)",
+                    "spec.quantization.calibration is required when spec.quantization.mode is int8-static",
+                    ".calibration",
+                    "FieldValueRequired",
+                )
+            ]
+        }
+    )
+
+    mode: Quantization = Field(default="none", description="none | fp16 | bf16 | int8-dynamic | int8-static")
+    calibration: CalibrationSpec | None = None
+    skip_modules: list[str] = Field(
+        default_factory=list, max_length=64, description="Module-name prefixes left unquantized."
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> QuantizationSpec:
+        if self.mode == "int8-static" and self.calibration is None:
+            raise ValueError(
+                "spec.quantization.calibration is required when spec.quantization.mode is int8-static"
+            )
+        return self
+
+
+class BatchingSpec(_Spec):
+    """Dynamic batching (hot-reloaded by the runtime: changing it does not roll the pods)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.preferredBatchSizes) || "
+                    "self.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
+                    "spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize",
+                    ".preferredBatchSizes",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+    max_batch_size: int = Field(default=32, ge=1, le=4096, description="Rows per batch.")
+    max_queue_delay: Duration = Field(
+        default="5ms", description="Max queue delay (the batch timeout), a duration such as '5ms'."
+    )
+    max_queue_size: int = Field(
+        default=1024, ge=1, le=1_000_000, description="Queued requests beyond which 429."
+    )
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=list, max_length=32
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> BatchingSpec:
+        if any(b > self.max_batch_size for b in self.preferred_batch_sizes):
+            raise ValueError("spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize")
+        if parse_duration(self.max_queue_delay) > 10.0:
+            raise ValueError("spec.batching.maxQueueDelay must be at most 10s")
+        return self
+
+
+class WarmupSpec(_Spec):
+    """Warmup before readiness: every batch-size bucket up to maxBatchSize, ``steps`` times."""
+
+    enabled: bool = True
+    steps: int = Field(default=1, ge=1, le=100)
+
+
+class Toleration(_Spec):
+    """A pod toleration (subset of ``core/v1 Toleration``)."""
+
+    key: str | None = Field(default=None, max_length=253)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=253)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class ResourcesSpec(_Spec):
+    """Per-replica resources and placement."""
+
+    gpus: int = Field(default=1, ge=0, le=16, description="nvidia.com/gpu per replica.")
+    gpu_product: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Node selector on nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3.",
+    )
+    cpu: Quantity = Field(default="2", description="CPU request and limit.")
+    memory: Quantity = Field(default="8Gi", description="Memory request and limit.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+class GpuUtilizationBand(_Spec):
+    """The GPU-utilization band (ratios 0..1) the autoscaler keeps replicas in."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.low < self.high",
+                    "spec.autoscaling.gpuUtilization.low must be less than "
+                    "spec.autoscaling.gpuUtilization.high",
+                    ".low",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+    low: float = Field(default=0.5, ge=0.0, le=1.0)
+    high: float = Field(default=0.8, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _rules(self) -> GpuUtilizationBand:
+        if not self.low < self.high:
+            raise ValueError(
+                "spec.autoscaling.gpuUtilization.low must be less than spec.autoscaling.gpuUtilization.high"
+            )
+        return self
+
+
+class BatchTimeoutBounds(_Spec):
+    """Bounds within which the autoscaler tunes the batch timeout (max queue delay)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "duration(self.min) <= duration(self.max)",
+                    "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max",
+                    ".min",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "duration(self.max) <= duration('10s')",
+                    "spec.autoscaling.batchTimeout.max must be at most 10s",
+                    ".max",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    min: Duration = "1ms"
+    max: Duration = "50ms"
+
+    @model_validator(mode="after")
+    def _rules(self) -> BatchTimeoutBounds:
+        if parse_duration(self.min) > parse_duration(self.max):
+            raise ValueError(
+                "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max"
+            )
+        if parse_duration(self.max) > 10.0:
+            raise ValueError("spec.autoscaling.batchTimeout.max must be at most 10s")
+        return self
+
+
+class PromQueries(_Spec):
+    """Optional PromQL overrides of the autoscaler's default queries ("" = default).
+
+    The autoscaler substitutes ``{namespace}`` and ``{name}`` (see ``operator/autoscale/signals.py``).
+    """
+
+    p99: str = Field(default="", max_length=4096)
+    gpu_utilization: str = Field(default="", max_length=4096)
+    request_rate: str = Field(default="", max_length=4096)
+    queue_size: str = Field(default="", max_length=4096)
+
+
+class AutoscalingSpec(_Spec):
+    """SLO-driven autoscaling of replicas and of the batch timeout."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
+                    ".minReplicas",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "duration(self.targetP99) > duration('0s')",
+                    "spec.autoscaling.targetP99 must be greater than 0",
+                    ".targetP99",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    enabled: bool = False
+    min_replicas: int = Field(default=1, ge=1, le=1000)
+    max_replicas: int = Field(default=4, ge=1, le=1000)
+    target_p99: Duration = Field(default="200ms", description="P99 latency objective (request duration).")
+    gpu_utilization: GpuUtilizationBand = Field(default_factory=GpuUtilizationBand)
+    batch_timeout: BatchTimeoutBounds = Field(default_factory=BatchTimeoutBounds)
+    tolerance: float = Field(default=0.1, ge=0.0, le=1.0, description="Dead band around the target, ratio.")
+    window: Duration = Field(default="60s", description="PromQL range window of the signals.")
+    scale_down_stabilization: Duration = Field(
+        default="300s", description="Stabilization window: scale down to the max recommendation over it."
+    )
+    scale_up_cooldown: Duration = "30s"
+    scale_down_cooldown: Duration = "60s"
+    batch_timeout_cooldown: Duration = "15s"
+    max_scale_up_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per decision.")
+    queries: PromQueries = Field(default_factory=PromQueries)
+
+    @model_validator(mode="after")
+    def _rules(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas")
+        if parse_duration(self.target_p99) <= 0:
+            raise ValueError("spec.autoscaling.targetP99 must be greater than 0")
+        return self
+
+
+class EnvVar(_Spec):
+    """An environment variable of the runtime container (``valueFrom`` as in core/v1 EnvVar)."""
+
+    name: str = Field(min_length=1, max_length=256)
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(
+        default=None, description="core/v1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+
+class RuntimeSpec(_Spec):
+    """The runtime container: image, device, extra env and args."""
+
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=512)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    device: Device = Field(default="auto", description="auto | cpu | cuda")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    args: list[str] = Field(default_factory=list, max_length=64, description="Extra runtime CLI arguments.")
+
+
+class InferenceServiceSpec(_Spec):
+    """``InferenceService.spec``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.quantization.mode != 'fp16' || self.resources.gpus > 0",
+                    "spec.quantization.mode fp16 requires spec.resources.gpus > 0",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.quantization.mode != 'bf16' || self.resources.gpus > 0 || "
+                    "self.runtime.device == 'cpu'",
+                    "spec.quantization.mode bf16 requires spec.resources.gpus > 0 "
+                    "(or spec.runtime.device cpu)",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.runtime.device != 'cuda' || self.resources.gpus > 0",
+                    "spec.runtime.device cuda requires spec.resources.gpus > 0",
+                    ".runtime.device",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.resources.gpuProduct) || self.resources.gpus > 0",
+                    "spec.resources.gpuProduct requires spec.resources.gpus > 0",
+                    ".resources.gpuProduct",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    replicas: int = Field(default=1, ge=0, le=1000, description="Replicas when autoscaling is off.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _rules(self) -> InferenceServiceSpec:
+        gpus = self.resources.gpus
+        if self.quantization.mode == "fp16" and gpus == 0:
+            raise ValueError("spec.quantization.mode fp16 requires spec.resources.gpus > 0")
+        if self.quantization.mode == "bf16" and gpus == 0 and self.runtime.device != "cpu":
+            raise ValueError(
+                "spec.quantization.mode bf16 requires spec.resources.gpus > 0 (or spec.runtime.device cpu)"
+            )
+        if self.runtime.device == "cuda" and gpus == 0:
+            raise ValueError("spec.runtime.device cuda requires spec.resources.gpus > 0")
+        if self.resources.gpu_product is not None and gpus == 0:
+            raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
+        return self
+
+    @classmethod
+    def from_k8s(cls, spec: Any) -> InferenceServiceSpec:
+        """Validate a custom resource's ``spec`` mapping (camelCase). Raises ``pydantic.ValidationError``."""
+        return cls.model_validate(dict(spec or {}))
+
+    def served_model_name(self, isvc_name: str) -> str:
+        """The v2 model name: ``model.name``, else ``"minilm"`` for the bundled model, else ``isvc_name``."""
+        if self.model.name:
+            return self.model.name
+        return DEFAULT_MODEL_NAME if self.model.uri == BUNDLED_MODEL else isvc_name
+
+    def pvc_claims(self) -> list[str]:
+        """Names of the PersistentVolumeClaims referenced by ``model.uri`` and calibration, sorted."""
+        uris = [self.model.uri]
+        if self.quantization.calibration is not None:
+            uris.append(self.quantization.calibration.uri)
+        return sorted({p[0] for u in uris if (p := parse_pvc_uri(u)) is not None})
+
+    def batch_timeout_in_force(self, status_batch_timeout: str | None) -> float:
+        """The max queue delay the runtime should use, seconds.
+
+        With autoscaling on and ``status.batchTimeout`` set (the autoscaler's value), that value
+        clamped to ``[autoscaling.batchTimeout.min, .max]``; otherwise ``batching.maxQueueDelay``.
+        An unparsable status value is ignored (spec's value is used).
+        """
+        if self.autoscaling.enabled and status_batch_timeout:
+            try:
+                value = parse_duration(status_batch_timeout)
+            except ValueError:
+                return parse_duration(self.batching.max_queue_delay)
+            lo = parse_duration(self.autoscaling.batch_timeout.min)
+            hi = parse_duration(self.autoscaling.batch_timeout.max)
+            return min(max(value, lo), hi)
+        return parse_duration(self.batching.max_queue_delay)
+
+
+# --- status ----------------------------------------------------------------------------------------
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+#: Condition types the operator writes.
+CONDITION_READY = "Ready"
+CONDITION_AUTOSCALING_ACTIVE = "AutoscalingActive"
+
+
+class Condition(_Status):
+    """A ``metav1.Condition``. ``lastTransitionTime``: RFC 3339 UTC string."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class ObservedSignals(_Status):
+    """The signals the autoscaler last read from Prometheus. ``None`` = unknown (never a zero)."""
+
+    p99_seconds: float | None = None
+    gpu_utilization: float | None = Field(default=None, description="Ratio 0..1.")
+    request_rate: float | None = Field(default=None, description="Requests per second.")
+    queue_size: float | None = Field(default=None, description="Queued requests (sum over replicas).")
+    time: str | None = Field(default=None, description="RFC 3339 time of the observation.")
+    unknown_reason: str | None = Field(
+        default=None, description="Why a signal is unknown (no data, stale, NaN)."
+    )
+
+
+class Decision(_Status):
+    """The last autoscaling decision."""
+
+    time: str | None = None
+    replicas: int | None = None
+    batch_timeout: str | None = None
+    reason: str | None = None
+
+
+class InferenceServiceStatus(_Status):
+    """``InferenceService.status``. The operator writes conditions/replicas/selector/url; the autoscaler
+    writes ``batchTimeout``, ``observed``, ``lastDecision`` (and the AutoscalingActive condition)."""
+
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    batch_timeout: str | None = Field(default=None, description="The batch timeout in force, a duration.")
+    url: str | None = None
+    observed: ObservedSignals | None = None
+    last_decision: Decision | None = None
+
+    @classmethod
+    def from_k8s(cls, status: Any) -> InferenceServiceStatus:
+        """Parse a custom resource's ``status`` mapping; unknown keys are ignored."""
+        return cls.model_validate(dict(status or {}))
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, or ``None``."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+def service_url(name: str, namespace: str) -> str:
+    """In-cluster URL of an InferenceService's v2 endpoint."""
+    return f"http://{name}.{namespace}.svc.cluster.local:{RUNTIME_PORT}"
+
+
+def configmap_name(name: str) -> str:
+    """Name of an InferenceService's runtime ConfigMap (``<isvc>-runtime``)."""
+    return f"{name}-runtime"
