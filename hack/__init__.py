@@ -1,0 +1,1 @@
+"""Developer tooling (local control plane, local pods, demo). Importable as ``hack.*`` for tests."""
