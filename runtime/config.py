@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
 ModelFormat = Literal["huggingface", "torchscript"]
-Datatype = Literal["BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"]
+Datatype = Literal[
+    "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"
+]
 Device = Literal["auto", "cpu", "cuda"]
 
 #: Where the operator mounts the ConfigMap's ``runtime.yaml`` in the runtime container.
@@ -91,6 +93,21 @@ class BatchingConfig(_Strict):
     )
     max_queue_size: int = Field(default=1024, ge=1, description="Queued requests beyond which 429.")
     preferred_batch_sizes: list[int] = Field(default_factory=list)
+    priority_levels: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Request parameter 'priority' ranges 1..priority_levels (1 highest).",
+    )
+    default_priority_level: int = Field(
+        default=2, ge=1, le=16, description="Level of requests without a priority (or priority 0)."
+    )
+
+    @model_validator(mode="after")
+    def _default_level_in_range(self) -> BatchingConfig:
+        if self.default_priority_level > self.priority_levels:
+            raise ValueError("batching.default_priority_level must be <= batching.priority_levels")
+        return self
 
 
 class WarmupConfig(_Strict):
@@ -112,7 +129,10 @@ class ServerConfig(_Strict):
     """HTTP front end."""
 
     host: str = "0.0.0.0"
-    port: int = Field(default=8080, ge=1, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535, description="0 = any free port (tests).")
+    drain_timeout_seconds: float = Field(
+        default=30.0, ge=0.0, description="SIGTERM: longest wait for queued and running requests."
+    )
 
 
 class RuntimeConfig(_Strict):

@@ -1,0 +1,559 @@
+"""The dynamic batcher: requests queue on the event loop, batches run on executor threads.
+
+Policy (``plan_batch``, pure, unit-tested without threads):
+
+- Requests are ordered by priority level (1 = highest, as in Triton's ``priority`` parameter; 0 or
+  absent = ``default_priority_level``), then by arrival. A batch is the longest prefix of that order
+  whose rows fit in ``max_batch_size``; a request is never split across batches, and the batch stops
+  at the first request that does not fit (no overtaking, so no request starves).
+- A request with more rows than the current ``max_batch_size`` (but no more than the warmed maximum,
+  ``model.max_batch_size``) runs alone in its own batch. More rows than the warmed maximum -> HTTP 413
+  at submission.
+- Size trigger: the batch is *full* (its rows reach ``max_batch_size``, or the next request does not
+  fit). Delay trigger: the oldest queued request has waited ``max_queue_delay`` seconds. With
+  ``max_queue_delay == 0`` an idle executor takes whatever is queued at once.
+- A batch is taken when an executor is idle (fewer batches in flight than executors) and one trigger
+  holds. So that tokenization of the next batch overlaps execution of the current one, a *full* batch
+  is also taken while all executors are busy, up to one extra batch per executor, and preprocessed
+  while it waits; a batch that is only *due* waits for an idle executor and keeps collecting rows.
+- While draining, every queued request is due at once.
+
+Per request: ``timeout`` (microseconds, Triton semantics) is enforced while queued by a timer on the
+event loop: when it expires before the request's batch is taken, the request fails with 504. Once a
+batch is taken it runs to completion. The queue holds at most ``max_queue_size`` requests; beyond it
+submission fails at once with 429 and a ``Retry-After`` hint.
+
+Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. If
+``preprocess`` or ``execute`` raises for a batch of several requests, the batch is split in halves and
+each half retried (bisection), so well-formed requests succeed and only the failing one gets the error.
+
+Threads: ``executors`` threads run ``model.execute`` (torch releases the GIL); a separate pool of the
+same size runs ``model.preprocess``. All queue state lives on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from kubeinfer.runtime.config import BatchingConfig
+from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.models.base import InputError, ServableModel
+
+log = logging.getLogger("kubeinfer.runtime.batching")
+
+
+class ServingError(Exception):
+    """A request could not be served; the server answers ``{"error": str(exc)}`` with ``status``.
+
+    Attributes:
+        status: HTTP status (429 queue full, 500 model failure, 503 not accepting, 504 deadline).
+        headers: extra response headers (``Retry-After`` on 429).
+    """
+
+    def __init__(self, message: str, status: int, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """The batching settings in force; hot-reloadable as a whole.
+
+    Attributes:
+        max_batch_size: rows per batch (1 = batching off), at most the model's warmed maximum.
+        max_queue_delay: seconds the oldest queued request may wait for a batch to fill.
+        max_queue_size: queued requests beyond which submission fails with 429.
+        priority_levels: valid ``priority`` values are 1..priority_levels (1 highest); 0 = default.
+        default_priority_level: level of requests that give no priority (or 0).
+    """
+
+    max_batch_size: int = 32
+    max_queue_delay: float = 0.005
+    max_queue_size: int = 1024
+    priority_levels: int = 2
+    default_priority_level: int = 2
+
+    @classmethod
+    def from_config(cls, cfg: BatchingConfig) -> BatchSettings:
+        """The settings of a config file's ``batching`` section."""
+        return cls(
+            max_batch_size=cfg.max_batch_size,
+            max_queue_delay=cfg.max_queue_delay_seconds,
+            max_queue_size=cfg.max_queue_size,
+            priority_levels=cfg.priority_levels,
+            default_priority_level=cfg.default_priority_level,
+        )
+
+
+class Queued(Protocol):
+    """What the policy needs to know of a queued request."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def enqueued(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The policy's decision: take the first ``take`` requests now (0 = none); if none, look again at
+    ``wake_at`` (event-loop time, seconds) or on the next state change when ``wake_at`` is ``None``."""
+
+    take: int
+    wake_at: float | None
+    full: bool = False
+
+
+def plan_batch(
+    ordered: Sequence[Queued],
+    oldest_enqueued: float | None,
+    *,
+    max_batch_size: int,
+    max_queue_delay: float,
+    now: float,
+    in_flight: int,
+    executors: int,
+    draining: bool = False,
+) -> Plan:
+    """Decide which requests form the next batch (pure; see the module docstring for the rules).
+
+    Args:
+        ordered: queued requests in service order (priority level, then arrival).
+        oldest_enqueued: the earliest ``enqueued`` time among them (the delay trigger's reference).
+        max_batch_size: rows per batch. max_queue_delay: seconds. now: current time, seconds.
+        in_flight: batches taken and not finished executing. executors: executor threads.
+        draining: shutting down; everything queued is due.
+    """
+    if not ordered or oldest_enqueued is None:
+        return Plan(0, None)
+    rows = 0
+    take = 0
+    for item in ordered:
+        if rows + item.rows > max_batch_size:
+            break
+        rows += item.rows
+        take += 1
+    if take == 0:  # the first request alone is larger than max_batch_size: it runs alone
+        take, full = 1, True
+    else:
+        full = rows >= max_batch_size or take < len(ordered)
+    due_at = oldest_enqueued + max_queue_delay
+    due = draining or max_queue_delay <= 0 or now >= due_at
+    if in_flight < executors:
+        if full or due:
+            return Plan(take, None, full)
+        return Plan(0, due_at)
+    if in_flight < 2 * executors and full:
+        return Plan(take, None, full)
+    return Plan(0, None)
+
+
+_seq = itertools.count()
+
+
+@dataclass(eq=False)
+class _Request:
+    inputs: Mapping[str, np.ndarray]
+    rows: int
+    level: int
+    enqueued: float
+    future: asyncio.Future[dict[str, np.ndarray]]
+    seq: int = field(default_factory=lambda: next(_seq))
+    timer: asyncio.TimerHandle | None = None
+    taken: bool = False
+
+
+class Batcher:
+    """Dynamic batcher of one model. Create and use it on a running event loop.
+
+    Usage::
+
+        batcher = Batcher(model, BatchSettings(...), executors=1, metrics=metrics)
+        batcher.start()
+        outputs = await batcher.infer({"text": np.array([b"hi"], dtype=object)}, priority=1)
+        await batcher.drain()   # stop accepting, finish everything queued and running
+        batcher.close()
+    """
+
+    def __init__(
+        self,
+        model: ServableModel,
+        settings: BatchSettings,
+        *,
+        executors: int = 1,
+        metrics: RuntimeMetrics | None = None,
+    ) -> None:
+        self.model = model
+        self.executors = executors
+        self.metrics = metrics
+        self._check(settings)
+        self._settings = settings
+        self._levels: dict[int, dict[int, _Request]] = {}
+        self._queued = 0
+        self._in_flight = 0
+        self._accepting = True
+        self._draining = False
+        self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._exec_slots = asyncio.Semaphore(executors)
+        self._exec_pool = ThreadPoolExecutor(executors, thread_name_prefix="kubeinfer-exec")
+        self._prep_pool = ThreadPoolExecutor(executors, thread_name_prefix="kubeinfer-prep")
+        self._task: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
+        self._publish_settings()
+
+    # ----- settings -------------------------------------------------------------------------------
+    @property
+    def settings(self) -> BatchSettings:
+        """The settings in force."""
+        return self._settings
+
+    def _check(self, s: BatchSettings) -> None:
+        warmed = self.model.max_batch_size
+        if warmed and s.max_batch_size > warmed:
+            raise ValueError(
+                f"batching.max_batch_size {s.max_batch_size} is over the warmed maximum {warmed} "
+                "(restart with a larger max_batch_size to warm it up)"
+            )
+        if not 1 <= s.default_priority_level <= s.priority_levels:
+            raise ValueError(
+                f"batching.default_priority_level {s.default_priority_level} must be within "
+                f"1..priority_levels ({s.priority_levels})"
+            )
+
+    def update_settings(self, settings: BatchSettings) -> None:
+        """Apply new settings at once, without dropping queued or running requests.
+
+        A smaller ``max_queue_size`` keeps the requests already queued and only rejects new ones.
+        Raises ``ValueError`` (settings unchanged) if ``max_batch_size`` exceeds the warmed maximum.
+        """
+        self._check(settings)
+        self._settings = settings
+        self._publish_settings()
+        self._changed.set()
+
+    def _publish_settings(self) -> None:
+        if self.metrics is not None:
+            self.metrics.max_batch_size.set(self._settings.max_batch_size)
+            self.metrics.max_queue_delay.set(self._settings.max_queue_delay)
+
+    # ----- life cycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the dispatcher task on the running loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._dispatch(), name="kubeinfer-dispatch")
+
+    @property
+    def accepting(self) -> bool:
+        """False once ``drain`` began."""
+        return self._accepting
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the queue."""
+        return self._queued
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Stop accepting (new requests fail with 503), run everything queued at once, and wait until
+        nothing is queued or running. Returns False if ``timeout`` seconds passed first."""
+        self._accepting = False
+        self._draining = True
+        self._changed.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the dispatcher and the threads (after ``drain``; anything still queued gets 503)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for level in self._levels.values():
+            for req in level.values():
+                self._fail(req, ServingError("server shutting down", 503))
+        self._levels.clear()
+        self._queued = 0
+        self._exec_pool.shutdown(wait=False, cancel_futures=True)
+        self._prep_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ----- submission ------------------------------------------------------------------------------
+    def priority_level(self, priority: int | None) -> int:
+        """The queue level of a request's ``priority`` parameter; raises ``InputError`` (400) if it is
+        not an integer in 0..priority_levels."""
+        s = self._settings
+        if priority is None or priority == 0:
+            return s.default_priority_level
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not 1 <= priority <= s.priority_levels
+        ):
+            raise InputError(
+                f"parameter 'priority' must be an integer 1..{s.priority_levels} (1 = highest) or 0 for the "
+                f"default level {s.default_priority_level}, got {priority!r}"
+            )
+        return priority
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Queue one request and wait for its outputs (each with this request's rows only).
+
+        Args:
+            inputs: tensor name -> array, the first dimension is rows.
+            priority: Triton ``priority`` parameter (1 = highest; 0/None = default level).
+            timeout_us: Triton ``timeout`` parameter, microseconds the request may wait in the queue.
+
+        Raises:
+            InputError: 400/413 (bad tensors, bad parameters, more rows than the warmed maximum).
+            ServingError: 429 queue full, 503 not accepting, 504 timed out while queued, 500 model error.
+        """
+        if not self._accepting:
+            raise ServingError("server is shutting down; not accepting requests", 503)
+        level = self.priority_level(priority)
+        if timeout_us is not None and (
+            isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0
+        ):
+            raise InputError(
+                f"parameter 'timeout' must be a non-negative integer (microseconds), got {timeout_us!r}"
+            )
+        rows = self.model.validate(inputs)
+        warmed = self.model.max_batch_size or self._settings.max_batch_size
+        if rows > warmed:
+            raise InputError(
+                f"request has {rows} rows, over the largest batch this server runs ({warmed} rows); "
+                "split it into smaller requests",
+                tensor=self.model.inputs[0].name if self.model.inputs else None,
+                status=413,
+            )
+        s = self._settings
+        if self._queued >= s.max_queue_size:
+            retry = max(1, math.ceil(s.max_queue_delay + 0.5))
+            raise ServingError(
+                f"queue full ({self._queued} requests queued, max_queue_size {s.max_queue_size}); "
+                "retry later",
+                429,
+                {"Retry-After": str(retry)},
+            )
+        loop = asyncio.get_running_loop()
+        req = _Request(
+            inputs=inputs, rows=rows, level=level, enqueued=loop.time(), future=loop.create_future()
+        )
+        if timeout_us is not None:
+            req.timer = loop.call_at(req.enqueued + timeout_us / 1e6, self._expire, req)
+        self._levels.setdefault(level, {})[req.seq] = req
+        self._queued += 1
+        self._idle.clear()
+        self._publish_queue()
+        self._changed.set()
+        try:
+            return await req.future
+        except asyncio.CancelledError:  # the client went away: forget the request if still queued
+            self._remove(req)
+            raise
+
+    def _remove(self, req: _Request) -> bool:
+        level = self._levels.get(req.level)
+        if level is None or level.pop(req.seq, None) is None:
+            return False
+        if req.timer is not None:
+            req.timer.cancel()
+        self._queued -= 1
+        self._publish_queue()
+        self._check_idle()
+        return True
+
+    def _expire(self, req: _Request) -> None:
+        # queued, or taken into a batch that waits for an executor (its timer is cancelled when the
+        # batch starts executing)
+        if self._remove(req) or req.taken:
+            waited = asyncio.get_running_loop().time() - req.enqueued
+            self._fail(
+                req,
+                ServingError(
+                    f"request timed out after {waited * 1e3:.1f} ms in the queue (timeout parameter)", 504
+                ),
+            )
+            self._changed.set()
+
+    def _publish_queue(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_size.set(self._queued)
+
+    def _check_idle(self) -> None:
+        if self._queued == 0 and self._in_flight == 0:
+            self._idle.set()
+
+    @staticmethod
+    def _fail(req: _Request, exc: BaseException) -> None:
+        if not req.future.done():
+            req.future.set_exception(exc)
+
+    # ----- dispatch --------------------------------------------------------------------------------
+    def _ordered(self) -> tuple[list[_Request], float | None]:
+        ordered: list[_Request] = []
+        oldest: float | None = None
+        for level in sorted(self._levels):
+            reqs = self._levels[level]
+            if reqs:
+                head = next(iter(reqs.values()))
+                oldest = head.enqueued if oldest is None else min(oldest, head.enqueued)
+                ordered.extend(itertools.islice(reqs.values(), self._settings.max_batch_size + 1))
+        return ordered, oldest
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._changed.clear()
+            ordered, oldest = self._ordered()
+            s = self._settings
+            plan = plan_batch(
+                ordered,
+                oldest,
+                max_batch_size=s.max_batch_size,
+                max_queue_delay=s.max_queue_delay,
+                now=loop.time(),
+                in_flight=self._in_flight,
+                executors=self.executors,
+                draining=self._draining,
+            )
+            if plan.take:
+                batch = ordered[: plan.take]
+                now = loop.time()
+                for req in batch:
+                    self._levels[req.level].pop(req.seq)
+                    req.taken = True
+                    if self.metrics is not None:
+                        self.metrics.queue_duration.observe(now - req.enqueued)
+                self._queued -= len(batch)
+                self._in_flight += 1
+                self._publish_queue()
+                task = loop.create_task(self._run_batch(batch))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+                continue
+            timeout = None if plan.wake_at is None else max(0.0, plan.wake_at - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            live = [r for r in batch if not r.future.done()]
+            prepared: Any = None
+            prep_error: BaseException | None = None
+            t0 = time.perf_counter()
+            if live:
+                try:
+                    prepared = await loop.run_in_executor(
+                        self._prep_pool, self.model.preprocess, [r.inputs for r in live]
+                    )
+                except Exception as exc:
+                    prep_error = exc
+            prep_seconds = time.perf_counter() - t0
+            async with self._exec_slots:
+                for req in batch:  # from here on the request runs: its queue timeout no longer applies
+                    if req.timer is not None:
+                        req.timer.cancel()
+                if live:
+                    token = self.metrics.busy.begin() if self.metrics is not None else None
+                    try:
+                        await self._execute(loop, live, prepared, prep_error, prep_seconds)
+                    finally:
+                        if token is not None and self.metrics is not None:
+                            self.metrics.busy.end(token)
+        except Exception as exc:  # never leave a request without a response
+            log.exception("batch failed unexpectedly")
+            for req in batch:
+                self._fail(req, ServingError(f"internal error running the batch: {exc}", 500))
+        finally:
+            self._in_flight -= 1
+            self._check_idle()
+            self._changed.set()
+
+    async def _execute(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        reqs: list[_Request],
+        prepared: Any,
+        prep_error: BaseException | None,
+        prep_seconds: float,
+    ) -> None:
+        t0 = time.perf_counter()
+        if prep_error is None:
+            try:
+                outputs = await loop.run_in_executor(self._exec_pool, self.model.execute, prepared)
+                self._deliver(reqs, outputs)
+                if self.metrics is not None:
+                    self.metrics.compute_duration.observe(prep_seconds + time.perf_counter() - t0)
+                    self.metrics.batch_size.observe(sum(r.rows for r in reqs))
+                return
+            except Exception as exc:
+                prep_error = exc
+        if len(reqs) == 1:
+            self._fail(reqs[0], self._explain(prep_error))
+            return
+        log.warning(
+            "batch of %d requests failed (%s: %s); bisecting to isolate the failing request",
+            len(reqs),
+            type(prep_error).__name__,
+            prep_error,
+        )
+        mid = len(reqs) // 2
+        for half in (reqs[:mid], reqs[mid:]):
+            await self._isolate(loop, half)
+
+    async def _isolate(self, loop: asyncio.AbstractEventLoop, reqs: list[_Request]) -> None:
+        """Re-run ``reqs`` (a part of a failed batch) as their own batch, bisecting further on failure."""
+        t0 = time.perf_counter()
+        try:
+            prepared = await loop.run_in_executor(
+                self._exec_pool, self.model.preprocess, [r.inputs for r in reqs]
+            )
+        except Exception as exc:
+            if len(reqs) == 1:
+                self._fail(reqs[0], self._explain(exc))
+                return
+            mid = len(reqs) // 2
+            for half in (reqs[:mid], reqs[mid:]):
+                await self._isolate(loop, half)
+            return
+        await self._execute(loop, reqs, prepared, None, time.perf_counter() - t0)
+
+    def _explain(self, exc: BaseException | None) -> BaseException:
+        if isinstance(exc, InputError):
+            known: BaseException = exc  # (mypy sees InputError as Any: kubeinfer.* is an editable mapping)
+            return known
+        return ServingError(
+            f"model '{self.model.name}' failed on this request: {type(exc).__name__}: {exc}", 500
+        )
+
+    def _deliver(self, reqs: Sequence[_Request], outputs: Mapping[str, np.ndarray]) -> None:
+        total = sum(r.rows for r in reqs)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise RuntimeError(
+                    f"model returned output '{name}' with shape {list(array.shape)} "
+                    f"for a batch of {total} rows"
+                )
+        offset = 0
+        for req in reqs:
+            part = {name: array[offset : offset + req.rows] for name, array in outputs.items()}
+            offset += req.rows
+            if not req.future.done():
+                req.future.set_result(part)

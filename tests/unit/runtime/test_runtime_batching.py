@@ -1,0 +1,282 @@
+"""The dynamic batcher with a fake model: triggers, priorities, timeouts, bounds, isolation, reload, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from kubeinfer.runtime.batching import Batcher, BatchSettings, ServingError, plan_batch
+from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.models.base import InputError
+
+from tests.unit.runtime.runtime_fakes import FakeModel, rows
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@dataclass
+class Item:
+    rows: int
+    enqueued: float
+
+
+def plan(items: list[Item], **kw: object):  # type: ignore[no-untyped-def]
+    args: dict[str, object] = {
+        "max_batch_size": 4,
+        "max_queue_delay": 0.01,
+        "now": 0.0,
+        "in_flight": 0,
+        "executors": 1,
+    }
+    args.update(kw)
+    oldest = min((i.enqueued for i in items), default=None)
+    return plan_batch(items, oldest, **args)  # type: ignore[arg-type]
+
+
+# ----- the pure policy -----------------------------------------------------------------------------
+def test_policy_waits_for_delay_then_takes_what_fits() -> None:
+    items = [Item(1, 0.0), Item(2, 0.001)]
+    p = plan(items, now=0.005)
+    assert (p.take, p.wake_at) == (0, pytest.approx(0.01))
+    p = plan(items, now=0.01)
+    assert p.take == 2 and not p.full
+
+
+def test_policy_size_trigger_and_no_split() -> None:
+    assert plan([Item(2, 0.0), Item(2, 0.0), Item(1, 0.0)]).take == 2  # 4 rows: full at once
+    p = plan([Item(3, 0.0), Item(2, 0.0)])  # the 2-row request does not fit: full with 3 rows
+    assert (p.take, p.full) == (1, True)
+    p = plan([Item(9, 0.0), Item(1, 0.0)])  # larger than max_batch_size: runs alone
+    assert (p.take, p.full) == (1, True)
+
+
+def test_policy_delay_zero_takes_at_once_when_idle() -> None:
+    assert plan([Item(1, 5.0)], max_queue_delay=0.0, now=5.0).take == 1
+    # all executors busy and the batch not full: keep collecting rows
+    assert plan([Item(1, 5.0)], max_queue_delay=0.0, now=5.0, in_flight=1) == plan_batch(
+        [], None, max_batch_size=4, max_queue_delay=0, now=0, in_flight=0, executors=1
+    )
+
+
+def test_policy_full_batch_is_prepared_ahead_but_bounded() -> None:
+    full = [Item(1, 0.0)] * 4
+    assert plan(full, in_flight=1).take == 4  # preprocessing overlaps the running batch
+    assert plan(full, in_flight=2).take == 0  # one lookahead batch per executor
+    assert plan(full, in_flight=3, executors=2).take == 4
+
+
+def test_policy_draining_makes_everything_due() -> None:
+    assert plan([Item(1, 0.0)], max_queue_delay=10.0, draining=True).take == 1
+
+
+# ----- the batcher on a loop -----------------------------------------------------------------------
+async def make(model: FakeModel, **settings: object) -> Batcher:
+    b = Batcher(model, BatchSettings(**settings), metrics=RuntimeMetrics(model.name))  # type: ignore[arg-type]
+    b.start()
+    return b
+
+
+async def test_size_trigger_forms_one_full_batch_before_the_delay() -> None:
+    model = FakeModel()
+    b = await make(model, max_batch_size=4, max_queue_delay=5.0)
+    t0 = time.monotonic()
+    outs = await asyncio.gather(*(b.infer(rows(i)) for i in range(4)))
+    assert time.monotonic() - t0 < 1.0
+    assert model.batches == [4]
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["y"], [[2.0 * i, 0.0]])
+        assert out["n"].tolist() == [4]
+    b.close()
+
+
+async def test_delay_trigger_waits_max_queue_delay_for_more_rows() -> None:
+    model = FakeModel()
+    b = await make(model, max_batch_size=64, max_queue_delay=0.08)
+    t0 = time.monotonic()
+    await asyncio.gather(*(b.infer(rows(i)) for i in range(3)))
+    waited = time.monotonic() - t0
+    assert model.batches == [3]
+    assert 0.07 <= waited < 1.0
+    b.close()
+
+
+async def test_delay_zero_runs_at_once_and_batches_what_queued_while_busy() -> None:
+    model = FakeModel()
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=64, max_queue_delay=0.0)
+    first = asyncio.ensure_future(b.infer(rows(0)))
+    await asyncio.to_thread(model.started.wait, 5)
+    rest = [asyncio.ensure_future(b.infer(rows(i))) for i in range(1, 6)]
+    await asyncio.sleep(0.05)
+    assert model.batches == []  # the first batch is still executing
+    model.gate.set()
+    await asyncio.gather(first, *rest)
+    assert model.batches == [1, 5]
+    b.close()
+
+
+async def test_priority_one_is_served_first() -> None:
+    model = FakeModel()
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=1, max_queue_delay=0.0)
+    first = asyncio.ensure_future(b.infer(rows(0)))
+    await asyncio.to_thread(model.started.wait, 5)
+    low = [asyncio.ensure_future(b.infer(rows(v), priority=2)) for v in (1, 2)]
+    default = asyncio.ensure_future(b.infer(rows(3)))  # no priority = default level 2
+    high = asyncio.ensure_future(b.infer(rows(9), priority=1))
+    await asyncio.sleep(0.02)
+    model.gate.set()
+    await asyncio.gather(first, *low, default, high)
+    assert model.firsts == [[0.0], [9.0], [1.0], [2.0], [3.0]]
+    with pytest.raises(InputError, match="priority"):
+        await b.infer(rows(1), priority=3)
+    b.close()
+
+
+async def test_timeout_is_enforced_while_queued() -> None:
+    model = FakeModel()
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=1, max_queue_delay=0.0)
+    first = asyncio.ensure_future(b.infer(rows(0)))
+    await asyncio.to_thread(model.started.wait, 5)
+    t0 = time.monotonic()
+    with pytest.raises(ServingError) as info:
+        await b.infer(rows(1), timeout_us=50_000)
+    assert info.value.status == 504 and "timed out" in str(info.value)
+    assert 0.04 <= time.monotonic() - t0 < 1.0  # while the executor is still blocked
+    assert b.queued == 0
+    model.gate.set()
+    await first
+    assert model.firsts == [[0.0]]  # the expired request never ran
+    b.close()
+
+
+async def test_queue_bound_rejects_with_429_and_retry_after() -> None:
+    model = FakeModel()
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=1, max_queue_delay=0.0, max_queue_size=2)
+    first = asyncio.ensure_future(b.infer(rows(0)))
+    await asyncio.to_thread(model.started.wait, 5)
+    queued = [asyncio.ensure_future(b.infer(rows(i))) for i in (1, 2)]
+    # the batcher may take one more full batch ahead (lookahead); fill until the queue holds 2
+    await asyncio.sleep(0.02)
+    extra = []
+    while b.queued < 2:
+        extra.append(asyncio.ensure_future(b.infer(rows(7))))
+        await asyncio.sleep(0.01)
+    with pytest.raises(ServingError) as info:
+        await b.infer(rows(3))
+    assert info.value.status == 429 and int(info.value.headers["Retry-After"]) >= 1
+    model.gate.set()
+    await asyncio.gather(first, *queued, *extra)
+    b.close()
+
+
+async def test_failing_request_is_isolated_by_bisection() -> None:
+    model = FakeModel()
+    b = await make(model, max_batch_size=8, max_queue_delay=0.05)
+    reqs = [b.infer(rows(i, i)) for i in (1, 2, -1, 3)]
+    reqs.append(b.infer(rows(-2)))
+    reqs.extend(b.infer(rows(i)) for i in (4, 5))  # 8 rows: full
+    results = await asyncio.gather(*reqs, return_exceptions=True)
+    ok = [r for r in results if isinstance(r, dict)]
+    assert len(ok) == 5
+    assert isinstance(results[0], dict) and results[0]["y"].tolist() == [[2.0, 0.0], [2.0, 0.0]]
+    bad = results[2]
+    assert isinstance(bad, ServingError) and bad.status == 500 and "poisoned row" in str(bad)
+    refused = results[4]
+    assert isinstance(refused, InputError) and refused.status == 413
+    b.close()
+
+
+async def test_multi_row_requests_oversized_runs_alone_and_over_warmed_is_413() -> None:
+    model = FakeModel(max_batch_size=16)
+    b = await make(model, max_batch_size=4, max_queue_delay=0.01)
+    big, _small = await asyncio.gather(b.infer(rows(*range(6))), b.infer(rows(1, 2)))
+    assert big["y"][:, 0].tolist() == [2.0 * v for v in range(6)]
+    assert sorted(model.batches) == [2, 6]
+    with pytest.raises(InputError) as info:
+        await b.infer(rows(*range(17)))
+    assert info.value.status == 413
+    b.close()
+
+
+async def test_hot_reload_applies_without_dropping_requests() -> None:
+    model = FakeModel(max_batch_size=8)
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=8, max_queue_delay=0.0)
+    first = asyncio.ensure_future(b.infer(rows(0)))
+    await asyncio.to_thread(model.started.wait, 5)
+    queued = [asyncio.ensure_future(b.infer(rows(i))) for i in range(1, 6)]
+    await asyncio.sleep(0.02)
+    b.update_settings(BatchSettings(max_batch_size=2, max_queue_delay=0.0))
+    assert b.metrics is not None
+    assert 'kubeinfer_max_batch_size{model="fake"} 2.0' in b.metrics.exposition().decode()
+    with pytest.raises(ValueError, match="warmed maximum"):
+        b.update_settings(BatchSettings(max_batch_size=9))
+    assert b.settings.max_batch_size == 2
+    model.gate.set()
+    await asyncio.gather(first, *queued)
+    assert model.batches[0] == 1 and max(model.batches[1:]) <= 2 and sum(model.batches) == 6
+    b.close()
+
+
+async def test_drain_finishes_queued_work_and_refuses_new() -> None:
+    model = FakeModel(delay=0.01)
+    b = await make(model, max_batch_size=4, max_queue_delay=10.0)
+    pending = [asyncio.ensure_future(b.infer(rows(i))) for i in range(10)]
+    await asyncio.sleep(0.01)
+    t0 = time.monotonic()
+    assert await b.drain(timeout=5.0)
+    assert time.monotonic() - t0 < 2.0  # did not wait for the 10 s delay
+    assert all(p.done() and not p.exception() for p in pending)
+    with pytest.raises(ServingError) as info:
+        await b.infer(rows(1))
+    assert info.value.status == 503
+    b.close()
+
+
+async def test_preprocess_of_next_full_batch_overlaps_execution() -> None:
+    model = FakeModel()
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=2, max_queue_delay=5.0)
+    first = [asyncio.ensure_future(b.infer(rows(i))) for i in (0, 1)]
+    await asyncio.to_thread(model.started.wait, 5)
+    second = [asyncio.ensure_future(b.infer(rows(i))) for i in (2, 3)]
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if model.prepared == 2:
+            break
+    assert model.prepared == 2 and model.batches == []  # prepared while the first still runs
+    model.gate.set()
+    await asyncio.gather(*first, *second)
+    assert model.batches == [2, 2]
+    b.close()
+
+
+async def test_cancelled_client_leaves_the_queue() -> None:
+    model = FakeModel()
+    b = await make(model, max_batch_size=4, max_queue_delay=10.0)
+    task = asyncio.ensure_future(b.infer(rows(1)))
+    await asyncio.sleep(0.01)
+    assert b.queued == 1
+    task.cancel()
+    await asyncio.sleep(0.01)
+    assert b.queued == 0
+    b.close()
+
+
+async def test_metrics_record_batches_and_busy_time() -> None:
+    model = FakeModel(delay=0.02)
+    b = await make(model, max_batch_size=4, max_queue_delay=0.0)
+    await asyncio.gather(*(b.infer(rows(i)) for i in range(4)))
+    assert b.metrics is not None
+    text = b.metrics.exposition().decode()
+    assert 'kubeinfer_batch_size_count{model="fake"}' in text
+    assert 'kubeinfer_queue_duration_seconds_count{model="fake"} 4.0' in text
+    assert b.metrics.busy.ratio() > 0
+    b.close()
