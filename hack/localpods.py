@@ -163,6 +163,9 @@ class LocalPods:
         workdir: where config files and process logs go (a temporary folder if None, removed on stop).
         on_targets: called with ``(targets, labels)`` whenever the scrape targets change.
         file_sd_path: if set, a Prometheus ``file_sd`` JSON file written (atomically) on change.
+        prometheus: an object with ``set_targets([(address, labels), ...])`` such as
+            ``tests.support.prom.PrometheusServer``; its targets are REPLACED by this service's on
+            change (use ``on_targets`` to merge several services into one Prometheus).
         report_status: patch pod or Deployment status from the processes' readiness (see module doc).
         poll_interval: seconds between reconciliations (default 1 s).
         termination_grace_seconds: SIGTERM→SIGKILL delay on scale-down/stop (default 30 s, like a pod).
@@ -183,6 +186,7 @@ class LocalPods:
         workdir: str | os.PathLike[str] | None = None,
         on_targets: TargetsCallback | None = None,
         file_sd_path: str | os.PathLike[str] | None = None,
+        prometheus: Any = None,
         report_status: bool = True,
         poll_interval: float = 1.0,
         termination_grace_seconds: float = 30.0,
@@ -207,6 +211,7 @@ class LocalPods:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.on_targets = on_targets
         self.file_sd_path = Path(file_sd_path) if file_sd_path else None
+        self.prometheus = prometheus
         self.report_status = report_status
         self.poll_interval = poll_interval
         self.termination_grace_seconds = termination_grace_seconds
@@ -582,11 +587,13 @@ class LocalPods:
             self.file_sd_path.parent.mkdir(parents=True, exist_ok=True)
             groups = [{"targets": targets, "labels": self.labels}] if targets else []
             write_atomic(self.file_sd_path, json.dumps(groups, indent=1))
-        if self.on_targets is not None:
-            try:
+        try:
+            if self.on_targets is not None:
                 self.on_targets(list(targets), dict(self.labels))
-            except Exception as e:
-                self._error(f"on_targets callback: {type(e).__name__}: {e}")
+            if self.prometheus is not None:
+                self.prometheus.set_targets([(a, dict(self.labels)) for a in targets])
+        except Exception as e:
+            self._error(f"publishing targets: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ status
     def _report_status(self, deployment: dict[str, Any]) -> None:

@@ -1,0 +1,56 @@
+{{/* Chart name, truncated to the 63 characters a label allows. */}}
+{{- define "kubeinfer.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: the release name, or <release>-kubeinfer when the release name lacks "kubeinfer". */}}
+{{- define "kubeinfer.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kubeinfer.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubeinfer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "kubeinfer.labels" -}}
+{{ include "kubeinfer.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: kubeinfer
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "kubeinfer.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kubeinfer.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kubeinfer.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the Prometheus Operator objects should be rendered. */}}
+{{- define "kubeinfer.monitoring" -}}
+{{- $m := .Values.monitoring.enabled -}}
+{{- if eq (toString $m) "true" -}}true
+{{- else if and (eq (toString $m) "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}true
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the operator watches all namespaces (cluster-scoped RBAC and peering). */}}
+{{- define "kubeinfer.clusterwide" -}}
+{{- if not .Values.watchNamespaces -}}true{{- end -}}
+{{- end -}}
