@@ -1,0 +1,194 @@
+"""Test-side handle on a real local control plane (see ``hack/cluster.py``).
+
+Fixtures (``tests/conftest.py``):
+
+- ``cluster`` (session scope) -> :class:`Cluster`. Starts etcd + kube-apiserver +
+  kube-controller-manager once per pytest session in a temporary directory, or uses the cluster of
+  ``$KUBEINFER_TEST_KUBECONFIG`` when that is set. Fails (not skips) with "run make setup" when the
+  binaries are missing. Stopped at session end (and the processes die with pytest if it is killed).
+- ``namespace`` (function scope) -> ``str``: a fresh namespace (with its ``default``
+  ServiceAccount already created), deleted after the test without waiting for finalization.
+
+:class:`Cluster` API::
+
+    cluster.kubeconfig        Path of an admin kubeconfig (group system:masters)
+    cluster.server            "https://127.0.0.1:<port>"
+    cluster.env               dict(os.environ) + KUBECONFIG (+ HELM_*_HOME in a temp dir); for subprocesses
+    cluster.kubectl_path, cluster.helm_path   Paths of the binaries built by `make setup`
+    cluster.info              hack.cluster.ClusterInfo (None when using $KUBEINFER_TEST_KUBECONFIG)
+    cluster.kubectl(*args, check=True, input=None, timeout=60.0) -> CompletedProcess[str]
+    cluster.helm(*args, check=True, input=None, timeout=180.0)   -> CompletedProcess[str]
+    cluster.apply(manifest)   kubectl apply -f - of a dict / list of dicts / YAML string
+    cluster.api_client()      -> kubernetes.client.ApiClient for the admin kubeconfig
+    cluster.kubeconfig_for_service_account(namespace, name, path) -> Path   (real SA token)
+    cluster.kubeconfig_for_impersonation(path, user=..., groups=...) -> Path (kubectl/helm only)
+    wait_until(predicate, timeout=..., interval=..., message=...) -> the predicate's truthy value
+
+``KubectlError`` (a ``subprocess.CalledProcessError``) is raised on a non-zero exit with
+``check=True``; its message includes the command's stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from hack.cluster import (
+    DEFAULT_BIN_DIR,
+    ClusterInfo,
+    kubeconfig_for_impersonation,
+    kubeconfig_for_token,
+    service_account_token,
+)
+
+T = TypeVar("T")
+
+
+class KubectlError(subprocess.CalledProcessError):
+    """A kubectl/helm command exited non-zero; ``str()`` includes its stderr."""
+
+    def __str__(self) -> str:
+        cmd = " ".join(str(c) for c in self.cmd)
+        return (
+            f"`{cmd}` exited {self.returncode}: {(self.stderr or '').strip() or (self.output or '').strip()}"
+        )
+
+
+def wait_until(
+    predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.2, message: str = "condition"
+) -> T:
+    """Call ``predicate`` until it returns a truthy value, and return that value.
+
+    Raises TimeoutError naming ``message`` (and the last exception the predicate raised, if any)
+    after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # a transient API error is retried, and reported on timeout
+            last_exc = e
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_exc!r})" if last_exc is not None else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {message}{detail}")
+        time.sleep(interval)
+
+
+class Cluster:
+    """A kubeconfig plus the binaries to talk to it; see the module docstring."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        *,
+        info: ClusterInfo | None = None,
+        bin_dir: Path = DEFAULT_BIN_DIR,
+        scratch: Path,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.info = info
+        self.bin_dir = bin_dir
+        self.scratch = scratch
+        scratch.mkdir(parents=True, exist_ok=True)
+        doc = yaml.safe_load(kubeconfig.read_text())
+        current = doc.get("current-context")
+        ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == current), None)
+        cluster_name = ctx["cluster"] if ctx else doc["clusters"][0]["name"]
+        self.server: str = next(c["cluster"]["server"] for c in doc["clusters"] if c["name"] == cluster_name)
+        self.env: dict[str, str] = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "HELM_CACHE_HOME": str(scratch / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(scratch / "helm" / "config"),
+            "HELM_DATA_HOME": str(scratch / "helm" / "data"),
+        }
+
+    @property
+    def kubectl_path(self) -> Path:
+        return self.bin_dir / "kubectl"
+
+    @property
+    def helm_path(self) -> Path:
+        return self.bin_dir / "helm"
+
+    def _run(
+        self, cmd: Sequence[str | Path], check: bool, input: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [str(c) for c in cmd],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            check=False,
+        )
+        if check and r.returncode != 0:
+            raise KubectlError(r.returncode, r.args, r.stdout, r.stderr)
+        return r
+
+    def kubectl(
+        self, *args: str | Path, check: bool = True, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this cluster; text stdout/stderr captured."""
+        return self._run([self.kubectl_path, f"--kubeconfig={self.kubeconfig}", *args], check, input, timeout)
+
+    def helm(
+        self, *args: str | Path, check: bool = True, input: str | None = None, timeout: float = 180.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built helm against this cluster (HELM_*_HOME in a scratch directory)."""
+        return self._run([self.helm_path, f"--kubeconfig={self.kubeconfig}", *args], check, input, timeout)
+
+    def apply(
+        self, manifest: str | Mapping[str, Any] | Sequence[Mapping[str, Any]], *args: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``kubectl apply -f -`` of a YAML string, one object (dict) or a list of objects."""
+        if isinstance(manifest, str):
+            text = manifest
+        elif isinstance(manifest, Mapping):
+            text = yaml.safe_dump(dict(manifest))
+        else:
+            text = yaml.safe_dump_all([dict(m) for m in manifest])
+        return self.kubectl("apply", "-f", "-", *args, input=text)
+
+    def get_json(self, *args: str) -> Any:
+        """``kubectl get <args> -o json`` parsed."""
+        import json
+
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def api_client(self, kubeconfig: Path | None = None) -> Any:
+        """A new ``kubernetes.client.ApiClient`` for ``kubeconfig`` (default: the admin one)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+
+    def _need_info(self) -> ClusterInfo:
+        if self.info is not None:
+            return self.info
+        raise RuntimeError("this helper needs the locally started cluster (KUBEINFER_TEST_KUBECONFIG is set)")
+
+    def kubeconfig_for_service_account(self, namespace: str, name: str, path: Path) -> Path:
+        """Kubeconfig authenticating as ServiceAccount ``namespace/name`` (TokenRequest token, 1 h)."""
+        info = self._need_info()
+        token = service_account_token(info, namespace, name)
+        return kubeconfig_for_token(
+            info, token, path, user=f"system:serviceaccount:{namespace}:{name}", namespace=namespace
+        )
+
+    def kubeconfig_for_impersonation(
+        self, path: Path, *, user: str, groups: Sequence[str] = (), namespace: str | None = None
+    ) -> Path:
+        """Admin kubeconfig impersonating ``user``/``groups`` (honoured by kubectl and helm)."""
+        return kubeconfig_for_impersonation(
+            self._need_info(), path, user=user, groups=groups, namespace=namespace
+        )

@@ -1,0 +1,321 @@
+"""Run a real Prometheus (Debian's ``/usr/bin/prometheus``) on a free loopback port.
+
+Plain class, usable outside pytest (the demo uses it)::
+
+    from tests.support.prom import PrometheusServer
+    with PrometheusServer(Path("/tmp/prom"), scrape_interval=1.0) as prom:
+        prom.set_targets([("127.0.0.1:8081", {"namespace": "demo", "inferenceservice": "minilm"})])
+        prom.wait_for_scrape("127.0.0.1:8081")
+        prom.query('up{inferenceservice="minilm"}')   # -> [{"metric": {...}, "value": [ts, "1"]}]
+
+Fixture (``tests/conftest.py``): ``prometheus`` (function scope) yields a started
+PrometheusServer with a 1 s scrape interval in the test's tmp dir; ``prometheus_factory`` is a
+callable ``(scrape_interval=1.0, **kwargs) -> PrometheusServer`` (started) for other intervals.
+Both stop their servers at test end.
+
+Scrape configuration: one job (``kubeinfer``) whose targets come from ``file_sd_configs`` (a JSON
+file that :meth:`PrometheusServer.set_targets` rewrites atomically), so targets and their labels
+change without a restart. Each target carries the labels given, e.g. ``namespace`` and
+``inferenceservice`` as the autoscaler's queries expect; Prometheus adds ``instance`` (the
+``host:port``) and ``job``. ``metrics_path`` is ``/metrics``.
+
+:meth:`stop` then :meth:`start` restarts on the same port with the same TSDB directory (the
+autoscaler tests take Prometheus away and bring it back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+PROMETHEUS_BIN = Path("/usr/bin/prometheus")
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not be started, or answered a query with an error (message says which)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prom_duration(seconds: float) -> str:
+    """Render seconds as a Prometheus duration string in whole milliseconds: 1.0 -> "1000ms".
+
+    Raises ValueError for a non-positive or sub-millisecond value.
+    """
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise ValueError(f"duration must be >= 1 ms, got {seconds!r} s")
+    return f"{ms}ms"
+
+
+def render_config(
+    targets_file: Path, *, scrape_interval: float = 1.0, job_name: str = "kubeinfer"
+) -> dict[str, Any]:
+    """The prometheus.yml document: one file_sd job, scrape_timeout equal to the interval."""
+    interval = prom_duration(scrape_interval)
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
+        "scrape_configs": [
+            {
+                "job_name": job_name,
+                "scrape_interval": interval,
+                "scrape_timeout": interval,
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+            }
+        ],
+    }
+
+
+def render_targets(targets: Iterable[tuple[str, Mapping[str, str]]]) -> list[dict[str, Any]]:
+    """file_sd JSON content: one group per target ``("host:port", {label: value})``.
+
+    Raises ValueError when a target is not ``host:port`` or a label value is not a string.
+    """
+    groups = []
+    for addr, labels in targets:
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"target must be 'host:port', got {addr!r}")
+        for k, v in labels.items():
+            if not isinstance(v, str):
+                raise ValueError(f"label {k!r} of target {addr!r} must be a string, got {v!r}")
+        groups.append({"targets": [addr], "labels": dict(labels)})
+    return groups
+
+
+class PrometheusServer:
+    """A Prometheus process with a file_sd scrape job; see the module docstring.
+
+    Args:
+        workdir: holds prometheus.yml, targets.json, the TSDB (``data/``) and ``prometheus.log``.
+        scrape_interval: seconds between scrapes (also the scrape timeout and rule evaluation).
+        port: listen port on 127.0.0.1; default a free one (chosen again if taken at first start).
+        binary: the prometheus executable.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        scrape_interval: float = 1.0,
+        port: int | None = None,
+        binary: Path = PROMETHEUS_BIN,
+        job_name: str = "kubeinfer",
+    ) -> None:
+        self.workdir = workdir
+        self.scrape_interval = scrape_interval
+        self.binary = binary
+        self.job_name = job_name
+        self._fixed_port = port is not None
+        self.port = port if port is not None else _free_port()
+        self.targets_file = workdir / "targets.json"
+        self.config_file = workdir / "prometheus.yml"
+        self.data_dir = workdir / "data"
+        self.log_file = workdir / "prometheus.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._targets: list[tuple[str, dict[str, str]]] = []
+
+    @property
+    def url(self) -> str:
+        """Base URL, ``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        """Start (or restart after :meth:`stop`) and wait for ``/-/ready``; returns self.
+
+        Raises PrometheusError with the log tail if the binary is missing, exits, or is not ready
+        within ``timeout`` seconds.
+        """
+        if self.running:
+            return self
+        if not os.access(self.binary, os.X_OK):
+            raise PrometheusError(f"{self.binary} is missing: run `make setup` (apt-get install prometheus)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(exist_ok=True)
+        if not self.targets_file.exists():
+            self._write_targets()
+        self.config_file.write_text(
+            yaml.safe_dump(
+                render_config(self.targets_file, scrape_interval=self.scrape_interval, job_name=self.job_name)
+            )
+        )
+        for attempt in range(3):
+            try:
+                self._start_once(timeout)
+                return self
+            except _PortTaken:
+                if self._fixed_port or attempt == 2:
+                    raise
+                self.port = _free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> None:
+        cmd = [
+            str(self.binary),
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.data_dir}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1d",
+            "--web.enable-lifecycle",
+            "--log.level=warn",
+        ]
+        with self.log_file.open("ab") as log:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._proc.poll() is not None:
+                tail = self._log_tail()
+                self._proc = None
+                if "address already in use" in tail:
+                    raise _PortTaken(tail)
+                raise PrometheusError(f"prometheus exited early; log tail:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PrometheusError(
+                    f"prometheus not ready after {timeout:.0f}s; log tail:\n{self._log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after ``timeout`` s); data and port are kept."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def remove(self) -> None:
+        """Stop and delete the work directory (config, targets, TSDB, log)."""
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -------------------------------------------------------------------- targets
+
+    def set_targets(self, targets: Sequence[tuple[str, Mapping[str, str]]]) -> None:
+        """Replace the scraped targets: ``[("127.0.0.1:port", {"namespace": ..., ...}), ...]``.
+
+        Written atomically (rename), picked up by file_sd within about a second, no restart.
+        """
+        self._targets = [(addr, dict(labels)) for addr, labels in targets]
+        self._write_targets()
+
+    @property
+    def targets(self) -> list[tuple[str, dict[str, str]]]:
+        return list(self._targets)
+
+    def _write_targets(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(render_targets(self._targets)))
+        os.replace(tmp, self.targets_file)
+
+    # -------------------------------------------------------------------- queries
+
+    def query(self, promql: str, *, at: float | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Instant query; returns ``data.result`` (for a vector: ``[{"metric": {...}, "value": [t, "v"]}]``).
+
+        Raises PrometheusError with Prometheus' error message on a bad query or HTTP error.
+        """
+        params: dict[str, str] = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        try:
+            r = httpx.get(f"{self.url}/api/v1/query", params=params, timeout=timeout)
+        except httpx.HTTPError as e:
+            raise PrometheusError(f"query {promql!r} failed: {e!r}") from e
+        try:
+            body = r.json()
+        except ValueError as e:
+            raise PrometheusError(f"query {promql!r}: HTTP {r.status_code}, not JSON: {r.text[:200]}") from e
+        if body.get("status") != "success":
+            raise PrometheusError(f"query {promql!r}: {body.get('errorType')}: {body.get('error')}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def query_value(self, promql: str) -> float | None:
+        """The single value of a one-series vector query, or None when the result is empty.
+
+        Raises PrometheusError when the result has more than one series.
+        """
+        result = self.query(promql)
+        if not result:
+            return None
+        if len(result) > 1:
+            raise PrometheusError(f"query {promql!r} returned {len(result)} series, expected one")
+        return float(result[0]["value"][1])
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """``/api/v1/targets`` active targets (scrapeUrl, health, labels, lastError...)."""
+        r = httpx.get(f"{self.url}/api/v1/targets", params={"state": "active"}, timeout=10.0)
+        r.raise_for_status()
+        targets: list[dict[str, Any]] = r.json()["data"]["activeTargets"]
+        return targets
+
+    def wait_for_scrape(self, target: str, timeout: float = 30.0, *, since: float | None = None) -> None:
+        """Wait until ``target`` ("host:port") has been scraped successfully (``up == 1``) by a
+        scrape that happened after ``since`` (Unix seconds; default: when this call started).
+
+        New targets are picked up within ~5 s (Prometheus' scrape manager applies discovered
+        target changes at most every 5 s). Raises PrometheusError (naming the target's last scrape
+        error, if any) after ``timeout`` seconds.
+        """
+        since = time.time() if since is None else since
+        deadline = time.monotonic() + timeout
+        q = f'timestamp(up{{job="{self.job_name}",instance="{target}"}} == 1)'
+        while True:
+            with contextlib.suppress(PrometheusError, httpx.HTTPError):
+                if any(float(s["value"][1]) >= since for s in self.query(q)):
+                    return
+            if time.monotonic() > deadline:
+                last = ""
+                with contextlib.suppress(Exception):
+                    for t in self.active_targets():
+                        if t.get("labels", {}).get("instance") == target:
+                            last = f" (health {t.get('health')}, last error {t.get('lastError')!r})"
+                raise PrometheusError(f"target {target} not scraped within {timeout:.0f}s{last}")
+            time.sleep(0.2)
+
+    def _log_tail(self, n: int = 15) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+class _PortTaken(PrometheusError):
+    pass
