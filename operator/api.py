@@ -634,3 +634,37 @@ def service_url(name: str, namespace: str) -> str:
 def configmap_name(name: str) -> str:
     """Name of an InferenceService's runtime ConfigMap (``<isvc>-runtime``)."""
     return f"{name}-runtime"
+
+
+class InferenceService(BaseModel):
+    """A parsed InferenceService: identity (name, namespace, uid, generation) + spec + status.
+
+    Build it from a watch/GET body with :meth:`from_body`; the builders in ``kubeinfer.operator.build``
+    take it as their input.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 0
+    spec: InferenceServiceSpec = Field(default_factory=InferenceServiceSpec)
+    status: InferenceServiceStatus = Field(default_factory=InferenceServiceStatus)
+
+    @classmethod
+    def from_body(cls, body: Any) -> InferenceService:
+        """Parse a custom-resource mapping (``metadata``/``spec``/``status``).
+
+        Raises:
+            pydantic.ValidationError: the spec breaks a rule (the message names the field).
+        """
+        meta = body.get("metadata") or {}
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace") or "default",
+            uid=meta.get("uid") or "",
+            generation=int(meta.get("generation") or 0),
+            spec=InferenceServiceSpec.from_k8s(body.get("spec")),
+            status=InferenceServiceStatus.from_k8s(body.get("status")),
+        )

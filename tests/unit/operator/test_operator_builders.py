@@ -1,0 +1,131 @@
+"""Golden-file and property tests of the pure builders (operator/build/)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+from kubeinfer.runtime.config import RuntimeConfig
+
+ROOT = Path(__file__).resolve().parents[3]
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+UPDATE = os.environ.get("KUBEINFER_UPDATE_GOLDEN") == "1"
+
+
+def _isvc(body: dict[str, Any]) -> api.InferenceService:
+    body = copy.deepcopy(body)
+    body["metadata"].setdefault("namespace", "ns1")
+    body["metadata"].setdefault("uid", "00000000-0000-0000-0000-000000000001")
+    return api.InferenceService.from_body(body)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def _render(isvc: api.InferenceService) -> dict[str, Any]:
+    timeout = isvc.spec.batch_timeout_in_force(isvc.status.batch_timeout)
+    replicas = isvc.spec.autoscaling.min_replicas if isvc.spec.autoscaling.enabled else isvc.spec.replicas
+    return {
+        "deployment": build_deployment(isvc, replicas=replicas),
+        "service": build_service(isvc),
+        "configmap": build_configmap(isvc, timeout),
+        "pdb": build_pdb(isvc),
+    }
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_builders_match_golden_files(example: Path) -> None:
+    rendered = _render(_isvc(_load(example)))
+    text = yaml.safe_dump(rendered, sort_keys=True)
+    golden = GOLDEN / f"{example.stem}.yaml"
+    if UPDATE:
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(text)
+    assert golden.exists(), f"missing {golden}: run with KUBEINFER_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), f"{golden} differs: review, then KUBEINFER_UPDATE_GOLDEN=1"
+
+
+def test_builders_are_deterministic() -> None:
+    isvc = _isvc(_load(ROOT / "examples/minilm.yaml"))
+    assert _render(isvc) == _render(isvc)
+
+
+def _template(isvc: api.InferenceService) -> dict[str, Any]:
+    template: dict[str, Any] = build_deployment(isvc, replicas=None)["spec"]["template"]
+    return template
+
+
+def test_batching_change_changes_configmap_not_pod_template() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    before = _isvc(body)
+    body["spec"]["batching"] = {"maxBatchSize": 64, "maxQueueDelay": "7ms", "preferredBatchSizes": [16, 32]}
+    after = _isvc(body)
+    assert _template(before) == _template(after)
+    cm_before = build_configmap(before, before.spec.batch_timeout_in_force(None))
+    cm_after = build_configmap(after, after.spec.batch_timeout_in_force(None))
+    assert cm_before["data"] != cm_after["data"]
+    cfg = RuntimeConfig.from_yaml(cm_after["data"]["runtime.yaml"])
+    assert cfg.batching.max_batch_size == 64
+    assert cfg.batching.max_queue_delay_seconds == pytest.approx(0.007)
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        (("model", "uri"), "/models/other"),
+        (("quantization", "mode"), "none"),
+        (("resources", "memory"), "4Gi"),
+        (("runtime", "image"), "ghcr.io/kubeinfer/runtime:0.2.0"),
+        (("warmup", "steps"), 3),
+    ],
+)
+def test_model_quantization_resources_image_change_rolls_pods(path: tuple[str, str], value: Any) -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    before = _isvc(body)
+    body["spec"].setdefault(path[0], {})[path[1]] = value
+    after = _isvc(body)
+    assert _template(before) != _template(after)
+
+
+def test_autoscaler_batch_timeout_overrides_and_is_clamped() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")  # bounds 1ms..20ms, maxQueueDelay 5ms
+    body["status"] = {"batchTimeout": "12ms"}
+    assert _isvc(body).spec.batch_timeout_in_force("12ms") == pytest.approx(0.012)
+    assert _isvc(body).spec.batch_timeout_in_force("900ms") == pytest.approx(0.020)
+    assert _isvc(body).spec.batch_timeout_in_force("bogus") == pytest.approx(0.005)
+    body["spec"]["autoscaling"]["enabled"] = False
+    assert _isvc(body).spec.batch_timeout_in_force("12ms") == pytest.approx(0.005)
+
+
+def test_gpu_placement_and_pvc_mounts() -> None:
+    gpu = build_deployment(_isvc(_load(ROOT / "examples/gpu-fp16.yaml")), replicas=2)
+    pod = gpu["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert gpu["spec"]["replicas"] == 2
+    ts = _isvc(_load(ROOT / "examples/pvc-torchscript.yaml"))
+    dep = build_deployment(ts, replicas=None)
+    assert "replicas" not in dep["spec"]
+    vols = dep["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in vols
+    cfg = RuntimeConfig.from_yaml(build_configmap(ts, 0.01)["data"]["runtime.yaml"])
+    assert cfg.model.source == "/mnt/pvc/models/resnet50/model.pt"
+    assert cfg.model.name == "resnet50"
+
+
+def test_pdb_only_with_more_than_one_replica() -> None:
+    body = _load(ROOT / "examples/gpu-fp16.yaml")
+    assert build_pdb(_isvc(body)) is not None
+    body["spec"]["replicas"] = 1
+    assert build_pdb(_isvc(body)) is None
