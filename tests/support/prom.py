@@ -296,7 +296,8 @@ class PrometheusServer:
         """
         since = time.time() if since is None else since
         deadline = time.monotonic() + timeout
-        q = f'timestamp(up{{job="{self.job_name}",instance="{target}"}} == 1)'
+        sel = f'up{{job="{self.job_name}",instance="{target}"}}'
+        q = f"timestamp({sel}) and ({sel} == 1)"
         while True:
             with contextlib.suppress(PrometheusError, httpx.HTTPError):
                 if any(float(s["value"][1]) >= since for s in self.query(q)):
