@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pydantic
 import pytest
-
 from kubeinfer.operator import api
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from kubeinfer.operator import api
 from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
 from kubeinfer.runtime.config import RuntimeConfig

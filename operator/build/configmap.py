@@ -1,0 +1,94 @@
+"""``build_configmap``: the runtime configuration (``runtime.yaml``) of an InferenceService."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build.common import container_path, metadata, stable_hash, with_applied_hash
+from kubeinfer.runtime.config import (
+    BatchingConfig,
+    ModelConfig,
+    QuantizationConfig,
+    RuntimeConfig,
+    ServerConfig,
+    TensorSpec,
+    WarmupConfig,
+)
+
+CONFIG_KEY = "runtime.yaml"
+
+
+def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
+    """Render the spec into the runtime's :class:`~kubeinfer.runtime.config.RuntimeConfig`.
+
+    Args:
+        isvc: the InferenceService.
+        batch_timeout_seconds: the max queue delay in force, seconds (see
+            :meth:`~kubeinfer.operator.api.InferenceServiceSpec.batch_timeout_in_force`); clamped to
+            the runtime's [0, 10] s.
+    """
+    spec = isvc.spec
+    calibration = spec.quantization.calibration
+    return RuntimeConfig(
+        model=ModelConfig(
+            name=spec.served_model_name(isvc.name),
+            source=container_path(spec.model.uri),
+            format=spec.model.format,
+            inputs=[
+                TensorSpec(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in spec.model.inputs
+            ],
+            outputs=[
+                TensorSpec(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in spec.model.outputs
+            ],
+        ),
+        quantization=QuantizationConfig(
+            mode=spec.quantization.mode,
+            calibration_path=container_path(calibration.uri) if calibration is not None else None,
+            skip_modules=list(spec.quantization.skip_modules),
+        ),
+        batching=BatchingConfig(
+            max_batch_size=spec.batching.max_batch_size,
+            max_queue_delay_seconds=min(max(batch_timeout_seconds, 0.0), 10.0),
+            max_queue_size=spec.batching.max_queue_size,
+            preferred_batch_sizes=list(spec.batching.preferred_batch_sizes),
+        ),
+        warmup=WarmupConfig(enabled=spec.warmup.enabled, steps=spec.warmup.steps),
+        server=ServerConfig(host="0.0.0.0", port=api.RUNTIME_PORT),
+        device=spec.runtime.device,
+    )
+
+
+def config_hash(isvc: api.InferenceService) -> str:
+    """Hash of the runtime configuration WITHOUT its ``batching`` section.
+
+    It goes into a pod-template annotation: a model / quantization / warmup / device change rolls
+    the pods, a batching change (hot-reloaded by the runtime) does not.
+    """
+    data: dict[str, Any] = runtime_config(isvc, 0.0).model_dump(mode="json")
+    data.pop("batching", None)
+    digest: str = stable_hash(data)
+    return digest
+
+
+def build_configmap(isvc: api.InferenceService, batch_timeout_seconds: float) -> dict[str, Any]:
+    """The ``<isvc>-runtime`` ConfigMap with key ``runtime.yaml``.
+
+    Args:
+        isvc: the InferenceService.
+        batch_timeout_seconds: the batch timeout in force, seconds: with autoscaling on the
+            autoscaler's ``status.batchTimeout`` clamped to the spec's bounds, else
+            ``spec.batching.maxQueueDelay`` (compute it with ``isvc.spec.batch_timeout_in_force``).
+
+    Returns:
+        A ConfigMap manifest (dict) for server-side apply, with the applied-hash annotation.
+    """
+    text = runtime_config(isvc, batch_timeout_seconds).to_yaml()
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(isvc, api.configmap_name(isvc.name)),
+        "data": {CONFIG_KEY: text},
+    }
+    applied: dict[str, Any] = with_applied_hash(obj)
+    return applied

@@ -1,0 +1,189 @@
+"""``build_deployment``: the runtime Deployment of an InferenceService. Pure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build.common import (
+    CONFIG_DIR,
+    CONFIG_HASH_ANNOTATION,
+    PORT_NAME,
+    PVC_MOUNT_ROOT,
+    labels,
+    metadata,
+    selector_labels,
+    with_applied_hash,
+)
+from kubeinfer.operator.build.configmap import CONFIG_KEY, config_hash
+
+CONTAINER_NAME = "runtime"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+#: Size of the memory-backed /dev/shm (torch DataLoader / tokenizer workers use shared memory).
+SHM_SIZE = "1Gi"
+#: Startup-probe period, seconds.
+STARTUP_PERIOD_SECONDS = 5
+#: Seconds to allow for model load before warmup: bundled model vs. a model from a path/PVC.
+LOAD_BUDGET_SECONDS = {"default": 120, "other": 600}
+#: Seconds of warmup allowed per warmup step (every batch-size bucket once).
+WARMUP_STEP_BUDGET_SECONDS = 60
+#: Drain allowance beyond the longest batch timeout: the runtime's drain timeout
+#: (``RuntimeConfig.server.drain_timeout_seconds``, 30 s) plus 15 s for in-flight compute and exit.
+DRAIN_SECONDS = 45
+
+
+def startup_budget_seconds(isvc: api.InferenceService) -> int:
+    """Seconds the startupProbe allows before the kubelet restarts a replica: load + warmup.
+
+    Load: 120 s for the bundled model, 600 s for a model from a path or PVC (large weights);
+    warmup: 60 s per step when enabled.
+    """
+    spec = isvc.spec
+    load = LOAD_BUDGET_SECONDS["default" if spec.model.uri == "default" else "other"]
+    warmup = WARMUP_STEP_BUDGET_SECONDS * spec.warmup.steps if spec.warmup.enabled else 0
+    total: int = load + warmup
+    return total
+
+
+def termination_grace_seconds(isvc: api.InferenceService) -> int:
+    """terminationGracePeriodSeconds: the longest possible batch timeout plus :data:`DRAIN_SECONDS`."""
+    spec = isvc.spec
+    longest = api.parse_duration(spec.batching.max_queue_delay)
+    if spec.autoscaling.enabled:
+        longest = max(longest, api.parse_duration(spec.autoscaling.batch_timeout.max))
+    grace: int = DRAIN_SECONDS + math.ceil(longest)
+    return grace
+
+
+def _volumes(isvc: api.InferenceService) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "config",
+            "configMap": {
+                "name": api.configmap_name(isvc.name),
+                "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+            },
+        },
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    for i, claim in enumerate(isvc.spec.pvc_claims()):
+        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": f"pvc-{i}", "mountPath": f"{PVC_MOUNT_ROOT}/{claim}", "readOnly": True})
+    return volumes, mounts
+
+
+def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = isvc.spec
+    res = spec.resources
+    requests: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
+    limits: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
+    if res.gpus > 0:
+        requests[GPU_RESOURCE] = str(res.gpus)
+        limits[GPU_RESOURCE] = str(res.gpus)
+    env: list[dict[str, Any]] = [
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+    ]
+    for var in spec.runtime.env:
+        env.append(var.model_dump(by_alias=True, exclude_none=True))
+    startup_failures = math.ceil(startup_budget_seconds(isvc) / STARTUP_PERIOD_SECONDS)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.runtime.image,
+        "command": ["kubeinfer-runtime"],
+        "args": ["serve", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", *spec.runtime.args],
+        "ports": [{"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": {"requests": requests, "limits": limits},
+        "volumeMounts": mounts,
+        "startupProbe": {
+            "httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "failureThreshold": startup_failures,
+            "timeoutSeconds": 2,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+            "timeoutSeconds": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/v2/health/live", "port": PORT_NAME},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+            "timeoutSeconds": 5,
+        },
+    }
+    if spec.runtime.image_pull_policy is not None:
+        container["imagePullPolicy"] = spec.runtime.image_pull_policy
+    return container
+
+
+def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dict[str, Any]:
+    """The ``apps/v1`` Deployment ``<isvc>`` running the runtime.
+
+    Args:
+        isvc: the InferenceService.
+        replicas: ``spec.replicas`` to apply, or ``None`` to leave the field out of the applied
+            configuration (autoscaling on, once the autoscaler owns it through the scale subresource).
+
+    Pod template: runtime container with ``nvidia.com/gpu`` requests/limits when ``gpus > 0`` (plus
+    the ``nvidia.com/gpu`` NoSchedule toleration and, with ``gpuProduct``, a node selector on
+    ``nvidia.com/gpu.product``), the ConfigMap mounted as ``/etc/kubeinfer/runtime.yaml``, a
+    memory-backed ``/dev/shm``, read-only PVC mounts for ``pvc://`` URIs, a startupProbe sized by
+    :func:`startup_budget_seconds`, readiness ``/v2/health/ready``, liveness ``/v2/health/live``,
+    Prometheus scrape annotations and the :data:`CONFIG_HASH_ANNOTATION` (rolls the pods when the
+    non-batching runtime config changes). Rolling update with maxUnavailable 0 / maxSurge 1 so
+    serving capacity never drops during a rollout.
+    """
+    spec = isvc.spec
+    volumes, mounts = _volumes(isvc)
+    tolerations: list[dict[str, Any]] = []
+    node_selector: dict[str, str] = dict(spec.resources.node_selector)
+    if spec.resources.gpus > 0:
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        if spec.resources.gpu_product:
+            node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
+    tolerations.extend(t.model_dump(by_alias=True, exclude_none=True) for t in spec.resources.tolerations)
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(isvc, mounts)],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": termination_grace_seconds(isvc),
+    }
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    dep_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(isvc)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "template": {
+            "metadata": {
+                "labels": labels(isvc),
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(api.RUNTIME_PORT),
+                    "prometheus.io/path": "/metrics",
+                    CONFIG_HASH_ANNOTATION: config_hash(isvc),
+                },
+            },
+            "spec": pod_spec,
+        },
+    }
+    if replicas is not None:
+        dep_spec = {"replicas": replicas, **dep_spec}
+    obj: dict[str, Any] = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(isvc, isvc.name),
+        "spec": dep_spec,
+    }
+    applied: dict[str, Any] = with_applied_hash(obj)
+    return applied

@@ -1,0 +1,26 @@
+"""``build_service``: the ClusterIP Service of an InferenceService's v2 endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build.common import PORT_NAME, metadata, selector_labels, with_applied_hash
+
+
+def build_service(isvc: api.InferenceService) -> dict[str, Any]:
+    """A ClusterIP Service ``<isvc>`` on port 8080 (name ``http``) selecting the runtime pods."""
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(isvc, isvc.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(isvc),
+            "ports": [
+                {"name": PORT_NAME, "port": api.RUNTIME_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
+            ],
+        },
+    }
+    applied: dict[str, Any] = with_applied_hash(obj)
+    return applied
