@@ -33,6 +33,12 @@ esac
 
 TOTAL=4
 T0=$(date +%s)
+# One setup at a time per checkout (several engineers/CI steps may call `make setup` at once).
+exec 9>"$CACHE/setup.lock"
+if ! flock -n 9; then
+  echo "[setup] another hack/setup.sh is running in this checkout; waiting for it"
+  flock 9
+fi
 step() { echo "[setup $1/$TOTAL] $2 (+$(( $(date +%s) - T0 ))s)"; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 hash_of() { cat "$@" | sha256sum | cut -c1-16; }
