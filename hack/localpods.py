@@ -19,7 +19,7 @@ operator writes. ``LocalPods`` stands in for the kubelet, for one InferenceServi
   and/or a Prometheus ``file_sd`` JSON file, so the autoscaler's default queries select them;
 - optionally (``report_status=True``, the default) it makes the cluster see the replicas' readiness
   like a kubelet would: if the Deployment has pods (a kube-controller-manager created them) it
-  patches those pods' ``status`` (phase Running, ``Ready`` condition, podIP 127.0.0.1) and lets the
+  patches those pods' ``status`` (phase Running, ``Ready`` condition; no podIP) and lets the
   controllers compute the Deployment status; if there are no pods (no controller-manager) it patches
   the Deployment's ``status`` (replicas, updatedReplicas, readyReplicas, availableReplicas and the
   ``Available`` condition) directly.
@@ -621,11 +621,10 @@ class LocalPods:
             if want_ready == is_ready and (want_ready or "Ready" not in conds):
                 continue
             flag = "True" if want_ready else "False"
+            # No podIP: the process listens on 127.0.0.1:<its own port>, which Endpoints may not
+            # carry (loopback is refused there); clients use LocalPods.ready_addresses().
             status: dict[str, Any] = {
                 "phase": "Running",
-                "hostIP": LOOPBACK,
-                "podIP": LOOPBACK,
-                "podIPs": [{"ip": LOOPBACK}],
                 "conditions": [
                     {"type": t, "status": s, "lastTransitionTime": now}
                     for t, s in (

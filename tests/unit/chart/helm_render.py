@@ -1,0 +1,66 @@
+"""Render the kubeinfer chart with the real ``helm`` built by ``make setup`` (``.cache/bin/helm``)."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "kubeinfer"
+HELM = ROOT / ".cache" / "bin" / "helm"
+
+
+def helm_env(home: Path) -> dict[str, str]:
+    """Environment isolating helm's cache/config/data dirs under ``home``."""
+    import os
+
+    return {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+
+
+def helm(*args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """Run ``helm`` with isolated home dirs; raises ``AssertionError`` with stderr on failure if check."""
+    with tempfile.TemporaryDirectory(prefix="helm-") as home:
+        cp = subprocess.run(
+            [str(HELM), *args], capture_output=True, text=True, timeout=timeout, env=helm_env(Path(home))
+        )
+    if check and cp.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} exited {cp.returncode}:\n{cp.stderr}")
+    return cp
+
+
+def render(
+    *set_args: str,
+    values: dict[str, Any] | None = None,
+    api_versions: tuple[str, ...] = (),
+    namespace: str = "kubeinfer-system",
+) -> list[dict[str, Any]]:
+    """``helm template`` the chart; returns the documents (CRDs excluded unless asked by the caller).
+
+    ``set_args`` are ``--set`` expressions, ``values`` a values mapping passed as a file.
+    """
+    args = ["template", "kubeinfer", str(CHART), "--namespace", namespace]
+    for s in set_args:
+        args += ["--set", s]
+    for v in api_versions:
+        args += ["--api-versions", v]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        if values is not None:
+            yaml.safe_dump(values, f)
+            f.flush()
+            args += ["-f", f.name]
+        out = helm(*args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The documents of one kind."""
+    return [d for d in docs if d.get("kind") == kind]

@@ -1,0 +1,166 @@
+"""The chart's rendered manifests: RBAC exactly as reviewed (no wildcard), pod hardening, options.
+
+Needs ``.cache/bin/helm`` (``make setup``); skipped with that reason when it is absent, and the
+integration tests (tests/integration/chart) run the same renders against the API server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.chart.helm_render import HELM, by_kind, render
+
+pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built: run `make setup`")
+
+# (apiGroup, resource, verb) the operator needs in each watched namespace; see
+# charts/kubeinfer/templates/rbac.yaml for which code uses each.
+NAMESPACED = {
+    *(("kubeinfer.io", "inferenceservices", v) for v in ("get", "list", "watch", "patch")),
+    *(("kubeinfer.io", "inferenceservices/status", v) for v in ("get", "patch")),
+    ("kubeinfer.io", "inferenceservices/finalizers", "update"),
+    *(("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")),
+    *(("apps", "deployments/scale", v) for v in ("get", "patch")),
+    *(("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")),
+    *(("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch", "create", "patch", "delete")),
+    ("", "persistentvolumeclaims", "get"),
+    *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
+}
+CRD_SCAN = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+NS_PEERING = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+NS_SCAN = {("", "namespaces", v) for v in ("list", "watch")}
+
+
+def triples(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """Expand a Role/ClusterRole's rules into (apiGroup, resource, verb) triples."""
+    out = set()
+    for rule in role.get("rules") or []:
+        assert not rule.get("nonResourceURLs"), rule
+        assert not rule.get("resourceNames"), rule
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                for v in rule["verbs"]:
+                    out.add((g, r, v))
+    return out
+
+
+def assert_no_wildcards(docs: list[dict[str, Any]]) -> None:
+    """Fail on any "*" in a Role or ClusterRole rule (apiGroups, resources, verbs, names)."""
+    for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        for rule in role.get("rules") or []:
+            for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                for item in rule.get(key) or []:
+                    assert "*" not in item, f"wildcard in {role['kind']} {role['metadata']['name']}: {rule}"
+
+
+def test_chart_rbac_clusterwide_is_exactly_what_the_operator_uses() -> None:
+    docs = render()
+    assert_no_wildcards(docs)
+    (cr,) = by_kind(docs, "ClusterRole")
+    assert by_kind(docs, "Role") == []
+    assert triples(cr) == NAMESPACED | CRD_SCAN | CLUSTER_PEERING
+    (crb,) = by_kind(docs, "ClusterRoleBinding")
+    assert crb["roleRef"]["name"] == cr["metadata"]["name"]
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert crb["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kubeinfer-system"}
+    ]
+    (peering,) = by_kind(docs, "ClusterKopfPeering")
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KUBEINFER_PEERING"] == peering["metadata"]["name"]
+    assert env["KUBEINFER_NAMESPACES"] == ""
+
+
+def test_chart_rbac_namespaced_mode_grants_only_listed_namespaces() -> None:
+    docs = render(values={"watchNamespaces": ["team-a", "team-b"]})
+    assert_no_wildcards(docs)
+    (cr,) = by_kind(docs, "ClusterRole")
+    assert triples(cr) == CRD_SCAN | NS_SCAN
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for r in roles:
+        assert triples(r) == NAMESPACED | NS_PEERING
+    assert sorted(rb["metadata"]["namespace"] for rb in by_kind(docs, "RoleBinding")) == ["team-a", "team-b"]
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")) == ["team-a", "team-b"]
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KUBEINFER_NAMESPACES"] == "team-a,team-b"
+
+
+def test_chart_wildcard_detector_catches_a_wildcard() -> None:
+    bad = [
+        {
+            "kind": "ClusterRole",
+            "metadata": {"name": "x"},
+            "rules": [{"apiGroups": [""], "resources": ["*"], "verbs": ["get"]}],
+        }
+    ]
+    with pytest.raises(AssertionError, match="wildcard"):
+        assert_no_wildcards(bad)
+
+
+def test_chart_operator_pod_is_hardened_and_probed() -> None:
+    (dep,) = by_kind(render(), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KUBEINFER_HEALTH_PORT"] == str(ports["health"])
+    assert env["KUBEINFER_METRICS_PORT"] == str(ports["metrics"])
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    assert c["image"] == "ghcr.io/kubeinfer/operator:0.1.0"
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
+def test_chart_prometheus_auth_values_become_files() -> None:
+    (dep,) = by_kind(
+        render(
+            "prometheus.url=https://prom.monitoring:9090",
+            "prometheus.bearerTokenSecret.name=prom-token",
+            "prometheus.caSecret.name=prom-ca",
+            "image.digest=sha256:" + "a" * 64,
+        ),
+        "Deployment",
+    )
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KUBEINFER_PROMETHEUS_URL"] == "https://prom.monitoring:9090"
+    token_file, ca_file = env["KUBEINFER_PROMETHEUS_BEARER_TOKEN_FILE"], env["KUBEINFER_PROMETHEUS_CA_FILE"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert token_file == mounts["prometheus-token"] + "/token"
+    assert ca_file == mounts["prometheus-ca"] + "/ca.crt"
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"prometheus-token": "prom-token", "prometheus-ca": "prom-ca"}
+    assert c["image"] == "ghcr.io/kubeinfer/operator@sha256:" + "a" * 64
+
+
+def test_chart_monitoring_objects_only_when_asked_or_available() -> None:
+    assert by_kind(render(), "PodMonitor") == []
+    assert (
+        by_kind(render("monitoring.enabled=false", api_versions=("monitoring.coreos.com/v1",)), "PodMonitor")
+        == []
+    )
+    for docs in (render(api_versions=("monitoring.coreos.com/v1",)), render("monitoring.enabled=true")):
+        (pm,) = by_kind(docs, "PodMonitor")
+        (sm,) = by_kind(docs, "ServiceMonitor")
+        relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+        assert {r["targetLabel"] for r in relabel} == {"namespace", "inferenceservice"}
+        assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "kubeinfer-runtime"
+        assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_chart_peering_off_renders_no_peering_and_no_peering_rbac() -> None:
+    docs = render("peering.enabled=false")
+    assert by_kind(docs, "ClusterKopfPeering") == []
+    (cr,) = by_kind(docs, "ClusterRole")
+    assert triples(cr) == NAMESPACED | CRD_SCAN
