@@ -110,10 +110,14 @@ class Current:
         replicas: the Deployment's ``spec.replicas`` (may be 0 or out of bounds if someone else
             wrote it; ``decide`` brings it back into bounds).
         batch_timeout_seconds: the runtime's ``batching.max_queue_delay_seconds``, seconds.
+        ready_replicas: the Deployment's ready replicas, ``None`` when unknown. While fewer than
+            ``replicas`` are ready, the last scale-up is still starting and no further one is made
+            (their capacity is on its way; the HPA likewise discounts unready pods).
     """
 
     replicas: int
     batch_timeout_seconds: float
+    ready_replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,8 @@ class Policy:
     timeout_decrease_factor: float = 0.5
     timeout_increase_step_seconds: float = 0.001
     stale_after_seconds: float = 120.0
+    drained_wait_fraction: float = 0.1
+    keep_in_band: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -182,6 +188,8 @@ class Policy:
             raise bad("timeout_decrease_factor", "must be in (0, 1)")
         if self.timeout_increase_step_seconds <= 0:
             raise bad("timeout_increase_step_seconds", "must be > 0")
+        if not 0 <= self.drained_wait_fraction < 1:
+            raise bad("drained_wait_fraction", "must be in [0, 1)")
         if not self.stale_after_seconds > 0:
             raise bad("stale_after_seconds", "must be > 0")
 
@@ -308,20 +316,35 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     words: str
 
     # A tiny epsilon keeps the band's edges inside the band despite float rounding (0.18 / 0.2).
+    step_cap = min(policy.max_replicas, bounded_n + policy.max_scale_up_step)
+    starting = 0 if current.ready_replicas is None else max(0, bounded_n - current.ready_replicas)
+
+    # Little's law: the wait a request arriving now can expect is queue / throughput. When it is a small
+    # part of the target while P99 is over it, the P99 over the query window describes a backlog that
+    # has already drained (the window still holds its slow requests): acting on it would overshoot.
+    drained: str | None = None
+    if observation.queue_size is not None and observation.request_rate:
+        wait = observation.queue_size / observation.request_rate
+        if wait <= policy.drained_wait_fraction * target:
+            drained = f"queue drained (expected wait {_ms(wait)}), waiting for the window to catch up"
+
+    def scale_up(head: str, overload: float) -> tuple[int, str]:
+        """Replicas and words for a scale-up by the HPA ratio ``overload``, or why it waits."""
+        wanted = min(step_cap, max(bounded_n + 1, math.ceil(bounded_n * overload - 1e-9)))
+        if wanted <= bounded_n:
+            return bounded_n, f"{head}: at max replicas {policy.max_replicas}"
+        if starting > 0:
+            return bounded_n, f"{head}: {starting} added replicas still starting"
+        if not _cooled(last_up, policy.scale_up_cooldown_seconds, now):
+            return bounded_n, f"{head}: scale-up cooling down"
+        return wanted, f"{head}: {bounded_n} → {wanted} replicas"
+
     if ratio > 1 + policy.tolerance + 1e-9:
         head = f"{p99_words} > target {target:.2f} s, {gpu_words}"
-        step_cap = min(policy.max_replicas, bounded_n + policy.max_scale_up_step)
-        scale_up_ready = _cooled(last_up, policy.scale_up_cooldown_seconds, now)
-        if busy:
-            overload = max(ratio, u / policy.gpu_high)
-            wanted = min(step_cap, max(bounded_n + 1, math.ceil(bounded_n * overload - 1e-9)))
-            if wanted <= bounded_n:
-                words = f"{head}: at max replicas {policy.max_replicas}"
-            elif not scale_up_ready:
-                words = f"{head}: scale-up cooling down"
-            else:
-                replicas, last_up = wanted, now
-                words = f"{head}: {bounded_n} → {replicas} replicas"
+        if drained is not None:
+            words = f"{head}: {drained}"
+        elif busy:
+            replicas, words = scale_up(head, max(ratio, u / policy.gpu_high))
         elif bounded_t > policy.batch_timeout_min_seconds:
             if _cooled(last_t, policy.timeout_cooldown_seconds, now):
                 batch_timeout = max(
@@ -332,25 +355,27 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
             else:
                 words = f"{head}: batch timeout cooling down"
         else:
-            wanted = min(step_cap, max(bounded_n + 1, math.ceil(bounded_n * ratio - 1e-9)))
-            if wanted <= bounded_n:
-                words = f"{head}, batch timeout at minimum: at max replicas {policy.max_replicas}"
-            elif not scale_up_ready:
-                words = f"{head}, batch timeout at minimum: scale-up cooling down"
-            else:
-                replicas, last_up = wanted, now
-                words = f"{head}, batch timeout at minimum: {bounded_n} → {replicas} replicas"
+            replicas, words = scale_up(f"{head}, batch timeout at minimum", ratio)
+        if replicas > bounded_n:
+            last_up = now
         recommendation = replicas
     elif ratio < 1 - policy.tolerance - 1e-9:
         head = f"{p99_words} < target {target:.2f} s, {gpu_words}"
         # This tick's recommendation: fewest replicas whose projected utilization is near the band's
         # middle and strictly under its top.
         recommendation = bounded_n
-        if not busy:
+        parts: list[str] = []
+        if busy and policy.keep_in_band:
+            # Latency is fine but the GPUs run above the band: add headroom toward the band's top.
+            replicas, up_words = scale_up(head, u / policy.gpu_high)
+            if replicas > bounded_n:
+                last_up = now
+                recommendation = replicas
+            parts.append(up_words.removeprefix(f"{head}: "))
+        elif not busy:
             wanted = max(policy.min_replicas, math.ceil(bounded_n * u / policy.gpu_target - 1e-9))
             if wanted < bounded_n and bounded_n * u / wanted < policy.gpu_high:
                 recommendation = wanted
-        parts: list[str] = []
         stable = max([recommendation, *(r for t, r in state.recommendations if now - t < window)])
         if stable < bounded_n:
             if now - first_seen < window:
