@@ -6,9 +6,12 @@ operator writes. ``LocalPods`` stands in for the kubelet, for one InferenceServi
 
 - every ``poll_interval`` seconds (default 1 s) it reads the Deployment ``<name>``'s
   ``spec.replicas`` and the ConfigMap ``<name>-runtime``'s ``runtime.yaml`` key;
-- it keeps exactly that many ``kubeinfer-runtime serve --config FILE --port PORT --host 127.0.0.1``
-  processes running (a crashed process is restarted with exponential back-off, like a kubelet's
-  ``CrashLoopBackOff``); scale-down sends SIGTERM (the runtime drains) and SIGKILLs after
+- it keeps that many ``kubeinfer-runtime serve --config FILE --port PORT --host 127.0.0.1``
+  processes running. Where a kube-controller-manager runs (``hack/cluster.py`` starts one), the
+  Deployment's ReplicaSet creates Pods that nothing runs; then it runs exactly one process per live
+  Pod, like a kubelet (a rollout's new Pods get new processes, deleted Pods lose theirs). A crashed
+  process is restarted with exponential back-off (a kubelet's ``CrashLoopBackOff``). A process that
+  is no longer wanted gets SIGTERM (the runtime drains) and SIGKILL after
   ``termination_grace_seconds``;
 - whenever the ConfigMap's ``runtime.yaml`` changes it rewrites each process's config file by
   atomic rename (write a temporary file, ``os.replace``), so the runtime's file-polling hot reload
@@ -18,10 +21,10 @@ operator writes. ``LocalPods`` stands in for the kubelet, for one InferenceServi
   once and is not terminating) with labels ``namespace`` and ``inferenceservice`` to a callback
   and/or a Prometheus ``file_sd`` JSON file, so the autoscaler's default queries select them;
 - optionally (``report_status=True``, the default) it makes the cluster see the replicas' readiness
-  like a kubelet would: if the Deployment has pods (a kube-controller-manager created them) it
-  patches those pods' ``status`` (phase Running, ``Ready`` condition; no podIP) and lets the
-  controllers compute the Deployment status; if there are no pods (no controller-manager) it patches
-  the Deployment's ``status`` (replicas, updatedReplicas, readyReplicas, availableReplicas and the
+  like a kubelet would: in Pod mode it patches each Pod's ``status`` (phase Running, the ``Ready``
+  condition from the process's ``/v2/health/ready``; no podIP) and the controllers compute the
+  Deployment status as on a real cluster; with no Pods (no controller-manager) it patches the
+  Deployment's ``status`` (replicas, updatedReplicas, readyReplicas, availableReplicas and the
   ``Available`` condition) directly.
 
 It logs, once, ``no kubelet: simulating pods as local processes`` so nobody mistakes this for a
@@ -136,6 +139,7 @@ class LocalPod:
     restarts: int = 0
     next_start_at: float = 0.0  # back-off after a crash (monotonic seconds)
     terminating_since: float | None = None
+    pod_name: str | None = None  # the Kubernetes Pod this process stands for (pod mode)
     log_file: Any = field(default=None, repr=False)
 
     @property
@@ -237,6 +241,7 @@ class LocalPods:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._announced = False
+        self._pod_mode = False  # True once the Deployment has Pods (a kube-controller-manager runs)
         self.errors: list[str] = []  # last errors seen talking to the API server (bounded)
 
     # ------------------------------------------------------------------ public API
@@ -397,14 +402,24 @@ class LocalPods:
                 )
 
         now = time.monotonic()
+        k8s_pods = self._list_pods(deployment) if (self.report_status and deployment is not None) else []
+        if k8s_pods and not self._pod_mode:
+            self._pod_mode = True
+            log.info(
+                "localpods %s/%s: the Deployment has Pods (kube-controller-manager): one process per Pod",
+                self.namespace,
+                self.name,
+            )
         with self._lock:
-            # scale down: highest index first (like a ReplicaSet removing the newest pods)
-            while len(self._pods) > desired:
-                p = self._pods.pop()
-                self._begin_termination(p, now)
-            # scale up, once there is a config to run with
-            while len(self._pods) < desired and self._runtime_yaml is not None:
-                self._pods.append(self._new_pod())
+            if self._pod_mode:
+                self._converge_to_pods(k8s_pods, now)
+            else:
+                # scale down: highest index first (like a ReplicaSet removing the newest pods)
+                while len(self._pods) > desired:
+                    self._begin_termination(self._pods.pop(), now)
+                # scale up, once there is a config to run with
+                while len(self._pods) < desired and self._runtime_yaml is not None:
+                    self._pods.append(self._new_pod())
 
         for p in self.pods():
             if not p.alive():
@@ -413,7 +428,41 @@ class LocalPods:
         self._reap_terminating()
         self._publish_targets()
         if self.report_status and deployment is not None:
-            self._report_status(deployment)
+            if self._pod_mode:
+                self._patch_pods(k8s_pods)
+            else:
+                self._patch_deployment_status(deployment)
+
+    def _converge_to_pods(self, k8s_pods: list[dict[str, Any]], now: float) -> None:
+        """Pod mode (caller holds the lock): exactly one process per live Pod, like a kubelet.
+
+        Processes started before the Pods existed are adopted by the oldest unassigned Pods; a
+        process whose Pod is gone (scale-down, rollout) is terminated; a new Pod gets a process.
+        """
+        names = [p["name"] for p in k8s_pods]
+        wanted = set(names)
+        for p in list(self._pods):
+            if p.pod_name is not None and p.pod_name not in wanted:
+                self._pods.remove(p)
+                self._begin_termination(p, now)
+        assigned = {p.pod_name for p in self._pods if p.pod_name is not None}
+        free = [n for n in names if n not in assigned]
+        for p in list(self._pods):
+            if p.pod_name is None:
+                if free:
+                    p.pod_name = free.pop(0)
+                else:
+                    self._pods.remove(p)
+                    self._begin_termination(p, now)
+        if self._runtime_yaml is None:
+            return
+        for n in free:
+            if len(self._pods) >= self.max_replicas:
+                self._error(f"{len(names)} Pods > max_replicas={self.max_replicas}: not starting {n}")
+                break
+            pod = self._new_pod()
+            pod.pod_name = n
+            self._pods.append(pod)
 
     # ------------------------------------------------------------------ API reads
     def _read_deployment(self) -> dict[str, Any] | None:
@@ -425,6 +474,32 @@ class LocalPods:
             raise
         result: dict[str, Any] = self._api_client.sanitize_for_serialization(obj)
         return result
+
+    def _list_pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+        """The Deployment's live Pods (selector match, not deleting), oldest first.
+
+        Each: ``{"name", "ready": bool, "ready_condition": bool (a Ready condition exists),
+        "start_time": bool}``.
+        """
+        selector = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        if not selector:
+            return []
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        listed = self._core.list_namespaced_pod(self.namespace, label_selector=label_selector)
+        items = [p for p in listed.items if p.metadata.deletion_timestamp is None]
+        items.sort(key=lambda p: (p.metadata.creation_timestamp, p.metadata.name))
+        out = []
+        for p in items:
+            conds = {c.type: c.status for c in ((p.status.conditions if p.status else None) or [])}
+            out.append(
+                {
+                    "name": p.metadata.name,
+                    "ready": conds.get("Ready") == "True",
+                    "ready_condition": "Ready" in conds,
+                    "start_time": bool(p.status and p.status.start_time),
+                }
+            )
+        return out
 
     def _read_runtime_yaml(self) -> str | None:
         try:
@@ -596,29 +671,14 @@ class LocalPods:
             self._error(f"publishing targets: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ status
-    def _report_status(self, deployment: dict[str, Any]) -> None:
-        selector = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        pods = []
-        if selector:
-            label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-            listed = self._core.list_namespaced_pod(self.namespace, label_selector=label_selector)
-            pods = [p for p in listed.items if p.metadata.deletion_timestamp is None]
+    def _patch_pods(self, k8s_pods: list[dict[str, Any]]) -> None:
+        """Pod mode: write each Pod's status from its process's readiness, like a kubelet."""
         with self._lock:
-            n_ready = sum(1 for p in self._pods if p.ready)
-        if pods:
-            self._patch_pods(pods, n_ready)
-        else:
-            self._patch_deployment_status(deployment, n_ready)
-
-    def _patch_pods(self, pods: list[Any], n_ready: int) -> None:
-        """A kube-controller-manager made pods: mark the first ``n_ready`` of them Ready like a kubelet."""
-        pods.sort(key=lambda p: (p.metadata.creation_timestamp, p.metadata.name))
+            ready_by_pod = {p.pod_name: p.ready for p in self._pods if p.pod_name is not None}
         now = _now_rfc3339()
-        for i, pod in enumerate(pods):
-            want_ready = i < n_ready
-            conds = {c.type: c.status for c in (pod.status.conditions or [])} if pod.status else {}
-            is_ready = conds.get("Ready") == "True"
-            if want_ready == is_ready and (want_ready or "Ready" not in conds):
+        for pod in k8s_pods:
+            want_ready = ready_by_pod.get(pod["name"], False)
+            if want_ready == pod["ready"] and (want_ready or not pod["ready_condition"]):
                 continue
             flag = "True" if want_ready else "False"
             # No podIP: the process listens on 127.0.0.1:<its own port>, which Endpoints may not
@@ -626,8 +686,8 @@ class LocalPods:
             status: dict[str, Any] = {
                 "phase": "Running",
                 "conditions": [
-                    {"type": t, "status": s, "lastTransitionTime": now}
-                    for t, s in (
+                    {"type": t, "status": v, "lastTransitionTime": now}
+                    for t, v in (
                         ("PodScheduled", "True"),
                         ("Initialized", "True"),
                         ("ContainersReady", flag),
@@ -635,19 +695,20 @@ class LocalPods:
                     )
                 ],
             }
-            if pod.status is None or pod.status.start_time is None:
+            if not pod["start_time"]:
                 status["startTime"] = now
             try:
-                self._core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": status})
+                self._core.patch_namespaced_pod_status(pod["name"], self.namespace, {"status": status})
             except self._ApiException as e:
                 if e.status != 404:
-                    self._error(f"patch pod {pod.metadata.name} status: {e.status} {e.reason}")
+                    self._error(f"patch pod {pod['name']} status: {e.status} {e.reason}")
 
-    def _patch_deployment_status(self, deployment: dict[str, Any], n_ready: int) -> None:
+    def _patch_deployment_status(self, deployment: dict[str, Any]) -> None:
         """No controller-manager: write the Deployment status a deployment controller would write."""
         desired = self._desired
         with self._lock:
             n_live = len(self._pods) + len(self._terminating)
+            n_ready = sum(1 for p in self._pods if p.ready)
         available = n_ready >= desired  # maxUnavailable 0 semantics; 0 replicas is available
         status = {
             "observedGeneration": (deployment.get("metadata") or {}).get("generation"),

@@ -43,6 +43,24 @@ class DictPods(LocalPods):
     def _read_runtime_yaml(self) -> str | None:
         return self.state.get("runtime_yaml")
 
+    def _list_pods(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": n,
+                "ready": n in self.state.setdefault("ready_pods", set()),
+                "ready_condition": True,
+                "start_time": True,
+            }
+            for n in self.state.get("pods", [])
+        ]
+
+    def _patch_pods(self, k8s_pods: list[dict[str, Any]]) -> None:
+        ready = {p.pod_name for p in self.pods() if p.ready}
+        self.state["ready_pods"] = {p["name"] for p in k8s_pods if p["name"] in ready}
+
+    def _patch_deployment_status(self, deployment: dict[str, Any]) -> None:
+        self.state["deployment_ready"] = sum(p.ready for p in self.pods())
+
 
 def wait_for(pred: Any, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
@@ -133,3 +151,25 @@ def test_localpods_waits_for_configmap(pods: DictPods) -> None:
     assert pods.pods() == []  # no config yet: nothing to run
     pods.state["runtime_yaml"] = "server: {port: 80}\n"
     pods.wait_ready(1, timeout=20)
+
+
+def test_localpods_pod_mode_runs_one_process_per_pod(pods: DictPods) -> None:
+    """With a controller-manager the ReplicaSet's Pods decide: adopt, roll over, mark Ready."""
+    pods.report_status = True
+    pods.state.update(replicas=1, runtime_yaml="server: {port: 80}\n")
+    pods.start()
+    pods.wait_ready(1, timeout=20)  # slot mode first: no Pods yet
+    wait_for(lambda: pods.state.get("deployment_ready") == 1)
+    first = pods.pods()[0]
+    # the ReplicaSet made a Pod: the running process is adopted (not restarted) and the Pod gets Ready
+    pods.state["pods"] = ["svc-aaa"]
+    wait_for(lambda: pods.state.get("ready_pods") == {"svc-aaa"})
+    assert pods.pods() == [first] and first.pod_name == "svc-aaa" and first.restarts == 0
+    # a rollout: new Pod appears, gets its own process, and only its own readiness
+    pods.state["pods"] = ["svc-aaa", "svc-bbb"]
+    wait_for(lambda: pods.state.get("ready_pods") == {"svc-aaa", "svc-bbb"})
+    assert {p.pod_name for p in pods.pods()} == {"svc-aaa", "svc-bbb"}
+    # the old Pod is deleted: its process is terminated, the other keeps running
+    pods.state["pods"] = ["svc-bbb"]
+    wait_for(lambda: [p.pod_name for p in pods.pods()] == ["svc-bbb"] and not pods._terminating)
+    assert not first.alive()
