@@ -220,7 +220,7 @@ class Demo:
             "KUBEINFER_METRICS_PORT": str(free_port()),
             "KUBEINFER_PROMETHEUS_URL": prom.url,
             "KUBEINFER_PEERING": RELEASE,
-            "KUBEINFER_LOG_FORMAT": "text",
+            "KUBEINFER_LOG_FORMAT": "plain",
             "HF_HUB_OFFLINE": "1",
         }
         op_log = open(self.workdir / "operator.log", "ab")  # noqa: SIM115 - closed at cleanup

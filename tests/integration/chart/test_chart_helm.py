@@ -27,7 +27,7 @@ NON_DEFAULT: dict[str, Any] = {
         "bearerTokenSecret": {"name": "prom-token", "key": "token"},
         "caSecret": {"name": "prom-ca", "key": "ca.crt"},
     },
-    "logFormat": "text",
+    "logFormat": "plain",
     "resources": {"requests": {"cpu": "200m", "memory": "300Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
     "nodeSelector": {"kubernetes.io/os": "linux"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
