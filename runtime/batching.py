@@ -470,10 +470,14 @@ class Batcher:
                 for req in batch:  # from here on the request runs: its queue timeout no longer applies
                     if req.timer is not None:
                         req.timer.cancel()
-                if live:
+                still = [r for r in live if not r.future.done()]
+                if still:
                     token = self.metrics.busy.begin() if self.metrics is not None else None
                     try:
-                        await self._execute(loop, live, prepared, prep_error, prep_seconds)
+                        if len(still) < len(live):  # some timed out while the batch waited: re-form it
+                            await self._isolate(loop, still)
+                        else:
+                            await self._execute(loop, live, prepared, prep_error, prep_seconds)
                     finally:
                         if token is not None and self.metrics is not None:
                             self.metrics.busy.end(token)

@@ -1,0 +1,427 @@
+"""Open Inference Protocol (KServe v2) REST codec: infer request decoding, response encoding. Pure.
+
+References: the KServe v2 REST protocol (``kserve/open-inference-protocol``, ``rest_predict_v2``) and
+Triton's binary tensor data extension (``triton-inference-server/server``,
+``docs/protocol/extension_binary_data.md``):
+
+- A request body is a JSON header, optionally followed by raw tensor bytes. The HTTP header
+  ``Inference-Header-Content-Length`` gives the JSON's length in bytes; each input sent in binary has
+  ``"parameters": {"binary_data_size": N}`` and its N bytes follow in input order.
+- Raw layouts: row-major, little-endian, the numpy itemsize of the datatype (BOOL one byte, BF16 two);
+  BYTES elements are each a 4-byte little-endian length followed by the bytes (as
+  ``tritonclient.utils.serialize_byte_tensor`` writes them).
+- Outputs are binary when the output's ``parameters.binary_data`` is true, else when the request's
+  ``parameters.binary_data_output`` is true (what ``tritonclient.http`` sends when the caller names no
+  outputs); the response then has the same layout, with ``Inference-Header-Content-Length``.
+
+Tensors are numpy arrays: BYTES as ``object`` arrays of ``bytes``, BF16 as ``ml_dtypes.bfloat16``.
+Errors are ``ProtocolError`` (HTTP 400) whose message names the tensor and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import msgspec
+import numpy as np
+
+#: numpy dtype of each protocol datatype.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+
+_LITTLE = {
+    name: dt.newbyteorder("<") for name, dt in DATATYPES.items() if name not in ("BYTES", "BOOL", "BF16")
+}
+_LITTLE["BOOL"] = DATATYPES["BOOL"]
+_LITTLE["BF16"] = DATATYPES["BF16"]
+
+_JSON_DECODER = msgspec.json.Decoder()
+_JSON_ENCODER = msgspec.json.Encoder()
+
+
+class ProtocolError(Exception):
+    """A malformed infer request: the server answers 400 with ``{"error": str(exc)}``.
+
+    Attributes: tensor (the input named in the message, or None), status (400).
+    """
+
+    def __init__(self, message: str, tensor: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.status = status
+
+
+@dataclass
+class InferRequest:
+    """A decoded infer request.
+
+    Attributes:
+        id: the request's ``id`` (echoed in the response), or None.
+        inputs: input name -> array of the declared shape and datatype.
+        outputs: requested output name -> binary flag (None: use ``binary_data_output``); empty = all.
+        binary_data_output: request-level default for outputs in binary.
+        priority: ``parameters.priority`` (Triton: 1 highest, 0 default) or None.
+        timeout_us: ``parameters.timeout`` (microseconds) or None.
+        parameters: every request-level parameter as sent.
+    """
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, bool | None] = field(default_factory=dict)
+    binary_data_output: bool = False
+    priority: Any = None
+    timeout_us: Any = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def _elements(shape: list[int]) -> int:
+    return math.prod(shape)
+
+
+def _shape(raw: Any, name: str) -> list[int]:
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    ):
+        raise ProtocolError(
+            f"input tensor '{name}': 'shape' must be a list of non-negative integers, got {raw!r}", name
+        )
+    return raw
+
+
+def deserialize_bytes(buf: bytes | memoryview, count: int, name: str) -> np.ndarray:
+    """Parse ``count`` length-prefixed BYTES elements (4-byte little-endian length, then the bytes).
+
+    Returns a 1-D object array of ``bytes``. Raises ``ProtocolError`` if the buffer does not hold exactly
+    ``count`` elements."""
+    view = memoryview(buf)
+    out = np.empty(count, dtype=object)
+    pos = 0
+    n = len(view)
+    for i in range(count):
+        if pos + 4 > n:
+            raise ProtocolError(
+                f"input tensor '{name}': BYTES data ends after {i} of {count} elements "
+                "(each element: 4-byte little-endian length, then the bytes)",
+                name,
+            )
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + length > n:
+            raise ProtocolError(
+                f"input tensor '{name}': BYTES element {i} claims {length} bytes, past the data", name
+            )
+        out[i] = bytes(view[pos : pos + length])
+        pos += length
+    if pos != n:
+        raise ProtocolError(
+            f"input tensor '{name}': BYTES data has {n - pos} bytes left over after {count} elements", name
+        )
+    return out
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Length-prefixed serialization of a BYTES (object) array, row-major; ``str`` elements as UTF-8."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        b = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+        parts.append(struct.pack("<I", len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    count = _elements(shape)
+    if not isinstance(data, list):
+        raise ProtocolError(
+            f"input tensor '{name}': 'data' must be a (flat or nested) list, got {type(data).__name__}", name
+        )
+    if datatype == "BYTES":
+        flat = _flatten(data)
+        if len(flat) != count:
+            raise ProtocolError(
+                f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}", name
+            )
+        out = np.empty(count, dtype=object)
+        for i, item in enumerate(flat):
+            if not isinstance(item, str):
+                raise ProtocolError(
+                    f"input tensor '{name}': BYTES data in JSON must be strings, "
+                    f"element {i} is {type(item).__name__}",
+                    name,
+                )
+            out[i] = item.encode("utf-8")
+        return out.reshape(shape)
+    try:
+        arr = np.asarray(data)
+    except ValueError as exc:
+        raise ProtocolError(f"input tensor '{name}': 'data' is a ragged nested list ({exc})", name) from None
+    if arr.size != count:
+        raise ProtocolError(
+            f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {arr.size}", name
+        )
+    kind = arr.dtype.kind if arr.size else None
+    if datatype == "BOOL":
+        ok = kind in (None, "b")
+    elif datatype.startswith(("INT", "UINT")):
+        ok = kind in (None, "i", "u")
+    else:  # FP16, BF16, FP32, FP64
+        ok = kind in (None, "i", "u", "f")
+    if not ok:
+        raise ProtocolError(
+            f"input tensor '{name}': datatype {datatype} expects {_expect(datatype)} in 'data', "
+            f"got values like {arr.reshape(-1)[0]!r}",
+            name,
+        )
+    try:
+        return arr.astype(DATATYPES[datatype], casting="unsafe").reshape(shape)
+    except (OverflowError, ValueError) as exc:
+        raise ProtocolError(
+            f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", name
+        ) from None
+
+
+def _expect(datatype: str) -> str:
+    if datatype == "BOOL":
+        return "true/false"
+    if datatype.startswith(("INT", "UINT")):
+        return "integers"
+    return "numbers"
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) -> np.ndarray:
+    count = _elements(shape)
+    if datatype == "BYTES":
+        return deserialize_bytes(chunk, count, name).reshape(shape)
+    dt = _LITTLE[datatype]
+    expected = count * dt.itemsize
+    if len(chunk) != expected:
+        raise ProtocolError(
+            f"input tensor '{name}': {datatype} shape {shape} needs {expected} bytes of binary data, "
+            f"binary_data_size is {len(chunk)}",
+            name,
+        )
+    arr = np.frombuffer(chunk, dtype=dt).reshape(shape)
+    return arr.astype(DATATYPES[datatype], copy=False) if dt != DATATYPES[datatype] else arr
+
+
+def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Decode an infer request body (JSON, or JSON + binary tensor data).
+
+    Args:
+        body: the whole (decompressed) HTTP body.
+        header_length: the ``Inference-Header-Content-Length`` header (bytes of JSON), or None when the
+            body is JSON only.
+
+    Raises:
+        ProtocolError: malformed JSON or structure, an unknown datatype, shape/data mismatch, binary data
+            that does not add up; the message names the tensor.
+    """
+    if header_length is None:
+        header_length = len(body)
+    if not 0 <= header_length <= len(body):
+        raise ProtocolError(
+            f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes"
+        )
+    view = memoryview(body)
+    try:
+        doc = _JSON_DECODER.decode(view[:header_length])
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError("request body must be a JSON object with an 'inputs' list")
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError("request 'parameters' must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("request must have a non-empty 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    pos = header_length
+    for i, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
+        name: str = raw["name"]
+        if name in inputs:
+            raise ProtocolError(f"input tensor '{name}' is given twice", name)
+        datatype = raw.get("datatype")
+        if datatype not in DATATYPES:
+            raise ProtocolError(
+                f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(DATATYPES)}", name
+            )
+        shape = _shape(raw.get("shape"), name)
+        tparams = raw.get("parameters") or {}
+        if not isinstance(tparams, dict):
+            raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", name)
+        if "shared_memory_region" in tparams:
+            raise ProtocolError(f"input tensor '{name}': shared memory is not supported by this server", name)
+        size = tparams.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError(
+                    f"input tensor '{name}': binary_data_size must be a non-negative integer", name
+                )
+            if pos + size > len(body):
+                raise ProtocolError(
+                    f"input tensor '{name}': binary_data_size {size} runs past the end of the body "
+                    f"({len(body) - pos} bytes left; is Inference-Header-Content-Length set?)",
+                    name,
+                )
+            inputs[name] = _from_binary(name, datatype, shape, view[pos : pos + size])
+            pos += size
+        elif "data" in raw:
+            inputs[name] = _from_json_data(name, datatype, shape, raw["data"])
+        else:
+            raise ProtocolError(
+                f"input tensor '{name}' has neither 'data' nor parameters.binary_data_size", name
+            )
+    if pos != len(body):
+        raise ProtocolError(f"request body has {len(body) - pos} bytes after the last input's binary data")
+    outputs: dict[str, bool | None] = {}
+    raw_outputs = doc.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError("request 'outputs' must be a list")
+    for i, raw in enumerate(raw_outputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
+        oparams = raw.get("parameters") or {}
+        if not isinstance(oparams, dict):
+            raise ProtocolError(f"output '{raw['name']}': 'parameters' must be an object")
+        if "shared_memory_region" in oparams:
+            raise ProtocolError(f"output '{raw['name']}': shared memory is not supported by this server")
+        if oparams.get("classification"):
+            raise ProtocolError(f"output '{raw['name']}': the classification extension is not supported")
+        flag = oparams.get("binary_data")
+        outputs[raw["name"]] = None if flag is None else bool(flag)
+    rid = doc.get("id")
+    return InferRequest(
+        id=None if rid is None else str(rid),
+        inputs=inputs,
+        outputs=outputs,
+        binary_data_output=bool(params.get("binary_data_output", False)),
+        priority=params.get("priority"),
+        timeout_us=params.get("timeout"),
+        parameters=params,
+    )
+
+
+def _json_data(array: np.ndarray, datatype: str) -> list[Any]:
+    flat = array.reshape(-1)
+    if datatype == "BYTES":
+        out: list[Any] = []
+        for item in flat:
+            b = item if isinstance(item, bytes | bytearray) else str(item).encode("utf-8")
+            try:
+                out.append(bytes(b).decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ProtocolError(
+                    "output is not UTF-8 text and cannot be sent as JSON; request it with binary_data"
+                ) from None
+        return out
+    if datatype == "BF16":
+        bf: list[Any] = flat.astype(np.float32).tolist()
+        return bf
+    values: list[Any] = flat.tolist()
+    return values
+
+
+def _binary(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    return np.ascontiguousarray(array, dtype=_LITTLE[datatype]).tobytes()
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The protocol datatype of a numpy array (object -> BYTES). Raises ``ValueError`` if none."""
+    for name, dt in DATATYPES.items():
+        if array.dtype == dt:
+            return name
+    raise ValueError(f"no protocol datatype for numpy dtype {array.dtype}")
+
+
+def encode_response(
+    model_name: str,
+    outputs: Mapping[str, np.ndarray],
+    request: InferRequest,
+    *,
+    datatypes: Mapping[str, str] | None = None,
+    model_version: str = "1",
+) -> tuple[bytes, int | None]:
+    """Encode an infer response.
+
+    Args:
+        outputs: output name -> array (this request's rows).
+        request: the decoded request (which outputs, binary or JSON).
+        datatypes: declared datatype per output (default: from the array's dtype); arrays are cast.
+
+    Returns:
+        ``(body, header_length)``; ``header_length`` is the ``Inference-Header-Content-Length`` to send
+        when any output is binary, else None (the body is JSON only).
+
+    Raises:
+        ProtocolError: a requested output does not exist (400).
+    """
+    names = list(request.outputs) if request.outputs else list(outputs)
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name in names:
+        if name not in outputs:
+            raise ProtocolError(f"unknown output '{name}' requested; the model has: {', '.join(outputs)}")
+        array = outputs[name]
+        datatype = (datatypes or {}).get(name) or datatype_of(array)
+        if datatype != "BYTES" and array.dtype != DATATYPES[datatype]:
+            array = array.astype(DATATYPES[datatype])
+        flag = request.outputs.get(name)
+        binary = request.binary_data_output if flag is None else flag
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            blob = _binary(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(array, datatype)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = _JSON_ENCODER.encode(doc)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+def encode_json(doc: Any) -> bytes:
+    """JSON bytes of ``doc`` (msgspec)."""
+    return _JSON_ENCODER.encode(doc)
