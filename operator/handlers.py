@@ -1,0 +1,189 @@
+"""kopf handlers: decorators only. Each parses its arguments, calls one function, returns.
+
+Design (level-based, zero writes in steady state): no kopf *change* handlers (``on.create`` /
+``on.update``), so kopf stores no last-handled configuration or progress on the objects. Every
+watch event of an InferenceService — and of the objects it owns — runs the same reconcile, which
+compares before it writes. kopf indexes keep the current owned objects in memory (kopf does not
+run handlers until every index has been listed, so a restarted operator sees what exists before
+it acts). A per-object kopf timer re-runs the reconcile every ``KUBEINFER_RESYNC_SECONDS``
+(a timer needs kopf's finalizer on the object: one write at creation, one at deletion).
+
+The autoscaler appends its own ``@kopf.timer`` at the end of this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubeinfer.operator import api, k8s
+from kubeinfer.operator.build.common import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from kubeinfer.operator.reconcile import Reconciler
+from kubeinfer.operator.reconcile.reconciler import Lookup
+from kubeinfer.operator.settings import Settings
+
+SETTINGS = Settings.from_env()
+OWNED = {MANAGED_BY_LABEL: MANAGED_BY}
+_INDEX_OF_KIND = {
+    "Deployment": "kubeinfer_deployments",
+    "Service": "kubeinfer_services",
+    "ConfigMap": "kubeinfer_configmaps",
+    "PodDisruptionBudget": "kubeinfer_pdbs",
+}
+
+
+def _lookup(kwargs: Mapping[str, Any]) -> Lookup:
+    """A :data:`Lookup` over the kopf indexes passed to a handler as keyword arguments."""
+
+    def lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        index = kwargs[_INDEX_OF_KIND[kind]]
+        store = index.get((namespace, name))
+        for value in store or ():
+            found: Mapping[str, Any] = value
+            return found
+        return None
+
+    return lookup
+
+
+def _owner_body(kwargs: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str]) -> Any:
+    owner = labels.get(ISVC_LABEL)
+    store = kwargs["kubeinfer_isvcs"].get((namespace, owner)) if owner else None
+    return next(iter(store or ()), None)
+
+
+def _reconciler(memo: Any) -> Reconciler:
+    reconciler: Reconciler = memo.reconciler
+    return reconciler
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf, connect, and make sure the peering object exists."""
+    settings.persistence.finalizer = f"{api.GROUP}/operator"
+    settings.watching.server_timeout = 600
+    settings.watching.client_timeout = 660
+    settings.posting.enabled = False  # Events are posted by the reconciler, on transitions only
+    kube = k8s.Kube.from_environment(SETTINGS.kubeconfig)
+    memo.reconciler = Reconciler(kube)
+    if SETTINGS.peering:
+        await _ensure_peering(kube, SETTINGS)
+
+
+async def _ensure_peering(kube: k8s.Kube, settings: Settings) -> None:
+    """Create the kopf peering object(s) named ``settings.peering`` when missing (kopf does not)."""
+    if settings.namespaces:
+        targets = [(ns, "kopfpeerings", "KopfPeering") for ns in settings.namespaces]
+    else:
+        targets = [(None, "clusterkopfpeerings", "ClusterKopfPeering")]
+    for namespace, plural, kind in targets:
+        path = k8s.resource_path("kopf.dev/v1", plural, namespace)
+        if await kube.get(f"{path}/{settings.peering}") is None:
+            meta: dict[str, Any] = {"name": settings.peering}
+            if namespace:
+                meta["namespace"] = namespace
+            with contextlib.suppress(k8s.TransientError):  # 409: another operator created it first
+                await kube.create(path, {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": meta})
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Close the API connection pool."""
+    await _reconciler(memo).kube.close()
+
+
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL)
+def kubeinfer_isvcs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """InferenceServices by (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=OWNED)
+def kubeinfer_deployments(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Owned Deployments by (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("", "v1", "services", labels=OWNED)
+def kubeinfer_services(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Owned Services by (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("", "v1", "configmaps", labels=OWNED)
+def kubeinfer_configmaps(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Owned ConfigMaps by (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=OWNED)
+def kubeinfer_pdbs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Owned PodDisruptionBudgets by (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def isvc_event(
+    type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """Any event of an InferenceService (including the initial listing): reconcile it."""
+    if type == "DELETED":
+        _reconciler(memo).forget(str(namespace), name)
+        return
+    await _reconciler(memo).reconcile(dict(body), _lookup(kwargs))
+
+
+async def _owned_event(
+    type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any, kwargs: Any
+) -> None:
+    if type is None:  # initial listing: the InferenceServices' own listing covers it
+        return
+    owner = _owner_body(kwargs, namespace, labels)
+    if owner is not None:
+        await _reconciler(memo).reconcile(owner, _lookup(kwargs))
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
+async def deployment_event(
+    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """An owned Deployment changed (status, hand edit, deletion): reconcile its InferenceService."""
+    await _owned_event(type, namespace, labels, memo, kwargs)
+
+
+@kopf.on.event("", "v1", "services", labels=OWNED)
+async def service_event(
+    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """An owned Service changed: reconcile its InferenceService."""
+    await _owned_event(type, namespace, labels, memo, kwargs)
+
+
+@kopf.on.event("", "v1", "configmaps", labels=OWNED)
+async def configmap_event(
+    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """An owned ConfigMap changed: reconcile its InferenceService."""
+    await _owned_event(type, namespace, labels, memo, kwargs)
+
+
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
+async def pdb_event(
+    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """An owned PodDisruptionBudget changed: reconcile its InferenceService."""
+    await _owned_event(type, namespace, labels, memo, kwargs)
+
+
+@kopf.timer(
+    api.GROUP,
+    api.VERSION,
+    api.PLURAL,
+    interval=SETTINGS.resync_seconds,
+    initial_delay=SETTINGS.resync_seconds,
+)
+async def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Periodic level-based resync (writes nothing when nothing changed)."""
+    await _reconciler(memo).reconcile(dict(body), _lookup(kwargs))

@@ -1,0 +1,70 @@
+"""``kubeinfer-operator``: run the kopf operator (settings from ``KUBEINFER_*`` env and CLI flags)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from kubeinfer.operator.settings import Settings
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+def _configure_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse settings, export them to the environment (read by ``handlers`` at import), run kopf."""
+    settings = Settings.from_args(argv)
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        os.environ[f"KUBEINFER_{name.upper()}"] = ",".join(value) if isinstance(value, list) else str(value)
+    if settings.kubeconfig:
+        os.environ["KUBECONFIG"] = settings.kubeconfig
+    _configure_logging(settings)
+
+    import kopf
+    from kubeinfer.operator import handlers, metrics
+
+    del handlers  # imported for its decorators
+    metrics.serve(settings.metrics_port, settings.bind_address)
+    liveness = (
+        f"http://{settings.bind_address}:{settings.health_port}/healthz" if settings.health_port else None
+    )
+    kopf.run(
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=not settings.peering,
+        peering_name=settings.peering or None,
+        priority=settings.peering_priority,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

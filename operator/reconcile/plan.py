@@ -1,0 +1,224 @@
+"""Pure planning logic of the reconciler: compare desired with current, compute status. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build.common import APPLIED_HASH_ANNOTATION, selector_string
+
+Action = Literal["create", "update", "revert", "none"]
+
+
+def _quantity_equal(a: str, b: str) -> bool:
+    try:
+        from kubernetes.utils.quantity import parse_quantity
+
+        return bool(parse_quantity(a) == parse_quantity(b))  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ImportError):
+        return False
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == {} or value == []
+
+
+def is_subset(desired: Any, current: Any) -> bool:
+    """True when every field set in ``desired`` has the same value in ``current``.
+
+    Fields the API server adds (defaults, status, other managers' fields) are ignored. Equal up to:
+    a missing field equals an empty list/map/``None``; quantity strings compare by value (``"1000m"``
+    == ``"1"``); list elements compare position by position (same length required).
+    """
+    if isinstance(desired, Mapping):
+        if _empty(current) and not desired:
+            return True
+        if not isinstance(current, Mapping):
+            return False
+        return all(is_subset(v, current.get(k)) if k in current else _empty(v) for k, v in desired.items())
+    if isinstance(desired, list):
+        if _empty(current) and not desired:
+            return True
+        if not isinstance(current, list) or len(current) != len(desired):
+            return False
+        return all(is_subset(d, c) for d, c in zip(desired, current, strict=True))
+    if desired == current:
+        return True
+    if isinstance(desired, str) and isinstance(current, str):
+        return _quantity_equal(desired, current)
+    return False
+
+
+def applied_hash(obj: Mapping[str, Any] | None) -> str | None:
+    """The :data:`APPLIED_HASH_ANNOTATION` of an object, or ``None``."""
+    if not obj:
+        return None
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(APPLIED_HASH_ANNOTATION)
+    return str(value) if value is not None else None
+
+
+def plan_apply(desired: Mapping[str, Any], current: Mapping[str, Any] | None) -> Action:
+    """What to do with one owned object.
+
+    ``create`` when absent; ``update`` when the desired object changed since the last apply (its
+    applied-hash differs); ``revert`` when someone edited a field the operator sets (drift); else
+    ``none`` (no request at all).
+    """
+    if current is None:
+        return "create"
+    if applied_hash(desired) != applied_hash(current):
+        return "update"
+    if not is_subset(desired, current):
+        return "revert"
+    return "none"
+
+
+def replicas_managers(deployment: Mapping[str, Any]) -> set[str]:
+    """Field managers that own ``spec.replicas`` of a Deployment (from ``metadata.managedFields``)."""
+    owners: set[str] = set()
+    for entry in (deployment.get("metadata") or {}).get("managedFields") or []:
+        fields = entry.get("fieldsV1") or {}
+        if "f:replicas" in (fields.get("f:spec") or {}):
+            owners.add(str(entry.get("manager", "")))
+    return owners
+
+
+def desired_replicas(isvc: api.InferenceService, deployment: Mapping[str, Any] | None) -> int | None:
+    """``spec.replicas`` for the applied Deployment, or ``None`` to leave it out.
+
+    Autoscaling off: ``spec.replicas``. On: ``minReplicas`` when creating; afterwards the current
+    value clamped to ``[minReplicas, maxReplicas]`` — left out (``None``) when another manager (the
+    autoscaler, ``kubectl scale``) owns it and it is within bounds, so the operator never fights the
+    autoscaler; included while the operator is its only owner (so it is not dropped to the default).
+    """
+    spec = isvc.spec
+    if not spec.autoscaling.enabled:
+        fixed: int = spec.replicas
+        return fixed
+    lo: int = spec.autoscaling.min_replicas
+    hi: int = spec.autoscaling.max_replicas
+    if deployment is None:
+        return lo
+    current = int((deployment.get("spec") or {}).get("replicas", 1))
+    if current < lo or current > hi:
+        return min(max(current, lo), hi)
+    if replicas_managers(deployment) - {api.FIELD_MANAGER}:
+        return None
+    return current
+
+
+@dataclass(frozen=True)
+class ReadyState:
+    """The Ready condition to report: status ``True``/``False``/``Unknown``, reason, message."""
+
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+
+
+def _conditions(obj: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    conds = ((obj or {}).get("status") or {}).get("conditions") or []
+    return {str(c.get("type")): c for c in conds if isinstance(c, Mapping)}
+
+
+def ready_state(
+    deployment: Mapping[str, Any] | None,
+    *,
+    missing_pvcs: list[str],
+    error: str | None,
+    namespace: str,
+) -> ReadyState:
+    """Readiness of an InferenceService, from what only the operator can see and the Deployment.
+
+    Order: an apply/spec error; a missing PersistentVolumeClaim; the Deployment's ``ReplicaFailure``
+    (True), ``Progressing`` (False, e.g. ProgressDeadlineExceeded), then ``Available`` (reason and
+    message of the Deployment's condition carried over).
+    """
+    if error is not None:
+        return ReadyState("False", "ReconcileFailed", error)
+    if missing_pvcs:
+        names = ", ".join(missing_pvcs)
+        return ReadyState(
+            "False",
+            "PersistentVolumeClaimNotFound",
+            f"PersistentVolumeClaim {names} not found in {namespace}",
+        )
+    if deployment is None:
+        return ReadyState("False", "Creating", "waiting for the Deployment to be created")
+    conds = _conditions(deployment)
+    failure = conds.get("ReplicaFailure")
+    if failure is not None and failure.get("status") == "True":
+        return ReadyState(
+            "False", str(failure.get("reason") or "ReplicaFailure"), str(failure.get("message") or "")
+        )
+    progressing = conds.get("Progressing")
+    if progressing is not None and progressing.get("status") == "False":
+        return ReadyState(
+            "False", str(progressing.get("reason") or "ProgressFailed"), str(progressing.get("message") or "")
+        )
+    available = conds.get("Available")
+    if available is None:
+        return ReadyState("False", "Progressing", "waiting for the Deployment to report availability")
+    status = "True" if available.get("status") == "True" else "False"
+    reason = str(available.get("reason") or ("Available" if status == "True" else "Unavailable"))
+    dstatus = deployment.get("status") or {}
+    message = str(available.get("message") or "")
+    if status == "True":
+        message = f"{dstatus.get('readyReplicas', 0)}/{dstatus.get('replicas', 0)} replicas ready"
+    return ReadyState(status, reason, message)  # type: ignore[arg-type]
+
+
+def desired_status(
+    isvc: api.InferenceService,
+    deployment: Mapping[str, Any] | None,
+    ready: ReadyState,
+    current_status: Mapping[str, Any],
+    now: str,
+) -> dict[str, Any]:
+    """The status fields the operator owns (camelCase), given the current status (for transitions).
+
+    The Ready condition keeps its ``lastTransitionTime`` unless its status changes (``now``: RFC
+    3339). Other condition types (the autoscaler's) are kept as they are. ``batchTimeout``: with
+    autoscaling off the spec's maxQueueDelay; with it on, only filled in when the autoscaler has not
+    set one yet (the value in force, so the printer column is never empty).
+    """
+    dstatus = (deployment or {}).get("status") or {}
+    conditions = [
+        dict(c) for c in current_status.get("conditions") or [] if c.get("type") != api.CONDITION_READY
+    ]
+    previous = next(
+        (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None
+    )
+    transition = now
+    if previous is not None and previous.get("status") == ready.status and previous.get("lastTransitionTime"):
+        transition = str(previous["lastTransitionTime"])
+    ready_cond = {
+        "type": api.CONDITION_READY,
+        "status": ready.status,
+        "reason": ready.reason,
+        "message": ready.message,
+        "lastTransitionTime": transition,
+        "observedGeneration": isvc.generation,
+    }
+    conditions = [ready_cond, *conditions]
+    out: dict[str, Any] = {
+        "observedGeneration": isvc.generation,
+        "conditions": conditions,
+        "replicas": int(dstatus.get("replicas") or 0),
+        "readyReplicas": int(dstatus.get("readyReplicas") or 0),
+        "selector": selector_string(isvc),
+        "url": api.service_url(isvc.name, isvc.namespace),
+    }
+    if not isvc.spec.autoscaling.enabled or not current_status.get("batchTimeout"):
+        out["batchTimeout"] = api.format_duration(
+            isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))
+        )
+    return out
+
+
+def status_patch(desired: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch of ``status``: the desired fields whose value differs (empty = no write)."""
+    return {k: v for k, v in desired.items() if current.get(k) != v}

@@ -1,0 +1,278 @@
+"""Level-based reconciliation of one InferenceService: read current state, plan, apply the difference.
+
+A steady-state reconcile makes no write request at all: owned objects are compared (applied-hash +
+subset, see :mod:`kubeinfer.operator.reconcile.plan`) against the operator's in-memory view (kopf
+indexes fed by watches, overlaid with the responses of its own applies), status is patched only
+when a field differs, and Events are posted only on transitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from kubeinfer.operator import api, k8s, metrics
+from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+from kubeinfer.operator.reconcile import plan
+
+logger = logging.getLogger("kubeinfer.operator.reconcile")
+
+#: ``lookup(kind, namespace, name)`` → the current object as last seen, or ``None``.
+Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
+
+OWNED_KINDS = ("ConfigMap", "Service", "Deployment", "PodDisruptionBudget")
+
+
+def _rv(obj: Mapping[str, Any] | None) -> int:
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def isvc_path(namespace: str, name: str) -> str:
+    """API path of an InferenceService."""
+    path: str = k8s.resource_path(api.API_VERSION, api.PLURAL, namespace, name)
+    return path
+
+
+async def apply_if_changed(
+    kube: k8s.Kube, desired: dict[str, Any], current: Mapping[str, Any] | None
+) -> tuple[plan.Action, dict[str, Any] | None]:
+    """Server-side apply ``desired`` (field manager ``kubeinfer``) unless ``current`` already matches.
+
+    For the autoscaler: ``apply_if_changed(kube, build_configmap(isvc, timeout), current_cm)``
+    (``current`` may be ``None``: then it applies; a no-op apply changes nothing on the server).
+
+    Returns:
+        The action taken and the stored object (``None`` when nothing was sent).
+
+    Raises:
+        k8s.TransientError / k8s.PermanentError: the apply failed.
+    """
+    action = plan.plan_apply(desired, current)
+    if action == "none":
+        return action, None
+    stored = await kube.apply(desired, field_manager=api.FIELD_MANAGER, force=True)
+    return action, stored
+
+
+@dataclass
+class Reconciler:
+    """Reconciles InferenceServices; one instance per operator process.
+
+    ``clock`` returns RFC 3339 UTC strings (injected in tests).
+    """
+
+    kube: k8s.Kube
+    clock: Callable[[], str] = _now
+    retry_delay: float = 5.0
+    _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    _retries: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+    _events: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the memory of a deleted InferenceService."""
+        self._locks.pop((namespace, name), None)
+        self._events.pop((namespace, name), None)
+        for kind in OWNED_KINDS:
+            self._applied.pop((kind, namespace, _owned_name(kind, name)), None)
+        task = self._retries.pop((namespace, name), None)
+        if task is not None:
+            task.cancel()
+
+    def _current(self, lookup: Lookup, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The newer of the watched object and the response of our own last apply."""
+        seen = lookup(kind, namespace, name)
+        mine = self._applied.get((kind, namespace, name))
+        if mine is not None and _rv(mine) > _rv(seen):
+            return mine
+        if mine is not None:
+            del self._applied[(kind, namespace, name)]
+        return seen
+
+    def _schedule_retry(self, body: Mapping[str, Any], lookup: Lookup, delay: float) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if key in self._retries and not self._retries[key].done():
+            return
+
+        async def _later() -> None:
+            await asyncio.sleep(delay)
+            self._retries.pop(key, None)
+            await self.reconcile(body, lookup, latest=True)
+
+        self._retries[key] = asyncio.get_running_loop().create_task(_later())
+
+    #: ``bodies[(namespace, name)]`` → the latest InferenceService body seen (for retries).
+    bodies: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+
+    async def reconcile(self, body: Mapping[str, Any], lookup: Lookup, *, latest: bool = False) -> None:
+        """Bring the owned objects and the status of one InferenceService in line with its spec.
+
+        ``body``: the InferenceService as watched; ``lookup``: the current owned objects. Transient
+        API errors schedule a retry after ``retry_delay`` seconds (or the server's Retry-After);
+        permanent ones become ``Ready=False`` (reason ReconcileFailed) and a Warning Event.
+        Never raises for API errors.
+        """
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if latest:
+            body = self.bodies.get(key, body)
+        else:
+            self.bodies[key] = body
+        if meta.get("deletionTimestamp"):
+            return
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            started = time.perf_counter()
+            result = "ok"
+            try:
+                await self._reconcile(body, lookup)
+            except k8s.TransientError as exc:
+                result = "retry"
+                metrics.RECONCILE_ERRORS.labels(kind="transient").inc()
+                logger.warning("reconcile %s/%s: transient error, retrying: %s", *key, exc)
+                self._schedule_retry(body, lookup, max(self.retry_delay, exc.retry_after))
+            except k8s.PermanentError as exc:
+                result = "error"
+                metrics.RECONCILE_ERRORS.labels(kind="permanent").inc()
+                logger.error("reconcile %s/%s: %s", *key, exc)
+            finally:
+                metrics.RECONCILES.labels(result=result).inc()
+                metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _event(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        full = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": body.get("metadata") or {}}
+        try:
+            await self.kube.post_event(full, reason=reason, message=message, type_=type_)
+        except k8s.KubeError as exc:  # an Event is best effort
+            logger.warning("posting Event %s failed: %s", reason, exc)
+
+    async def _reconcile(self, body: Mapping[str, Any], lookup: Lookup) -> None:
+        meta = body.get("metadata") or {}
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        current_status: Mapping[str, Any] = body.get("status") or {}
+        try:
+            isvc = api.InferenceService.from_body(body)
+        except pydantic.ValidationError as exc:
+            message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            await self._write_invalid(body, current_status, f"invalid spec: {message}")
+            return
+
+        error: str | None = None
+        timeout = isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))
+        deployment = self._current(lookup, "Deployment", namespace, name)
+        desired: list[dict[str, Any]] = [
+            build_configmap(isvc, timeout),
+            build_service(isvc),
+            build_deployment(isvc, replicas=plan.desired_replicas(isvc, deployment)),
+        ]
+        pdb = build_pdb(isvc)
+        if pdb is not None:
+            desired.append(pdb)
+        for obj in desired:
+            kind, obj_name = obj["kind"], obj["metadata"]["name"]
+            current = self._current(lookup, kind, namespace, obj_name)
+            try:
+                action, stored = await apply_if_changed(self.kube, obj, current)
+            except k8s.PermanentError as exc:
+                error = f"{kind} {obj_name}: {exc}"
+                continue
+            if stored is not None:
+                self._applied[(kind, namespace, obj_name)] = stored
+                if kind == "Deployment":
+                    deployment = stored
+                if action == "create":
+                    await self._event(body, "Created", f"created {kind} {obj_name}")
+                elif action == "revert":
+                    await self._event(
+                        body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning"
+                    )
+        if pdb is None and self._current(lookup, "PodDisruptionBudget", namespace, name) is not None:
+            if await self.kube.delete(k8s.object_path("policy/v1", "PodDisruptionBudget", namespace, name)):
+                await self._event(body, "Deleted", f"deleted PodDisruptionBudget {name} (one replica)")
+            self._applied.pop(("PodDisruptionBudget", namespace, name), None)
+
+        missing: list[str] = []
+        for claim in isvc.spec.pvc_claims():
+            if await self.kube.get(k8s.object_path("v1", "PersistentVolumeClaim", namespace, claim)) is None:
+                missing.append(claim)
+        ready = plan.ready_state(deployment, missing_pvcs=missing, error=error, namespace=namespace)
+        desired_status = plan.desired_status(isvc, deployment, ready, current_status, self.clock())
+        await self._write_status(body, current_status, desired_status, ready)
+
+    async def _write_status(
+        self,
+        body: Mapping[str, Any],
+        current_status: Mapping[str, Any],
+        desired_status: dict[str, Any],
+        ready: plan.ReadyState,
+    ) -> None:
+        meta = body.get("metadata") or {}
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        patch = plan.status_patch(desired_status, current_status)
+        if patch:
+            merge: dict[str, Any] = {"status": patch}
+            if "conditions" in patch:  # optimistic concurrency: the autoscaler writes conditions too
+                merge["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
+            await self.kube.patch_merge(
+                isvc_path(namespace, name), merge, field_manager=api.FIELD_MANAGER, subresource="status"
+            )
+        # Events on transitions of Ready only (status or reason), once per transition.
+        previous = next(
+            (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None
+        )
+        before = (str(previous.get("status")), str(previous.get("reason"))) if previous else ("", "")
+        after = (ready.status, ready.reason)
+        if before != after and self._events.get((namespace, name)) != after:
+            self._events[(namespace, name)] = after
+            type_ = "Normal" if ready.status == "True" else "Warning"
+            if ready.reason not in ("Creating", "Progressing") or ready.status == "True":
+                await self._event(body, ready.reason, f"Ready={ready.status}: {ready.message}", type_)
+
+    async def _write_invalid(
+        self, body: Mapping[str, Any], current_status: Mapping[str, Any], message: str
+    ) -> None:
+        meta = body.get("metadata") or {}
+        ready = plan.ReadyState("False", "InvalidSpec", message[:2000])
+        conditions = [
+            dict(c) for c in current_status.get("conditions") or [] if c.get("type") != api.CONDITION_READY
+        ]
+        previous = next(
+            (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None
+        )
+        transition = self.clock()
+        if previous is not None and previous.get("status") == "False" and previous.get("lastTransitionTime"):
+            transition = str(previous["lastTransitionTime"])
+        generation = int(meta.get("generation") or 0)
+        desired = {
+            "observedGeneration": generation,
+            "conditions": [
+                {
+                    "type": api.CONDITION_READY,
+                    "status": "False",
+                    "reason": ready.reason,
+                    "message": ready.message,
+                    "lastTransitionTime": transition,
+                    "observedGeneration": generation,
+                },
+                *conditions,
+            ],
+        }
+        await self._write_status(body, current_status, desired, ready)
+
+
+def _owned_name(kind: str, isvc_name: str) -> str:
+    return api.configmap_name(isvc_name) if kind == "ConfigMap" else isvc_name
