@@ -1,0 +1,217 @@
+"""Signals: Prometheus answers → Observation, against a tiny local HTTP server with canned API JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+from kubeinfer.operator.autoscale import signals
+from kubeinfer.operator.autoscale.signals import (
+    PrometheusConfig,
+    PrometheusSignals,
+    default_queries,
+)
+
+Answer = Callable[[str], tuple[int, Any]]
+
+
+def vec(value: str | None) -> tuple[int, Any]:
+    result = [] if value is None else [{"metric": {}, "value": [1700000000.0, value]}]
+    return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+class FakeProm:
+    """Answers /api/v1/query by matching substrings of the PromQL; records queries and headers."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str | None] = {
+            "kubeinfer_requests_total": "12.5",
+            "timestamp(": "3",
+            "DCGM_FI_DEV_GPU_UTIL": None,
+            "kubeinfer_device_utilization_ratio": "0.4",
+            "histogram_quantile": "0.25",
+            "sum(kubeinfer_queue_size": "7",
+        }
+        self.status: int | None = None
+        self.queries: list[str] = []
+        self.headers: list[str | None] = []
+
+    def answer(self, promql: str) -> tuple[int, Any]:
+        if self.status is not None:
+            return self.status, {"status": "error", "errorType": "bad_data", "error": "boom"}
+        for key, value in self.values.items():
+            if key in promql:
+                return vec(value)
+        return vec(None)
+
+
+@pytest.fixture
+def prom() -> Iterator[tuple[FakeProm, str]]:
+    fake = FakeProm()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            q = parse_qs(urlparse(self.path).query)["query"][0]
+            fake.queries.append(q)
+            fake.headers.append(self.headers.get("Authorization"))
+            status, body = fake.answer(q)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield fake, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+QUERIES = default_queries("ns1", "svc", "60s")
+
+
+def read(url: str, **kw: Any) -> signals.Reading:
+    client = PrometheusSignals(PrometheusConfig(url=url, **kw))
+    try:
+        return client.read(QUERIES, 60.0)
+    finally:
+        client.close()
+
+
+def test_autoscale_signals_default_queries_select_the_service() -> None:
+    assert QUERIES.p99 == (
+        "histogram_quantile(0.99, sum by (le) (rate(kubeinfer_request_duration_seconds_bucket"
+        '{namespace="ns1",inferenceservice="svc"}[60s])))'
+    )
+    assert (
+        QUERIES.gpu_utilization[0]
+        == 'avg(DCGM_FI_DEV_GPU_UTIL{namespace="ns1",inferenceservice="svc"}) / 100'
+    )
+    assert (
+        QUERIES.request_rate
+        == 'sum(rate(kubeinfer_requests_total{namespace="ns1",inferenceservice="svc"}[60s]))'
+    )
+    over = default_queries(
+        "ns1", "svc", "30s", {"p99": 'my_p99{ns="{namespace}",n="{name}"}[{window}]', "queue_size": ""}
+    )
+    assert over.p99 == 'my_p99{ns="ns1",n="svc"}[30s]'
+    assert over.queue_size == QUERIES.queue_size
+
+
+def test_autoscale_signals_known_reading(prom: tuple[FakeProm, str]) -> None:
+    fake, url = prom
+    r = read(url)
+    assert r.condition_reason is None
+    o = r.observation
+    assert (o.p99_seconds, o.gpu_utilization, o.request_rate, o.queue_size, o.sample_age_seconds) == (
+        0.25,
+        0.4,
+        12.5,
+        7.0,
+        3.0,
+    )
+    # DCGM tried first, the runtime gauge as fallback
+    assert any("DCGM_FI_DEV_GPU_UTIL" in q for q in fake.queries)
+
+
+def test_autoscale_signals_dcgm_preferred_and_scaled(prom: tuple[FakeProm, str]) -> None:
+    fake, url = prom
+    fake.values["DCGM_FI_DEV_GPU_UTIL"] = "0.91"  # the fake ignores the "/ 100": it returns the query's value
+    assert read(url).observation.gpu_utilization == 0.91
+    assert not any("kubeinfer_device_utilization_ratio" in q for q in fake.queries)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason", "words"),
+    [
+        ("kubeinfer_requests_total", None, "MetricsMissing", "no request-rate data"),
+        ("histogram_quantile", None, "MetricsMissing", "no request-duration data"),
+        ("kubeinfer_device_utilization_ratio", None, "MetricsMissing", "no GPU utilization"),
+        ("histogram_quantile", "NaN", "InvalidMetrics", "P99 latency is nan"),
+        ("histogram_quantile", "+Inf", "InvalidMetrics", "P99 latency is inf"),
+        ("kubeinfer_device_utilization_ratio", "NaN", "InvalidMetrics", "GPU utilization is nan"),
+        ("timestamp(", "300", "StaleMetrics", "newest sample 300 s old"),
+        ("timestamp(", None, "MetricsMissing", "no runtime samples"),
+    ],
+)
+def test_autoscale_signals_unknown_never_zero(
+    prom: tuple[FakeProm, str], key: str, value: str | None, reason: str, words: str
+) -> None:
+    fake, url = prom
+    fake.values[key] = value
+    r = read(url)
+    assert r.condition_reason == reason
+    assert r.observation.unknown_reason is not None and words in r.observation.unknown_reason
+    assert r.observation.p99_seconds is None and r.observation.gpu_utilization is None
+
+
+def test_autoscale_signals_idle_service_is_known(prom: tuple[FakeProm, str]) -> None:
+    fake, url = prom
+    fake.values["kubeinfer_requests_total"] = "0"
+    fake.values["histogram_quantile"] = "NaN"
+    r = read(url)
+    assert r.condition_reason is None and r.observation.idle
+    assert r.observation.request_rate == 0.0 and r.observation.p99_seconds is None
+
+
+def test_autoscale_signals_missing_queue_is_optional(prom: tuple[FakeProm, str]) -> None:
+    fake, url = prom
+    fake.values["sum(kubeinfer_queue_size"] = None
+    r = read(url)
+    assert r.condition_reason is None and r.observation.queue_size is None
+
+
+@pytest.mark.parametrize(("status", "reason"), [(400, "QueryError"), (500, "PrometheusUnavailable")])
+def test_autoscale_signals_http_errors(prom: tuple[FakeProm, str], status: int, reason: str) -> None:
+    fake, url = prom
+    fake.status = status
+    r = read(url)
+    assert r.condition_reason == reason and r.observation.unknown_reason
+
+
+def test_autoscale_signals_prometheus_down() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = read(f"http://127.0.0.1:{port}", timeout_seconds=2.0)
+    assert r.condition_reason == "PrometheusUnavailable"
+    assert "Prometheus unavailable" in (r.observation.unknown_reason or "")
+
+
+def test_autoscale_signals_bearer_token(prom: tuple[FakeProm, str], tmp_path: Path) -> None:
+    fake, url = prom
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    read(url, bearer_token_file=str(token))
+    assert fake.headers and all(h == "Bearer s3cret" for h in fake.headers)
+
+
+def test_autoscale_signals_config_from_settings() -> None:
+    class S:
+        prometheus_url = "https://prom:9090/"
+        prometheus_bearer_token_file = "/var/run/token"
+        prometheus_ca_file = None
+        prometheus_insecure_skip_verify = False
+
+    cfg = PrometheusConfig.from_settings(S())
+    assert cfg.url == "https://prom:9090" and cfg.bearer_token_file == "/var/run/token"
+    with pytest.raises(ValueError, match="prometheus_url"):
+        PrometheusConfig.from_settings(object())
+    assert not math.isnan(cfg.timeout_seconds)
