@@ -19,6 +19,7 @@ from typing import Any
 
 import kopf
 from kubeinfer.operator import api, k8s
+from kubeinfer.operator.autoscale import loop as autoscale_loop
 from kubeinfer.operator.build.common import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from kubeinfer.operator.reconcile import Reconciler
 from kubeinfer.operator.reconcile.reconciler import Lookup
@@ -187,3 +188,16 @@ async def pdb_event(
 async def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Periodic level-based resync (writes nothing when nothing changed)."""
     await _reconciler(memo).reconcile(dict(body), _lookup(kwargs))
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=SETTINGS.autoscale_interval_seconds)
+async def autoscale(
+    body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """The autoscaler's control step (``kubeinfer.operator.autoscale.loop``); no-op when disabled."""
+    lookup = _lookup(kwargs)
+    ns = str(namespace)
+    scaler = autoscale_loop.for_memo(memo, _reconciler(memo).kube, SETTINGS)
+    await scaler.tick(
+        dict(body), lookup("Deployment", ns, name), lookup("ConfigMap", ns, api.configmap_name(name))
+    )
