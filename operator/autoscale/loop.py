@@ -1,0 +1,399 @@
+"""The autoscaler's per-InferenceService timer body: query → decide → actuate.
+
+Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
+``KUBEINFER_AUTOSCALE_INTERVAL_SECONDS`` (default 15 s) for each InferenceService.
+
+- ``spec.autoscaling.enabled: false`` → nothing is read or written (and the in-memory policy state of
+  that InferenceService is dropped).
+- Signals: ``signals.PrometheusSignals`` (blocking, run in a worker thread) with the default queries
+  or the spec's ``autoscaling.queries`` overrides, over ``autoscaling.window``.
+- Decision: ``policy.decide`` with the spec's tunables (``policy_from_spec``).
+- Actuation, only when the decision changes something:
+  replicas through the Deployment's **scale subresource** (merge patch, field manager
+  ``kubeinfer-autoscaler``: the operator's reconcile then leaves ``spec.replicas`` alone);
+  the batch timeout by writing ``status.batchTimeout`` first and then applying the ConfigMap rendered
+  by the operator's ``build_configmap`` (field manager ``kubeinfer``, the same content the operator's
+  reconcile renders from that status, so the two never fight). The runtime hot-reloads the file.
+  An Event (``Autoscaled``) with the decision's reason.
+- Status: ``lastDecision`` and ``observed`` when a decision changes something; the
+  ``AutoscalingActive`` condition (True/Active, or False with PrometheusUnavailable, QueryError,
+  MetricsMissing, InvalidMetrics, StaleMetrics, NoDeployment) when its status or reason changes;
+  ``observed`` also when that condition changes. A tick that changes nothing writes nothing.
+
+Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the kopf
+memo). After an operator restart it is re-derived from ``status.lastDecision.time``: that time counts
+as the last scale-up, scale-down and timeout change (so every cooldown is honoured), and the
+stabilization window starts afresh (no scale-in during the first window after a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from kubeinfer.operator import api, k8s
+from kubeinfer.operator.autoscale import signals as sig
+from kubeinfer.operator.autoscale.policy import (
+    Current,
+    Decision,
+    Observation,
+    Policy,
+    State,
+    decide,
+    restore_state,
+)
+from kubeinfer.operator.build.configmap import CONFIG_KEY, build_configmap
+
+logger = logging.getLogger("kubeinfer.operator.autoscale")
+
+#: Condition reason when signals are known and the loop acts.
+ACTIVE = "Active"
+#: Condition reason when the InferenceService has no Deployment yet.
+NO_DEPLOYMENT = "NoDeployment"
+
+
+def _rfc3339(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_rfc3339(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+def prom_duration(seconds: float) -> str:
+    """Seconds as a PromQL range duration in whole milliseconds (PromQL has no decimals): 1.5 → ``1500ms``."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def policy_from_spec(spec: api.AutoscalingSpec, *, stale_after_seconds: float) -> Policy:
+    """The control law's tunables from ``spec.autoscaling`` (durations converted to seconds).
+
+    Raises:
+        ValueError: naming the policy field, when the spec's values are inconsistent.
+    """
+    return Policy(
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        target_p99_seconds=api.parse_duration(spec.target_p99),
+        gpu_low=spec.gpu_utilization.low,
+        gpu_high=spec.gpu_utilization.high,
+        batch_timeout_min_seconds=api.parse_duration(spec.batch_timeout.min),
+        batch_timeout_max_seconds=api.parse_duration(spec.batch_timeout.max),
+        tolerance=spec.tolerance,
+        scale_down_stabilization_seconds=api.parse_duration(spec.scale_down_stabilization),
+        scale_up_cooldown_seconds=api.parse_duration(spec.scale_up_cooldown),
+        scale_down_cooldown_seconds=api.parse_duration(spec.scale_down_cooldown),
+        timeout_cooldown_seconds=api.parse_duration(spec.batch_timeout_cooldown),
+        max_scale_up_step=spec.max_scale_up_step,
+        stale_after_seconds=stale_after_seconds,
+    )
+
+
+def observed_status(obs: Observation, when: str) -> dict[str, Any]:
+    """``status.observed`` (camelCase); unknown signals are ``None`` (never 0)."""
+
+    def num(x: float | None, digits: int) -> float | None:
+        return None if x is None or math.isnan(x) or math.isinf(x) else round(x, digits)
+
+    return {
+        "p99Seconds": num(obs.p99_seconds, 6),
+        "gpuUtilization": num(obs.gpu_utilization, 4),
+        "requestRate": num(obs.request_rate, 3),
+        "queueSize": num(obs.queue_size, 1),
+        "time": when,
+        "unknownReason": obs.unknown_reason,
+    }
+
+
+def condition_after(
+    conditions: list[Mapping[str, Any]], status: str, reason: str, message: str, now: str, generation: int
+) -> list[dict[str, Any]] | None:
+    """The conditions list with ``AutoscalingActive`` set, or ``None`` when its status and reason are
+    already those (the message alone changing is not worth a write)."""
+    out: list[dict[str, Any]] = []
+    found = False
+    for c in conditions:
+        if c.get("type") == api.CONDITION_AUTOSCALING_ACTIVE:
+            found = True
+            if c.get("status") == status and c.get("reason") == reason:
+                return None
+            transition = now if c.get("status") != status else str(c.get("lastTransitionTime") or now)
+            out.append(
+                {
+                    "type": api.CONDITION_AUTOSCALING_ACTIVE,
+                    "status": status,
+                    "reason": reason,
+                    "message": message[:1000],
+                    "lastTransitionTime": transition,
+                    "observedGeneration": generation,
+                }
+            )
+        else:
+            out.append(dict(c))
+    if not found:
+        out.append(
+            {
+                "type": api.CONDITION_AUTOSCALING_ACTIVE,
+                "status": status,
+                "reason": reason,
+                "message": message[:1000],
+                "lastTransitionTime": now,
+                "observedGeneration": generation,
+            }
+        )
+    return out
+
+
+@dataclass
+class _Memory:
+    state: State
+    last_patch: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TickResult:
+    """What one tick did (for logs and tests)."""
+
+    decision: Decision | None
+    condition_reason: str
+    wrote_status: bool = False
+    scaled: bool = False
+    applied_configmap: bool = False
+
+
+SignalsFactory = Callable[[], sig.PrometheusSignals]
+
+
+@dataclass
+class Autoscaler:
+    """One per operator process (kept in the kopf memo).
+
+    ``signals_factory`` creates the Prometheus client once (from the operator settings);
+    ``monotonic`` and ``wall`` are injected clocks (seconds; ``datetime``).
+    """
+
+    kube: k8s.Kube
+    signals_factory: SignalsFactory
+    interval_seconds: float = 15.0
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    _signals: sig.PrometheusSignals | None = None
+    _memory: dict[tuple[str, str], _Memory] = field(default_factory=dict)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the policy state of one InferenceService."""
+        self._memory.pop((namespace, name), None)
+
+    def close(self) -> None:
+        """Close the Prometheus client."""
+        if self._signals is not None:
+            self._signals.close()
+            self._signals = None
+
+    def _memory_for(self, isvc: api.InferenceService, now: float) -> _Memory:
+        key = (isvc.namespace, isvc.name)
+        mem = self._memory.get(key)
+        if mem is None:
+            last = isvc.status.last_decision
+            when = _parse_rfc3339(last.time if last else None)
+            age = (self.wall() - when).total_seconds() if when else None
+            mem = _Memory(
+                restore_state(
+                    now=now, last_scale_up_age=age, last_scale_down_age=age, last_timeout_change_age=age
+                )
+            )
+            self._memory[key] = mem
+        return mem
+
+    async def tick(
+        self,
+        body: Mapping[str, Any],
+        deployment: Mapping[str, Any] | None,
+        configmap: Mapping[str, Any] | None,
+    ) -> TickResult | None:
+        """One control step for the InferenceService ``body``; ``deployment``/``configmap``: its owned
+        objects as last seen (``None`` if absent). Returns ``None`` when autoscaling is off or the spec
+        is invalid (the operator's reconcile reports that). API errors are logged, not raised: the next
+        tick tries again."""
+        try:
+            isvc = api.InferenceService.from_body(body)
+        except pydantic.ValidationError:
+            return None
+        if not isvc.spec.autoscaling.enabled:
+            self.forget(isvc.namespace, isvc.name)
+            return None
+        try:
+            return await self._tick(isvc, body, deployment, configmap)
+        except k8s.KubeError as exc:
+            logger.warning(
+                "autoscale %s/%s: API error, next tick retries: %s", isvc.namespace, isvc.name, exc
+            )
+            return None
+
+    async def _tick(
+        self,
+        isvc: api.InferenceService,
+        body: Mapping[str, Any],
+        deployment: Mapping[str, Any] | None,
+        configmap: Mapping[str, Any] | None,
+    ) -> TickResult:
+        spec = isvc.spec.autoscaling
+        ns, name = isvc.namespace, isvc.name
+        now = self.monotonic()
+        when = _rfc3339(self.wall())
+        mem = self._memory_for(isvc, now)
+        status: Mapping[str, Any] = body.get("status") or {}
+
+        if deployment is None:
+            await self._patch_status(isvc, body, mem, {}, "False", NO_DEPLOYMENT, "no Deployment yet", when)
+            return TickResult(None, NO_DEPLOYMENT)
+
+        window_s = api.parse_duration(spec.window)
+        queries = sig.default_queries(ns, name, prom_duration(window_s), spec.queries.model_dump())
+        if self._signals is None:
+            self._signals = self.signals_factory()
+        reading = await asyncio.to_thread(self._signals.read, queries, window_s)
+
+        policy = policy_from_spec(spec, stale_after_seconds=window_s + 2 * self.interval_seconds)
+        dstatus = deployment.get("status") or {}
+        current = Current(
+            replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
+            batch_timeout_seconds=isvc.spec.batch_timeout_in_force(status.get("batchTimeout")),
+            ready_replicas=int(dstatus.get("readyReplicas") or 0),
+        )
+        decision = decide(reading.observation, current, policy, mem.state, now)
+        mem.state = decision.state
+        result = TickResult(decision, reading.condition_reason or ACTIVE)
+
+        patch: dict[str, Any] = {}
+        if decision.changed:
+            patch["lastDecision"] = {
+                "time": when,
+                "replicas": decision.replicas,
+                "batchTimeout": api.format_duration(decision.batch_timeout_seconds),
+                "reason": decision.reason,
+            }
+            patch["observed"] = observed_status(reading.observation, when)
+        if decision.timeout_changed:
+            patch["batchTimeout"] = api.format_duration(decision.batch_timeout_seconds)
+
+        if reading.condition_reason is None:
+            cond = ("True", ACTIVE, f"last decision: {decision.reason}")
+        else:
+            cond = (
+                "False",
+                reading.condition_reason,
+                reading.observation.unknown_reason or "unknown signals",
+            )
+        result.wrote_status = await self._patch_status(
+            isvc, body, mem, patch, *cond, when, reading.observation
+        )
+
+        if decision.replicas_changed:
+            path = k8s.object_path("apps/v1", "Deployment", ns, name)
+            await self.kube.patch_merge(
+                path,
+                {"spec": {"replicas": decision.replicas}},
+                field_manager=api.AUTOSCALER_FIELD_MANAGER,
+                subresource="scale",
+            )
+            result.scaled = True
+        if decision.timeout_changed:
+            desired_cm = build_configmap(isvc, decision.batch_timeout_seconds)
+            current_data = ((configmap or {}).get("data") or {}).get(CONFIG_KEY)
+            if current_data != desired_cm["data"][CONFIG_KEY]:
+                await self.kube.apply(desired_cm, field_manager=api.FIELD_MANAGER, force=True)
+                result.applied_configmap = True
+        if decision.changed:
+            logger.info("autoscale %s/%s: %s", ns, name, decision.reason)
+            full = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": body.get("metadata") or {}}
+            try:
+                await self.kube.post_event(full, reason="Autoscaled", message=decision.reason[:1000])
+            except k8s.KubeError as exc:  # an Event is best effort
+                logger.warning("posting Event Autoscaled failed: %s", exc)
+        return result
+
+    async def _patch_status(
+        self,
+        isvc: api.InferenceService,
+        body: Mapping[str, Any],
+        mem: _Memory,
+        patch: dict[str, Any],
+        cond_status: str,
+        cond_reason: str,
+        cond_message: str,
+        when: str,
+        observation: Observation | None = None,
+    ) -> bool:
+        """Merge-patch ``status`` with ``patch`` plus the condition when it changes. Returns True if
+        a request was sent. A 409 (someone else wrote status) re-reads the object and retries once."""
+        path = f"{k8s.resource_path(api.API_VERSION, api.PLURAL, isvc.namespace, isvc.name)}"
+        current = body
+        for attempt in range(2):
+            status: Mapping[str, Any] = current.get("status") or {}
+            full = dict(patch)
+            conditions = condition_after(
+                list(status.get("conditions") or []),
+                cond_status,
+                cond_reason,
+                cond_message,
+                when,
+                isvc.generation,
+            )
+            if conditions is not None:
+                full["conditions"] = conditions
+                if observation is not None and "observed" not in full:
+                    full["observed"] = observed_status(observation, when)
+            full = {k: v for k, v in full.items() if status.get(k) != v}
+            if not full or full == mem.last_patch:
+                # Nothing new, or exactly what we wrote last time and the watch has not caught up.
+                return False
+            merge: dict[str, Any] = {"status": full}
+            if "conditions" in full:
+                merge["metadata"] = {
+                    "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")
+                }
+            try:
+                await self.kube.patch_merge(
+                    path, merge, field_manager=api.AUTOSCALER_FIELD_MANAGER, subresource="status"
+                )
+            except k8s.TransientError as exc:
+                if exc.status != 409 or attempt == 1:
+                    raise
+                fresh = await self.kube.get(path)
+                if fresh is None:
+                    return False
+                current = fresh
+                continue
+            mem.last_patch = full
+            return True
+        return False
+
+
+def for_memo(memo: Any, kube: k8s.Kube, settings: Any) -> Autoscaler:
+    """The operator's ``Autoscaler``, created on first use and kept in the kopf memo (a dict).
+
+    ``settings``: the operator settings (``prometheus_*`` fields, ``autoscale_interval_seconds``).
+    """
+    scaler = memo.get("autoscaler")
+    if not isinstance(scaler, Autoscaler):
+        config = sig.PrometheusConfig.from_settings(settings)
+        scaler = Autoscaler(
+            kube=kube,
+            signals_factory=lambda: sig.PrometheusSignals(config),
+            interval_seconds=float(getattr(settings, "autoscale_interval_seconds", 15.0)),
+        )
+        memo["autoscaler"] = scaler
+    return scaler
