@@ -12,9 +12,11 @@ from kubeinfer.runtime.models.base import (
     REPORT_COSINE_MEAN,
     REPORT_LOAD_SECONDS,
     REPORT_RETRIEVAL_AGREEMENT,
+    REPORT_RETRIEVAL_AGREEMENT_ALL,
     REPORT_WARMUP_SECONDS,
     InputError,
     ServableModel,
+    batch_buckets,
 )
 
 __all__ = [
@@ -22,9 +24,11 @@ __all__ = [
     "REPORT_COSINE_MEAN",
     "REPORT_LOAD_SECONDS",
     "REPORT_RETRIEVAL_AGREEMENT",
+    "REPORT_RETRIEVAL_AGREEMENT_ALL",
     "REPORT_WARMUP_SECONDS",
     "InputError",
     "ServableModel",
+    "batch_buckets",
     "load_model",
 ]
 

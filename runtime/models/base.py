@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,8 @@ NUMPY_TO_DATATYPE: dict[str, str] = {
 REPORT_COSINE_MEAN = "quantization_cosine_mean_ratio"
 #: Fraction (0..1) of held-out queries whose nearest neighbour agrees with the unquantized model's.
 REPORT_RETRIEVAL_AGREEMENT = "quantization_retrieval_agreement_ratio"
+#: Like REPORT_RETRIEVAL_AGREEMENT with every held-out sentence as a query (near-ties included).
+REPORT_RETRIEVAL_AGREEMENT_ALL = "quantization_retrieval_agreement_all_ratio"
 #: Seconds spent in ``load_model`` (weights, quantization, comparison).
 REPORT_LOAD_SECONDS = "model_load_seconds"
 #: Seconds spent in the comparison with the unquantized model (part of the load time).
@@ -101,6 +103,23 @@ def shape_matches(declared: Sequence[int], actual: Sequence[int]) -> bool:
     return len(declared) == len(actual) and all(
         d == -1 or d == a for d, a in zip(declared, actual, strict=True)
     )
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    """Warmup batch sizes: 1, 2, 4, ... below ``max_batch_size``, then ``max_batch_size`` itself.
+
+    Raises:
+        ValueError: ``max_batch_size`` < 1.
+    """
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    buckets = []
+    size = 1
+    while size < max_batch_size:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_batch_size)
+    return buckets
 
 
 class ServableModel(ABC):
@@ -222,6 +241,14 @@ class ServableModel(ABC):
     @abstractmethod
     def report(self) -> dict[str, float]:
         """Figures for metrics: the ``REPORT_*`` keys that apply (quantization deviation, seconds)."""
+
+    def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Hashable:
+        """Requests may share a batch only if their keys are equal (default: any two may).
+
+        TorchScript models key on the non-batch dimensions of their inputs; text models pad, so
+        any requests batch together.
+        """
+        return None
 
     def example_inputs(self, rows: int) -> dict[str, np.ndarray]:
         """A valid request of ``rows`` rows (for warmup, smoke tests and benchmarks)."""

@@ -1,0 +1,109 @@
+"""Device selection, torch threading, and accelerator figures (CUDA memory, NVML utilization).
+
+The server's metrics use ``gpu_utilization_ratio`` and ``accelerator_memory_bytes``; on a CPU both
+return ``None`` and the server reports its own CPU busy fraction instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import torch
+from kubeinfer.runtime.config import Device
+
+log = logging.getLogger(__name__)
+
+#: Environment variable overriding the number of torch intra-op threads (an integer >= 1).
+THREADS_ENV = "KUBEINFER_TORCH_THREADS"
+
+
+def resolve_device(requested: Device) -> torch.device:
+    """``auto`` → ``cuda:0`` if CUDA is available, else ``cpu``; ``cuda`` without CUDA raises.
+
+    Raises:
+        ValueError: ``cuda`` requested but ``torch.cuda.is_available()`` is false.
+    """
+    if requested == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if requested == "cuda":
+        raise ValueError("device 'cuda' requested but no CUDA device is available; use 'auto' or 'cpu'")
+    return torch.device("cpu")
+
+
+def configure_torch(device: torch.device, threads: int | None = None) -> int:
+    """Set process-wide torch options for serving; return the intra-op thread count in force.
+
+    ``threads`` (else ``$KUBEINFER_TORCH_THREADS``, else torch's default of one per core) sets
+    ``torch.set_num_threads``. On CUDA, ``cudnn.benchmark`` is enabled (autotuned kernels per
+    input shape; warmup covers the shape buckets).
+
+    Raises:
+        ValueError: ``$KUBEINFER_TORCH_THREADS`` is not a positive integer.
+    """
+    if threads is None and os.environ.get(THREADS_ENV):
+        raw = os.environ[THREADS_ENV]
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
+        threads = int(raw)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    return int(torch.get_num_threads())
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Copy a CPU tensor to ``device``; on CUDA through pinned host memory, non-blocking."""
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def accelerator_memory_bytes(device: torch.device) -> int | None:
+    """Bytes of accelerator memory held by torch's caching allocator on ``device``; None on CPU."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_reserved(device))
+
+
+_nvml_lock = threading.Lock()
+_nvml: Any = None
+_nvml_failed = False
+
+
+def _nvml_module() -> Any:
+    """pynvml (package nvidia-ml-py), initialised once; None if NVML is unavailable."""
+    global _nvml, _nvml_failed
+    with _nvml_lock:
+        if _nvml is None and not _nvml_failed:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                _nvml = pynvml
+            except Exception as exc:  # NVML missing (no driver) raises library-specific errors
+                log.info("NVML unavailable: %s", exc)
+                _nvml_failed = True
+        return _nvml
+
+
+def gpu_utilization_ratio(device: torch.device) -> float | None:
+    """NVML's GPU utilization of ``device`` (0..1: fraction of the last sample period in which a
+    kernel ran, per ``nvmlDeviceGetUtilizationRates``); None on CPU or without NVML."""
+    if device.type != "cuda":
+        return None
+    nvml = _nvml_module()
+    if nvml is None:
+        return None
+    index = device.index if device.index is not None else 0
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+    except Exception as exc:
+        log.warning("NVML utilization query failed: %s", exc)
+        return None

@@ -1,0 +1,275 @@
+"""TorchScript loader: a ``torch.jit`` file with inputs and outputs declared in the config.
+
+The module is called as ``module(*inputs)`` with one tensor per declared input, in declared order,
+each with the batch dimension first. It returns one tensor (one declared output), or a tuple/list
+(declared outputs in order), or a dict keyed by output name. Only numeric and BOOL datatypes are
+supported (a TorchScript module cannot take text).
+
+Quantization: ``none``, ``bf16``, ``fp16`` (CUDA) cast the module's floating parameters and the
+floating inputs; outputs are returned in their declared datatype. int8 modes are not supported
+for TorchScript (eager-mode quantization swaps ``nn.Module`` objects, which a scripted module
+does not have): quantize before scripting instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from kubeinfer.runtime.config import RuntimeConfig, TensorSpec
+from kubeinfer.runtime.models.base import (
+    REPORT_COMPARE_SECONDS,
+    REPORT_COSINE_MEAN,
+    REPORT_LOAD_SECONDS,
+    REPORT_WARMUP_SECONDS,
+    ServableModel,
+    batch_buckets,
+)
+from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
+from kubeinfer.runtime.models.quantize import (
+    INT8_MODES,
+    QuantizationError,
+    check_supported,
+    compare_embeddings,
+    float_dtype,
+)
+
+log = logging.getLogger(__name__)
+
+#: torch dtype of each supported protocol datatype.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "BOOL": torch.bool,
+    "UINT8": torch.uint8,
+    "INT8": torch.int8,
+    "INT16": torch.int16,
+    "INT32": torch.int32,
+    "INT64": torch.int64,
+    "FP16": torch.float16,
+    "BF16": torch.bfloat16,
+    "FP32": torch.float32,
+    "FP64": torch.float64,
+}
+#: numpy dtype returned for each output datatype (BF16 outputs are widened to float32).
+NUMPY_OUT: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "BF16": np.float32,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+#: Size of a variable (-1) non-batch dimension in warmup and example inputs.
+EXAMPLE_DIM = 8
+#: Rows of seeded random inputs used to compare a cast model with the fp32 one.
+COMPARE_ROWS = 64
+
+
+@dataclass(frozen=True)
+class TensorBatch:
+    """A preprocessed batch: one CPU tensor per declared input, requests concatenated on dim 0."""
+
+    tensors: list[torch.Tensor]
+    rows: int
+
+
+# mypy sees kubeinfer.* as Any (setuptools' editable finder); unused-ignore keeps it valid once fixed.
+class TorchScriptModel(ServableModel):  # type: ignore[misc, unused-ignore]
+    """A scripted module served with declared inputs and outputs."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        module: torch.jit.ScriptModule,
+        inputs: list[TensorSpec],
+        outputs: list[TensorSpec],
+        device: torch.device,
+        cfg: RuntimeConfig,
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.inputs = inputs
+        self.outputs = outputs
+        self.torch_device = device
+        self.device = str(device)
+        self.limits = cfg.limits
+        self.max_batch_size = 0
+        self.compute_dtype = float_dtype(cfg.quantization.mode)
+        self._report: dict[str, float] = {}
+
+    def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Any:
+        """Requests batch together only if every input has the same non-batch dimensions."""
+        return tuple(tuple(inputs[spec.name].shape[1:]) for spec in self.inputs)
+
+    def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TensorBatch:
+        """Concatenate each input over the requests (rows in request order) as CPU tensors.
+
+        Raises:
+            ValueError: the requests' non-batch dimensions differ (see ``batch_key``).
+        """
+        tensors = []
+        for spec in self.inputs:
+            parts = [np.asarray(request[spec.name]) for request in batch]
+            shapes = {p.shape[1:] for p in parts}
+            if len(shapes) > 1:
+                raise ValueError(
+                    f"input tensor '{spec.name}': requests in one batch differ in shape {shapes}"
+                )
+            array = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+            tensor = torch.from_numpy(
+                np.ascontiguousarray(array).astype(np.float32, copy=False)
+                if array.dtype.name == "bfloat16"
+                else np.ascontiguousarray(array)
+            )
+            tensor = tensor.to(TORCH_DTYPES[spec.datatype])
+            if tensor.is_floating_point():
+                tensor = tensor.to(self.compute_dtype)
+            tensors.append(tensor)
+        return TensorBatch(tensors=tensors, rows=int(tensors[0].shape[0]))
+
+    def execute(self, prepared: TensorBatch) -> dict[str, np.ndarray]:
+        """Run the module; outputs by declared name, cast to their declared datatype.
+
+        Raises:
+            RuntimeError: the module's outputs do not match the declaration (count, rows).
+        """
+        with torch.inference_mode():
+            result = self.module(*[to_device(t, self.torch_device) for t in prepared.tensors])
+        if isinstance(result, torch.Tensor):
+            values = [result]
+        elif isinstance(result, (tuple, list)):
+            values = list(result)
+        elif isinstance(result, dict):
+            missing = [s.name for s in self.outputs if s.name not in result]
+            if missing:
+                raise RuntimeError(f"model '{self.name}' returned no output named {missing}")
+            values = [result[s.name] for s in self.outputs]
+        else:
+            raise RuntimeError(f"model '{self.name}' returned {type(result).__name__}, expected tensor(s)")
+        if len(values) != len(self.outputs):
+            raise RuntimeError(
+                f"model '{self.name}' returned {len(values)} outputs, declared {len(self.outputs)}"
+            )
+        out: dict[str, np.ndarray] = {}
+        for spec, value in zip(self.outputs, values, strict=True):
+            if int(value.shape[0]) != prepared.rows:
+                raise RuntimeError(
+                    f"model '{self.name}' output '{spec.name}' has {value.shape[0]} rows "
+                    f"for {prepared.rows} input rows"
+                )
+            host = value.detach().to("cpu")
+            if host.dtype == torch.bfloat16:
+                host = host.float()
+            out[spec.name] = host.numpy().astype(NUMPY_OUT[spec.datatype], copy=False)
+        return out
+
+    def example_inputs(self, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded random inputs of ``rows`` rows; -1 non-batch dimensions take ``EXAMPLE_DIM``."""
+        rng = np.random.default_rng(seed)
+        data: dict[str, np.ndarray] = {}
+        for spec in self.inputs:
+            shape = [rows] + [EXAMPLE_DIM if d == -1 else d for d in spec.shape[1:]]
+            if spec.datatype in ("FP16", "BF16", "FP32", "FP64"):
+                array = rng.standard_normal(shape).astype(
+                    np.float16 if spec.datatype == "FP16" else np.float32
+                )
+                if spec.datatype == "FP64":
+                    array = array.astype(np.float64)
+            elif spec.datatype == "BOOL":
+                array = rng.integers(0, 2, shape).astype(np.bool_)
+            else:
+                array = rng.integers(0, 100, shape).astype(NUMPY_OUT[spec.datatype])
+            data[spec.name] = array
+        return data
+
+    def warmup(self, max_batch_size: int, steps: int) -> float:
+        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times; return seconds."""
+        started = time.perf_counter()
+        for rows in batch_buckets(max_batch_size):
+            prepared = self.preprocess([self.example_inputs(rows)])
+            for _ in range(steps):
+                self.execute(prepared)
+        self.max_batch_size = max_batch_size
+        seconds = time.perf_counter() - started
+        self._report[REPORT_WARMUP_SECONDS] = seconds
+        return seconds
+
+    def report(self) -> dict[str, float]:
+        """Load/comparison/warmup seconds and (cast models) mean cosine to fp32 outputs."""
+        return dict(self._report)
+
+
+def load_torchscript(cfg: RuntimeConfig) -> TorchScriptModel:
+    """Load ``cfg.model.source`` with ``torch.jit.load`` onto the resolved device.
+
+    For ``bf16``/``fp16`` the first output on ``COMPARE_ROWS`` seeded random rows is compared with
+    the fp32 module's (mean cosine per row, ``report()``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        QuantizationError: an int8 mode, or fp16 on a CPU.
+        ValueError: a BYTES input (TorchScript modules take tensors only).
+    """
+    started = time.perf_counter()
+    qcfg = cfg.quantization
+    device = resolve_device(cfg.device)
+    if qcfg.mode in INT8_MODES:
+        raise QuantizationError(
+            f"quantization '{qcfg.mode}' is not supported for TorchScript models (quantize before "
+            "scripting); use 'none', 'bf16' or, on CUDA, 'fp16'"
+        )
+    check_supported(qcfg.mode, device, qcfg.skip_modules)
+    for spec in (*cfg.model.inputs, *cfg.model.outputs):
+        if spec.datatype == "BYTES":
+            raise ValueError(f"TorchScript tensor '{spec.name}': datatype BYTES is not supported")
+        if spec.shape[0] != -1:
+            raise ValueError(f"TorchScript tensor '{spec.name}': the first dimension must be -1 (batch)")
+    path = Path(cfg.model.source)
+    if not path.is_file():
+        raise FileNotFoundError(f"model.source {cfg.model.source}: no such TorchScript file")
+    configure_torch(device)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    module = torch.jit.load(str(path), map_location=device).eval()  # type: ignore[no-untyped-call]
+    model = TorchScriptModel(
+        name=cfg.model.name,
+        module=module,
+        inputs=list(cfg.model.inputs),
+        outputs=list(cfg.model.outputs),
+        device=device,
+        cfg=cfg,
+    )
+    if qcfg.mode != "none":
+        t0 = time.perf_counter()
+        example = [model.example_inputs(COMPARE_ROWS)]
+        model.compute_dtype = torch.float32
+        reference = model.execute(model.preprocess(example))[model.outputs[0].name]
+        module.to(float_dtype(qcfg.mode))
+        model.compute_dtype = float_dtype(qcfg.mode)
+        served = model.execute(model.preprocess(example))[model.outputs[0].name]
+        cosine, _ = compare_embeddings(
+            reference.reshape(COMPARE_ROWS, -1).astype(np.float64),
+            served.reshape(COMPARE_ROWS, -1).astype(np.float64),
+        )
+        model._report[REPORT_COSINE_MEAN] = cosine
+        model._report[REPORT_COMPARE_SECONDS] = time.perf_counter() - t0
+    model._report[REPORT_LOAD_SECONDS] = time.perf_counter() - started
+    log.info(
+        "loaded TorchScript %s from %s on %s, quantization %s, %s",
+        cfg.model.name,
+        path,
+        device,
+        qcfg.mode,
+        model._report,
+    )
+    return model
