@@ -34,6 +34,8 @@ def _configure_logging(settings: Settings) -> None:
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if root.level > logging.DEBUG:  # kopf logs every handler run at INFO: keep only its warnings
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,6 +85,7 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         """Drop the memory of a deleted InferenceService."""
         self._locks.pop((namespace, name), None)
+        self.bodies.pop((namespace, name), None)
         self._events.pop((namespace, name), None)
         for kind in OWNED_KINDS:
             self._applied.pop((kind, namespace, _owned_name(kind, name)), None)
@@ -128,8 +129,9 @@ class Reconciler:
         """
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        if latest:
-            body = self.bodies.get(key, body)
+        known = self.bodies.get(key)
+        if known is not None and (latest or _rv(known) > _rv(body)):
+            body = known  # our own status patch may be newer than the watched body
         else:
             self.bodies[key] = body
         if meta.get("deletionTimestamp"):
@@ -227,9 +229,11 @@ class Reconciler:
             merge: dict[str, Any] = {"status": patch}
             if "conditions" in patch:  # optimistic concurrency: the autoscaler writes conditions too
                 merge["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
-            await self.kube.patch_merge(
+            stored = await self.kube.patch_merge(
                 isvc_path(namespace, name), merge, field_manager=api.FIELD_MANAGER, subresource="status"
             )
+            if _rv(stored) > _rv(self.bodies.get((namespace, name))):
+                self.bodies[(namespace, name)] = stored
         # Events on transitions of Ready only (status or reason), once per transition.
         previous = next(
             (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None

@@ -38,7 +38,8 @@ def test_schema_is_structural_with_defaults_and_rules() -> None:
     schema = version["schema"]["openAPIV3Schema"]
     assert _walk(schema) == []
     spec = schema["properties"]["spec"]
-    assert spec["properties"]["batching"]["default"] == {}
+    assert spec["properties"]["batching"]["default"]["maxQueueDelay"] == "5ms"
+    assert "default" not in spec["properties"]["quantization"]["properties"]["calibration"]
     assert spec["properties"]["batching"]["properties"]["maxQueueDelay"]["default"] == "5ms"
     assert spec["properties"]["batching"]["properties"]["maxQueueDelay"]["pattern"]
     assert spec["properties"]["quantization"]["properties"]["mode"]["enum"] == [
