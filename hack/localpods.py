@@ -497,6 +497,7 @@ class LocalPods:
                     "ready": conds.get("Ready") == "True",
                     "ready_condition": "Ready" in conds,
                     "start_time": bool(p.status and p.status.start_time),
+                    "containers": [(c.name, c.image) for c in (p.spec.containers or [])],
                 }
             )
         return out
@@ -674,10 +675,11 @@ class LocalPods:
     def _patch_pods(self, k8s_pods: list[dict[str, Any]]) -> None:
         """Pod mode: write each Pod's status from its process's readiness, like a kubelet."""
         with self._lock:
-            ready_by_pod = {p.pod_name: p.ready for p in self._pods if p.pod_name is not None}
+            by_pod = {p.pod_name: p for p in self._pods if p.pod_name is not None}
         now = _now_rfc3339()
         for pod in k8s_pods:
-            want_ready = ready_by_pod.get(pod["name"], False)
+            local = by_pod.get(pod["name"])
+            want_ready = local is not None and local.ready
             if want_ready == pod["ready"] and (want_ready or not pod["ready_condition"]):
                 continue
             flag = "True" if want_ready else "False"
@@ -697,6 +699,18 @@ class LocalPods:
             }
             if not pod["start_time"]:
                 status["startTime"] = now
+            status["containerStatuses"] = [
+                {
+                    "name": name,
+                    "image": image,
+                    "imageID": "",
+                    "ready": want_ready,
+                    "started": local is not None and local.alive(),
+                    "restartCount": local.restarts if local is not None else 0,
+                    "state": {"running": {"startedAt": now}},
+                }
+                for name, image in pod.get("containers") or []
+            ]
             try:
                 self._core.patch_namespaced_pod_status(pod["name"], self.namespace, {"status": status})
             except self._ApiException as e:
@@ -771,6 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("runtime_args", nargs="*", help="extra runtime arguments (after --)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one readiness probe per process per second
     LocalPods(
         args.kubeconfig,
         args.namespace,

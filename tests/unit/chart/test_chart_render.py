@@ -25,11 +25,13 @@ NAMESPACED = {
     *(("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")),
     *(("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch", "create", "patch", "delete")),
     ("", "persistentvolumeclaims", "get"),
-    *((g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")),
+    ("", "events", "create"),
 }
 CRD_SCAN = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
-CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
-NS_PEERING = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+CLUSTER_PEERING = {
+    ("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch", "create")
+}
+NS_PEERING = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch", "create")}
 NS_SCAN = {("", "namespaces", v) for v in ("list", "watch")}
 
 
