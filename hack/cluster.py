@@ -78,6 +78,7 @@ KCM_CONTROLLERS = (
     "disruption-controller",
     "resourcequota-controller",
     "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
 )
 
 
