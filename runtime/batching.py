@@ -12,6 +12,8 @@ Policy (``plan_batch``, pure, unit-tested without threads):
 - Size trigger: the batch is *full* (its rows reach ``max_batch_size``, or the next request does not
   fit). Delay trigger: the oldest queued request has waited ``max_queue_delay`` seconds. With
   ``max_queue_delay == 0`` an idle executor takes whatever is queued at once.
+- Preferred batch sizes (Triton's ``preferred_batch_size``): a prefix with exactly a preferred rows
+  count also counts as full (the largest such prefix is taken).
 - A batch is taken when an executor is idle (fewer batches in flight than executors) and one trigger
   holds. So that tokenization of the next batch overlaps execution of the current one, a *full* batch
   is also taken while all executors are busy, up to one extra batch per executor, and preprocessed
@@ -76,6 +78,7 @@ class BatchSettings:
         max_queue_size: queued requests beyond which submission fails with 429.
         priority_levels: valid ``priority`` values are 1..priority_levels (1 highest); 0 = default.
         default_priority_level: level of requests that give no priority (or 0).
+        preferred_batch_sizes: rows counts dispatched at once when reached (see ``plan_batch``).
     """
 
     max_batch_size: int = 32
@@ -83,6 +86,7 @@ class BatchSettings:
     max_queue_size: int = 1024
     priority_levels: int = 2
     default_priority_level: int = 2
+    preferred_batch_sizes: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: BatchingConfig) -> BatchSettings:
@@ -93,6 +97,7 @@ class BatchSettings:
             max_queue_size=cfg.max_queue_size,
             priority_levels=cfg.priority_levels,
             default_priority_level=cfg.default_priority_level,
+            preferred_batch_sizes=tuple(cfg.preferred_batch_sizes),
         )
 
 
@@ -126,6 +131,7 @@ def plan_batch(
     in_flight: int,
     executors: int,
     draining: bool = False,
+    preferred_batch_sizes: Sequence[int] = (),
 ) -> Plan:
     """Decide which requests form the next batch (pure; see the module docstring for the rules).
 
@@ -135,20 +141,28 @@ def plan_batch(
         max_batch_size: rows per batch. max_queue_delay: seconds. now: current time, seconds.
         in_flight: batches taken and not finished executing. executors: executor threads.
         draining: shutting down; everything queued is due.
+        preferred_batch_sizes: rows counts that count as full (Triton's ``preferred_batch_size``): when a
+            prefix of the queue has exactly one of these rows counts, the largest such prefix is taken
+            at once, without waiting for ``max_batch_size`` rows or the delay.
     """
     if not ordered or oldest_enqueued is None:
         return Plan(0, None)
     rows = 0
     take = 0
+    preferred_take = 0
     for item in ordered:
         if rows + item.rows > max_batch_size:
             break
         rows += item.rows
         take += 1
+        if rows in preferred_batch_sizes:
+            preferred_take = take
     if take == 0:  # the first request alone is larger than max_batch_size: it runs alone
         take, full = 1, True
     else:
         full = rows >= max_batch_size or take < len(ordered)
+        if not full and preferred_take:
+            take, full = preferred_take, True
     due_at = oldest_enqueued + max_queue_delay
     due = draining or max_queue_delay <= 0 or now >= due_at
     if in_flight < executors:
@@ -431,6 +445,7 @@ class Batcher:
                 in_flight=self._in_flight,
                 executors=self.executors,
                 draining=self._draining,
+                preferred_batch_sizes=s.preferred_batch_sizes,
             )
             if plan.take:
                 batch = ordered[: plan.take]

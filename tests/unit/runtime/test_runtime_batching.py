@@ -69,6 +69,14 @@ def test_policy_full_batch_is_prepared_ahead_but_bounded() -> None:
     assert plan(full, in_flight=3, executors=2).take == 4
 
 
+def test_policy_preferred_batch_size_is_dispatched_at_once() -> None:
+    items = [Item(1, 0.0)] * 5
+    assert plan(items, max_batch_size=8).take == 0  # not full, not due
+    p = plan(items, max_batch_size=8, preferred_batch_sizes=(2, 4))
+    assert (p.take, p.full) == (4, True)
+    assert plan([Item(3, 0.0)], max_batch_size=8, preferred_batch_sizes=(2, 4)).take == 0
+
+
 def test_policy_draining_makes_everything_due() -> None:
     assert plan([Item(1, 0.0)], max_queue_delay=10.0, draining=True).take == 1
 

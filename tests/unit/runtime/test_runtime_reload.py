@@ -1,0 +1,103 @@
+"""Config watcher (ConfigMap-style symlink swaps, invalid content) and the CLI's flag overrides."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pydantic
+import pytest
+from kubeinfer.runtime.cli import build_parser, load_config, overrides_from
+from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
+from kubeinfer.runtime.reload import ConfigWatcher
+
+
+def configmap_volume(root: Path, text: str, version: int) -> None:
+    """Write ``runtime.yaml`` as the kubelet does: a timestamped dir, ``..data`` swapped by rename."""
+    data = root / f"..v{version}"
+    data.mkdir()
+    (data / "runtime.yaml").write_text(text)
+    tmp = root / "..data_tmp"
+    tmp.symlink_to(data.name)
+    os.replace(tmp, root / "..data")
+    link = root / "runtime.yaml"
+    if not link.is_symlink():
+        link.symlink_to("..data/runtime.yaml")
+
+
+def yaml_of(**batching: object) -> str:
+    return RuntimeConfig.model_validate({"batching": batching}).to_yaml()
+
+
+def test_symlink_swap_applies_batching_and_invalid_content_keeps_old(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    configmap_volume(tmp_path, yaml_of(max_batch_size=8), 1)
+    path = tmp_path / "runtime.yaml"
+    applied: list[BatchingConfig] = []
+    errors: list[str] = []
+
+    def apply(b: BatchingConfig) -> None:
+        if b.max_batch_size > 16:
+            raise ValueError(f"batching.max_batch_size {b.max_batch_size} is over the warmed maximum 16")
+        applied.append(b)
+
+    w = ConfigWatcher(path, RuntimeConfig.load(path), apply, on_error=errors.append)
+    assert w.poll_once() == "unchanged"
+    configmap_volume(tmp_path, yaml_of(max_batch_size=4, max_queue_delay_seconds=0.02), 2)
+    assert w.poll_once() == "applied"
+    assert applied[-1].max_batch_size == 4 and applied[-1].max_queue_delay_seconds == 0.02
+    assert w.poll_once() == "unchanged"
+
+    caplog.set_level(logging.ERROR)
+    configmap_volume(tmp_path, "batching:\n  max_queue_delay_seconds: -1\n", 3)
+    assert w.poll_once() == "error"
+    assert (
+        "batching.max_queue_delay_seconds" in errors[-1] and "batching.max_queue_delay_seconds" in caplog.text
+    )
+    configmap_volume(tmp_path, "batching: [unclosed\n", 4)
+    assert w.poll_once() == "error"
+    configmap_volume(tmp_path, yaml_of(max_batch_size=32), 5)
+    assert w.poll_once() == "error" and "warmed maximum" in errors[-1]
+    assert len(applied) == 1 and w.current.batching.max_batch_size == 4  # old settings kept
+    configmap_volume(tmp_path, yaml_of(max_batch_size=4, max_queue_delay_seconds=0.02), 6)
+    assert w.poll_once() == "unchanged"  # same batching as in force
+
+
+def test_restart_only_changes_are_ignored_and_flags_reapplied(tmp_path: Path) -> None:
+    path = tmp_path / "runtime.yaml"
+    path.write_text(yaml_of(max_batch_size=8))
+    args = build_parser().parse_args(["serve", "--config", str(path), "--max-batch-size", "2"])
+    cfg = load_config(args)
+    assert cfg.batching.max_batch_size == 2
+    applied: list[BatchingConfig] = []
+    w = ConfigWatcher(path, cfg, applied.append, overrides=overrides_from(args))
+    text = RuntimeConfig.model_validate(
+        {"batching": {"max_batch_size": 8, "max_queue_delay_seconds": 0.5}, "quantization": {"mode": "bf16"}}
+    ).to_yaml()
+    path.write_text(text)
+    assert w.poll_once() == "applied"
+    assert applied[-1].max_batch_size == 2 and applied[-1].max_queue_delay_seconds == 0.5
+    assert w.current.quantization.mode == "none"  # needs a restart
+
+
+def test_cli_flags_override_and_are_validated() -> None:
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "/m",
+            "--quantization",
+            "int8-dynamic",
+            "--max-queue-delay",
+            "0.002",
+            "--port",
+            "0",
+        ]
+    )
+    cfg = load_config(args)
+    assert cfg.model.source == "/m" and cfg.quantization.mode == "int8-dynamic"
+    assert cfg.batching.max_queue_delay_seconds == 0.002 and cfg.server.port == 0
+    with pytest.raises(pydantic.ValidationError, match="max_batch_size"):
+        load_config(build_parser().parse_args(["serve", "--max-batch-size", "0"]))
