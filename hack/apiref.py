@@ -66,7 +66,7 @@ def _validation(s: dict[str, Any]) -> str:
 
 
 def _default(s: dict[str, Any]) -> str:
-    if "default" not in s:
+    if "default" not in s or s.get("type") == "object":  # an object's defaults show on its fields
         return ""
     d = s["default"]
     if d == {} or d == []:

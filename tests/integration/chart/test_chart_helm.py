@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.cluster import Cluster, wait_until
-from tests.unit.chart.helm_render import CHART, by_kind
+from tests.unit.chart.helm_render import CHART, KUBE_VERSION, by_kind
 
 CRDS_DIR = CHART / "crds"
 
@@ -44,7 +44,15 @@ def _release() -> str:
 def _template(
     cluster: Cluster, release: str, namespace: str, values: dict[str, Any] | None, tmp: Path
 ) -> list[Any]:
-    args: list[str | Path] = ["template", release, CHART, "--namespace", namespace]
+    args: list[str | Path] = [
+        "template",
+        release,
+        CHART,
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+    ]
     if values is not None:
         vf = tmp / f"values-{release}.yaml"
         vf.write_text(yaml.safe_dump(values))
@@ -60,11 +68,11 @@ def _apply_crds(cluster: Cluster) -> None:
 
 
 def test_chart_helm_lint(cluster: Cluster, tmp_path: Path) -> None:
-    out = cluster.helm("lint", "--strict", CHART).stdout
+    out = cluster.helm("lint", "--strict", CHART, "--kube-version", KUBE_VERSION).stdout
     assert "0 chart(s) failed" in out
     vf = tmp_path / "v.yaml"
     vf.write_text(yaml.safe_dump({**NON_DEFAULT, "watchNamespaces": ["team-a"]}))
-    out = cluster.helm("lint", "--strict", CHART, "-f", vf).stdout
+    out = cluster.helm("lint", "--strict", CHART, "-f", vf, "--kube-version", KUBE_VERSION).stdout
     assert "0 chart(s) failed" in out
 
 

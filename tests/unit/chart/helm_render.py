@@ -12,6 +12,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "kubeinfer"
 HELM = ROOT / ".cache" / "bin" / "helm"
+#: The Kubernetes version offline renders assume (the local control plane's, hack/go.mod). Passed
+#: explicitly: a helm built without its chartutil version ldflags defaults to v1.20, below the
+#: chart's kubeVersion.
+KUBE_VERSION = "v1.37.2"
 
 
 def helm_env(home: Path) -> dict[str, str]:
@@ -47,7 +51,7 @@ def render(
 
     ``set_args`` are ``--set`` expressions, ``values`` a values mapping passed as a file.
     """
-    args = ["template", "kubeinfer", str(CHART), "--namespace", namespace]
+    args = ["template", "kubeinfer", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
     for s in set_args:
         args += ["--set", s]
     for v in api_versions:

@@ -166,3 +166,10 @@ def test_chart_peering_off_renders_no_peering_and_no_peering_rbac() -> None:
     assert by_kind(docs, "ClusterKopfPeering") == []
     (cr,) = by_kind(docs, "ClusterRole")
     assert triples(cr) == NAMESPACED | CRD_SCAN
+
+
+def test_chart_refuses_kubernetes_older_than_1_28() -> None:
+    from tests.unit.chart.helm_render import CHART, helm
+
+    r = helm("template", "kubeinfer", str(CHART), "--kube-version", "v1.27.9", check=False)
+    assert r.returncode != 0 and ">=1.28.0-0" in r.stderr
