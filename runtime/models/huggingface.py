@@ -217,10 +217,10 @@ class TextEmbeddingModel(ServableModel):  # type: ignore[misc, unused-ignore]
 
     def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
         inputs = {k: to_device(v, self.torch_device) for k, v in prepared.tensors.items()}
-        hidden = self.module(**inputs).last_hidden_state
+        hidden = self.module(**inputs).last_hidden_state.float()  # pool in fp32 (fp16/bf16 models too)
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        summed = (hidden * mask).sum(dim=1).float()
-        counts = mask.sum(dim=1).float().clamp(min=1e-9)
+        summed = (hidden * mask).sum(dim=1)
+        counts = mask.sum(dim=1).clamp(min=1e-9)
         pooled = torch.nn.functional.normalize(summed / counts, p=2.0, dim=1)
         return pooled.to("cpu", dtype=torch.float32)
 
