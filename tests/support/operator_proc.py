@@ -34,6 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_BIN = Path(sys.executable).parent / "kubeinfer-operator"
 
 
+#: Environment for test operators: the autoscaler's timer ticks every 2 s against a closed port
+#: (no Prometheus: no data, so no autoscaling action), so its transitions settle quickly.
+TEST_ENV = {"KUBEINFER_PROMETHEUS_URL": "http://127.0.0.1:9", "KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": "2"}
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 (the OS picks it)."""
     with socket.socket() as s:

@@ -1,0 +1,346 @@
+"""The operator against a real control plane: owned objects, edits, status, GC, drift, zero-write resync,
+restart, leader election. One ``kubeinfer-operator`` process serves the module (fixture ``operator``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubeinfer.operator import api
+from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+from kubeinfer.operator.reconcile import plan
+from kubeinfer.runtime.config import RuntimeConfig
+
+from tests.support.cluster import Cluster, wait_until
+from tests.support.operator_proc import TEST_ENV, OperatorProcess, api_write_counts
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+WATCHED = {"deployments", "services", "configmaps", "poddisruptionbudgets", "inferenceservices", "events"}
+
+
+def _get(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(r.stdout)
+    return obj
+
+
+def _isvc_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "resources": {"gpus": 0, "cpu": "1", "memory": "1Gi"},
+        "runtime": {"device": "cpu"},
+        "replicas": 1,
+    }
+    base.update(spec)
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name}, "spec": base}
+
+
+def _create(cluster: Cluster, ns: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    cluster.apply(manifest, "-n", ns)
+    name = manifest["metadata"]["name"]
+    return wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message=f"Deployment {name}")
+
+
+def _ready(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    isvc = _get(cluster, ns, "kisvc", name) or {}
+    conds = (isvc.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == "Ready"), None)
+
+
+def _api_writes(cluster: Cluster) -> int:
+    return api_write_counts(cluster.kubectl("get", "--raw", "/metrics").stdout, WATCHED)
+
+
+def _settle(cluster: Cluster) -> None:
+    """Wait until no namespace is terminating (the namespace controller's deletes count as writes)."""
+    wait_until(
+        lambda: "Terminating" not in cluster.kubectl("get", "namespaces", "--no-headers").stdout,
+        timeout=90,
+        interval=1.0,
+        message="no Terminating namespaces",
+    )
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_produces_expected_objects(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess, example: Path
+) -> None:
+    ns = op_namespace
+    manifest = yaml.safe_load(example.read_text())
+    manifest["metadata"]["name"] = f"ex-{example.stem}"
+    name = manifest["metadata"]["name"]
+    isvc_spec = api.InferenceServiceSpec.from_k8s(manifest["spec"])
+    for claim in isvc_spec.pvc_claims():
+        cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim},
+                "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+            "-n",
+            ns,
+        )
+    _create(cluster, ns, manifest)
+    body = wait_until(lambda: _get(cluster, ns, "kisvc", name), timeout=10, message="isvc")
+    isvc = api.InferenceService.from_body(body)
+    svc = wait_until(lambda: _get(cluster, ns, "service", name), timeout=30, message="Service")
+    cm = wait_until(
+        lambda: _get(cluster, ns, "configmap", api.configmap_name(name)), timeout=30, message="CM"
+    )
+    dep = wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message="Deployment")
+
+    expected_dep = build_deployment(isvc, replicas=plan.desired_replicas(isvc, None))
+    assert plan.is_subset(expected_dep["spec"]["template"], dep["spec"]["template"])
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    assert dep["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubeinfer"
+    assert plan.is_subset(build_service(isvc)["spec"], svc["spec"])
+    cfg = RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"])
+    expected_cfg = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
+    assert cfg == RuntimeConfig.from_yaml(expected_cfg)
+    if build_pdb(isvc) is not None:
+        wait_until(lambda: _get(cluster, ns, "pdb", name), timeout=30, message="PodDisruptionBudget")
+    # status: URL, selector, batch timeout in force, observed generation
+    status = wait_until(
+        lambda: (
+            (_get(cluster, ns, "kisvc", name) or {}).get("status", {}).get("url")
+            and _get(cluster, ns, "kisvc", name)["status"]
+        ),
+        timeout=30,
+        message="status",
+    )
+    assert status["url"] == f"http://{name}.{ns}.svc.cluster.local:8080"
+    assert status["selector"].count("=") == 3
+    assert api.parse_duration(status["batchTimeout"]) > 0
+
+
+def test_batching_edit_changes_configmap_only_model_edit_rolls(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = op_namespace, "edit"
+    _create(cluster, ns, _isvc_manifest(name, batching={"maxBatchSize": 32, "maxQueueDelay": "5ms"}))
+    wait_until(lambda: _get(cluster, ns, "configmap", "edit-runtime"), timeout=30, message="CM")
+    dep_before = _get(cluster, ns, "deployment", name)
+    assert dep_before is not None
+    cluster.kubectl(
+        "patch",
+        "kisvc",
+        name,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"batching": {"maxBatchSize": 16, "maxQueueDelay": "9ms"}}}),
+    )
+
+    def cm_updated() -> bool:
+        cm = _get(cluster, ns, "configmap", "edit-runtime") or {}
+        cfg = RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"])
+        return cfg.batching.max_batch_size == 16 and abs(cfg.batching.max_queue_delay_seconds - 0.009) < 1e-9
+
+    wait_until(cm_updated, timeout=30, message="ConfigMap with the new batching")
+    time.sleep(1.0)
+    dep_after = _get(cluster, ns, "deployment", name)
+    assert dep_after is not None
+    assert dep_after["metadata"]["generation"] == dep_before["metadata"]["generation"]
+    assert dep_after["spec"]["template"] == dep_before["spec"]["template"]
+
+    cluster.kubectl(
+        "patch", "kisvc", name, "-n", ns, "--type=merge", "-p", '{"spec":{"model":{"uri":"/models/other"}}}'
+    )
+    rolled = wait_until(
+        lambda: (
+            (d := _get(cluster, ns, "deployment", name))
+            and d["metadata"]["generation"] > dep_before["metadata"]["generation"]
+            and d
+        ),
+        timeout=30,
+        message="Deployment rolled",
+    )
+    key = "kubeinfer.io/config-hash"
+    assert (
+        rolled["spec"]["template"]["metadata"]["annotations"][key]
+        != (dep_before["spec"]["template"]["metadata"]["annotations"][key])
+    )
+
+
+def test_status_follows_deployment_conditions(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = op_namespace, "status"
+    _create(cluster, ns, _isvc_manifest(name, replicas=0))
+    # 0 replicas: the Deployment controller reports Available=True (MinimumReplicasAvailable)
+    cluster.kubectl("wait", "--for=condition=Ready", f"kisvc/{name}", "-n", ns, "--timeout=60s")
+    cond = _ready(cluster, ns, name)
+    assert cond is not None and cond["reason"] == "MinimumReplicasAvailable"
+    # no Pod may be created: the ReplicaSet reports ReplicaFailure (FailedCreate) -> Ready=False
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    cluster.apply(quota, "-n", ns)
+    try:
+        cluster.kubectl("patch", "kisvc", name, "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":1}}')
+        cond = wait_until(
+            lambda: (
+                (c := _ready(cluster, ns, name))
+                and c["status"] == "False"
+                and c["reason"] == "FailedCreate"
+                and c
+            ),
+            timeout=60,
+            message="Ready=False FailedCreate",
+        )
+        assert "forbidden" in cond["message"] or "quota" in cond["message"]
+        events = cluster.kubectl(
+            "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
+        ).stdout
+        assert "FailedCreate" in events
+    finally:
+        cluster.kubectl("delete", "resourcequota", "no-pods", "-n", ns, "--ignore-not-found")
+
+
+def test_missing_pvc_is_a_condition(cluster: Cluster, op_namespace: str, operator: OperatorProcess) -> None:
+    ns, name = op_namespace, "nopvc"
+    _create(cluster, ns, _isvc_manifest(name, model={"uri": "pvc://absent-claim/model"}))
+    cond = wait_until(
+        lambda: (c := _ready(cluster, ns, name)) and c["reason"] == "PersistentVolumeClaimNotFound" and c,
+        timeout=30,
+        message="Ready=False PersistentVolumeClaimNotFound",
+    )
+    assert cond["status"] == "False" and "absent-claim" in cond["message"]
+
+
+def test_hand_edit_is_reverted(cluster: Cluster, op_namespace: str, operator: OperatorProcess) -> None:
+    ns, name = op_namespace, "drift"
+    dep = _create(cluster, ns, _isvc_manifest(name))
+    image = dep["spec"]["template"]["spec"]["containers"][0]["image"]
+    wait_until(lambda: _get(cluster, ns, "configmap", f"{name}-runtime"), timeout=30, message="CM")
+    cluster.kubectl("set", "image", f"deployment/{name}", "runtime=evil:1", "-n", ns)
+    wait_until(
+        lambda: (
+            _get(cluster, ns, "deployment", name)["spec"]["template"]["spec"]["containers"][0]["image"]
+            == image
+        ),
+        timeout=30,
+        message="image put back",
+    )
+    cm = _get(cluster, ns, "configmap", f"{name}-runtime")
+    assert cm is not None
+    original = cm["data"]["runtime.yaml"]
+    cluster.kubectl(
+        "patch",
+        "configmap",
+        f"{name}-runtime",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"data":{"runtime.yaml":"x: 1"}}',
+    )
+    wait_until(
+        lambda: _get(cluster, ns, "configmap", f"{name}-runtime")["data"]["runtime.yaml"] == original,
+        timeout=30,
+        message="ConfigMap put back",
+    )
+
+
+def test_delete_garbage_collects_owned_objects_only(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = op_namespace, "gc"
+    _create(cluster, ns, _isvc_manifest(name, replicas=2))
+    wait_until(lambda: _get(cluster, ns, "pdb", name), timeout=30, message="PDB")
+    cluster.kubectl("create", "deployment", "bystander", "--image=registry.invalid/x:1", "-n", ns)
+    cluster.kubectl("delete", "kisvc", name, "-n", ns, "--timeout=60s")
+    for kind, obj in (
+        ("deployment", name),
+        ("service", name),
+        ("configmap", f"{name}-runtime"),
+        ("pdb", name),
+    ):
+        wait_until(
+            lambda k=kind, o=obj: _get(cluster, ns, k, o) is None, timeout=60, message=f"{kind} {obj} gone"
+        )
+    assert _get(cluster, ns, "deployment", "bystander") is not None
+
+
+def test_steady_state_resync_makes_zero_writes(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = op_namespace
+    _create(cluster, ns, _isvc_manifest("steady"))
+    wait_until(lambda: _ready(cluster, ns, "steady"), timeout=30, message="status written")
+    _settle(cluster)
+    time.sleep(4.0)  # in-flight transitions of the other objects of the module finish
+    writes0, reconciles0 = _api_writes(cluster), operator.reconciles()
+    time.sleep(7.0)  # >= 3 resync periods of 2 s
+    writes1, reconciles1 = _api_writes(cluster), operator.reconciles()
+    count = len(cluster.get_json("kisvc", "-n", ns)["items"])
+    assert reconciles1 - reconciles0 >= 2 * count, "the resync did not run"
+    assert writes1 - writes0 == 0, f"{writes1 - writes0} write requests during a steady-state resync"
+
+
+def test_restart_resumes_without_churn(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns = op_namespace
+    _settle(cluster)
+    time.sleep(3.0)
+    operator.stop()
+    writes0 = _api_writes(cluster)
+    with OperatorProcess(
+        cluster.kubeconfig,
+        namespaces=[ns],
+        resync_seconds=2.0,
+        log_dir=tmp_path,
+        extra_env=dict(TEST_ENV),
+        name="restarted",
+    ) as again:
+        again.wait_ready()
+        count = len(cluster.get_json("kisvc", "-n", ns)["items"])
+        wait_until(
+            lambda: again.reconciles() >= 2 * count, timeout=30, message="initial reconciles + a resync"
+        )
+        writes1 = _api_writes(cluster)
+    assert writes1 - writes0 == 0, (
+        f"{writes1 - writes0} write requests after a restart:\n{again.log()[-3000:]}"
+    )
+
+
+def test_two_operators_only_one_acts(cluster: Cluster, crds: None, namespace: str, tmp_path: Path) -> None:
+    ns = namespace
+    peering = f"kubeinfer-{ns}"[:63]
+    common: dict[str, Any] = {
+        "namespaces": [ns],
+        "peering": peering,
+        "log_dir": tmp_path,
+        "extra_env": dict(TEST_ENV),
+    }
+    with OperatorProcess(cluster.kubeconfig, priority=200, name="high", **copy.deepcopy(common)) as high:
+        high.wait_ready()
+        wait_until(lambda: _get(cluster, ns, "kopfpeering", peering), timeout=30, message="KopfPeering")
+        time.sleep(2.0)
+        with OperatorProcess(cluster.kubeconfig, priority=100, name="low", **copy.deepcopy(common)) as low:
+            low.wait_ready()
+            wait_until(
+                lambda: "Pausing the watch-stream for inferenceservices" in low.log(),
+                timeout=30,
+                message="low-priority operator paused",
+            )
+            time.sleep(3.0)  # it stays paused: the high-priority peer keeps its keep-alive fresh
+            _create(cluster, ns, _isvc_manifest("leader"))
+            wait_until(lambda: _ready(cluster, ns, "leader"), timeout=30, message="status written")
+            time.sleep(2.0)
+            assert high.reconciles() > 0
+            assert low.reconciles() == 0, low.log()[-3000:]
+            assert "Resuming the watch-stream for inferenceservices" not in low.log()

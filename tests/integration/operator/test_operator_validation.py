@@ -1,0 +1,88 @@
+"""The API server refuses invalid InferenceServices (schema + CEL) with a message naming the field."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.cluster import Cluster
+
+BASE: dict[str, Any] = {
+    "apiVersion": "kubeinfer.io/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "bad"},
+    "spec": {"resources": {"gpus": 0, "cpu": "1", "memory": "1Gi"}, "runtime": {"device": "cpu"}},
+}
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in patch.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "min>max",
+        {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
+        "spec.autoscaling.minReplicas",
+    ),
+    (
+        "timeout-bounds",
+        {"autoscaling": {"batchTimeout": {"min": "60ms", "max": "10ms"}}},
+        "spec.autoscaling.batchTimeout.min",
+    ),
+    (
+        "gpu-band",
+        {"autoscaling": {"gpuUtilization": {"low": 0.9, "high": 0.5}}},
+        "spec.autoscaling.gpuUtilization.low",
+    ),
+    ("fp16-no-gpu", {"quantization": {"mode": "fp16"}}, "spec.quantization.mode"),
+    ("cuda-no-gpu", {"runtime": {"device": "cuda"}}, "spec.runtime.device"),
+    (
+        "int8-static-no-calibration",
+        {"quantization": {"mode": "int8-static"}},
+        "spec.quantization.calibration",
+    ),
+    ("torchscript-no-io", {"model": {"uri": "/models/m.pt", "format": "torchscript"}}, "spec.model.inputs"),
+    ("bad-uri", {"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
+    ("bad-pvc-uri", {"model": {"uri": "pvc://Bad_Claim/x"}}, "spec.model.uri"),
+    ("bad-duration", {"batching": {"maxQueueDelay": "5 ms"}}, "spec.batching.maxQueueDelay"),
+    ("bad-quantization", {"quantization": {"mode": "int4"}}, "spec.quantization.mode"),
+    (
+        "preferred>max",
+        {"batching": {"maxBatchSize": 8, "preferredBatchSizes": [16]}},
+        "spec.batching.preferredBatchSizes",
+    ),
+    ("product-no-gpu", {"resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"}}, "spec.resources.gpuProduct"),
+    ("batch-size-0", {"batching": {"maxBatchSize": 0}}, "spec.batching.maxBatchSize"),
+    ("bad-memory", {"resources": {"memory": "lots"}}, "spec.resources.memory"),
+    ("zero-target", {"autoscaling": {"targetP99": "0s"}}, "spec.autoscaling.targetP99"),
+    ("typo-field", {"modle": {"uri": "default"}}, "spec.modle"),
+]
+
+
+@pytest.mark.parametrize("spec_patch, field", [(p, f) for _, p, f in INVALID], ids=[i for i, _, _ in INVALID])
+def test_invalid_manifest_is_refused_naming_the_field(
+    cluster: Cluster, crds: None, namespace: str, spec_patch: dict[str, Any], field: str
+) -> None:
+    manifest = _merge(BASE, {"spec": spec_patch})
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+    assert result.returncode != 0, f"accepted: {manifest}"
+    assert field in result.stderr, result.stderr
+
+
+def test_valid_minimal_manifest_gets_defaults(cluster: Cluster, crds: None, namespace: str) -> None:
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-o", "yaml", "-f", "-", input=yaml.safe_dump(BASE)
+    )
+    spec = yaml.safe_load(result.stdout)["spec"]
+    assert spec["batching"]["maxQueueDelay"] == "5ms"
+    assert spec["autoscaling"]["enabled"] is False
+    assert spec["model"]["uri"] == "default"
