@@ -32,7 +32,7 @@ from kubeinfer.operator.api import parse_duration
 
 from hack.localpods import LocalPods
 from tests.support.cluster import Cluster, wait_until
-from tests.support.operator_proc import OperatorProcess
+from tests.support.operator_proc import OperatorProcess, api_write_counts
 from tests.support.prom import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -201,6 +201,10 @@ def test_autoscale_closes_the_loop(
     def batch_timeout() -> float | None:
         text = (isvc().get("status") or {}).get("batchTimeout")
         return parse_duration(text) if text else None
+
+    def writes() -> int:
+        text = cluster.kubectl("get", "--raw", "/metrics").stdout
+        return api_write_counts(text, {"inferenceservices", "configmaps", "events"})
 
     def condition() -> tuple[str, str]:
         for c in (isvc().get("status") or {}).get("conditions") or []:
