@@ -1,0 +1,157 @@
+"""loop.py: spec → policy, status rendering, and the write-only-on-change logic of one tick.
+
+The Kubernetes client is replaced by a recorder of the requests the tick would send (the real API
+server is exercised in tests/integration/autoscale); Prometheus by a canned ``Reading``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from kubeinfer.operator import api
+from kubeinfer.operator.autoscale import loop
+from kubeinfer.operator.autoscale.policy import Observation
+from kubeinfer.operator.autoscale.signals import Reading
+
+
+class Recorder:
+    """Records the write requests ``Autoscaler`` sends (the subset of ``k8s.Kube`` it uses)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    async def patch_merge(
+        self, path: str, patch: dict[str, Any], *, field_manager: str, subresource: str | None = None
+    ) -> dict[str, Any]:
+        self.calls.append((f"patch {subresource} {field_manager}", patch))
+        return {}
+
+    async def apply(self, obj: dict[str, Any], *, field_manager: str, force: bool = True) -> dict[str, Any]:
+        self.calls.append((f"apply {obj['kind']} {field_manager}", obj))
+        return obj
+
+    async def post_event(
+        self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        self.calls.append(("event", reason))
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return None
+
+
+class CannedSignals:
+    def __init__(self) -> None:
+        self.reading = Reading(Observation(0.2, 0.5, 5.0, 1.0, 1.0), None)
+
+    def read(self, queries: Any, window_seconds: float) -> Reading:
+        return self.reading
+
+    def close(self) -> None:
+        pass
+
+
+def body(status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "svc", "namespace": "ns", "generation": 1, "resourceVersion": "7", "uid": "u"},
+        "spec": {
+            "batching": {"maxQueueDelay": "10ms"},
+            "autoscaling": {"enabled": True, "targetP99": "200ms", "maxReplicas": 4, **autoscaling},
+        },
+        "status": status or {},
+    }
+
+
+DEPLOYMENT = {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
+
+
+def scaler() -> tuple[loop.Autoscaler, Recorder, CannedSignals]:
+    rec, canned = Recorder(), CannedSignals()
+    clock = iter(range(0, 10_000, 15))
+    a = loop.Autoscaler(
+        kube=rec,  # type: ignore[arg-type]
+        signals_factory=lambda: canned,  # type: ignore[arg-type,return-value]
+        monotonic=lambda: float(next(clock)),
+        wall=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    return a, rec, canned
+
+
+def test_autoscale_loop_policy_from_spec_converts_durations() -> None:
+    spec = api.AutoscalingSpec(
+        enabled=True, target_p99="150ms", batch_timeout=api.BatchTimeoutBounds(min="2ms", max="40ms")
+    )
+    p = loop.policy_from_spec(spec, stale_after_seconds=90)
+    assert p.target_p99_seconds == pytest.approx(0.15)
+    assert (p.batch_timeout_min_seconds, p.batch_timeout_max_seconds) == pytest.approx((0.002, 0.04))
+    assert p.scale_down_stabilization_seconds == 300 and p.tolerance == 0.1
+    assert loop.prom_duration(10.0) == "10000ms" and loop.prom_duration(1.5) == "1500ms"
+
+
+def test_autoscale_loop_condition_only_on_status_or_reason_change() -> None:
+    ready = {"type": "Ready", "status": "True", "reason": "Ready"}
+    conds = loop.condition_after([ready], "False", "PrometheusUnavailable", "down", "T1", 1)
+    assert conds is not None and conds[0] == ready
+    assert conds[1]["reason"] == "PrometheusUnavailable" and conds[1]["lastTransitionTime"] == "T1"
+    assert loop.condition_after(conds, "False", "PrometheusUnavailable", "other message", "T2", 1) is None
+    again = loop.condition_after(conds, "False", "StaleMetrics", "stale", "T3", 1)
+    assert again is not None and again[1]["lastTransitionTime"] == "T1"  # status unchanged: time kept
+
+
+def test_autoscale_loop_observed_never_zero() -> None:
+    out = loop.observed_status(Observation.unknown("Prometheus unavailable"), "T")
+    assert out["p99Seconds"] is None and out["gpuUtilization"] is None and out["unknownReason"]
+
+
+async def test_autoscale_loop_disabled_touches_nothing() -> None:
+    a, rec, _ = scaler()
+    b = body(enabled=False)
+    assert await a.tick(b, DEPLOYMENT, None) is None
+    assert rec.calls == []
+
+
+async def test_autoscale_loop_writes_only_on_change() -> None:
+    a, rec, canned = scaler()
+    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    # Tick 1, in the tolerance band: only the condition (first time) is written.
+    r = await a.tick(body(status), DEPLOYMENT, None)
+    assert r is not None and not r.decision.changed  # type: ignore[union-attr]
+    assert [c[0] for c in rec.calls] == ["patch status kubeinfer-autoscaler"]
+    status.update(rec.calls[0][1]["status"])
+    rec.calls.clear()
+    # Tick 2, same signals, status now carries the condition: no request at all.
+    await a.tick(body(status), DEPLOYMENT, None)
+    assert rec.calls == []
+    # Tick 3, P99 over target with idle GPUs: batch timeout halves → status, ConfigMap, Event.
+    canned.reading = Reading(Observation(0.4, 0.2, 5.0, 3.0, 1.0), None)
+    r = await a.tick(body(status), DEPLOYMENT, {"data": {"runtime.yaml": "old"}})
+    assert r is not None and r.decision is not None and r.decision.timeout_changed
+    kinds = [c[0] for c in rec.calls]
+    assert kinds == ["patch status kubeinfer-autoscaler", "apply ConfigMap kubeinfer", "event"]
+    patch = rec.calls[0][1]["status"]
+    assert patch["batchTimeout"] == "5ms" and "batch timeout 10 ms → 5 ms" in patch["lastDecision"]["reason"]
+    assert "max_queue_delay_seconds: 0.005" in rec.calls[1][1]["data"]["runtime.yaml"]
+    status.update(patch)
+    rec.calls.clear()
+    # Tick 4, Prometheus down: the condition flips (one write), nothing else moves.
+    canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
+    await a.tick(body(status), DEPLOYMENT, None)
+    assert [c[0] for c in rec.calls] == ["patch status kubeinfer-autoscaler"]
+    cond = rec.calls[0][1]["status"]["conditions"][-1]
+    assert (cond["status"], cond["reason"]) == ("False", "PrometheusUnavailable")
+    status.update(rec.calls[0][1]["status"])
+    rec.calls.clear()
+    await a.tick(body(status), DEPLOYMENT, None)
+    assert rec.calls == []
+
+
+async def test_autoscale_loop_scales_through_the_scale_subresource() -> None:
+    a, rec, canned = scaler()
+    canned.reading = Reading(Observation(0.5, 0.95, 100.0, 500.0, 1.0), None)
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert r is not None and r.scaled
+    scale = [c for c in rec.calls if c[0] == "patch scale kubeinfer-autoscaler"]
+    assert scale and scale[0][1] == {"spec": {"replicas": 4}}
