@@ -17,7 +17,14 @@ using two levers: the replica count and the batch timeout (the runtime's max que
   ``scale_down_stabilization_seconds`` (HPA default 300 s); a recommendation below the current
   count requires that the utilization projected for it, ``utilization * replicas / recommended``,
   stays under ``gpu_high``.
+- P99 comfortably under target but the GPUs above the band's top (``keep_in_band``): add headroom,
+  ``ceil(replicas * utilization / gpu_high)``, so that a load step finds spare capacity.
 - Inside the tolerance band ``|p99 / target - 1| <= tolerance`` (HPA default 0.1) nothing moves.
+- No scale-up while replicas of the last one are still starting (``Current.ready_replicas``): their
+  capacity is on its way (the HPA likewise discounts unready pods).
+- P99 over target while the queue holds little work (Little's law: ``queue / rate`` at most
+  ``drained_wait_fraction * target``) is history, not a present overload: the query window still
+  holds the slow requests of a backlog that has drained. Nothing moves until the window catches up.
 - Cooldowns separate actions of the same kind; replicas stay in ``[min_replicas, max_replicas]``
   and never reach zero.
 
@@ -132,6 +139,8 @@ class Policy:
         gpu_low/gpu_high 0.5/0.8: kubeinfer's choice, a band around the 70 % HPA target that the
         benchmark's ``hpa_gpu`` uses. Cooldowns: kubeinfer's choice, at least one scrape + query
         window apart so an action's effect is visible before the next of the same kind.
+        drained_wait_fraction 0.1, keep_in_band True: kubeinfer's choice, tuned with
+        ``bench/autoscaler_sim.py`` (without them the simulated step trace overshoots to max replicas).
 
     Raises:
         ValueError: naming the field, when a value is out of range or bounds are inverted.
