@@ -103,7 +103,14 @@ setup_prometheus() {
 # ---------------------------------------------------------------- 3. go
 setup_go() {
   step 3 "go toolchain"
+  if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+    export PATH="/usr/local/go/bin:$PATH"   # the official tarball's place, when not on PATH
+  fi
   if ! command -v go >/dev/null 2>&1; then
+    if binaries_up_to_date; then
+      echo "  go not found, but the binaries in .cache/bin are up to date: not needed"
+      return
+    fi
     die "the Go toolchain is missing (need go >= $(awk '/^go /{print $2}' hack/go.mod), as in hack/go.mod).
   It builds etcd, kube-apiserver, kube-controller-manager, kubectl and helm from the Go module proxy.
   Install it (e.g. 'apt-get install golang-go' if new enough, or the official tarball) and put 'go' on PATH."
@@ -136,18 +143,24 @@ TARGETS=(
   "helm=helm.sh/helm/v3/cmd/helm"
 )
 
+# The stamp: pinned versions (go.mod, go.sum), the etcd main, the build flags and target list.
+binaries_stamp() {
+  { cat hack/go.mod hack/go.sum hack/cmd/etcd/main.go; ldflags; echo "${TARGETS[*]}"; } | sha256sum | cut -c1-16
+}
+binaries_up_to_date() {
+  local t
+  for t in "${TARGETS[@]}"; do [ -x "$BIN/${t%%=*}" ] || return 1; done
+  [ "$(cat "$STAMPS/binaries" 2>/dev/null || true)" = "$(binaries_stamp)" ]
+}
+
 setup_binaries() {
   step 4 "control-plane binaries and helm -> .cache/bin/"
-  local ld; ld="$(ldflags)"
-  local want; want="$( { cat hack/go.mod hack/go.sum hack/cmd/etcd/main.go; echo "$ld"; go version; } \
-    | sha256sum | cut -c1-16)"
-  local have; have="$(cat "$STAMPS/binaries" 2>/dev/null || true)"
-  local missing=0 t
-  for t in "${TARGETS[@]}"; do [ -x "$BIN/${t%%=*}" ] || missing=1; done
-  if [ "$have" = "$want" ] && [ "$missing" = 0 ]; then
+  if binaries_up_to_date; then
     echo "  up to date (hack/go.mod, go.sum and build flags unchanged): ${TARGETS[*]%%=*}"
     return
   fi
+  local ld; ld="$(ldflags)"
+  local want; want="$(binaries_stamp)"
   local jobs="${KUBEINFER_BUILD_JOBS:-2}"
   echo "  building with go build -p $jobs (log: .cache/logs/go-build.log); a cold build takes a long time"
   : > "$LOGS/go-build.log"
