@@ -115,6 +115,9 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     server = RuntimeServer(cfg)
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.server.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's head and body in two
+    # writes, and with Nagle the body waits for the client's delayed ACK (~40 ms per response).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((cfg.server.host, cfg.server.port))
     sock.listen(2048)
     sock.setblocking(False)

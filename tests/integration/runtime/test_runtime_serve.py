@@ -5,6 +5,7 @@ One process per module (model load + warmup take seconds); the SIGTERM test star
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import threading
@@ -100,6 +101,19 @@ def test_json_and_binary_inference_on_real_sentences(runtime: RuntimeProcess) ->
         e = embed(client, [a, b, UNRELATED])
         close, far = float(e[0] @ e[1]), max(float(e[0] @ e[2]), float(e[1] @ e[2]))
         assert close > far + 0.2, (a, b, close, far)
+
+
+def test_responses_with_a_body_are_not_delayed_by_nagle(runtime: RuntimeProcess) -> None:
+    """Regression: without TCP_NODELAY every response with a body waited ~40 ms for a delayed ACK."""
+    conn = http.client.HTTPConnection("127.0.0.1", runtime.port, timeout=10)
+    times = []
+    for _ in range(21):
+        t0 = time.perf_counter()
+        conn.request("GET", "/v2")
+        conn.getresponse().read()
+        times.append(time.perf_counter() - t0)
+    conn.close()
+    assert float(np.median(times)) < 0.02, times
 
 
 def test_64_concurrent_clients_all_correct_and_batched(runtime: RuntimeProcess) -> None:
