@@ -8,9 +8,10 @@ source the bundled all-MiniLM-L6-v2 is served. The process listens at once (``/v
 ``/v2/health/ready`` 503), loads and warms up the model in a thread, then turns ready. It logs
 ``listening on http://HOST:PORT`` (the real port, also with ``--port 0``) and ``ready``.
 
-SIGTERM/SIGINT: readiness turns false, new infer requests get 503, queued and running requests finish
-(at most ``server.drain_timeout_seconds``), then the HTTP server closes and the process exits 0. A second
-signal exits at once.
+SIGTERM/SIGINT: readiness turns false; after ``server.shutdown_delay_seconds`` (default 0; set it to a few
+seconds in a cluster so that endpoints stop routing here before requests are refused) new infer requests
+get 503, queued and running requests finish (at most ``server.drain_timeout_seconds``), then the HTTP
+server closes and the process exits 0. A second signal exits at once.
 """
 
 from __future__ import annotations
@@ -127,6 +128,10 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     uv: _Uvicorn
 
     async def drain_then_exit() -> None:
+        server.announce_shutdown()
+        if cfg.server.shutdown_delay_seconds > 0:
+            log.info("not ready; serving %.1f s more before draining", cfg.server.shutdown_delay_seconds)
+            await asyncio.sleep(cfg.server.shutdown_delay_seconds)
         t0 = time.monotonic()
         complete = await server.drain(cfg.server.drain_timeout_seconds)
         log.info(

@@ -133,6 +133,13 @@ class ServerConfig(_Strict):
     drain_timeout_seconds: float = Field(
         default=30.0, ge=0.0, description="SIGTERM: longest wait for queued and running requests."
     )
+    shutdown_delay_seconds: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=300.0,
+        description="SIGTERM: seconds to keep serving (readiness false) before refusing new requests, "
+        "so that endpoints stop routing here first.",
+    )
 
 
 class RuntimeConfig(_Strict):

@@ -74,6 +74,7 @@ class RuntimeServer:
         self.model: ServableModel | None = None
         self.batcher: Batcher | None = None
         self.draining = False
+        self.stopping = False
         routes = [
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready_route, methods=["GET"]),
@@ -91,8 +92,12 @@ class RuntimeServer:
     # ----- state -----------------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        """Model loaded and warmed up, and not draining."""
-        return self.batcher is not None and not self.draining
+        """Model loaded and warmed up, and not shutting down."""
+        return self.batcher is not None and not self.draining and not self.stopping
+
+    def announce_shutdown(self) -> None:
+        """Readiness turns false; infer requests are still served (until ``drain``)."""
+        self.stopping = True
 
     def attach(self, model: ServableModel, settings: BatchSettings | None = None) -> None:
         """Serve ``model`` (loaded and warmed up): start the batcher on the running loop; ready."""
@@ -127,7 +132,8 @@ class RuntimeServer:
     async def ready_route(self, request: Request) -> Response:
         if self.ready:
             return Response(b"", 200)
-        return error_response(503, "shutting down" if self.draining else "model loading or warming up")
+        stopping = self.draining or self.stopping
+        return error_response(503, "shutting down" if stopping else "model loading or warming up")
 
     async def server_metadata(self, request: Request) -> Response:
         doc = {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}

@@ -266,6 +266,23 @@ async def test_preprocess_of_next_full_batch_overlaps_execution() -> None:
     b.close()
 
 
+async def test_two_executors_run_two_batches_at_once() -> None:
+    model = FakeModel()
+    model.gate = threading.Event()
+    b = Batcher(model, BatchSettings(max_batch_size=2, max_queue_delay=0.0), executors=2)
+    b.start()
+    reqs = [asyncio.ensure_future(b.infer(rows(i))) for i in range(4)]
+    for _ in range(200):  # both executors blocked inside execute at the same time
+        await asyncio.sleep(0.005)
+        if b._exec_slots.locked():
+            break
+    assert b._exec_slots.locked() and model.batches == []
+    model.gate.set()
+    await asyncio.gather(*reqs)
+    assert sum(model.batches) == 4
+    b.close()
+
+
 async def test_cancelled_client_leaves_the_queue() -> None:
     model = FakeModel()
     b = await make(model, max_batch_size=4, max_queue_delay=10.0)

@@ -86,6 +86,10 @@ async def test_not_ready_until_attached_then_infers_binary_and_json(served) -> N
         assert r.status_code == 200, r.text
         assert ("inference-header-content-length" in r.headers) == binary
         np.testing.assert_array_equal(parse(r).as_numpy("y"), 2 * x)
+    server.announce_shutdown()  # SIGTERM with a shutdown delay: not ready, still serving
+    assert (await client.get("/v2/health/ready")).status_code == 503
+    body, headers = triton_body(x)
+    assert (await client.post("/v2/models/fake/infer", content=body, headers=headers)).status_code == 200
     gz = gzip.compress(triton_body(x, binary=False, outputs=["y"])[0])
     r = await client.post("/v2/models/fake/infer", content=gz, headers={"Content-Encoding": "gzip"})
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0]
