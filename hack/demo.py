@@ -71,6 +71,9 @@ DEMO_AUTOSCALING = {
     "batchTimeoutCooldown": "3s",
 }
 
+#: The operator's autoscaler period for the demo (the chart's default is 15 s).
+AUTOSCALE_INTERVAL_SECONDS = 3
+
 SENTENCES = [
     "The cat sat on the mat.",
     "A cat was sitting on the rug.",
@@ -221,6 +224,8 @@ class Demo:
             "KUBEINFER_PROMETHEUS_URL": prom.url,
             "KUBEINFER_PEERING": RELEASE,
             "KUBEINFER_LOG_FORMAT": "plain",
+            "KUBEINFER_BIND_ADDRESS": "127.0.0.1",
+            "KUBEINFER_AUTOSCALE_INTERVAL_SECONDS": str(AUTOSCALE_INTERVAL_SECONDS),
             "HF_HUB_OFFLINE": "1",
         }
         op_log = open(self.workdir / "operator.log", "ab")  # noqa: SIM115 - closed at cleanup
@@ -268,6 +273,7 @@ class Demo:
         say(
             "  demo-sized autoscaler windows (the example keeps production values): "
             + json.dumps(DEMO_AUTOSCALING)
+            + f", decisions every {AUTOSCALE_INTERVAL_SECONDS}s"
         )
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
         spec = doc["spec"]
@@ -281,7 +287,10 @@ class Demo:
         self.wait(
             "the operator to create the Deployment", lambda: self.get("deployment", ISVC, "-n", NAMESPACE), 60
         )
-        owned = self.kubectl("get", "deployment,service,configmap,pdb", "-n", NAMESPACE, "-o", "name").split()
+        owned = self.kubectl(
+            "get", "deployment,service,configmap,pdb", "-n", NAMESPACE, "-o", "name",
+            "-l", "app.kubernetes.io/managed-by=kubeinfer",
+        ).split()  # fmt: skip
         say("  the operator created: " + ", ".join(owned))
 
     # ------------------------------------------------------------------ step 3
@@ -411,7 +420,7 @@ class Demo:
         )
         stop_evt = threading.Event()
         history: list[dict[str, Any]] = []
-        with ThreadPoolExecutor(max_workers=48) as pool:
+        with ThreadPoolExecutor(max_workers=128) as pool:
             t_start = time.monotonic()
             next_print = t_start + self.args.print_every
             last = {"t": t_start, "sent": 0, "ok": 0}
@@ -456,7 +465,8 @@ class Demo:
             isvc = self.get("inferenceservice", ISVC, "-n", NAMESPACE)
             st = isvc.get("status") or {}
             bt = st.get("batchTimeout") or isvc["spec"]["batching"].get("maxQueueDelay", "?")
-            reason = ((st.get("lastDecision") or {}).get("reason") or "")[:60]
+            # the reason reads "<signals>: <action>"; the action is what the table shows
+            reason = ((st.get("lastDecision") or {}).get("reason") or "").rsplit(": ", 1)[-1]
         except Exception as e:
             replicas, bt, reason = "?", "?", f"({type(e).__name__})"
         p99_txt = "n/a" if p99 is None or math.isnan(p99) else f"{p99 * 1000:.0f}ms"
@@ -529,8 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "demo")
     ap.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     ap.add_argument("--base-rate", type=float, default=5.0, help="requests/s before and after the burst")
-    ap.add_argument("--burst-rate", type=float, default=120.0, help="requests/s during the burst")
-    ap.add_argument("--burst-seconds", type=float, default=60.0)
+    ap.add_argument("--burst-rate", type=float, default=200.0, help="requests/s during the burst")
+    ap.add_argument("--burst-seconds", type=float, default=75.0)
     ap.add_argument("--cool-seconds", type=float, default=45.0)
     ap.add_argument("--print-every", type=float, default=3.0, help="seconds between progress lines")
     args = ap.parse_args(argv)
