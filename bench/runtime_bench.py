@@ -1,0 +1,419 @@
+"""Runtime benchmark: service time s(b), the batching limit X(B), and open-loop Poisson load.
+
+``make bench-runtime`` (or ``.venv/bin/python bench/runtime_bench.py``) → ``bench/results/runtime.json``.
+
+1. In process: the bundled all-MiniLM-L6-v2 (quantization ``int8-dynamic`` by default, as in the
+   demo) is loaded and warmed up; the service time s(b) of ``preprocess`` + ``execute`` is measured
+   for b = 1 … B (B = max batch size, 32), each the median over repeats of batches of b random
+   held-out sentences. A least-squares fit s(b) = a + c·b gives the physical limit of a batching
+   server X(B) = B / s(B) = B / (a + c·B) (DESIGN.md, "Benchmarks").
+2. A real ``kubeinfer-runtime serve`` process (``tests/support/runtime_proc.py``) gets open-loop
+   Poisson load (seeded arrival times; one random held-out sentence per request, JSON input, binary
+   output) at rising rates. The configurations run side by side in ONE process, switched through the
+   watched config file (hot reload, verified on ``/metrics``), interleaved rate by rate so the
+   shared machine's noise hits them alike: batching off (``max_batch_size: 1``) and batched with a
+   few ``max_queue_delay`` values. Per rate: throughput, P50, P99 (latency from each request's
+   scheduled arrival, so a slow client cannot hide queueing), errors. A configuration leaves the
+   sweep after two rates over the SLO. Before the sweep each configuration gets a low-load run whose
+   P99 is compared with s(1).
+3. Figures: the highest rate whose P99 < 100 ms (with ≥ 99 % of requests answered 200) per
+   configuration, as ratios to batching off and to X(B); low-load P99 − s(1). The client is aiohttp
+   with keep-alive connections; its own overhead is reported (CPU seconds per request in the
+   benchmark process, and the round trip of ``GET /v2/health/live``).
+
+Targets (issue 6, 2-core CPU): batched max SLO rate ≥ 3× batching off and ≥ 80 % of X(B);
+low-load P99 ≤ s(1) + 5 ms. The script reports what it measures; it never asserts them.
+Total run time is bounded by ``--budget`` (default 300 s) plus the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # for tests.support.runtime_proc
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SLO_P99_SECONDS = 0.100
+MODEL = "minilm"
+
+
+def progress(message: str) -> None:
+    """A progress line on stdout."""
+    print(f"[runtime_bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- 1. service time in process -------------------------------------------------------------------
+
+
+def measure_service_time(
+    quantization: str, max_batch: int, repeats: int, seed: int
+) -> tuple[list[dict[str, float]], str]:
+    """s(b) for b = 1..max_batch: median seconds of preprocess+execute on b random held-out sentences.
+
+    Returns the rows ``{"batch_size", "service_seconds"}`` and the device string.
+    """
+    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.runtime.models import load_model
+    from kubeinfer.runtime.models.huggingface import heldout_sentences
+
+    cfg = RuntimeConfig.model_validate({"quantization": {"mode": quantization}, "device": "cpu"})
+    model = load_model(cfg)
+    progress(f"in-process model loaded ({quantization}): {model.report()}")
+    model.warmup(max_batch, 1)
+    sentences = [s.encode() for s in heldout_sentences()]
+    rng = np.random.default_rng(seed)
+    times: dict[int, list[float]] = {b: [] for b in range(1, max_batch + 1)}
+    # Rounds over all b in a shuffled order: noise from the shared machine spreads over every b
+    # instead of distorting whichever b ran during a busy moment.
+    for _ in range(repeats):
+        for b in rng.permutation(np.arange(1, max_batch + 1)).tolist():
+            pick = rng.choice(len(sentences), size=b, replace=True)
+            data = np.empty(b, dtype=object)
+            data[:] = [sentences[i] for i in pick]
+            t0 = time.perf_counter()
+            model.execute(model.preprocess([{"text": data}]))
+            times[b].append(time.perf_counter() - t0)
+    rows = []
+    for b in range(1, max_batch + 1):
+        s = statistics.median(times[b])
+        rows.append({"batch_size": b, "service_seconds": s})
+        if b in (1, 2, 4, 8, 16, 32) or b == max_batch:
+            progress(f"  s({b}) = {s * 1000:.2f} ms  ({b / s:.0f} rows/s)")
+    device = model.device
+    del model
+    gc.collect()
+    return rows, device
+
+
+def fit_service_time(rows: list[dict[str, float]]) -> tuple[float, float]:
+    """Least-squares (a, c) of s(b) = a + c·b, seconds."""
+    b = np.array([r["batch_size"] for r in rows], dtype=np.float64)
+    s = np.array([r["service_seconds"] for r in rows], dtype=np.float64)
+    c, a = np.polyfit(b, s, 1)
+    return float(a), float(c)
+
+
+# --- 2. open-loop load ----------------------------------------------------------------------------
+
+
+def request_bodies(seed: int, count: int = 512) -> list[bytes]:
+    """Pre-encoded v2 JSON requests, one random held-out sentence each, binary output requested."""
+    from kubeinfer.runtime.models.huggingface import heldout_sentences
+
+    sentences = heldout_sentences()
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for i in rng.choice(len(sentences), size=count):
+        body = {
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [sentences[int(i)]]}],
+            "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
+        }
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+async def run_rate(
+    session: Any, url: str, bodies: list[bytes], rate: float, duration: float, seed: int
+) -> dict[str, float]:
+    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; latency from scheduled arrival."""
+    import aiohttp
+
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, size=int(rate * duration * 2) + 10)
+    arrivals = np.cumsum(gaps)
+    arrivals = arrivals[arrivals < duration]
+    latencies: list[float] = []
+    errors = 0
+    done_at: list[float] = []
+    loop = asyncio.get_running_loop()
+    cpu0 = time.process_time()
+    start = loop.time() + 0.05
+
+    async def one(index: int, at: float) -> None:
+        nonlocal errors
+        try:
+            async with session.post(url, data=bodies[index % len(bodies)]) as response:
+                await response.read()
+                ok = response.status == 200
+        except (TimeoutError, aiohttp.ClientError):
+            ok = False
+        now = loop.time()
+        done_at.append(now)
+        if ok:
+            latencies.append(now - at)
+        else:
+            errors += 1
+
+    tasks = []
+    for i, offset in enumerate(arrivals):
+        at = start + float(offset)
+        delay = at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, at)))
+    await asyncio.gather(*tasks)
+    cpu = time.process_time() - cpu0
+    n = len(arrivals)
+    ok = len(latencies)
+    span = (max(done_at) - start) if done_at else duration
+    lat = np.array(latencies) if latencies else np.array([float("inf")])
+    return {
+        "offered_rps": rate,
+        "requests": float(n),
+        "ok": float(ok),
+        "errors": float(errors),
+        "throughput_rps": ok / span if span > 0 else 0.0,
+        "p50_seconds": float(np.percentile(lat, 50)),
+        "p99_seconds": float(np.percentile(lat, 99)),
+        "max_seconds": float(lat.max()),
+        "client_cpu_seconds_per_request": cpu / n if n else 0.0,
+    }
+
+
+def meets_slo(point: dict[str, float]) -> bool:
+    """P99 under the SLO and at least 99 % of the requests answered 200."""
+    return point["p99_seconds"] < SLO_P99_SECONDS and point["ok"] >= 0.99 * point["requests"]
+
+
+def gauge_values(metrics_text: str) -> dict[str, float]:
+    """``kubeinfer_max_batch_size`` / ``kubeinfer_max_queue_delay_seconds`` from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {"kubeinfer_max_batch_size", "kubeinfer_max_queue_delay_seconds"}
+    values = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in wanted and sample.labels.get("model") == MODEL:
+                values[sample.name] = sample.value
+    return values
+
+
+def apply_config(rt: Any, base: Any, batch: int, delay: float, timeout: float = 15.0) -> None:
+    """Hot-reload the batching section and wait until /metrics shows it in force."""
+    cfg = base.model_copy(
+        update={
+            "batching": base.batching.model_copy(
+                update={"max_batch_size": batch, "max_queue_delay_seconds": delay}
+            )
+        }
+    )
+    rt.write_config(cfg)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        values = gauge_values(rt.metrics_text())
+        if (
+            values.get("kubeinfer_max_batch_size") == batch
+            and abs(values.get("kubeinfer_max_queue_delay_seconds", -1.0) - delay) < 1e-9
+        ):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"runtime did not apply max_batch_size={batch}, max_queue_delay={delay} in {timeout} s"
+    )
+
+
+def config_name(batch: int, delay: float) -> str:
+    return "unbatched" if batch == 1 else f"batched_delay_{delay * 1000:g}ms"
+
+
+async def load_phase(rt: Any, base: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Low-load runs, then the interleaved rising-rate sweep, for every configuration."""
+    import aiohttp
+
+    configs = [(1, 0.0)] + [(args.max_batch, d) for d in args.delays]
+    url = f"{rt.url}/v2/models/{MODEL}/infer"
+    bodies = request_bodies(args.seed)
+    connector = aiohttp.TCPConnector(limit=1024, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=10.0)
+    headers = {"Content-Type": "application/json"}
+    result: dict[str, Any] = {"configs": {}, "low_load": {}}
+    started = time.monotonic()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+        # Client floor: sequential GET /v2/health/live round trips.
+        rtts = []
+        for _ in range(100):
+            t0 = time.perf_counter()
+            async with session.get(f"{rt.url}/v2/health/live") as response:
+                await response.read()
+            rtts.append(time.perf_counter() - t0)
+        result["client_live_rtt_median_seconds"] = statistics.median(rtts)
+        progress(f"client: GET /v2/health/live median round trip {statistics.median(rtts) * 1000:.2f} ms")
+        for batch, delay in configs:
+            name = config_name(batch, delay)
+            await asyncio.to_thread(apply_config, rt, base, batch, delay)
+            await run_rate(session, url, bodies, 20.0, 1.0, args.seed)  # settle (not recorded)
+            point = await run_rate(session, url, bodies, args.low_rate, args.low_seconds, args.seed + 1)
+            result["low_load"][name] = point
+            progress(
+                f"{name:>24} low load {args.low_rate:g}/s: P50 {point['p50_seconds'] * 1000:.1f} ms, "
+                f"P99 {point['p99_seconds'] * 1000:.1f} ms, errors {point['errors']:.0f}"
+            )
+            result["configs"][name] = {
+                "max_batch_size": batch,
+                "max_queue_delay_seconds": delay,
+                "points": [],
+            }
+        active = {config_name(b, d): (b, d) for b, d in configs}
+        misses = dict.fromkeys(active, 0)
+        rate = args.start_rate
+        step = 0
+        while active and time.monotonic() - started < args.budget:
+            for name, (batch, delay) in list(active.items()):
+                await asyncio.to_thread(apply_config, rt, base, batch, delay)
+                point = await run_rate(session, url, bodies, rate, args.step_seconds, args.seed + 100 + step)
+                point["meets_slo"] = meets_slo(point)
+                result["configs"][name]["points"].append(point)
+                progress(
+                    f"{name:>24} {rate:7.1f}/s → {point['throughput_rps']:7.1f}/s, P50 "
+                    f"{point['p50_seconds'] * 1000:7.1f} ms, P99 {point['p99_seconds'] * 1000:7.1f} ms, "
+                    f"errors {point['errors']:.0f}, "
+                    f"client {point['client_cpu_seconds_per_request'] * 1e6:.0f} µs/req"
+                )
+                misses[name] = 0 if point["meets_slo"] else misses[name] + 1
+                if misses[name] >= 2:
+                    del active[name]
+                if time.monotonic() - started > args.budget:
+                    break
+            rate *= args.rate_factor
+            step += 1
+        result["budget_exhausted"] = bool(active)
+    return result
+
+
+def max_slo_rate(points: list[dict[str, Any]]) -> float:
+    """The highest offered rate whose point met the SLO (0 if none)."""
+    return max((p["offered_rps"] for p in points if p["meets_slo"]), default=0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quantization", default="int8-dynamic", help="model quantization (demo: int8-dynamic)"
+    )
+    parser.add_argument("--max-batch", type=int, default=32, help="B: max batch size (rows)")
+    parser.add_argument(
+        "--delays", default="0,0.002,0.005", help="max_queue_delay values (s) of the batched runs"
+    )
+    parser.add_argument("--repeats", type=int, default=7, help="repeats per s(b) (median)")
+    parser.add_argument("--start-rate", type=float, default=20.0, help="first offered rate (requests/s)")
+    parser.add_argument("--rate-factor", type=float, default=1.4, help="rate multiplier per step")
+    parser.add_argument("--step-seconds", type=float, default=4.0, help="seconds of load per rate")
+    parser.add_argument("--low-rate", type=float, default=10.0, help="low-load rate (requests/s)")
+    parser.add_argument("--low-seconds", type=float, default=10.0, help="low-load duration (s)")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds for the load phase")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime.json"))
+    args = parser.parse_args(argv)
+    args.delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    logging.basicConfig(level=logging.WARNING)
+    started = time.monotonic()
+    load_before = os.getloadavg()
+
+    progress(
+        f"phase 1: service time s(b), b = 1..{args.max_batch}, {args.quantization}, {args.repeats} repeats"
+    )
+    rows, device = measure_service_time(args.quantization, args.max_batch, args.repeats, args.seed)
+    a, c = fit_service_time(rows)
+    limit = args.max_batch / (a + c * args.max_batch)
+    s1 = rows[0]["service_seconds"]
+    progress(
+        f"fit s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms·b; X({args.max_batch}) = {limit:.0f} rows/s; "
+        f"s(1) = {s1 * 1000:.2f} ms"
+    )
+
+    from kubeinfer.runtime.config import RuntimeConfig
+
+    from tests.support.runtime_proc import RuntimeProcess
+
+    base = RuntimeConfig.model_validate(
+        {
+            "quantization": {"mode": args.quantization},
+            "device": "cpu",
+            "batching": {"max_batch_size": args.max_batch, "max_queue_size": 4096},
+        }
+    )
+    progress("phase 2: starting kubeinfer-runtime (load + warmup)")
+    with RuntimeProcess(base) as rt:
+        progress(f"runtime ready at {rt.url} (pid {rt.pid})")
+        load = asyncio.run(load_phase(rt, base, args))
+
+    max_slo = {name: max_slo_rate(cfg["points"]) for name, cfg in load["configs"].items()}
+    batched_names = [n for n in max_slo if n != "unbatched"]
+    best = max(batched_names, key=lambda n: max_slo[n])
+    unbatched = max_slo["unbatched"]
+    low_p99 = load["low_load"][best]["p99_seconds"]
+    client_cpu = [
+        p["client_cpu_seconds_per_request"] for cfg in load["configs"].values() for p in cfg["points"]
+    ]
+    result: dict[str, Any] = {
+        "model": MODEL,
+        "quantization": args.quantization,
+        "device": device,
+        "max_batch_size": args.max_batch,
+        "a_seconds": a,
+        "c_seconds": c,
+        "limit_rps": limit,
+        "slo_p99_seconds": SLO_P99_SECONDS,
+        "max_slo_rps": {"batched": max_slo[best], "unbatched": unbatched},
+        "best_batched_config": best,
+        "max_slo_rps_by_config": max_slo,
+        "ratio_batched_to_unbatched": max_slo[best] / unbatched if unbatched else None,
+        "ratio_batched_to_limit": max_slo[best] / limit,
+        "s1_seconds": s1,
+        "low_load_p99_seconds": low_p99,
+        "low_load_p99_minus_s1_seconds": low_p99 - s1,
+        "low_load_p99_seconds_by_config": {n: p["p99_seconds"] for n, p in load["low_load"].items()},
+        "low_load_rps": args.low_rate,
+        "client": {
+            "library": "aiohttp (keep-alive), JSON input, binary output",
+            "cpu_seconds_per_request_median": statistics.median(client_cpu) if client_cpu else None,
+            "live_rtt_median_seconds": load["client_live_rtt_median_seconds"],
+        },
+        "targets": {
+            "batched_over_unbatched_ge": 3.0,
+            "batched_over_limit_ge": 0.8,
+            "low_load_p99_le_s1_plus_seconds": 0.005,
+        },
+        "service_time": rows,
+        "sweep": load["configs"],
+        "low_load": load["low_load"],
+        "budget_exhausted": load["budget_exhausted"],
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "elapsed_seconds": time.monotonic() - started,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    ratio_u = result["ratio_batched_to_unbatched"]
+    progress(
+        f"max SLO rate (P99 < {SLO_P99_SECONDS * 1000:.0f} ms): batched ({best}) {max_slo[best]:.0f}/s, "
+        f"unbatched {unbatched:.0f}/s → ×{ratio_u:.2f} (target ≥ 3); vs X(B) {limit:.0f}/s → "
+        f"{result['ratio_batched_to_limit']:.0%} (target ≥ 80 %)"
+        if ratio_u is not None
+        else f"unbatched met the SLO at no rate; batched {max_slo[best]:.0f}/s"
+    )
+    progress(
+        f"low-load P99 {low_p99 * 1000:.1f} ms vs s(1) {s1 * 1000:.1f} ms: "
+        f"+{(low_p99 - s1) * 1000:.1f} ms (target ≤ +5 ms); wrote {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
