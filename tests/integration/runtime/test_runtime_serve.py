@@ -103,6 +103,35 @@ def test_json_and_binary_inference_on_real_sentences(runtime: RuntimeProcess) ->
         assert close > far + 0.2, (a, b, close, far)
 
 
+def test_metrics_carry_the_contract_names(runtime: RuntimeProcess) -> None:
+    client = httpclient.InferenceServerClient(runtime.address)
+    embed(client, SENTENCES[:2])
+    text = runtime.metrics_text()
+    for name in (
+        "kubeinfer_request_duration_seconds_bucket",
+        "kubeinfer_queue_duration_seconds_bucket",
+        "kubeinfer_compute_duration_seconds_bucket",
+        "kubeinfer_batch_size_bucket",
+        "kubeinfer_requests_total",
+        "kubeinfer_queue_size",
+        "kubeinfer_inflight_requests",
+        "kubeinfer_max_queue_delay_seconds",
+        "kubeinfer_max_batch_size",
+        "kubeinfer_device_utilization_ratio",
+        "kubeinfer_model_load_seconds",
+        "kubeinfer_warmup_seconds",
+        "kubeinfer_quantization_cosine_mean_ratio",
+        "kubeinfer_quantization_retrieval_agreement_ratio",
+        "kubeinfer_config_reload_errors_total",
+    ):
+        assert re.search(rf'^{name}{{.*model="minilm"', text, re.MULTILINE), name
+    # CPU: no accelerator memory series (absent, not a misleading zero)
+    assert not re.search(r"^kubeinfer_accelerator_memory_bytes\{", text, re.MULTILINE)
+    assert 0.0 < metric(text, 'kubeinfer_device_utilization_ratio{model="minilm"}') <= 1.0
+    assert metric(text, 'kubeinfer_model_load_seconds{model="minilm"}') > 0
+    assert metric(text, 'kubeinfer_requests_total{code="200",model="minilm"}') >= 1
+
+
 def test_responses_with_a_body_are_not_delayed_by_nagle(runtime: RuntimeProcess) -> None:
     """Regression: without TCP_NODELAY every response with a body waited ~40 ms for a delayed ACK."""
     conn = http.client.HTTPConnection("127.0.0.1", runtime.port, timeout=10)
