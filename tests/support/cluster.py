@@ -20,8 +20,9 @@ Fixtures (``tests/conftest.py``):
     cluster.helm(*args, check=True, input=None, timeout=180.0)   -> CompletedProcess[str]
     cluster.apply(manifest)   kubectl apply -f - of a dict / list of dicts / YAML string
     cluster.api_client()      -> kubernetes.client.ApiClient for the admin kubeconfig
-    cluster.kubeconfig_for_service_account(namespace, name, path) -> Path   (real SA token)
+    cluster.kubeconfig_for_service_account(namespace, name, path) -> Path   (TokenRequest token)
     cluster.kubeconfig_for_impersonation(path, user=..., groups=...) -> Path (kubectl/helm only)
+    cluster.get_json(*args)   kubectl get <args> -o json, parsed
     wait_until(predicate, timeout=..., interval=..., message=...) -> the predicate's truthy value
 
 ``KubectlError`` (a ``subprocess.CalledProcessError``) is raised on a non-zero exit with
@@ -30,6 +31,7 @@ Fixtures (``tests/conftest.py``):
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -39,13 +41,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from hack.cluster import (
-    DEFAULT_BIN_DIR,
-    ClusterInfo,
-    kubeconfig_for_impersonation,
-    kubeconfig_for_token,
-    service_account_token,
-)
+from hack.cluster import DEFAULT_BIN_DIR, ClusterInfo
 
 T = TypeVar("T")
 
@@ -162,8 +158,6 @@ class Cluster:
 
     def get_json(self, *args: str) -> Any:
         """``kubectl get <args> -o json`` parsed."""
-        import json
-
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
     def api_client(self, kubeconfig: Path | None = None) -> Any:
@@ -172,23 +166,64 @@ class Cluster:
 
         return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
 
-    def _need_info(self) -> ClusterInfo:
-        if self.info is not None:
-            return self.info
-        raise RuntimeError("this helper needs the locally started cluster (KUBEINFER_TEST_KUBECONFIG is set)")
+    def _kubeconfig_doc(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """(document, current cluster entry, current user entry) of the admin kubeconfig."""
+        doc = yaml.safe_load(self.kubeconfig.read_text())
+        ctx_name = doc.get("current-context")
+        ctx = next(c["context"] for c in doc["contexts"] if c["name"] == ctx_name)
+        cluster = next(c for c in doc["clusters"] if c["name"] == ctx["cluster"])
+        user = next(u for u in doc["users"] if u["name"] == ctx["user"])
+        return doc, cluster, user
 
-    def kubeconfig_for_service_account(self, namespace: str, name: str, path: Path) -> Path:
-        """Kubeconfig authenticating as ServiceAccount ``namespace/name`` (TokenRequest token, 1 h)."""
-        info = self._need_info()
-        token = service_account_token(info, namespace, name)
-        return kubeconfig_for_token(
-            info, token, path, user=f"system:serviceaccount:{namespace}:{name}", namespace=namespace
-        )
+    def kubeconfig_for_service_account(
+        self, namespace: str, name: str, path: Path, *, duration_s: int = 3600
+    ) -> Path:
+        """Write a kubeconfig that authenticates as ServiceAccount ``namespace/name``.
+
+        The token comes from the TokenRequest API (``kubectl create token``, ``duration_s``
+        seconds), so every client works with it, the Python ``kubernetes`` client included.
+        Raises KubectlError when the ServiceAccount does not exist.
+        """
+        token = self.kubectl(
+            "create", "token", name, "-n", namespace, f"--duration={duration_s}s"
+        ).stdout.strip()
+        _, cluster, _ = self._kubeconfig_doc()
+        sa_user = f"system:serviceaccount:{namespace}:{name}"
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [cluster],
+            "users": [{"name": sa_user, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": sa_user,
+                    "context": {"cluster": cluster["name"], "user": sa_user, "namespace": namespace},
+                }
+            ],
+            "current-context": sa_user,
+        }
+        return _write_kubeconfig(path, doc)
 
     def kubeconfig_for_impersonation(
         self, path: Path, *, user: str, groups: Sequence[str] = (), namespace: str | None = None
     ) -> Path:
-        """Admin kubeconfig impersonating ``user``/``groups`` (honoured by kubectl and helm)."""
-        return kubeconfig_for_impersonation(
-            self._need_info(), path, user=user, groups=groups, namespace=namespace
-        )
+        """Copy of the admin kubeconfig whose user impersonates ``user``/``groups``.
+
+        ``as``/``as-groups`` are honoured by kubectl and helm (client-go), not by the Python
+        ``kubernetes`` client: use :meth:`kubeconfig_for_service_account` there.
+        """
+        doc, _, admin = self._kubeconfig_doc()
+        admin["user"] = {**admin["user"], "as": user}
+        if groups:
+            admin["user"]["as-groups"] = list(groups)
+        if namespace:
+            for c in doc["contexts"]:
+                c["context"]["namespace"] = namespace
+        return _write_kubeconfig(path, doc)
+
+
+def _write_kubeconfig(path: Path, doc: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.chmod(0o600)
+    return path
