@@ -160,16 +160,29 @@ def _int8_dynamic_torchao(module: nn.Module, targets: set[str]) -> nn.Module:
 def _int8_static_cpu(
     module: nn.Module, targets: Sequence[str], calibrate: Callable[[nn.Module], None]
 ) -> nn.Module:
-    from torch.ao.quantization import QuantWrapper, convert, get_default_qconfig, prepare
+    from torch.ao.quantization import (
+        HistogramObserver,
+        QConfig,
+        QuantWrapper,
+        convert,
+        default_per_channel_weight_observer,
+        prepare,
+    )
 
     with warnings.catch_warnings():
         _quiet_filters()
-        qconfig = get_default_qconfig("x86")  # type: ignore[no-untyped-call]
+        # torch's x86 default (get_default_qconfig("x86")), with the activation range given as
+        # quant_min/quant_max instead of the deprecated reduce_range=True: uint8 limited to 0..127
+        # (7 bits) so that u8*s8 products cannot saturate on CPUs without VNNI.
+        qconfig = QConfig(  # type: ignore[no-untyped-call]
+            activation=HistogramObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=127),
+            weight=default_per_channel_weight_observer,
+        )
         for name in targets:
             parent_name, _, attr = name.rpartition(".")
             parent = module.get_submodule(parent_name) if parent_name else module
             wrapper = QuantWrapper(getattr(parent, attr))
-            wrapper.qconfig = qconfig
+            wrapper.qconfig = qconfig  # type: ignore[assignment]  # torch.ao's eager-mode attribute
             setattr(parent, attr, wrapper)
         prepare(module, inplace=True)  # type: ignore[no-untyped-call]
         calibrate(module)
