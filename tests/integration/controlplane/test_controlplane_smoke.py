@@ -78,8 +78,28 @@ def test_kubectl_version_reports_server_v1_37_2(cluster: Cluster) -> None:
     assert out["clientVersion"]["gitVersion"] == "v1.37.2"
 
 
-def test_helm_reports_its_version(cluster: Cluster) -> None:
+def test_helm_installs_a_chart_gated_on_the_server_version(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
     assert cluster.helm("version", "--short").stdout.startswith("v3.22.0")
+    chart = tmp_path / "smoke"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
+        "data:\n  kube: {{ .Capabilities.KubeVersion.Version | quote }}\n"
+    )
+    chart_yaml = "apiVersion: v2\nname: smoke\nversion: 0.1.0\nkubeVersion: '{}'\n"
+    (chart / "Chart.yaml").write_text(chart_yaml.format(">=1.38.0-0"))
+    # Helm reads the server's version: a chart that needs a newer Kubernetes is refused ...
+    r = cluster.helm("install", "too-new", str(chart), "-n", namespace, check=False)
+    assert r.returncode != 0 and "v1.37.2" in r.stderr
+    # ... and one that fits installs, rendering the server version into the object.
+    (chart / "Chart.yaml").write_text(chart_yaml.format(">=1.37.0-0 <1.38.0-0"))
+    cluster.helm("install", "fits", str(chart), "-n", namespace, "--wait", "--timeout=60s")
+    cm = cluster.get_json("configmap", "fits-cm", "-n", namespace)
+    assert cm["data"] == {"kube": "v1.37.2"}
+    releases = json.loads(cluster.helm("list", "-n", namespace, "-o", "json").stdout)
+    assert [(r["name"], r["status"]) for r in releases] == [("fits", "deployed")]
 
 
 def test_crd_and_custom_resource_with_schema_validation(
