@@ -113,6 +113,12 @@ def deserialize_bytes(buf: bytes | memoryview, count: int, name: str) -> np.ndar
     Returns a 1-D object array of ``bytes``. Raises ``ProtocolError`` if the buffer does not hold exactly
     ``count`` elements."""
     view = memoryview(buf)
+    if count * 4 > len(view):  # before allocating: every element takes at least its 4-byte length
+        raise ProtocolError(
+            f"input tensor '{name}': {count} BYTES elements need at least {count * 4} bytes, "
+            f"binary_data_size is {len(view)}",
+            name,
+        )
     out = np.empty(count, dtype=object)
     pos = 0
     n = len(view)
@@ -191,8 +197,18 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
             f"got values like {arr.reshape(-1)[0]!r}",
             name,
         )
+    target = DATATYPES[datatype]
+    if kind in ("i", "u") and target.kind in ("i", "u"):
+        info = np.iinfo(target)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            raise ProtocolError(
+                f"input tensor '{name}': value {lo if lo < info.min else hi} is out of range for {datatype} "
+                f"({info.min}..{info.max})",
+                name,
+            )
     try:
-        return arr.astype(DATATYPES[datatype], casting="unsafe").reshape(shape)
+        return arr.astype(target, casting="unsafe").reshape(shape)
     except (OverflowError, ValueError) as exc:
         raise ProtocolError(
             f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", name

@@ -124,6 +124,10 @@ def test_only_requested_outputs_and_per_output_binary_flag() -> None:
         ),
         (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": [1]}]}', "must be strings"),
         (
+            b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [4294967296]}]}',
+            "out of range",
+        ),
+        (
             b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "data": [1]}]}',
             "non-negative integers",
         ),
@@ -156,6 +160,9 @@ def test_binary_size_mismatch_and_trailing_bytes() -> None:
         b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [2], '
         b'"parameters": {"binary_data_size": 9}}]}'
     )
+    huge = bad_bytes.replace(b"[2]", b"[1099511627776]")
+    with pytest.raises(ProtocolError, match="need at least"):  # no allocation of 2**40 elements
+        decode_request(huge + serialize_bytes(np.array([b"hello"], dtype=object)), len(huge))
     with pytest.raises(ProtocolError, match="BYTES data ends after 1 of 2"):
         decode_request(bad_bytes + serialize_bytes(np.array([b"hello"], dtype=object)), len(bad_bytes))
 
