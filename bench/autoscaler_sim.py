@@ -478,24 +478,21 @@ def figures(cfg: SimConfig, res: Result) -> dict[str, float]:
     }
 
 
-def load_service_model() -> tuple[float, float, str]:
-    """(a, c, source) from bench/results/runtime.json when it has them, else the defaults."""
+def load_service_model() -> tuple[float, float, int | None, str]:
+    """(a, c, max batch size or None, source) from bench/results/runtime.json, else the defaults.
+
+    runtime.json (bench/runtime_bench.py) carries ``a_seconds``, ``c_seconds`` and ``max_batch_size``
+    at the top level.
+    """
     try:
         data = json.loads(RUNTIME_RESULTS.read_text())
-    except (OSError, ValueError):
-        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, "defaults (bench/results/runtime.json absent)"
-    for path in (("service_time_a_seconds", "service_time_c_seconds"), ("fit", "a_seconds", "c_seconds")):
-        node: Any = data
-        try:
-            if len(path) == 2:
-                a, c = float(node[path[0]]), float(node[path[1]])
-            else:
-                a, c = float(node[path[0]][path[1]]), float(node[path[0]][path[2]])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if a > 0 and c > 0:
-            return a, c, f"bench/results/runtime.json ({'.'.join(path)})"
-    return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, "defaults (runtime.json has no a/c fit)"
+        a, c = float(data["a_seconds"]), float(data["c_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, None, "defaults (no a/c fit in runtime.json)"
+    if not (a > 0 and c > 0):
+        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, None, f"defaults (runtime.json fit a={a}, c={c} not > 0)"
+    batch = data.get("max_batch_size")
+    return a, c, int(batch) if isinstance(batch, int) and batch > 0 else None, "bench/results/runtime.json"
 
 
 def run_all(cfg: SimConfig, seeds: Sequence[int], log: Callable[[str], None]) -> dict[str, Any]:
@@ -539,12 +536,12 @@ def run_all(cfg: SimConfig, seeds: Sequence[int], log: Callable[[str], None]) ->
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=1, help="seeds seed..seed+R-1; figures are medians")
+    ap.add_argument("--repeats", type=int, default=3, help="seeds seed..seed+R-1; figures are medians")
     ap.add_argument("--horizon", type=float, default=1200.0, help="simulated seconds per run")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    a, c, source = load_service_model()
-    cfg = SimConfig(a=a, c=c, horizon=args.horizon)
+    a, c, batch, source = load_service_model()
+    cfg = SimConfig(a=a, c=c, horizon=args.horizon, max_batch=batch or SimConfig.max_batch)
     print(
         f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); B={cfg.max_batch}; "
         f"target P99 {cfg.target_p99 * 1000:.0f} ms; mu {cfg.mu:.1f} req/s/replica; "

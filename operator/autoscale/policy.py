@@ -214,6 +214,9 @@ class State:
 
     Attributes:
         last_scale_up: ``now`` of the last scale-up, or ``None``.
+        last_unready: ``now`` of the last tick that saw fewer ready replicas than desired; the
+            scale-up cooldown runs from the later of this and ``last_scale_up`` (the effect of added
+            capacity is only visible once it serves).
         last_scale_down: ``now`` of the last scale-down, or ``None``.
         last_timeout_change: ``now`` of the last batch-timeout change, or ``None``.
         first_seen: ``now`` of the first known observation; no scale-in before a whole
@@ -223,6 +226,7 @@ class State:
     """
 
     last_scale_up: float | None = None
+    last_unready: float | None = None
     last_scale_down: float | None = None
     last_timeout_change: float | None = None
     first_seen: float | None = None
@@ -327,6 +331,8 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     # A tiny epsilon keeps the band's edges inside the band despite float rounding (0.18 / 0.2).
     step_cap = min(policy.max_replicas, bounded_n + policy.max_scale_up_step)
     starting = 0 if current.ready_replicas is None else max(0, bounded_n - current.ready_replicas)
+    last_unready = now if starting > 0 else state.last_unready
+    up_since = max((t for t in (last_up, last_unready) if t is not None), default=None)
 
     # Little's law: the wait a request arriving now can expect is queue / throughput. When it is a small
     # part of the target while P99 is over it, the P99 over the query window describes a backlog that
@@ -344,7 +350,7 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
             return bounded_n, f"{head}: at max replicas {policy.max_replicas}"
         if starting > 0:
             return bounded_n, f"{head}: {starting} added replicas still starting"
-        if not _cooled(last_up, policy.scale_up_cooldown_seconds, now):
+        if not _cooled(up_since, policy.scale_up_cooldown_seconds, now):
             return bounded_n, f"{head}: scale-up cooling down"
         return wanted, f"{head}: {bounded_n} → {wanted} replicas"
 
@@ -411,6 +417,7 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     history = (*((t, r) for t, r in state.recommendations if now - t < window), (now, recommendation))
     next_state = State(
         last_scale_up=last_up,
+        last_unready=last_unready,
         last_scale_down=last_down,
         last_timeout_change=last_t,
         first_seen=first_seen,

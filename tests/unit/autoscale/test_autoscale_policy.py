@@ -377,6 +377,19 @@ def test_autoscale_policy_trace_flapping_input_does_not_flap_replicas() -> None:
     assert replicas == sorted(replicas) and replicas[-1] == 10
 
 
+def test_autoscale_policy_scale_up_cooldown_runs_from_readiness() -> None:
+    # Scale-up at t=0; the new replicas are ready only at t=45; the 30 s cooldown runs from there.
+    s0 = State(first_seen=-1000.0)
+    d0 = decide(obs(0.5, 0.95), Current(2, 0.01, ready_replicas=2), POLICY, s0, 0.0)
+    assert d0.replicas == 5
+    d1 = decide(obs(0.5, 0.95), Current(5, 0.01, ready_replicas=2), POLICY, d0.state, 30.0)
+    assert d1.replicas == 5 and "still starting" in d1.reason
+    d2 = decide(obs(0.5, 0.95), Current(5, 0.01, ready_replicas=5), POLICY, d1.state, 45.0)
+    assert d2.replicas == 5 and "cooling down" in d2.reason
+    d3 = decide(obs(0.5, 0.95), Current(5, 0.01, ready_replicas=5), POLICY, d2.state, 60.0)
+    assert d3.replicas == 9
+
+
 def test_autoscale_policy_trace_prometheus_outage_holds() -> None:
     trace = [obs(0.5, 0.95)] + [Observation.unknown("Prometheus unavailable")] * 10 + [obs(0.5, 0.95)]
     ds = run_trace(trace, Current(2, 0.01))
