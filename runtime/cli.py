@@ -24,9 +24,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any, TypeVar
 
 import uvicorn
 from kubeinfer.runtime.batching import BatchSettings
@@ -35,6 +37,7 @@ from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.server import RuntimeServer
 
 log = logging.getLogger("kubeinfer.runtime")
+T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +91,36 @@ def load_config(args: argparse.Namespace) -> RuntimeConfig:
     """The file (or the defaults without ``--config``) with the flags applied."""
     base = RuntimeConfig.load(args.config) if args.config else RuntimeConfig()
     return overrides_from(args)(base)
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` in a daemon thread and await its result.
+
+    Unlike ``asyncio.to_thread`` (the default executor, joined by ``asyncio.run`` at exit), a signal
+    during a long model load does not wait for the load to finish before the process exits."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # the awaiting task was cancelled
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the process is exiting
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="kubeinfer-load", daemon=True).start()
+    return await future
 
 
 class _Uvicorn(uvicorn.Server):
@@ -167,13 +200,13 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
                 cfg.model.source,
                 cfg.quantization.mode,
             )
-            model = await asyncio.to_thread(load_model, cfg)
+            model = await in_daemon_thread(load_model, cfg)
             log.info("model loaded in %.1f s on %s", time.monotonic() - t0, model.device)
             if cfg.warmup.enabled:
                 log.info(
                     "warming up: batch sizes 1..%d, %d step(s)", cfg.batching.max_batch_size, cfg.warmup.steps
                 )
-                seconds = await asyncio.to_thread(model.warmup, cfg.batching.max_batch_size, cfg.warmup.steps)
+                seconds = await in_daemon_thread(model.warmup, cfg.batching.max_batch_size, cfg.warmup.steps)
                 log.info("warmup done in %.1f s", seconds)
             else:
                 model.max_batch_size = cfg.batching.max_batch_size
@@ -188,6 +221,8 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
             log.info(
                 "ready: serving model %r at http://%s:%d/v2/models/%s", model.name, host, port, model.name
             )
+        except asyncio.CancelledError:  # shutting down during the load
+            raise
         except BaseException as exc:
             log.exception("model load failed; exiting")
             failed.append(exc)

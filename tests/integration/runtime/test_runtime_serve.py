@@ -299,3 +299,15 @@ def test_sigterm_under_load_loses_nothing() -> None:
         f"200 after SIGTERM: {in_flight_at_signal}"
     )
     assert served_before >= 100 and outcomes.count("200") >= served_before
+
+
+def test_sigterm_during_model_load_exits_promptly() -> None:
+    rt = RuntimeProcess(base_config(), wait_ready=False)
+    with rt:
+        assert rt.get("/v2/health/ready")[0] == 503
+        t0 = time.monotonic()
+        code = rt.stop(timeout=30)
+        took = time.monotonic() - t0
+        assert code == 0, rt.tail()
+        assert "ready: serving" not in rt.log_text()
+        assert took < 5.0, f"exit took {took:.1f} s (waited for the model load?)"
