@@ -109,6 +109,53 @@ def fit_service_time(rows: list[dict[str, float]]) -> tuple[float, float]:
     return float(a), float(c)
 
 
+def compare_modes(modes: list[str], max_batch: int, repeats: int, seed: int) -> dict[str, Any]:
+    """Optional: every quantization mode side by side in process: the loader's deviation report and
+    s(1), s(B), measured in interleaved rounds (median); speed-up relative to ``none``."""
+    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.runtime.models import load_model
+    from kubeinfer.runtime.models.huggingface import heldout_sentences
+
+    models = {}
+    for mode in modes:
+        quant: dict[str, Any] = {"mode": mode}
+        if mode == "int8-static":
+            quant["calibration_path"] = "default"
+        model = load_model(RuntimeConfig.model_validate({"quantization": quant, "device": "cpu"}))
+        model.warmup(max_batch, 1)
+        models[mode] = model
+        progress(f"  {mode}: {model.report()}")
+    sentences = [s.encode() for s in heldout_sentences()]
+    rng = np.random.default_rng(seed)
+    times: dict[tuple[str, int], list[float]] = {(m, b): [] for m in modes for b in (1, max_batch)}
+    for _ in range(repeats):
+        for mode in rng.permutation(modes).tolist():
+            for b in (1, max_batch):
+                data = np.empty(b, dtype=object)
+                data[:] = [sentences[i] for i in rng.choice(len(sentences), size=b)]
+                t0 = time.perf_counter()
+                models[mode].execute(models[mode].preprocess([{"text": data}]))
+                times[(mode, b)].append(time.perf_counter() - t0)
+    result: dict[str, Any] = {}
+    for mode in modes:
+        s1 = statistics.median(times[(mode, 1)])
+        sb = statistics.median(times[(mode, max_batch)])
+        result[mode] = {"report": models[mode].report(), "s1_seconds": s1, "sB_seconds": sb}
+    if "none" in result:
+        for mode in modes:
+            result[mode]["speedup_s1_vs_none"] = result["none"]["s1_seconds"] / result[mode]["s1_seconds"]
+            result[mode]["speedup_sB_vs_none"] = result["none"]["sB_seconds"] / result[mode]["sB_seconds"]
+    for mode in modes:
+        progress(
+            f"  {mode:>13}: s(1) {result[mode]['s1_seconds'] * 1000:.1f} ms, s({max_batch}) "
+            f"{result[mode]['sB_seconds'] * 1000:.1f} ms, cosine "
+            f"{result[mode]['report'].get('quantization_cosine_mean_ratio', float('nan')):.4f}"
+        )
+    models.clear()
+    gc.collect()
+    return result
+
+
 # --- 2. open-loop load ----------------------------------------------------------------------------
 
 
@@ -318,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--low-seconds", type=float, default=10.0, help="low-load duration (s)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for the load phase")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--compare-modes",
+        default="",
+        help="also compare these quantization modes in process, e.g. none,bf16,int8-dynamic,int8-static",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime.json"))
     args = parser.parse_args(argv)
     args.delays = [float(d) for d in args.delays.split(",") if d.strip()]
@@ -336,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         f"fit s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms·b; X({args.max_batch}) = {limit:.0f} rows/s; "
         f"s(1) = {s1 * 1000:.2f} ms"
     )
+
+    modes = [m.strip() for m in args.compare_modes.split(",") if m.strip()]
+    quantization_modes = None
+    if modes:
+        progress(f"phase 1b: quantization modes side by side: {modes}")
+        quantization_modes = compare_modes(modes, args.max_batch, args.repeats * 3, args.seed)
 
     from kubeinfer.runtime.config import RuntimeConfig
 
@@ -391,11 +449,13 @@ def main(argv: list[str] | None = None) -> int:
             "low_load_p99_le_s1_plus_seconds": 0.005,
         },
         "service_time": rows,
+        "quantization_modes": quantization_modes,
         "sweep": load["configs"],
         "low_load": load["low_load"],
         "budget_exhausted": load["budget_exhausted"],
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "elapsed_seconds": time.monotonic() - started,
+        "command": ["bench/runtime_bench.py", *(sys.argv[1:] if argv is None else argv)],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
