@@ -149,3 +149,41 @@ def test_chart_bad_values_are_refused_naming_the_value(
         assert leaf in err, err
     finally:
         cluster.helm("uninstall", release, "--namespace", namespace, check=False)
+
+
+def test_chart_clusterwide_rbac_grants_exactly_the_reviewed_rules(cluster: Cluster, namespace: str) -> None:
+    """Installed cluster-wide, the ServiceAccount can do what the operator needs in any namespace
+    (asked of the API server's authorizer with `kubectl auth can-i`), and nothing beside it."""
+    from tests.unit.chart.test_chart_render import CLUSTER_PEERING, CRD_SCAN, NAMESPACED
+
+    release = _release()
+    cluster.helm("install", release, CHART, "--namespace", namespace, "--set", "replicas=0")
+    try:
+        who = f"system:serviceaccount:{namespace}:{release}-kubeinfer"
+
+        def can(verb: str, group: str, resource: str, ns: str | None) -> bool:
+            res = resource if not group else f"{resource.split('/')[0]}.{group}"
+            args = ["auth", "can-i", verb, res, "--as", who]
+            if "/" in resource:
+                args += ["--subresource", resource.split("/", 1)[1]]
+            args += ["-n", ns] if ns else []
+            r = cluster.kubectl(*args, check=False)
+            return r.stdout.strip() == "yes"
+
+        for group, resource, verb in sorted(NAMESPACED):
+            assert can(verb, group, resource, "some-other-namespace"), (verb, group, resource)
+        for group, resource, verb in sorted(CRD_SCAN | CLUSTER_PEERING):
+            assert can(verb, group, resource, None), (verb, group, resource)
+        for verb, group, resource in [
+            ("get", "", "secrets"),
+            ("list", "", "pods"),
+            ("delete", "apps", "deployments"),
+            ("update", "apps", "deployments"),
+            ("create", "rbac.authorization.k8s.io", "clusterroles"),
+            ("delete", "kubeinfer.io", "inferenceservices"),
+            ("create", "apiextensions.k8s.io", "customresourcedefinitions"),
+            ("list", "", "namespaces"),
+        ]:
+            assert not can(verb, group, resource, "some-other-namespace"), (verb, group, resource)
+    finally:
+        cluster.helm("uninstall", release, "--namespace", namespace, check=False)
