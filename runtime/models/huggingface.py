@@ -164,6 +164,7 @@ class TextEmbeddingModel(ServableModel):  # type: ignore[misc, unused-ignore]
         self.outputs = [TensorSpec(name=output_name, datatype="FP32", shape=[-1, dim])]
         self._forward_args = _forward_arg_names(module)
         self._tokenizer_lock = threading.Lock()
+        self._special_tokens = int(tokenizer.num_special_tokens_to_add(pair=False))
         self._report: dict[str, float] = {}
 
     # --- validation --------------------------------------------------------------------------
@@ -171,9 +172,10 @@ class TextEmbeddingModel(ServableModel):  # type: ignore[misc, unused-ignore]
     def _validate_tensor(self, spec: TensorSpec, array: np.ndarray) -> None:
         """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413)."""
         texts = _decode_rows(spec.name, array)
-        # A WordPiece/BPE token covers at least one byte of input, so a row of n bytes has at most
-        # n + 2 tokens (with [CLS] and [SEP]): only longer rows need tokenizing here.
-        long_rows = [i for i, t in enumerate(texts) if len(t.encode("utf-8")) + 2 > self.token_limit]
+        # A WordPiece/BPE/unigram token covers at least one byte of input, so a row of n bytes has
+        # at most n + (special tokens, 2 for BERT) tokens: only longer rows need tokenizing here.
+        special = self._special_tokens
+        long_rows = [i for i, t in enumerate(texts) if len(t.encode("utf-8")) + special > self.token_limit]
         if not long_rows:
             return
         with self._tokenizer_lock:

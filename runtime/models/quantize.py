@@ -20,6 +20,12 @@ Modes (``QuantizationConfig.mode``):
 
 ``skip_modules`` (int8 modes only) keeps every module whose qualified name equals or starts with
 one of the given prefixes (``encoder.layer.5`` covers ``encoder.layer.5.output.dense``) in fp32.
+
+Measured on the bundled MiniLM (CPU, 349 held-out sentences; mean cosine to fp32 / retrieval
+agreement with paraphrase queries): bf16 1.0000 / 1.000; int8-dynamic 0.977 / 1.000; int8-dynamic
+skipping the six FFN output layers (``encoder.layer.N.output.dense``) 0.987 / 1.000; int8-static
+0.863 / 0.995 (per-tensor static activations suffer from BERT's activation outliers); int8-static
+skipping those six layers 0.984 / 1.000.
 """
 
 from __future__ import annotations
