@@ -358,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         "--delays", default="0,0.002,0.005", help="max_queue_delay values (s) of the batched runs"
     )
     parser.add_argument("--repeats", type=int, default=7, help="repeats per s(b) (median)")
-    parser.add_argument("--start-rate", type=float, default=20.0, help="first offered rate (requests/s)")
+    parser.add_argument("--start-rate", type=float, default=40.0, help="first offered rate (requests/s)")
     parser.add_argument("--rate-factor", type=float, default=1.4, help="rate multiplier per step")
-    parser.add_argument("--step-seconds", type=float, default=4.0, help="seconds of load per rate")
+    parser.add_argument("--step-seconds", type=float, default=3.0, help="seconds of load per rate")
     parser.add_argument("--low-rate", type=float, default=10.0, help="low-load rate (requests/s)")
     parser.add_argument("--low-seconds", type=float, default=10.0, help="low-load duration (s)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for the load phase")
