@@ -449,12 +449,9 @@ class Batcher:
             )
             if plan.take:
                 batch = ordered[: plan.take]
-                now = loop.time()
                 for req in batch:
                     self._levels[req.level].pop(req.seq)
                     req.taken = True
-                    if self.metrics is not None:
-                        self.metrics.queue_duration.observe(now - req.enqueued)
                 self._queued -= len(batch)
                 self._in_flight += 1
                 self._publish_queue()
@@ -486,6 +483,10 @@ class Batcher:
                     if req.timer is not None:
                         req.timer.cancel()
                 still = [r for r in live if not r.future.done()]
+                if self.metrics is not None:  # queued = enqueue -> an executor starts the batch
+                    now = loop.time()
+                    for req in still:
+                        self.metrics.queue_duration.observe(now - req.enqueued)
                 if still:
                     token = self.metrics.busy.begin() if self.metrics is not None else None
                     try:

@@ -4,7 +4,8 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
 
 - ``kubeinfer_request_duration_seconds`` histogram: receipt of an infer request to its response, every
   status code included.
-- ``kubeinfer_queue_duration_seconds`` histogram: per request, enqueue to the moment its batch is taken.
+- ``kubeinfer_queue_duration_seconds`` histogram: per request, enqueue to the moment an executor starts its
+  batch (a batch prepared ahead waits for the executor: that wait is queue time).
 - ``kubeinfer_compute_duration_seconds`` histogram: per batch, preprocess + execute wall time.
 - ``kubeinfer_batch_size`` histogram: rows per executed batch.
 - ``kubeinfer_requests_total{code}`` counter: infer responses by HTTP status code.
@@ -156,7 +157,7 @@ class RuntimeMetrics:
         ).labels(model)
         self.queue_duration = Histogram(
             "kubeinfer_queue_duration_seconds",
-            "Per request: enqueue to batch formation, seconds.",
+            "Per request: enqueue to the start of its batch on an executor, seconds.",
             labels,
             buckets=DURATION_BUCKETS,
             registry=r,
