@@ -224,14 +224,14 @@ class Autoscaler:
         configmap: Mapping[str, Any] | None,
     ) -> TickResult | None:
         """One control step for the InferenceService ``body``; ``deployment``/``configmap``: its owned
-        objects as last seen (``None`` if absent). Returns ``None`` when autoscaling is off or the spec
-        is invalid (the operator's reconcile reports that). API errors are logged, not raised: the next
-        tick tries again."""
+        objects as last seen (``None`` if absent). Returns ``None`` when autoscaling is off, the object is
+        being deleted or the spec is invalid (the operator's reconcile reports that). API errors are
+        logged, not raised: the next tick tries again."""
         try:
             isvc = api.InferenceService.from_body(body)
         except pydantic.ValidationError:
             return None
-        if not isvc.spec.autoscaling.enabled:
+        if not isvc.spec.autoscaling.enabled or (body.get("metadata") or {}).get("deletionTimestamp"):
             self.forget(isvc.namespace, isvc.name)
             return None
         try:
