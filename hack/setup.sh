@@ -64,7 +64,9 @@ setup_python() {
   if [ "$(cat "$STAMPS/python" 2>/dev/null || true)" != "$want" ] \
       || ! .venv/bin/python -c 'import kubeinfer' 2>/dev/null; then
     echo "  pip install -e '.[test]'"
-    .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+    # -P: without it the repository root is sys.path[0] and its operator/ shadows the stdlib module
+    # in a venv that has no kubeinfer yet (pip then fails at import time on a fresh clone).
+    .venv/bin/python -P -m pip install --disable-pip-version-check -q -e '.[test]'
     echo "$want" > "$STAMPS/python"
   else
     echo "  up to date (pyproject.toml unchanged)"
