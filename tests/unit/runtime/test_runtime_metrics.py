@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -80,3 +82,24 @@ def test_busy_tracker_ratio_over_window() -> None:
     assert t.ratio() == pytest.approx(0.25)
     now[0] = 30.0
     assert t.ratio() == 0.0
+
+
+def test_cuda_device_uses_nvml_and_torch_reserved_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    fake_nvml = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: calls.append(i) or f"h{i}",
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=37, memory=5),
+    )
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory_reserved=lambda i: 2.5e9 + i))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    metrics = RuntimeMetrics("m")
+    metrics.use_device("cuda:1")
+    text = metrics.exposition().decode()
+    assert calls == [1]
+    assert 'kubeinfer_device_utilization_ratio{model="m"} 0.37' in text
+    assert 'kubeinfer_accelerator_memory_bytes{model="m"} 2.500000001e+09' in text
+    cpu = RuntimeMetrics("c")
+    cpu.use_device("cpu")  # CPU: busy-time ratio, no accelerator memory series
+    assert "kubeinfer_accelerator_memory_bytes{" not in cpu.exposition().decode()
