@@ -431,6 +431,16 @@ class Batcher:
         return ordered, oldest
 
     async def _dispatch(self) -> None:
+        while True:
+            try:
+                await self._dispatch_loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a dead dispatcher would leave every request unanswered
+                log.exception("batch dispatcher failed; restarting it")
+                await asyncio.sleep(0.01)
+
+    async def _dispatch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._changed.clear()

@@ -217,7 +217,12 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
                 log.warning("NVML unavailable (%s); device utilization is executor busy time", exc)
             if server.draining:
                 return
-            server.attach(model, BatchSettings.from_config(cfg.batching))
+            try:
+                server.attach(model, BatchSettings.from_config(latest[0]))
+            except ValueError as exc:  # a change made during the load that the warmed model cannot take
+                log.error("config changed during the load: %s; using the settings it started with", exc)
+                server.metrics.config_reload_errors.inc()
+                server.attach(model, BatchSettings.from_config(cfg.batching))
             log.info(
                 "ready: serving model %r at http://%s:%d/v2/models/%s", model.name, host, port, model.name
             )
@@ -229,10 +234,14 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
             uv.should_exit = True
             uv.force_exit = True
 
+    latest: list[BatchingConfig] = [cfg.batching]  # the file's batching section, also while loading
+
     def apply_batching(batching: BatchingConfig) -> None:
-        if server.batcher is None:
-            raise ValueError("model still loading; batching settings apply once it is ready")
+        if server.batcher is None:  # still loading: applied when the model is ready
+            latest[0] = batching
+            return
         server.batcher.update_settings(BatchSettings.from_config(batching))
+        latest[0] = batching
 
     tasks = [loop.create_task(load())]
     if args.config:
