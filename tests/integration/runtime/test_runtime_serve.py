@@ -142,7 +142,7 @@ def test_responses_with_a_body_are_not_delayed_by_nagle(runtime: RuntimeProcess)
         conn.getresponse().read()
         times.append(time.perf_counter() - t0)
     conn.close()
-    assert float(np.median(times)) < 0.02, times
+    assert float(np.median(times)) < 0.03, times  # the Nagle + delayed-ACK signature is >= 40 ms
 
 
 def test_64_concurrent_clients_all_correct_and_batched(runtime: RuntimeProcess) -> None:
