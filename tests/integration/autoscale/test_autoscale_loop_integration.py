@@ -202,9 +202,11 @@ def test_autoscale_closes_the_loop(
         text = (isvc().get("status") or {}).get("batchTimeout")
         return parse_duration(text) if text else None
 
-    def writes() -> int:
+    def writes() -> tuple[int, int]:
+        """(API writes to InferenceServices and ConfigMaps, Autoscaled Events in the namespace)."""
         text = cluster.kubectl("get", "--raw", "/metrics").stdout
-        return api_write_counts(text, {"inferenceservices", "configmaps", "events"})
+        events = cluster.get_json("events", "-n", namespace, "--field-selector", "reason=Autoscaled")
+        return api_write_counts(text, {"inferenceservices", "configmaps"}), len(events["items"])
 
     def condition() -> tuple[str, str]:
         for c in (isvc().get("status") or {}).get("conditions") or []:
