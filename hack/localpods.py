@@ -71,6 +71,13 @@ NO_KUBELET_MESSAGE = "no kubelet: simulating pods as local processes"
 LOOPBACK = "127.0.0.1"
 
 
+def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux)
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """Return a TCP port on ``host`` that was free a moment ago (bind to port 0, ask the OS)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -560,6 +567,8 @@ class LocalPods:
             stdin=subprocess.DEVNULL,
             env=self.env,
             start_new_session=True,  # a Ctrl-C at the terminal reaches us, we stop them in order
+            # if this process dies without stopping them (SIGKILL), they get SIGTERM, not orphaned
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         pod.started_at = time.monotonic()
         pod.ready = False
