@@ -475,8 +475,12 @@ class Demo:
             isvc = self.get("inferenceservice", ISVC, "-n", NAMESPACE)
             st = isvc.get("status") or {}
             bt = st.get("batchTimeout") or isvc["spec"]["batching"].get("maxQueueDelay", "?")
-            # the reason reads "<signals>: <action>"; the action is what the table shows
-            reason = ((st.get("lastDecision") or {}).get("reason") or "").rsplit(": ", 1)[-1]
+            # the reason reads "<signals>: <action>"; the table shows a new decision's action once
+            decision = st.get("lastDecision") or {}
+            reason = ""
+            if decision.get("time") and decision.get("time") != self.summary.get("last_decision_time"):
+                self.summary["last_decision_time"] = decision.get("time")
+                reason = (decision.get("reason") or "").rsplit(": ", 1)[-1]
         except Exception as e:
             replicas, bt, reason = "?", "?", f"({type(e).__name__})"
         p99_txt = "n/a" if p99 is None or math.isnan(p99) else f"{p99 * 1000:.0f}ms"
