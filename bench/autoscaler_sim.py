@@ -33,7 +33,12 @@ Figures per trace and controller: ``slo_attainment`` (share of requests with lat
 ``window_attainment`` (share of 1-minute windows with traffic whose exact P99 <= target),
 ``replica_seconds``, ``scaling_actions`` (replica-count changes), ``recovery_seconds`` (the longest run
 of consecutive 15 s windows whose exact P99 is over target: for ``step`` the time to recover after the
-step). With ``--repeats R`` > 1 each figure is the median over R seeds.
+step). With ``--repeats R`` > 1 (default 3) each figure is the median over R seeds.
+
+Beside ``traces`` (the five controllers, shaped as issue 4 asks), the JSON carries ``variants``: the
+same figures for kubeinfer's policy with the batch-timeout lever off (``kubeinfer_replicas_only``,
+the value of tuning the timeout) and with a 600 s stabilization window
+(``kubeinfer_stabilization_600s``); ``config`` (a, c, target, seeds) and ``summary`` (the targets).
 """
 
 from __future__ import annotations
@@ -68,6 +73,16 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "autoscaler.json"
 DEFAULT_A_SECONDS = 0.015
 DEFAULT_C_SECONDS = 0.0015
 CONTROLLERS = ("kubeinfer", "hpa_gpu", "hpa_p99", "fixed", "oracle")
+#: Variants of kubeinfer's policy reported beside the main table (``variants`` in the JSON): the
+#: batch-timeout lever switched off (replicas only: its bounds pinned to the start value), and a 600 s
+#: scale-down stabilization window instead of the HPA's 300 s default.
+VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
+    "kubeinfer_replicas_only": lambda cfg: {
+        "batch_timeout_min_seconds": cfg.initial_timeout,
+        "batch_timeout_max_seconds": cfg.initial_timeout,
+    },
+    "kubeinfer_stabilization_600s": lambda cfg: {"scale_down_stabilization_seconds": 600.0},
+}
 TRACES = ("step", "ramp", "diurnal", "mmpp")
 
 
@@ -370,9 +385,9 @@ def kubeinfer_policy(cfg: SimConfig) -> Policy:
     )
 
 
-def make_kubeinfer(cfg: SimConfig) -> Controller:
-    """``policy.decide`` fed with the scraped metrics, unchanged."""
-    policy = kubeinfer_policy(cfg)
+def make_kubeinfer(cfg: SimConfig, **overrides: Any) -> Controller:
+    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields)."""
+    policy = replace(kubeinfer_policy(cfg), **overrides)
     state = State()
 
     def tick(t: float, m: Metrics, n: int, timeout: float) -> tuple[int, float]:
@@ -497,7 +512,9 @@ def load_service_model() -> tuple[float, float, int | None, str]:
 
 def run_all(cfg: SimConfig, seeds: Sequence[int], log: Callable[[str], None]) -> dict[str, Any]:
     """Every trace x controller x seed; medians over seeds."""
-    per: dict[str, dict[str, list[dict[str, float]]]] = {t: {c: [] for c in CONTROLLERS} for t in TRACES}
+    names = (*CONTROLLERS, *VARIANTS)
+    overrides = {v: make(cfg) for v, make in VARIANTS.items()}
+    per: dict[str, dict[str, list[dict[str, float]]]] = {t: {c: [] for c in names} for t in TRACES}
     for seed in seeds:
         for trace in TRACES:
             rng = np.random.default_rng([seed, TRACES.index(trace)])
@@ -510,26 +527,30 @@ def run_all(cfg: SimConfig, seeds: Sequence[int], log: Callable[[str], None]) ->
                 "hpa_p99": lambda: make_hpa(cfg, "p99"),
                 "fixed": lambda rates=rates: make_fixed(cfg, rates),
                 "oracle": lambda rates=rates: make_oracle(cfg, rates),
+                **{v: (lambda kw=overrides[v]: make_kubeinfer(cfg, **kw)) for v in VARIANTS},
             }
-            for name in CONTROLLERS:
+            for name in names:
                 t0 = time.perf_counter()
                 init = replicas_needed(cfg, float(rates.max())) if name == "fixed" else start_n
                 res = Simulator(cfg, arrivals, init).run(makers[name]())
                 fig = figures(cfg, res)
                 per[trace][name].append(fig)
                 log(
-                    f"seed {seed} {trace:8s} {name:10s} slo {fig['slo_attainment']:.4f} "
+                    f"seed {seed} {trace:8s} {name:28s} slo {fig['slo_attainment']:.4f} "
                     f"win {fig['window_attainment']:.3f} rs {fig['replica_seconds']:8.0f} "
                     f"actions {fig['scaling_actions']:3d} recovery {fig['recovery_seconds']:5.0f}s "
                     f"peak {max(res.replicas)} timeout-changes {res.timeout_changes} "
                     f"({len(arrivals)} req, {time.perf_counter() - t0:.1f}s)"
                 )
-    out: dict[str, Any] = {"traces": {}}
+
+    def medians(trace: str, name: str) -> dict[str, float]:
+        return {k: statistics.median(f[k] for f in per[trace][name]) for k in per[trace][name][0]}
+
+    out: dict[str, Any] = {"traces": {}, "variants": {}}
     for trace in TRACES:
-        out["traces"][trace] = {
-            name: {k: statistics.median(f[k] for f in per[trace][name]) for k in per[trace][name][0]}
-            for name in CONTROLLERS
-        }
+        out["traces"][trace] = {name: medians(trace, name) for name in CONTROLLERS}
+    for variant in VARIANTS:
+        out["variants"][variant] = {trace: medians(trace, variant) for trace in TRACES}
     return out
 
 
