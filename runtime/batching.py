@@ -331,7 +331,8 @@ class Batcher:
         Args:
             inputs: tensor name -> array, the first dimension is rows.
             priority: Triton ``priority`` parameter (1 = highest; 0/None = default level).
-            timeout_us: Triton ``timeout`` parameter, microseconds the request may wait in the queue.
+            timeout_us: Triton ``timeout`` parameter, microseconds the request may wait in the queue
+                (0/None: no limit).
 
         Raises:
             InputError: 400/413 (bad tensors, bad parameters, more rows than the warmed maximum).
@@ -368,7 +369,7 @@ class Batcher:
         req = _Request(
             inputs=inputs, rows=rows, level=level, enqueued=loop.time(), future=loop.create_future()
         )
-        if timeout_us is not None:
+        if timeout_us:  # 0 = no timeout (Triton)
             req.timer = loop.call_at(req.enqueued + timeout_us / 1e6, self._expire, req)
         self._levels.setdefault(level, {})[req.seq] = req
         self._queued += 1

@@ -157,9 +157,13 @@ async def test_timeout_is_enforced_while_queued() -> None:
     assert info.value.status == 504 and "timed out" in str(info.value)
     assert 0.04 <= time.monotonic() - t0 < 1.0  # while the executor is still blocked
     assert b.queued == 0
+    no_limit = asyncio.ensure_future(b.infer(rows(2), timeout_us=0))  # 0 = no timeout (Triton)
+    await asyncio.sleep(0.05)
+    assert not no_limit.done()
     model.gate.set()
     await first
-    assert model.firsts == [[0.0]]  # the expired request never ran
+    await no_limit
+    assert model.firsts == [[0.0], [2.0]]  # the expired request never ran
     b.close()
 
 
