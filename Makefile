@@ -30,7 +30,12 @@ lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	.venv/bin/lint-imports
+	@# import-linter cannot follow setuptools' package-dir mapping: give it a symlinked kubeinfer/ tree
+	@rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer && \
+	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py && \
+	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator && \
+	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime
+	cd .cache/lintroot && ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml
 
 crds: ## regenerate crds/ and charts/kubeinfer/crds/ from the pydantic models
 	$(PY) -m kubeinfer.operator.crdgen
