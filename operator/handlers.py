@@ -139,7 +139,7 @@ async def isvc_event(
 async def _owned_event(
     type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any, kwargs: Any
 ) -> None:
-    if type is None:  # initial listing: the InferenceServices' own listing covers it
+    if type in (None, "ADDED"):  # initial listing / our own creation: nothing to compare yet
         return
     owner = _owner_body(kwargs, namespace, labels)
     if owner is not None:

@@ -1,9 +1,9 @@
 """The only module of the operator that talks to the Kubernetes API server.
 
-An async client (httpx) with the credentials of the kubeconfig or the in-cluster service account
-(loaded with the official ``kubernetes`` client's loaders). It speaks raw JSON (no model classes),
-server-side apply (``application/apply-patch+yaml``), merge patches for status, and wraps failures
-in a small hierarchy:
+An async client (aiohttp, kopf's own HTTP client) with the credentials of the kubeconfig or the
+in-cluster service account (loaded with the official ``kubernetes`` client's loaders). It speaks
+raw JSON (no model classes), server-side apply (``application/apply-patch+yaml``), merge patches for
+status, and wraps failures in a small hierarchy:
 
 - :class:`TransientError` — worth retrying after a delay: 409 Conflict, 429, 5xx, connection errors,
   timeouts (``retry_after`` seconds, from ``Retry-After`` when the server sends it);
@@ -24,7 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
+from kubeinfer.operator import metrics
 
 _PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
@@ -89,8 +90,25 @@ class Kube:
     ``writes`` counts write requests sent, by ``(verb, plural)`` (the operator's own metrics).
     """
 
-    client: httpx.AsyncClient
+    base_url: str
+    headers: dict[str, str]
+    ssl_context: ssl.SSLContext | bool
+    timeout: float = 30.0
+    max_connections: int = 64
     writes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The session, created on first use (inside the running event loop)."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context, limit=self.max_connections)
+            self._session = aiohttp.ClientSession(
+                base_url=self.base_url,
+                headers=self.headers,
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            )
+        return self._session
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, *, timeout: float = 30.0) -> Kube:
@@ -135,18 +153,12 @@ class Kube:
             verify = ctx
         else:
             verify = False
-        client = httpx.AsyncClient(
-            base_url=cfg.host,
-            headers=headers,
-            verify=verify,
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
-        )
-        return cls(client=client)
+        return cls(base_url=cfg.host, headers=headers, ssl_context=verify, timeout=timeout)
 
     async def close(self) -> None:
         """Close the connection pool."""
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def _request(
         self,
@@ -160,29 +172,33 @@ class Kube:
         content = json.dumps(body).encode("utf-8") if body is not None else None
         headers = {"Content-Type": content_type} if content is not None else {}
         try:
-            response = await self.client.request(
-                method, path, params=params, content=content, headers=headers
-            )
-        except (httpx.TransportError, OSError) as exc:
+            async with self._client().request(
+                method, path, params=params, data=content, headers=headers
+            ) as response:
+                code = response.status
+                raw = await response.read()
+                retry_header = response.headers.get("Retry-After", "1")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}", retry_after=2.0) from exc
         if method != "GET":
             self.writes[(method, _plural_of(path))] += 1
-        if response.status_code < 400:
-            data: dict[str, Any] = response.json() if response.content else {}
+            metrics.API_WRITES.labels(verb=method, resource=_plural_of(path)).inc()
+        if code < 400:
+            data: dict[str, Any] = json.loads(raw) if raw else {}
             return data
         try:
-            status: dict[str, Any] = response.json()
+            status: dict[str, Any] = json.loads(raw)
         except ValueError:
             status = {}
-        message = f"{method} {path}: {response.status_code} {status.get('message') or response.text[:500]}"
+        text = raw[:500].decode("utf-8", "replace")
+        message = f"{method} {path}: {code} {status.get('message') or text}"
         reason = str(status.get("reason", ""))
-        code = response.status_code
         if code == 404:
             raise NotFoundError(message, status=code, reason=reason)
         if code in (409, 429) or code >= 500:
             retry_after = 1.0
             with contextlib.suppress(ValueError, TypeError):
-                retry_after = float(response.headers.get("Retry-After", "1"))
+                retry_after = float(retry_header)
             raise TransientError(message, status=code, reason=reason, retry_after=retry_after)
         raise PermanentError(message, status=code, reason=reason)
 

@@ -18,6 +18,12 @@ RECONCILE_ERRORS = Counter(
     "kubeinfer_operator_reconcile_errors_total", "Failed reconciles, by kind (transient|permanent).", ["kind"]
 )
 
+API_WRITES = Counter(
+    "kubeinfer_operator_api_writes_total",
+    "Write requests sent by the operator's own client (not kopf's), by verb and resource.",
+    ["verb", "resource"],
+)
+
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Serve ``/metrics`` on ``addr:port`` from a daemon thread (no-op when ``port`` is 0)."""

@@ -81,6 +81,7 @@ class Reconciler:
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     _retries: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     _events: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the memory of a deleted InferenceService."""
@@ -129,19 +130,30 @@ class Reconciler:
         """
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
-        known = self.bodies.get(key)
-        if known is not None and (latest or _rv(known) > _rv(body)):
-            body = known  # our own status patch may be newer than the watched body
-        else:
-            self.bodies[key] = body
         if meta.get("deletionTimestamp"):
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
+            known = self.bodies.get(key)
+            if known is not None and (latest or _rv(known) > _rv(body)):
+                body = known  # our own status patch may be newer than the watched body
+            else:
+                self.bodies[key] = body
             started = time.perf_counter()
             result = "ok"
             try:
-                await self._reconcile(body, lookup)
+                for attempt in range(3):
+                    try:
+                        await self._reconcile(body, lookup)
+                        break
+                    except k8s.TransientError as exc:
+                        if exc.status != 409 or attempt == 2:
+                            raise
+                        # a stale resourceVersion (kopf's finalizer patch, the autoscaler): re-read, redo
+                        fresh = await self.kube.get(isvc_path(*key))
+                        if fresh is None:
+                            return
+                        self.bodies[key] = body = fresh
             except k8s.TransientError as exc:
                 result = "retry"
                 metrics.RECONCILE_ERRORS.labels(kind="transient").inc()
@@ -154,6 +166,12 @@ class Reconciler:
             finally:
                 metrics.RECONCILES.labels(result=result).inc()
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    def _event_later(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        """Post an Event in the background (best effort; the reconcile does not wait for it)."""
+        task = asyncio.get_running_loop().create_task(self._event(body, reason, message, type_))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _event(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         full = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": body.get("metadata") or {}}
@@ -184,27 +202,36 @@ class Reconciler:
         pdb = build_pdb(isvc)
         if pdb is not None:
             desired.append(pdb)
-        for obj in desired:
+        currents = [self._current(lookup, o["kind"], namespace, o["metadata"]["name"]) for o in desired]
+        outcomes = await asyncio.gather(
+            *(apply_if_changed(self.kube, o, c) for o, c in zip(desired, currents, strict=True)),
+            return_exceptions=True,
+        )
+        created: list[str] = []
+        for obj, outcome in zip(desired, outcomes, strict=True):
             kind, obj_name = obj["kind"], obj["metadata"]["name"]
-            current = self._current(lookup, kind, namespace, obj_name)
-            try:
-                action, stored = await apply_if_changed(self.kube, obj, current)
-            except k8s.PermanentError as exc:
-                error = f"{kind} {obj_name}: {exc}"
+            if isinstance(outcome, k8s.PermanentError):
+                error = f"{kind} {obj_name}: {outcome}"
                 continue
-            if stored is not None:
-                self._applied[(kind, namespace, obj_name)] = stored
-                if kind == "Deployment":
-                    deployment = stored
-                if action == "create":
-                    await self._event(body, "Created", f"created {kind} {obj_name}")
-                elif action == "revert":
-                    await self._event(
-                        body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning"
-                    )
+            if isinstance(outcome, BaseException):
+                raise outcome
+            action, stored = outcome
+            if stored is None:
+                continue
+            self._applied[(kind, namespace, obj_name)] = stored
+            if kind == "Deployment":
+                deployment = stored
+            if action == "create":
+                created.append(f"{kind} {obj_name}")
+            elif action == "revert":
+                self._event_later(
+                    body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning"
+                )
+        if created:
+            self._event_later(body, "Created", "created " + ", ".join(created))
         if pdb is None and self._current(lookup, "PodDisruptionBudget", namespace, name) is not None:
             if await self.kube.delete(k8s.object_path("policy/v1", "PodDisruptionBudget", namespace, name)):
-                await self._event(body, "Deleted", f"deleted PodDisruptionBudget {name} (one replica)")
+                self._event_later(body, "Deleted", f"deleted PodDisruptionBudget {name} (one replica)")
             self._applied.pop(("PodDisruptionBudget", namespace, name), None)
 
         missing: list[str] = []
@@ -244,7 +271,7 @@ class Reconciler:
             self._events[(namespace, name)] = after
             type_ = "Normal" if ready.status == "True" else "Warning"
             if ready.reason not in ("Creating", "Progressing") or ready.status == "True":
-                await self._event(body, ready.reason, f"Ready={ready.status}: {ready.message}", type_)
+                self._event_later(body, ready.reason, f"Ready={ready.status}: {ready.message}", type_)
 
     async def _write_invalid(
         self, body: Mapping[str, Any], current_status: Mapping[str, Any], message: str

@@ -41,7 +41,25 @@ def op_namespace(cluster: Cluster, crds: None) -> Iterator[str]:
     try:
         yield name
     finally:
+        release_finalizers(cluster, name)
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def release_finalizers(cluster: Cluster, namespace: str) -> None:
+    """Remove kopf's finalizer from every InferenceService of ``namespace`` (no operator runs any more:
+    without this, deleting the namespace would wait for it forever)."""
+    names = cluster.kubectl("get", "kisvc", "-n", namespace, "-o", "name", check=False).stdout.split()
+    for obj in names:
+        cluster.kubectl(
+            "patch",
+            obj,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+            check=False,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -344,3 +344,4 @@ def test_two_operators_only_one_acts(cluster: Cluster, crds: None, namespace: st
             assert high.reconciles() > 0
             assert low.reconciles() == 0, low.log()[-3000:]
             assert "Resuming the watch-stream for inferenceservices" not in low.log()
+            cluster.kubectl("delete", "kisvc", "--all", "-n", ns, "--timeout=60s")  # while an operator runs
