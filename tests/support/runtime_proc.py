@@ -14,7 +14,8 @@ Usage::
 The process binds ``--port 0`` (the OS picks a free port; no race with other tests) and the helper reads
 the real port from its log line ``listening on http://HOST:PORT``. Its stdout/stderr go to ``log_path``
 (a temporary file unless given); ``log_text()`` returns it, and a failed start raises ``RuntimeError``
-with the log's tail.
+with the log's tail. On Linux the process gets SIGTERM when the thread that started it exits (also
+when the test run is killed), so start it from a thread that outlives it (normally the main thread).
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ from kubeinfer.runtime.config import RuntimeConfig
 __all__ = ["RuntimeConfig", "RuntimeProcess"]
 
 _LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the thread that started it exits, so that a killed test
+    run leaves no runtime behind (Linux ``PR_SET_PDEATHSIG``)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 class RuntimeProcess:
@@ -118,7 +127,12 @@ class RuntimeProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         finally:
             log.close()
