@@ -122,7 +122,10 @@ class BusyTracker:
         with self._lock:
             started = self._running.pop(token, None)
             if started is not None:
-                self._done.append((started, self._clock()))
+                now = self._clock()
+                self._done.append((started, now))
+                while self._done and self._done[0][1] <= now - self._window:  # bounded without scrapes
+                    self._done.popleft()
 
     def ratio(self) -> float:
         """Busy seconds in the window / (window seconds x executors), 0..1. The window is shorter

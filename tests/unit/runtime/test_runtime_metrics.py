@@ -82,6 +82,10 @@ def test_busy_tracker_ratio_over_window() -> None:
     assert t.ratio() == pytest.approx(0.25)
     now[0] = 30.0
     assert t.ratio() == 0.0
+    for _ in range(1000):  # never scraped: the record stays bounded by the window
+        now[0] += 1.0
+        t.end(t.begin())
+    assert len(t._done) <= 11
 
 
 def test_cuda_device_uses_nvml_and_torch_reserved_memory(monkeypatch: pytest.MonkeyPatch) -> None:
