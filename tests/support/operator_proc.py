@@ -114,6 +114,11 @@ class OperatorProcess:
         pattern = re.compile(r"^kubeinfer_operator_reconciles_total\{[^}]*\} ([0-9.e+]+)$", re.M)
         return sum(float(v) for v in pattern.findall(self.metrics_text()))
 
+    def own_writes(self) -> float:
+        """``kubeinfer_operator_api_writes_total`` summed: write requests of the operator's own client."""
+        pattern = re.compile(r"^kubeinfer_operator_api_writes_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+        return sum(float(v) for v in pattern.findall(self.metrics_text()))
+
     def peak_rss_bytes(self) -> int:
         """Peak resident set size (``VmHWM``) of the process, bytes."""
         assert self.proc is not None
@@ -145,10 +150,14 @@ class OperatorProcess:
         self.stop()
 
 
-def api_write_counts(metrics_text: str, resources: set[str]) -> int:
-    """Sum of ``apiserver_request_total`` write requests (POST/PUT/PATCH/APPLY/DELETE) on ``resources``.
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "CREATE", "UPDATE"})
 
-    ``metrics_text``: the API server's ``/metrics`` (``kubectl get --raw /metrics``).
+
+def api_write_counts(metrics_text: str, resources: set[str], verbs: frozenset[str] = WRITE_VERBS) -> int:
+    """Sum of ``apiserver_request_total`` write requests (``verbs``) on ``resources``.
+
+    ``metrics_text``: the API server's ``/metrics`` (``kubectl get --raw /metrics``). Pass
+    ``WRITE_VERBS - {"DELETE"}`` to ignore the namespace controller finishing other tests' namespaces.
     """
     total = 0.0
     for line in metrics_text.splitlines():

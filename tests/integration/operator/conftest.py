@@ -48,7 +48,8 @@ def op_namespace(cluster: Cluster, crds: None) -> Iterator[str]:
 def release_finalizers(cluster: Cluster, namespace: str) -> None:
     """Remove kopf's finalizer from every InferenceService of ``namespace`` (no operator runs any more:
     without this, deleting the namespace would wait for it forever)."""
-    names = cluster.kubectl("get", "kisvc", "-n", namespace, "-o", "name", check=False).stdout.split()
+    # PVCs too: kube-controller-manager here runs no pvc-protection controller to release them
+    names = cluster.kubectl("get", "kisvc,pvc", "-n", namespace, "-o", "name", check=False).stdout.split()
     for obj in names:
         cluster.kubectl(
             "patch",
