@@ -33,6 +33,7 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
     ("v1", "Event"): "events",
+    ("v1", "Pod"): "pods",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
 }
 

@@ -119,9 +119,47 @@ class ReadyState:
     message: str
 
 
-def _conditions(obj: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+def conditions_of(obj: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    """``status.conditions`` of an object by type."""
     conds = ((obj or {}).get("status") or {}).get("conditions") or []
     return {str(c.get("type")): c for c in conds if isinstance(c, Mapping)}
+
+
+#: Container waiting reasons that will not resolve by themselves (bad image, bad config, crash loop).
+BAD_WAITING_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+def pod_problem(pods: list[Mapping[str, Any]]) -> ReadyState | None:
+    """The first lasting problem among an InferenceService's pods, as a ``Ready=False`` state.
+
+    A container waiting with one of :data:`BAD_WAITING_REASONS` (its reason and message carried
+    over, e.g. ``ImagePullBackOff``), or a pod the scheduler cannot place (``Unschedulable``, e.g.
+    no node with the requested GPU). ``None`` when no pod shows such a problem.
+    """
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
+        status = pod.get("status") or {}
+        pod_name = (pod.get("metadata") or {}).get("name")
+        for cs in status.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in BAD_WAITING_REASONS:
+                detail = waiting.get("message") or waiting["reason"]
+                message = f"pod {pod_name} container {cs.get('name')}: {detail}"
+                return ReadyState("False", str(waiting["reason"]), message)
+        for cond in status.get("conditions") or []:
+            unschedulable = cond.get("reason") == "Unschedulable" and cond.get("status") == "False"
+            if cond.get("type") == "PodScheduled" and unschedulable:
+                return ReadyState("False", "Unschedulable", f"pod {pod_name}: {cond.get('message', '')}")
+    return None
 
 
 def ready_state(
@@ -130,12 +168,14 @@ def ready_state(
     missing_pvcs: list[str],
     error: str | None,
     namespace: str,
+    pods: list[Mapping[str, Any]] | None = None,
 ) -> ReadyState:
     """Readiness of an InferenceService, from what only the operator can see and the Deployment.
 
     Order: an apply/spec error; a missing PersistentVolumeClaim; the Deployment's ``ReplicaFailure``
-    (True), ``Progressing`` (False, e.g. ProgressDeadlineExceeded), then ``Available`` (reason and
-    message of the Deployment's condition carried over).
+    (True), ``Progressing`` (False, e.g. ProgressDeadlineExceeded); then, while the Deployment is not
+    Available, a lasting pod problem (:func:`pod_problem`: bad image, crash loop, unschedulable);
+    then ``Available`` (reason and message of the Deployment's condition carried over).
     """
     if error is not None:
         return ReadyState("False", "ReconcileFailed", error)
@@ -148,7 +188,7 @@ def ready_state(
         )
     if deployment is None:
         return ReadyState("False", "Creating", "waiting for the Deployment to be created")
-    conds = _conditions(deployment)
+    conds = conditions_of(deployment)
     failure = conds.get("ReplicaFailure")
     if failure is not None and failure.get("status") == "True":
         return ReadyState(
@@ -160,6 +200,10 @@ def ready_state(
             "False", str(progressing.get("reason") or "ProgressFailed"), str(progressing.get("message") or "")
         )
     available = conds.get("Available")
+    if (available is None or available.get("status") != "True") and pods:
+        problem = pod_problem(pods)
+        if problem is not None:
+            return problem
     if available is None:
         return ReadyState("False", "Progressing", "waiting for the Deployment to report availability")
     status = "True" if available.get("status") == "True" else "False"

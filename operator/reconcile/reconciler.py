@@ -19,6 +19,7 @@ from typing import Any
 import pydantic
 from kubeinfer.operator import api, k8s, metrics
 from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+from kubeinfer.operator.build.common import selector_labels
 from kubeinfer.operator.reconcile import plan
 
 logger = logging.getLogger("kubeinfer.operator.reconcile")
@@ -238,7 +239,18 @@ class Reconciler:
         for claim in isvc.spec.pvc_claims():
             if await self.kube.get(k8s.object_path("v1", "PersistentVolumeClaim", namespace, claim)) is None:
                 missing.append(claim)
-        ready = plan.ready_state(deployment, missing_pvcs=missing, error=error, namespace=namespace)
+        pods: list[dict[str, Any]] = []
+        available = plan.conditions_of(deployment).get("Available")
+        if (
+            deployment is not None
+            and not missing
+            and (available is None or available.get("status") != "True")
+        ):
+            selector = ",".join(f"{k}={v}" for k, v in sorted(selector_labels(isvc).items()))
+            pods = await self.kube.list(k8s.object_path("v1", "Pod", namespace), label_selector=selector)
+        ready = plan.ready_state(
+            deployment, missing_pvcs=missing, error=error, namespace=namespace, pods=pods
+        )
         desired_status = plan.desired_status(isvc, deployment, ready, current_status, self.clock())
         await self._write_status(body, current_status, desired_status, ready)
 

@@ -296,6 +296,60 @@ def test_steady_state_resync_makes_zero_writes(
     assert writes1 - writes0 == 0, f"{writes1 - writes0} write requests during a steady-state resync"
 
 
+def test_bad_image_is_a_condition(cluster: Cluster, op_namespace: str, operator: OperatorProcess) -> None:
+    """A pod stuck in ImagePullBackOff (status written here as a kubelet would) → Ready=False, that reason."""
+    ns, name = op_namespace, "badimage"
+    _create(cluster, ns, _isvc_manifest(name, runtime={"image": "registry.invalid/nope:1", "device": "cpu"}))
+    pod = wait_until(
+        lambda: cluster.get_json("pods", "-n", ns, "-l", f"kubeinfer.io/inferenceservice={name}")["items"],
+        timeout=30,
+        message="a pod",
+    )[0]
+    waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.invalid/nope:1"'}
+    status = {
+        "containerStatuses": [
+            {
+                "name": "runtime",
+                "image": "registry.invalid/nope:1",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": waiting},
+            }
+        ]
+    }
+    cluster.kubectl(
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+    cond = wait_until(
+        lambda: (c := _ready(cluster, ns, name)) and c["reason"] == "ImagePullBackOff" and c,
+        timeout=30,
+        message="Ready=False ImagePullBackOff",
+    )
+    assert cond["status"] == "False" and "registry.invalid/nope:1" in cond["message"]
+
+
+def test_kubectl_scale_sets_replicas_when_autoscaling_is_off(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = op_namespace, "scaled"
+    _create(cluster, ns, _isvc_manifest(name))
+    cluster.kubectl("scale", f"kisvc/{name}", "--replicas=3", "-n", ns)
+    wait_until(
+        lambda: _get(cluster, ns, "deployment", name)["spec"]["replicas"] == 3,
+        timeout=30,
+        message="Deployment scaled to 3",
+    )
+
+
 def test_restart_resumes_without_churn(
     cluster: Cluster, op_namespace: str, operator: OperatorProcess, tmp_path: Path
 ) -> None:

@@ -1,0 +1,140 @@
+"""The reconciler's pure planning: compare, replicas ownership, readiness, status patches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build import build_service
+from kubeinfer.operator.reconcile import plan
+
+
+def _isvc(**spec: Any) -> api.InferenceService:
+    base: dict[str, Any] = {"resources": {"gpus": 0}, "runtime": {"device": "cpu"}}
+    base.update(spec)
+    return api.InferenceService.from_body(
+        {"metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 2}, "spec": base}
+    )
+
+
+def test_is_subset_ignores_server_defaults_and_normalizes_quantities() -> None:
+    desired = {"a": {"cpu": "1", "list": [{"x": 1}], "empty": []}, "b": "8Gi"}
+    current = {"a": {"cpu": "1000m", "list": [{"x": 1, "default": True}], "extra": 3}, "b": "8Gi", "c": 1}
+    assert plan.is_subset(desired, current)
+    assert not plan.is_subset({"a": {"cpu": "2"}}, current)
+    assert not plan.is_subset({"a": {"list": [{"x": 1}, {"x": 2}]}}, current)
+
+
+def test_plan_apply_create_update_revert_none() -> None:
+    desired = build_service(_isvc())
+    assert plan.plan_apply(desired, None) == "create"
+    current = {**desired, "spec": {**desired["spec"], "clusterIP": "10.0.0.1", "sessionAffinity": "None"}}
+    assert plan.plan_apply(desired, current) == "none"
+    edited = {**current, "spec": {**current["spec"], "type": "NodePort"}}
+    assert plan.plan_apply(desired, edited) == "revert"
+    changed = build_service(_isvc(model={"uri": "/m"}))  # same Service: the hash is of the Service itself
+    assert plan.plan_apply(changed, current) == "none"
+    stale = {
+        **current,
+        "metadata": {**current["metadata"], "annotations": {"kubeinfer.io/applied-hash": "old"}},
+    }
+    assert plan.plan_apply(desired, stale) == "update"
+
+
+def _dep(replicas: int, managers: list[str]) -> dict[str, Any]:
+    fields = [{"manager": m, "fieldsV1": {"f:spec": {"f:replicas": {}}}} for m in managers]
+    return {"metadata": {"managedFields": fields}, "spec": {"replicas": replicas}}
+
+
+def test_desired_replicas_never_fights_the_autoscaler() -> None:
+    off = _isvc(replicas=3)
+    assert plan.desired_replicas(off, _dep(7, ["kubeinfer-autoscaler"])) == 3
+    on = _isvc(autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 5})
+    assert plan.desired_replicas(on, None) == 2  # create at minReplicas
+    assert plan.desired_replicas(on, _dep(4, ["kubeinfer"])) == 4  # sole owner: keep the value
+    assert plan.desired_replicas(on, _dep(4, ["kubeinfer-autoscaler"])) is None  # leave it alone
+    assert plan.desired_replicas(on, _dep(9, ["kubeinfer-autoscaler"])) == 5  # clamp into bounds
+    assert plan.desired_replicas(on, _dep(1, ["kubectl"])) == 2
+
+
+def _deployment(*conds: dict[str, str], ready: int = 0, replicas: int = 1) -> dict[str, Any]:
+    return {"status": {"conditions": list(conds), "readyReplicas": ready, "replicas": replicas}}
+
+
+def test_ready_state_from_deployment_conditions() -> None:
+    ok = plan.ready_state(
+        _deployment({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}, ready=1),
+        missing_pvcs=[],
+        error=None,
+        namespace="ns",
+    )
+    assert (ok.status, ok.reason, ok.message) == ("True", "MinimumReplicasAvailable", "1/1 replicas ready")
+    failed = plan.ready_state(
+        _deployment(
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "quota"},
+        ),
+        missing_pvcs=[],
+        error=None,
+        namespace="ns",
+    )
+    assert (failed.status, failed.reason, failed.message) == ("False", "FailedCreate", "quota")
+    stuck = plan.ready_state(
+        _deployment({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}),
+        missing_pvcs=[],
+        error=None,
+        namespace="ns",
+    )
+    assert stuck.reason == "ProgressDeadlineExceeded"
+    pvc = plan.ready_state(None, missing_pvcs=["models"], error=None, namespace="ns")
+    assert (pvc.status, pvc.reason) == ("False", "PersistentVolumeClaimNotFound")
+    assert "models" in pvc.message
+
+
+def test_pod_problems_surface_while_unavailable() -> None:
+    pod = {
+        "metadata": {"name": "p1"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "bad image x"}},
+                }
+            ]
+        },
+    }
+    unavailable = _deployment(
+        {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"}
+    )
+    state = plan.ready_state(unavailable, missing_pvcs=[], error=None, namespace="ns", pods=[pod])
+    assert (state.status, state.reason) == ("False", "ImagePullBackOff")
+    assert "bad image x" in state.message
+    pending = {"metadata": {"name": "p2"}, "status": {"phase": "Pending"}}
+    assert plan.pod_problem([pending]) is None
+    unschedulable = {
+        "metadata": {"name": "p3"},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
+    }
+    assert plan.pod_problem([unschedulable]) == plan.ReadyState("False", "Unschedulable", "pod p3: ")
+
+
+def test_status_keeps_transition_time_and_other_conditions() -> None:
+    isvc = _isvc()
+    ready = plan.ReadyState("False", "MinimumReplicasUnavailable", "m")
+    other = {"type": "AutoscalingActive", "status": "True", "reason": "X", "message": ""}
+    previous = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "Creating",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    current = {"conditions": [previous, other]}
+    desired = plan.desired_status(isvc, _deployment(), ready, current, now="2026-02-02T00:00:00Z")
+    assert desired["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert other in desired["conditions"]
+    assert desired["batchTimeout"] == "5ms"
+    assert desired["url"] == "http://m.ns.svc.cluster.local:8080"
+    assert plan.status_patch(desired, desired) == {}
+    patch = plan.status_patch(desired, {**desired, "replicas": 9})
+    assert patch == {"replicas": desired["replicas"]}
