@@ -176,7 +176,8 @@ def test_chart_clusterwide_rbac_grants_exactly_the_reviewed_rules(cluster: Clust
             assert can(verb, group, resource, None), (verb, group, resource)
         for verb, group, resource in [
             ("get", "", "secrets"),
-            ("list", "", "pods"),
+            ("get", "", "pods"),
+            ("watch", "", "pods"),
             ("delete", "apps", "deployments"),
             ("update", "apps", "deployments"),
             ("create", "rbac.authorization.k8s.io", "clusterroles"),

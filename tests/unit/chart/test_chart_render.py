@@ -25,6 +25,7 @@ NAMESPACED = {
     *(("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")),
     *(("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch", "create", "patch", "delete")),
     ("", "persistentvolumeclaims", "get"),
+    ("", "pods", "list"),
     ("", "events", "create"),
 }
 CRD_SCAN = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
