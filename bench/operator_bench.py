@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubeinfer.operator import k8s  # noqa: E402
 
+import hack.cluster  # noqa: E402
 from hack.cluster import DEFAULT_BIN_DIR, start, stop  # noqa: E402
 from tests.support.operator_proc import TEST_ENV, OperatorProcess, api_write_counts  # noqa: E402
 
@@ -279,6 +280,8 @@ def main() -> int:
         info = None
         kubeconfig = args.kubeconfig
         if kubeconfig is None:
+            # hack/cluster.py's Service range (a /24) holds ~250 ClusterIPs: too few for 300 Services
+            hack.cluster.SERVICE_CIDR = "10.96.0.0/16"
             info = start(work / "cluster", die_with_parent=True, timeout=120.0)
             kubeconfig = info.kubeconfig
         try:
