@@ -185,8 +185,15 @@ async def pdb_event(
     interval=SETTINGS.resync_seconds,
     initial_delay=SETTINGS.resync_seconds,
 )
-async def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Periodic level-based resync (writes nothing when nothing changed)."""
+async def resync(body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Periodic level-based resync (writes nothing when nothing changed).
+
+    Skipped when the InferenceService is no longer in the index: kopf can leave a timer running for
+    an object deleted right after its finalizer was released (it logs "Patching was skipped: the
+    object does not exist anymore"); such a timer must not write.
+    """
+    if not kwargs["kubeinfer_isvcs"].get((namespace, name)):
+        return
     await _reconciler(memo).reconcile(dict(body), _lookup(kwargs))
 
 

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 
 RECONCILES = Counter(
     "kubeinfer_operator_reconciles_total",
-    "InferenceService reconciles, by result (ok|retry|error).",
+    "InferenceService reconciles, by result (ok|retry|error|gone).",
     ["result"],
 )
 RECONCILE_SECONDS = Histogram(

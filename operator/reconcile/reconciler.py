@@ -160,6 +160,9 @@ class Reconciler:
                 metrics.RECONCILE_ERRORS.labels(kind="transient").inc()
                 logger.warning("reconcile %s/%s: transient error, retrying: %s", *key, exc)
                 self._schedule_retry(body, lookup, max(self.retry_delay, exc.retry_after))
+            except k8s.NotFoundError:
+                result = "gone"  # deleted while we worked: owner references clean up the rest
+                self.forget(*key)
             except k8s.PermanentError as exc:
                 result = "error"
                 metrics.RECONCILE_ERRORS.labels(kind="permanent").inc()

@@ -290,7 +290,15 @@ def test_steady_state_resync_makes_zero_writes(
     writes0, reconciles0, own0 = _api_writes(cluster), operator.reconciles(), operator.own_writes()
     time.sleep(7.0)  # >= 3 resync periods of 2 s
     writes1, reconciles1, own1 = _api_writes(cluster), operator.reconciles(), operator.own_writes()
-    assert own1 - own0 == 0, f"the operator sent {own1 - own0} write requests during a steady-state resync"
+    writes_lines = [
+        ln for ln in operator.metrics_text().splitlines() if ln.startswith("kubeinfer_operator_api_w")
+    ]
+    assert own1 - own0 == 0, (
+        f"the operator sent {own1 - own0} write requests during a steady-state resync:\n"
+        + "\n".join(writes_lines)
+        + "\n"
+        + operator.log()[-6000:]
+    )
     count = len(cluster.get_json("kisvc", "-n", ns)["items"])
     assert reconciles1 - reconciles0 >= 2 * count, "the resync did not run"
     assert writes1 - writes0 == 0, f"{writes1 - writes0} write requests during a steady-state resync"

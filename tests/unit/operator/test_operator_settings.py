@@ -1,0 +1,35 @@
+"""Operator settings: environment variables, then command-line flags."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+from kubeinfer.operator.settings import Settings
+
+
+def test_defaults_and_env() -> None:
+    s = Settings.from_env({})
+    assert s.namespaces == [] and s.peering == "kubeinfer" and s.autoscale_interval_seconds == 15.0
+    assert 1 <= s.peering_priority <= 32767
+    env = {
+        "KUBEINFER_NAMESPACES": "a, b,",
+        "KUBEINFER_PEERING": "",
+        "KUBEINFER_LOG_FORMAT": "json",
+        "KUBEINFER_METRICS_PORT": "9100",
+        "KUBEINFER_PROMETHEUS_INSECURE_SKIP_VERIFY": "true",
+        "KUBECONFIG": "/tmp/kc",
+    }
+    s = Settings.from_env(env)
+    assert s.namespaces == ["a", "b"]
+    assert s.peering == "" and s.log_format == "json" and s.metrics_port == 9100
+    assert s.prometheus_insecure_skip_verify is True and s.kubeconfig == "/tmp/kc"
+
+
+def test_flags_override_env() -> None:
+    s = Settings.from_args(["--namespaces", "x", "--resync-seconds", "2"], env={"KUBEINFER_NAMESPACES": "a"})
+    assert s.namespaces == ["x"] and s.resync_seconds == 2.0
+
+
+def test_bad_value_names_the_setting() -> None:
+    with pytest.raises(pydantic.ValidationError, match="log_format"):
+        Settings.from_env({"KUBEINFER_LOG_FORMAT": "xml"})
