@@ -19,7 +19,8 @@ Steps (each printed with its elapsed time):
 6. clean up everything it started, also on Ctrl-C / SIGTERM.
 
 Options: ``--keep`` leaves everything running (prints how to reach it; Ctrl-C stops it),
-``--burst-rate``/``--burst-seconds`` size the load. Everything lives under ``.cache/demo/``.
+``--burst-rate`` (default: one replica's capacity measured on the spot) and ``--burst-seconds`` size the
+load. Everything lives under ``.cache/demo/``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ T0 = time.monotonic()
 
 #: The autoscaler settings the demo uses instead of the example's production-sized windows.
 DEMO_AUTOSCALING = {
+    "maxReplicas": 2,  # two cores here: a third replica would only share them
     "window": "10s",
     "scaleUpCooldown": "5s",
     "scaleDownCooldown": "10s",
@@ -84,6 +86,15 @@ SENTENCES = [
     "I love hiking in the mountains.",
 ]
 PARAPHRASE_THRESHOLD = 0.6
+
+#: The load: paragraphs of about 100 tokens (support-ticket sized), so the model, not the Python
+#: load generator, is what saturates.
+LOAD_TEXTS = [" ".join(SENTENCES[i:] + SENTENCES[:i]) * 2 for i in range(len(SENTENCES))]
+#: Burst = this many times the measured capacity of one replica (see ``Demo.capacity``).
+BURST_FACTOR = 1.0
+#: A request the load generator could not send within this many seconds of its schedule is dropped
+#: (counted in the "late" column): an open-loop client must not turn into a backlog.
+LATE_SECONDS = 2.0
 
 
 def _seconds(duration: str) -> float:
@@ -372,25 +383,65 @@ class Demo:
         self.summary["paraphrases"] = len(found)
 
     # ------------------------------------------------------------------ step 5
+    def capacity(self, seconds: float = 4.0, concurrency: int = 8) -> float:
+        """Requests/s one replica completes when never idle (closed loop), with the load's texts."""
+        assert self.pods is not None
+        addr = self.pods.ready_addresses()[0]
+        done = [0]
+        lock = threading.Lock()
+        deadline = time.monotonic() + seconds
+
+        def worker(k: int) -> None:
+            with httpx.Client(timeout=30) as client:
+                i = k
+                while time.monotonic() < deadline:
+                    text = LOAD_TEXTS[i % len(LOAD_TEXTS)]
+                    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+                    if client.post(f"http://{addr}/v2/models/minilm/infer", json=body).status_code == 200:
+                        with lock:
+                            done[0] += 1
+                    i += 1
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(seconds + 35)
+        return done[0] / max(1e-6, time.monotonic() - t0)
+
     def burst(self) -> None:
         step(
             5, "load burst: the autoscaler reads P99 from Prometheus and sets replicas and the batch timeout"
         )
         assert self.pods is not None and self.prom is not None
+        burst_rate = self.args.burst_rate
+        if burst_rate is None:
+            capacity = self.capacity()
+            burst_rate = max(2 * self.args.base_rate, round(BURST_FACTOR * capacity))
+            say(
+                f"  one replica serves about {capacity:.0f} requests/s of ~100-token texts here "
+                f"(4 s closed-loop probe); the burst offers {BURST_FACTOR}x that: {burst_rate:.0f}/s"
+            )
+        self.summary["burst_rate"] = burst_rate
         phases = [
             ("warm", self.args.base_rate, 15.0),
-            ("burst", self.args.burst_rate, self.args.burst_seconds),
+            ("burst", burst_rate, self.args.burst_seconds),
             ("cool", self.args.base_rate, self.args.cool_seconds),
         ]
-        texts = [s.encode() for s in SENTENCES]
+        texts = [t.encode() for t in LOAD_TEXTS]
         pods = self.pods
-        stats = {"sent": 0, "ok": 0, "rejected": 0, "errors": 0}
+        stats = {"sent": 0, "ok": 0, "rejected": 0, "errors": 0, "late": 0}
         lock = threading.Lock()
         latencies: deque[float] = deque(maxlen=5000)
         rr = [0]
         local = threading.local()
 
-        def one(text: bytes) -> None:
+        def one(text: bytes, scheduled: float) -> None:
+            if time.monotonic() - scheduled > LATE_SECONDS:  # the client fell behind: drop, do not pile up
+                with lock:
+                    stats["late"] += 1
+                return
             addrs = pods.ready_addresses()
             if not addrs:
                 with lock:
@@ -425,12 +476,12 @@ class Demo:
         )
         say(f"  P99 = {p99_query}")
         say(
-            f"  {'t':>5} {'phase':<6} {'offered/s':>9} {'ok/s':>6} {'429':>4} {'P99':>8} {'ready/want':>10} "
-            f"{'batch timeout':>13}  autoscaler"
+            f"  {'t':>5} {'phase':<6} {'offered/s':>9} {'ok/s':>6} {'429':>4} {'late':>4} {'P99':>8} "
+            f"{'ready/want':>10} {'timeout':>8} {'in pods':>8}  autoscaler"
         )
         stop_evt = threading.Event()
         history: list[dict[str, Any]] = []
-        with ThreadPoolExecutor(max_workers=128) as pool:
+        with ThreadPoolExecutor(max_workers=64) as pool:
             t_start = time.monotonic()
             next_print = t_start + self.args.print_every
             last = {"t": t_start, "sent": 0, "ok": 0}
@@ -442,7 +493,7 @@ class Demo:
                 while time.monotonic() < phase_end and not stop_evt.is_set():
                     now = time.monotonic()
                     if now >= next_send:
-                        pool.submit(one, texts[k % len(texts)])
+                        pool.submit(one, texts[k % len(texts)], now)
                         k += 1
                         with lock:
                             stats["sent"] += 1
@@ -469,6 +520,19 @@ class Demo:
             p99 = self.prom.query_value(p99_query)
         except Exception:
             p99 = None
+        # what the runtime processes apply (hot-reloaded from the ConfigMap), as they export it
+        sel = f'namespace="{NAMESPACE}",inferenceservice="{ISVC}"'
+        try:
+            lo = self.prom.query_value(f"min(kubeinfer_max_queue_delay_seconds{{{sel}}})")
+            hi = self.prom.query_value(f"max(kubeinfer_max_queue_delay_seconds{{{sel}}})")
+        except Exception:
+            lo = hi = None
+        if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+            in_pods = "n/a"
+        elif abs(hi - lo) < 1e-9:
+            in_pods = f"{hi * 1000:.3g}ms"
+        else:
+            in_pods = f"{lo * 1000:.2g}-{hi * 1000:.2g}ms"
         try:
             dep = self.get("deployment", ISVC, "-n", NAMESPACE)
             replicas = f"{(dep.get('status') or {}).get('readyReplicas') or 0}/{dep['spec'].get('replicas')}"
@@ -485,8 +549,8 @@ class Demo:
             replicas, bt, reason = "?", "?", f"({type(e).__name__})"
         p99_txt = "n/a" if p99 is None or math.isnan(p99) else f"{p99 * 1000:.0f}ms"
         say(
-            f"  {t:5.0f} {phase:<6} {offered:9.1f} {ok_rate:6.1f} {stats['rejected']:4d} {p99_txt:>8} "
-            f"{replicas:>10} {bt:>13}  {reason}"
+            f"  {t:5.0f} {phase:<6} {offered:9.1f} {ok_rate:6.1f} {stats['rejected']:4d} {stats['late']:4d} "
+            f"{p99_txt:>8} {replicas:>10} {bt:>8} {in_pods:>8}  {reason}"
         )
         return {
             "t": t,
@@ -558,7 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=ROOT / ".cache" / "demo")
     ap.add_argument("--keep", action="store_true", help="leave everything running until Ctrl-C")
     ap.add_argument("--base-rate", type=float, default=5.0, help="requests/s before and after the burst")
-    ap.add_argument("--burst-rate", type=float, default=200.0, help="requests/s during the burst")
+    ap.add_argument(
+        "--burst-rate",
+        type=float,
+        default=None,
+        help=f"requests/s during the burst (default: {BURST_FACTOR}x one replica's measured capacity)",
+    )
     ap.add_argument("--burst-seconds", type=float, default=75.0)
     ap.add_argument("--cool-seconds", type=float, default=45.0)
     ap.add_argument("--print-every", type=float, default=3.0, help="seconds between progress lines")
