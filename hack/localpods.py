@@ -596,6 +596,10 @@ class LocalPods:
             )
             return
         if now >= pod.next_start_at:
+            # a fresh port: the old one may have been taken meanwhile (that could be why it died)
+            pod.port = free_port()
+            if self._runtime_yaml is not None:
+                self._write_config(pod)
             self._spawn(pod)
 
     def _probe(self) -> None:
