@@ -137,10 +137,12 @@ async def isvc_event(
 
 
 async def _owned_event(
-    type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any, kwargs: Any
+    kind: str, type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any, kwargs: Any
 ) -> None:
     if type in (None, "ADDED"):  # initial listing / our own creation: nothing to compare yet
         return
+    if type == "DELETED":  # deleted by hand: forget our last apply, so that it is created again
+        _reconciler(memo).forget_object(kind, str(namespace), str(kwargs.get("name")))
     owner = _owner_body(kwargs, namespace, labels)
     if owner is not None:
         await _reconciler(memo).reconcile(owner, _lookup(kwargs))
@@ -151,7 +153,7 @@ async def deployment_event(
     type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """An owned Deployment changed (status, hand edit, deletion): reconcile its InferenceService."""
-    await _owned_event(type, namespace, labels, memo, kwargs)
+    await _owned_event("Deployment", type, namespace, labels, memo, kwargs)
 
 
 @kopf.on.event("", "v1", "services", labels=OWNED)
@@ -159,7 +161,7 @@ async def service_event(
     type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """An owned Service changed: reconcile its InferenceService."""
-    await _owned_event(type, namespace, labels, memo, kwargs)
+    await _owned_event("Service", type, namespace, labels, memo, kwargs)
 
 
 @kopf.on.event("", "v1", "configmaps", labels=OWNED)
@@ -167,7 +169,7 @@ async def configmap_event(
     type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """An owned ConfigMap changed: reconcile its InferenceService."""
-    await _owned_event(type, namespace, labels, memo, kwargs)
+    await _owned_event("ConfigMap", type, namespace, labels, memo, kwargs)
 
 
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
@@ -175,7 +177,7 @@ async def pdb_event(
     type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """An owned PodDisruptionBudget changed: reconcile its InferenceService."""
-    await _owned_event(type, namespace, labels, memo, kwargs)
+    await _owned_event("PodDisruptionBudget", type, namespace, labels, memo, kwargs)
 
 
 @kopf.timer(

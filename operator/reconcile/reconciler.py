@@ -95,6 +95,10 @@ class Reconciler:
         if task is not None:
             task.cancel()
 
+    def forget_object(self, kind: str, namespace: str, name: str) -> None:
+        """Drop the remembered apply response of an owned object (it was deleted)."""
+        self._applied.pop((kind, namespace, name), None)
+
     def _current(self, lookup: Lookup, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The newer of the watched object and the response of our own last apply."""
         seen = lookup(kind, namespace, name)

@@ -257,6 +257,16 @@ def test_hand_edit_is_reverted(cluster: Cluster, op_namespace: str, operator: Op
         timeout=30,
         message="ConfigMap put back",
     )
+    svc = _get(cluster, ns, "service", name)
+    assert svc is not None
+    cluster.kubectl("delete", "service", name, "-n", ns)
+    wait_until(
+        lambda: (
+            (new := _get(cluster, ns, "service", name)) and new["metadata"]["uid"] != svc["metadata"]["uid"]
+        ),
+        timeout=30,
+        message="Service created again",
+    )
 
 
 def test_delete_garbage_collects_owned_objects_only(
