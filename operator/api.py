@@ -263,7 +263,13 @@ class BatchingSpec(_Spec):
                     "spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize",
                     ".preferredBatchSizes",
                     "FieldValueInvalid",
-                )
+                ),
+                _cel(
+                    "duration(self.maxQueueDelay) <= duration('10s')",
+                    "spec.batching.maxQueueDelay must be at most 10s",
+                    ".maxQueueDelay",
+                    "FieldValueInvalid",
+                ),
             ]
         }
     )

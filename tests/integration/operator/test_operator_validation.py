@@ -62,6 +62,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("batch-size-0", {"batching": {"maxBatchSize": 0}}, "spec.batching.maxBatchSize"),
     ("bad-memory", {"resources": {"memory": "lots"}}, "spec.resources.memory"),
     ("zero-target", {"autoscaling": {"targetP99": "0s"}}, "spec.autoscaling.targetP99"),
+    ("queue-delay>10s", {"batching": {"maxQueueDelay": "11s"}}, "spec.batching.maxQueueDelay"),
     ("typo-field", {"modle": {"uri": "default"}}, "spec.modle"),
 ]
 
