@@ -397,7 +397,9 @@ def test_restart_resumes_without_churn(
     )
 
 
-def test_two_operators_only_one_acts(cluster: Cluster, crds: None, namespace: str, tmp_path: Path) -> None:
+def test_two_operators_only_one_acts_and_the_other_takes_over(
+    cluster: Cluster, crds: None, namespace: str, tmp_path: Path
+) -> None:
     ns = namespace
     peering = f"kubeinfer-{ns}"[:63]
     common: dict[str, Any] = {
@@ -424,4 +426,16 @@ def test_two_operators_only_one_acts(cluster: Cluster, crds: None, namespace: st
             assert high.reconciles() > 0
             assert low.reconciles() == 0, low.log()[-3000:]
             assert "Resuming the watch-stream for inferenceservices" not in low.log()
+            # the leader exits (it leaves the peering object): the other one takes over
+            high.stop()
+            wait_until(
+                lambda: "Resuming the watch-stream for inferenceservices" in low.log(),
+                timeout=30,
+                message="the remaining operator resumes",
+            )
+            _create(cluster, ns, _isvc_manifest("follower"))
+            wait_until(
+                lambda: _ready(cluster, ns, "follower"), timeout=30, message="status written by the other"
+            )
+            assert low.reconciles() > 0
             cluster.kubectl("delete", "kisvc", "--all", "-n", ns, "--timeout=60s")  # while an operator runs
