@@ -82,7 +82,7 @@ async def create_and_wait(kubeconfig: Path, ns: str, n: int, deadline_s: float) 
 
     Returns (seconds the POSTs took, Deployments seen at the end).
     """
-    kube = k8s.Kube.from_environment(str(kubeconfig))
+    kube = await k8s.Kube.from_environment(str(kubeconfig))
     try:
         t0 = time.monotonic()
         sem = asyncio.Semaphore(16)

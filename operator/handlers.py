@@ -67,7 +67,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = 600
     settings.watching.client_timeout = 660
     settings.posting.enabled = False  # Events are posted by the reconciler, on transitions only
-    kube = k8s.Kube.from_environment(SETTINGS.kubeconfig)
+    kube = await k8s.Kube.from_environment(SETTINGS.kubeconfig)
     memo.reconciler = Reconciler(kube)
     if SETTINGS.peering:
         await _ensure_peering(kube, SETTINGS)

@@ -1,9 +1,15 @@
 """The only module of the operator that talks to the Kubernetes API server.
 
-An async client (aiohttp, kopf's own HTTP client) with the credentials of the kubeconfig or the
-in-cluster service account (loaded with the official ``kubernetes`` client's loaders). It speaks
-raw JSON (no model classes), server-side apply (``application/apply-patch+yaml``), merge patches for
-status, and wraps failures in a small hierarchy:
+Transport, configuration, authentication and TLS are ``kubernetes-asyncio``'s (the asyncio port of
+the official client, on aiohttp): its ``config`` loaders read the kubeconfig or the in-cluster
+service account, with token refresh (the in-cluster loader re-reads the rotating bound
+ServiceAccount token, at most once a minute; exec-plugin and GCP kubeconfig credentials are
+renewed by the library's ``refresh_token`` task before they expire), and its ``ApiClient`` holds
+the connection pool, the TLS context and the ``Authorization`` header. This module adds only what
+kubeinfer needs on top: URL paths of the kinds it handles, raw JSON bodies (``ApiClient.call_api``
+with the ``object`` response type, so no model classes on the hot path), server-side apply
+(``application/apply-patch+yaml``), merge patches for status, the write counter, and a small error
+hierarchy:
 
 - :class:`TransientError` — worth retrying after a delay: 409 Conflict, 429, 5xx, connection errors,
   timeouts (``retry_after`` seconds, from ``Retry-After`` when the server sends it);
@@ -14,18 +20,24 @@ status, and wraps failures in a small hierarchy:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import socket
-import ssl
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from kubeinfer.operator import metrics
+from kubernetes_asyncio import config as kconfig
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+
+logger = logging.getLogger(__name__)
 
 _PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
@@ -36,6 +48,9 @@ _PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
 }
+
+#: ``ApiClient.call_api`` response types: the ``object`` type returns the decoded JSON as is.
+_RAW_JSON = {200: "object", 201: "object", 202: "object"}
 
 
 class KubeError(Exception):
@@ -84,82 +99,103 @@ def object_path(api_version: str, kind: str, namespace: str, name: str | None = 
     return resource_path(api_version, _PLURALS[(api_version, kind)], namespace, name)
 
 
+def error_from_api(method: str, path: str, exc: ApiException) -> KubeError:
+    """The :class:`KubeError` for an ``ApiException`` (an HTTP error response, or status 0).
+
+    The message and ``reason`` come from the ``Status`` body when there is one (else the first 500
+    characters of the body); ``retry_after`` (seconds) from the ``Retry-After`` header (default 1).
+    404 → :class:`NotFoundError`; 409, 429, 5xx → :class:`TransientError`; else
+    :class:`PermanentError`.
+    """
+    code = int(exc.status or 0)
+    raw = exc.body or b""
+    text = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))[:500]
+    status: dict[str, Any] = {}
+    with contextlib.suppress(ValueError):
+        decoded = json.loads(raw)
+        if isinstance(decoded, dict):
+            status = decoded
+    message = f"{method} {path}: {code} {status.get('message') or text or exc.reason or ''}".rstrip()
+    reason = str(status.get("reason", ""))
+    if code == 404:
+        return NotFoundError(message, status=code, reason=reason)
+    if code in (409, 429) or code >= 500:
+        retry_after = 1.0
+        with contextlib.suppress(ValueError, TypeError):
+            retry_after = float(exc.headers.get("Retry-After", "1") if exc.headers else "1")
+        return TransientError(message, status=code, reason=reason, retry_after=retry_after)
+    return PermanentError(message, status=code, reason=reason)
+
+
 @dataclass
 class Kube:
     """An async Kubernetes API client. Create with :meth:`from_environment`; close with :meth:`close`.
 
-    ``writes`` counts write requests sent, by ``(verb, plural)`` (the operator's own metrics).
+    ``api``: the ``kubernetes_asyncio`` ``ApiClient`` (connection pool, TLS, credentials);
+    ``timeout``: seconds per request, total. ``writes`` counts write requests answered by the
+    server, by ``(verb, plural)`` (also ``kubeinfer_operator_api_writes_total``).
     """
 
-    base_url: str
-    headers: dict[str, str]
-    ssl_context: ssl.SSLContext | bool
+    api: ApiClient
     timeout: float = 30.0
-    max_connections: int = 64
     writes: Counter[tuple[str, str]] = field(default_factory=Counter)
-    _session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        """The session, created on first use (inside the running event loop)."""
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self.ssl_context, limit=self.max_connections)
-            self._session = aiohttp.ClientSession(
-                base_url=self.base_url,
-                headers=self.headers,
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=self.timeout),
-            )
-        return self._session
+    _refresh: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, *, timeout: float = 30.0) -> Kube:
-        """Credentials from ``kubeconfig`` (or ``$KUBECONFIG``/``~/.kube/config``), else in-cluster.
+    async def from_environment(
+        cls, kubeconfig: str | None = None, *, timeout: float = 30.0, max_connections: int = 64
+    ) -> Kube:
+        """Connect with ``kubeconfig`` (or ``$KUBECONFIG``/``~/.kube/config``), else in-cluster.
+
+        Call inside the running event loop (the pool and the refresh task belong to it).
+        ``timeout``: seconds per request; ``max_connections``: the pool's limit.
 
         Raises:
-            PermanentError: no usable configuration.
+            PermanentError: no usable configuration (file, context, credentials).
         """
-        from kubernetes import client as kclient
-        from kubernetes import config as kconfig
-
-        cfg = kclient.Configuration()
+        cfg = Configuration()
+        refresh: asyncio.Task[None] | None = None
+        default = os.path.expanduser("~/.kube/config")
         try:
-            if (
-                kubeconfig
-                or os.environ.get("KUBECONFIG")
-                or os.path.exists(os.path.expanduser("~/.kube/config"))
-            ):
-                kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=kubeconfig, client_configuration=cfg, persist_config=False
+            if kubeconfig or os.environ.get("KUBECONFIG") or os.path.exists(default):
+                loader = await kconfig.load_kube_config(
+                    config_file=kubeconfig or os.environ.get("KUBECONFIG") or default,
+                    client_configuration=cfg,
+                    persist_config=False,
                 )
+                if loader.provider == "gcp" or "exec" in (loader._user or {}):
+                    # Expiring credentials: the library re-runs the plugin before they expire.
+                    refresh = asyncio.create_task(
+                        kconfig.refresh_token(loader, cfg),
+                        name="kubeinfer-kube-token-refresh",
+                    )
+                    refresh.add_done_callback(_log_refresh_end)
             else:
-                kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        except Exception as exc:
+                # try_refresh_token: re-read the rotating ServiceAccount token (at most once a minute).
+                kconfig.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=cfg, try_refresh_token=True
+                )
+        except Exception as exc:  # ConfigException, OSError, YAML errors, a failing exec plugin ...
             raise PermanentError(f"cannot load Kubernetes credentials: {exc}") from exc
-        headers = {"Accept": "application/json", "User-Agent": "kubeinfer-operator"}
-        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-        if token:
-            prefix = cfg.api_key_prefix.get("authorization", "")
-            headers["Authorization"] = (
-                f"{prefix} {token}".strip() if not token.startswith("Bearer") else token
-            )
-        verify: ssl.SSLContext | bool
-        if cfg.verify_ssl:
-            ctx = (
-                ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-                if cfg.ssl_ca_cert
-                else ssl.create_default_context()
-            )
-            if cfg.cert_file and cfg.key_file:
-                ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-            verify = ctx
-        else:
-            verify = False
-        return cls(base_url=cfg.host, headers=headers, ssl_context=verify, timeout=timeout)
+        cfg.connection_pool_maxsize = max_connections
+        api = ApiClient(cfg)
+        api.user_agent = "kubeinfer-operator"
+        return cls(api=api, timeout=timeout, _refresh=refresh)
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        if self._session is not None:
-            await self._session.close()
+        """Stop the credential refresh task and close the connection pool."""
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._refresh
+            self._refresh = None
+        await self.api.close()
+
+    def _count_write(self, method: str, path: str) -> None:
+        """Count a write request the server answered (any status)."""
+        plural = _plural_of(path)
+        self.writes[(method, plural)] += 1
+        metrics.API_WRITES.labels(verb=method, resource=plural).inc()
 
     async def _request(
         self,
@@ -170,38 +206,33 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        content = json.dumps(body).encode("utf-8") if body is not None else None
-        headers = {"Content-Type": content_type} if content is not None else {}
+        """Send one request; the decoded JSON response body (``{}`` when empty).
+
+        Raises:
+            TransientError / PermanentError / NotFoundError: see the module docstring.
+        """
         try:
-            async with self._client().request(
-                method, path, params=params, data=content, headers=headers
-            ) as response:
-                code = response.status
-                raw = await response.read()
-                retry_header = response.headers.get("Retry-After", "1")
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            data = await self.api.call_api(
+                path,
+                method,
+                query_params=params,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                response_types_map=_RAW_JSON,
+                _return_http_data_only=True,
+                _request_timeout=self.timeout,
+            )
+        except ApiException as exc:
+            if method != "GET" and exc.status:
+                self._count_write(method, path)
+            raise error_from_api(method, path, exc) from exc
+        except (aiohttp.ClientError, TimeoutError, OSError, kconfig.ConfigException) as exc:
+            # No answer (connection, timeout), or the token file could not be re-read.
             raise TransientError(f"{method} {path}: {type(exc).__name__}: {exc}", retry_after=2.0) from exc
         if method != "GET":
-            self.writes[(method, _plural_of(path))] += 1
-            metrics.API_WRITES.labels(verb=method, resource=_plural_of(path)).inc()
-        if code < 400:
-            data: dict[str, Any] = json.loads(raw) if raw else {}
-            return data
-        try:
-            status: dict[str, Any] = json.loads(raw)
-        except ValueError:
-            status = {}
-        text = raw[:500].decode("utf-8", "replace")
-        message = f"{method} {path}: {code} {status.get('message') or text}"
-        reason = str(status.get("reason", ""))
-        if code == 404:
-            raise NotFoundError(message, status=code, reason=reason)
-        if code in (409, 429) or code >= 500:
-            retry_after = 1.0
-            with contextlib.suppress(ValueError, TypeError):
-                retry_after = float(retry_header)
-            raise TransientError(message, status=code, reason=reason, retry_after=retry_after)
-        raise PermanentError(message, status=code, reason=reason)
+            self._count_write(method, path)
+        return data if isinstance(data, dict) else {}
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """GET an object; ``None`` if it does not exist."""
@@ -289,3 +320,9 @@ class Kube:
             "count": 1,
         }
         await self._request("POST", object_path("v1", "Event", meta["namespace"]), body=event)
+
+
+def _log_refresh_end(task: asyncio.Task[None]) -> None:
+    """Log why the credential refresh task ended (it runs until :meth:`Kube.close`)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("Kubernetes credential refresh stopped: %r", task.exception())
