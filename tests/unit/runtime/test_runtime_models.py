@@ -9,7 +9,13 @@ import pytest
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.models import InputError, load_model
 from kubeinfer.runtime.models.base import batch_buckets, shape_matches, tensor_nbytes
-from kubeinfer.runtime.models.device import THREADS_ENV, configure_torch, resolve_device
+from kubeinfer.runtime.models.device import (
+    THREADS_ENV,
+    available_cpus,
+    configure_torch,
+    default_threads,
+    resolve_device,
+)
 from kubeinfer.runtime.models.huggingface import TextEmbeddingModel, heldout_pairs, heldout_sentences
 from kubeinfer.runtime.models.quantize import QuantizationError
 from kubeinfer.runtime.models.torchscript import TorchScriptModel
@@ -247,5 +253,10 @@ def test_device_resolution_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=THREADS_ENV):
         configure_torch(torch.device("cpu"))
     before = torch.get_num_threads()
-    monkeypatch.setenv(THREADS_ENV, str(before))
-    assert configure_torch(torch.device("cpu")) == before
+    try:
+        monkeypatch.setenv(THREADS_ENV, "1")
+        assert configure_torch(torch.device("cpu")) == 1
+        monkeypatch.delenv(THREADS_ENV)
+        assert configure_torch(torch.device("cpu")) == default_threads() == max(1, available_cpus() - 1)
+    finally:
+        torch.set_num_threads(before)
