@@ -481,7 +481,7 @@ class Demo:
         )
         stop_evt = threading.Event()
         history: list[dict[str, Any]] = []
-        with ThreadPoolExecutor(max_workers=64) as pool:
+        with ThreadPoolExecutor(max_workers=256) as pool:
             t_start = time.monotonic()
             next_print = t_start + self.args.print_every
             last = {"t": t_start, "sent": 0, "ok": 0}
@@ -545,6 +545,12 @@ class Demo:
             if decision.get("time") and decision.get("time") != self.summary.get("last_decision_time"):
                 self.summary["last_decision_time"] = decision.get("time")
                 reason = (decision.get("reason") or "").rsplit(": ", 1)[-1]
+            active = next(
+                (c for c in st.get("conditions") or [] if c.get("type") == "AutoscalingActive"), None
+            )
+            if active is not None and active.get("status") != "True":
+                unknown = (st.get("observed") or {}).get("unknownReason") or active.get("message") or ""
+                reason = f"holding ({active.get('reason')}: {unknown[:70]})"
         except Exception as e:
             replicas, bt, reason = "?", "?", f"({type(e).__name__})"
         p99_txt = "n/a" if p99 is None or math.isnan(p99) else f"{p99 * 1000:.0f}ms"
