@@ -29,12 +29,13 @@ lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	@bash hack/setup.sh --python-only
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy
-	@# import-linter cannot follow setuptools' package-dir mapping: give it a symlinked kubeinfer/ tree
+	@# mypy and import-linter cannot follow setuptools' package-dir mapping: give them a symlinked
+	@# kubeinfer/ tree, so kubeinfer.* imports are checked (not Any) and modules get their real names
 	@rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer && \
 	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py && \
 	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator && \
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime
+	cd .cache/lintroot && ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer
 	cd .cache/lintroot && ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml
 
 crds: ## regenerate crds/ and charts/kubeinfer/crds/ from the pydantic models

@@ -75,6 +75,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 async def _ensure_peering(kube: k8s.Kube, settings: Settings) -> None:
     """Create the kopf peering object(s) named ``settings.peering`` when missing (kopf does not)."""
+    targets: list[tuple[str | None, str, str]]
     if settings.namespaces:
         targets = [(ns, "kopfpeerings", "KopfPeering") for ns in settings.namespaces]
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -139,7 +139,7 @@ BAD_WAITING_REASONS = frozenset(
 )
 
 
-def pod_problem(pods: list[Mapping[str, Any]]) -> ReadyState | None:
+def pod_problem(pods: Sequence[Mapping[str, Any]]) -> ReadyState | None:
     """The first lasting problem among an InferenceService's pods, as a ``Ready=False`` state.
 
     A container waiting with one of :data:`BAD_WAITING_REASONS` (its reason and message carried
@@ -168,7 +168,7 @@ def ready_state(
     missing_pvcs: list[str],
     error: str | None,
     namespace: str,
-    pods: list[Mapping[str, Any]] | None = None,
+    pods: Sequence[Mapping[str, Any]] | None = None,
 ) -> ReadyState:
     """Readiness of an InferenceService, from what only the operator can see and the Deployment.
 

@@ -126,8 +126,7 @@ class TokenizedBatch:
         return int(self.tensors["input_ids"].shape[1])
 
 
-# mypy sees kubeinfer.* as Any (setuptools' editable finder); unused-ignore keeps it valid once fixed.
-class TextEmbeddingModel(ServableModel):  # type: ignore[misc, unused-ignore]
+class TextEmbeddingModel(ServableModel):
     """A transformer encoder served as a sentence-embedding model (input ``text``, output ``embedding``).
 
     Thread safety: tokenizer calls are serialised by a lock (HF fast tokenizers raise "Already

@@ -83,8 +83,7 @@ class TensorBatch:
     rows: int
 
 
-# mypy sees kubeinfer.* as Any (setuptools' editable finder); unused-ignore keeps it valid once fixed.
-class TorchScriptModel(ServableModel):  # type: ignore[misc, unused-ignore]
+class TorchScriptModel(ServableModel):
     """A scripted module served with declared inputs and outputs."""
 
     def __init__(
