@@ -3,14 +3,19 @@
 Policy (``plan_batch``, pure, unit-tested without threads):
 
 - Requests are ordered by priority level (1 = highest, as in Triton's ``priority`` parameter; 0 or
-  absent = ``default_priority_level``), then by arrival. A batch is the longest prefix of that order
-  whose rows fit in ``max_batch_size``; a request is never split across batches, and the batch stops
-  at the first request that does not fit (no overtaking, so no request starves).
+  absent = ``default_priority_level``), then by arrival. Only requests with equal batch keys
+  (``ServableModel.batch_key``, e.g. a TorchScript model's non-batch dimensions) share a batch: the
+  batch takes the head of that order and, in order, the requests with the head's key whose rows fit
+  in ``max_batch_size``; requests of other keys keep their places and wait for a later batch (they
+  become the head once the older ones are served, so none starves). A request is never split across
+  batches, and the batch stops at the first same-key request that does not fit (no overtaking).
 - A request with more rows than the current ``max_batch_size`` (but no more than the warmed maximum,
   ``model.max_batch_size``) runs alone in its own batch. More rows than the warmed maximum -> HTTP 413
   at submission.
-- Size trigger: the batch is *full* (its rows reach ``max_batch_size``, or the next request does not
-  fit). Delay trigger: the oldest queued request has waited ``max_queue_delay`` seconds. With
+- Size trigger: the batch is *full* (its rows reach ``max_batch_size``, or the next same-key request
+  does not fit). Delay trigger: the oldest queued request (of any key) has waited
+  ``max_queue_delay`` seconds; requests of another key therefore never wait much longer than their
+  own delay plus the batches ahead of them. With
   ``max_queue_delay == 0`` an idle executor takes whatever is queued at once.
 - Preferred batch sizes (Triton's ``preferred_batch_size``): a prefix with exactly a preferred rows
   count also counts as full (the largest such prefix is taken).
@@ -41,7 +46,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -110,15 +115,20 @@ class Queued(Protocol):
     @property
     def enqueued(self) -> float: ...
 
+    @property
+    def key(self) -> Hashable: ...
+
 
 @dataclass(frozen=True)
 class Plan:
-    """The policy's decision: take the first ``take`` requests now (0 = none); if none, look again at
-    ``wake_at`` (event-loop time, seconds) or on the next state change when ``wake_at`` is ``None``."""
+    """The policy's decision: take ``take`` requests now (0 = none), those at positions ``picked`` of
+    the ordered queue (ascending; the head's key only); if none, look again at ``wake_at``
+    (event-loop time, seconds) or on the next state change when ``wake_at`` is ``None``."""
 
     take: int
     wake_at: float | None
     full: bool = False
+    picked: tuple[int, ...] = ()
 
 
 def plan_batch(
@@ -136,7 +146,8 @@ def plan_batch(
     """Decide which requests form the next batch (pure; see the module docstring for the rules).
 
     Args:
-        ordered: queued requests in service order (priority level, then arrival).
+        ordered: queued requests in service order (priority level, then arrival); each has ``rows``,
+            ``enqueued`` (seconds) and ``key`` (requests batch together only if their keys are equal).
         oldest_enqueued: the earliest ``enqueued`` time among them (the delay trigger's reference).
         max_batch_size: rows per batch. max_queue_delay: seconds. now: current time, seconds.
         in_flight: batches taken and not finished executing. executors: executor threads.
@@ -147,34 +158,43 @@ def plan_batch(
     """
     if not ordered or oldest_enqueued is None:
         return Plan(0, None)
+    key = ordered[0].key
     rows = 0
-    take = 0
+    picked: list[int] = []
     preferred_take = 0
-    for item in ordered:
+    blocked = False  # a same-key request did not fit
+    for index, item in enumerate(ordered):
+        if item.key != key:
+            continue
         if rows + item.rows > max_batch_size:
+            blocked = True
             break
         rows += item.rows
-        take += 1
+        picked.append(index)
         if rows in preferred_batch_sizes:
-            preferred_take = take
-    if take == 0:  # the first request alone is larger than max_batch_size: it runs alone
-        take, full = 1, True
+            preferred_take = len(picked)
+    if not picked:  # the first request alone is larger than max_batch_size: it runs alone
+        picked, full = [0], True
     else:
-        full = rows >= max_batch_size or take < len(ordered)
+        full = rows >= max_batch_size or blocked
         if not full and preferred_take:
-            take, full = preferred_take, True
+            picked, full = picked[:preferred_take], True
     due_at = oldest_enqueued + max_queue_delay
     due = draining or max_queue_delay <= 0 or now >= due_at
     if in_flight < executors:
         if full or due:
-            return Plan(take, None, full)
+            return Plan(len(picked), None, full, tuple(picked))
         return Plan(0, due_at)
     if in_flight < 2 * executors and full:
-        return Plan(take, None, full)
+        return Plan(len(picked), None, full, tuple(picked))
     return Plan(0, None)
 
 
 _seq = itertools.count()
+
+#: How far (in multiples of ``max_batch_size + 1`` requests per priority level) the dispatcher looks
+#: past requests of other batch keys for ones that share the head's key; bounds the per-dispatch cost.
+_KEY_SCAN_WINDOW = 16
 
 
 @dataclass(eq=False)
@@ -184,6 +204,7 @@ class _Request:
     level: int
     enqueued: float
     future: asyncio.Future[dict[str, np.ndarray]]
+    key: Hashable = None
     seq: int = field(default_factory=lambda: next(_seq))
     timer: asyncio.TimerHandle | None = None
     taken: bool = False
@@ -367,7 +388,12 @@ class Batcher:
             )
         loop = asyncio.get_running_loop()
         req = _Request(
-            inputs=inputs, rows=rows, level=level, enqueued=loop.time(), future=loop.create_future()
+            inputs=inputs,
+            rows=rows,
+            level=level,
+            enqueued=loop.time(),
+            future=loop.create_future(),
+            key=self.model.batch_key(inputs),
         )
         if timeout_us:  # 0 = no timeout (Triton)
             req.timer = loop.call_at(req.enqueued + timeout_us / 1e6, self._expire, req)
@@ -421,14 +447,29 @@ class Batcher:
 
     # ----- dispatch --------------------------------------------------------------------------------
     def _ordered(self) -> tuple[list[_Request], float | None]:
+        """The candidates of the next batch in service order: the head request and, per level, the
+        requests of the head's batch key (at most ``max_batch_size + 1`` per level, found within a
+        window of ``_KEY_SCAN_WINDOW`` times that many), and the oldest queued request's enqueue time."""
         ordered: list[_Request] = []
         oldest: float | None = None
+        limit = self._settings.max_batch_size + 1
+        head_key: Hashable = None
+        have_head = False
         for level in sorted(self._levels):
             reqs = self._levels[level]
-            if reqs:
-                head = next(iter(reqs.values()))
-                oldest = head.enqueued if oldest is None else min(oldest, head.enqueued)
-                ordered.extend(itertools.islice(reqs.values(), self._settings.max_batch_size + 1))
+            if not reqs:
+                continue
+            head = next(iter(reqs.values()))
+            oldest = head.enqueued if oldest is None else min(oldest, head.enqueued)
+            if not have_head:
+                head_key, have_head = head.key, True
+            found = 0
+            for req in itertools.islice(reqs.values(), limit * _KEY_SCAN_WINDOW):
+                if req.key == head_key:
+                    ordered.append(req)
+                    found += 1
+                    if found >= limit:
+                        break
         return ordered, oldest
 
     async def _dispatch(self) -> None:
@@ -459,7 +500,7 @@ class Batcher:
                 preferred_batch_sizes=s.preferred_batch_sizes,
             )
             if plan.take:
-                batch = ordered[: plan.take]
+                batch = [ordered[i] for i in plan.picked]
                 for req in batch:
                     self._levels[req.level].pop(req.seq)
                     req.taken = True

@@ -73,3 +73,29 @@ class FakeModel(ServableModel):
 def rows(*values: float) -> dict[str, np.ndarray]:
     """A request whose rows have first values ``values`` (second value 0)."""
     return {"x": np.array([[v, 0.0] for v in values], dtype=np.float32)}
+
+
+class KeyedFakeModel(FakeModel):
+    """A ``FakeModel`` whose requests batch together only if their rows share the second value of
+    ``x`` (its batch key, as a TorchScript model keys on shapes); ``preprocess`` raises ``ValueError``
+    for a batch that mixes keys, as ``TorchScriptModel.preprocess`` does for mixed shapes."""
+
+    def __init__(self, max_batch_size: int = 64, delay: float = 0.0) -> None:
+        super().__init__(max_batch_size, delay, name="keyed")
+        self.mixed = 0  # preprocess calls that got mixed keys
+
+    def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Any:
+        return float(inputs["x"][0, 1])
+
+    def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> Any:
+        keys = {float(v) for b in batch for v in b["x"][:, 1]}
+        if len(keys) > 1:
+            with self.lock:
+                self.mixed += 1
+            raise ValueError(f"input tensor 'x': requests in one batch differ in key {sorted(keys)}")
+        return super().preprocess(batch)
+
+
+def keyed(key: float, *values: float) -> dict[str, np.ndarray]:
+    """A request whose rows have first values ``values`` and second value (batch key) ``key``."""
+    return {"x": np.array([[v, key] for v in values], dtype=np.float32)}

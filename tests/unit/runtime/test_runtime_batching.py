@@ -13,7 +13,7 @@ from kubeinfer.runtime.batching import Batcher, BatchSettings, ServingError, pla
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import InputError
 
-from tests.unit.runtime.runtime_fakes import FakeModel, rows
+from tests.unit.runtime.runtime_fakes import FakeModel, KeyedFakeModel, keyed, rows
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(30)
 class Item:
     rows: int
     enqueued: float
+    key: object = None
 
 
 def plan(items: list[Item], **kw: object):  # type: ignore[no-untyped-def]
@@ -79,6 +80,28 @@ def test_policy_preferred_batch_size_is_dispatched_at_once() -> None:
 
 def test_policy_draining_makes_everything_due() -> None:
     assert plan([Item(1, 0.0)], max_queue_delay=10.0, draining=True).take == 1
+
+
+def test_policy_batches_only_the_head_key_and_skips_others_in_place() -> None:
+    items = [Item(1, 0.0, "a"), Item(1, 0.001, "b"), Item(1, 0.002, "a"), Item(1, 0.003, "b")]
+    p = plan(items, max_batch_size=4, now=0.01)  # due: the head's key only, in order
+    assert (p.take, p.picked, p.full) == (2, (0, 2), False)
+    # the other key does not make the head's batch full: it waits for the delay trigger
+    assert plan(items, max_batch_size=4, now=0.005).take == 0
+    # a same-key request that does not fit makes it full; other keys behind it are not overtaken
+    p = plan([Item(3, 0.0, "a"), Item(1, 0.0, "b"), Item(2, 0.0, "a")], max_batch_size=4)
+    assert (p.picked, p.full) == ((0,), True)
+    # once the head's requests are served, the other key is the head and runs on its own delay
+    p = plan([Item(1, 0.001, "b"), Item(1, 0.003, "b")], max_batch_size=4, now=0.011)
+    assert p.picked == (0, 1)
+
+
+def test_policy_key_respects_size_and_preferred_triggers() -> None:
+    items = [Item(1, 0.0, k) for k in "abababab"]
+    p = plan(items, max_batch_size=4)  # 4 rows of key a found among 8 requests: full at once
+    assert (p.picked, p.full) == ((0, 2, 4, 6), True)
+    p = plan(items, max_batch_size=8, preferred_batch_sizes=(2,))
+    assert (p.picked, p.full) == ((0, 2), True)
 
 
 # ----- the batcher on a loop -----------------------------------------------------------------------
@@ -267,6 +290,41 @@ async def test_preprocess_of_next_full_batch_overlaps_execution() -> None:
     model.gate.set()
     await asyncio.gather(*first, *second)
     assert model.batches == [2, 2]
+    b.close()
+
+
+async def test_requests_of_different_batch_keys_never_share_a_batch() -> None:
+    model = KeyedFakeModel()
+    model.gate = threading.Event()
+    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay=0.0))
+    b.start()
+    first = asyncio.ensure_future(b.infer(keyed(1.0, 0)))
+    await asyncio.to_thread(model.started.wait, 5)
+    # queued while the executor is busy, keys interleaved: a1 b1 a2 b2 ...
+    rest = [asyncio.ensure_future(b.infer(keyed(float(k), 10 * k + i))) for i in range(4) for k in (1, 2)]
+    await asyncio.sleep(0.02)
+    model.gate.set()
+    outs = await asyncio.gather(first, *rest)
+    assert model.mixed == 0  # no batch mixed keys, so none went through the isolation path
+    assert model.batches == [1, 4, 4]
+    assert model.firsts[1:] == [[10, 11, 12, 13], [20, 21, 22, 23]]  # each key in arrival order
+    for req, out in zip(rest, outs[1:], strict=True):
+        assert out["n"].tolist() == [4]
+        assert req.done()
+    b.close()
+
+
+async def test_other_key_waits_for_the_next_batch_not_forever() -> None:
+    model = KeyedFakeModel()
+    b = Batcher(model, BatchSettings(max_batch_size=64, max_queue_delay=0.05))
+    b.start()
+    t0 = time.monotonic()
+    outs = await asyncio.gather(b.infer(keyed(1.0, 1)), b.infer(keyed(2.0, 2)), b.infer(keyed(1.0, 3)))
+    waited = time.monotonic() - t0
+    assert model.mixed == 0
+    assert sorted(model.batches) == [1, 2]
+    assert [o["y"][0, 0] for o in outs] == [2.0, 4.0, 6.0]
+    assert waited < 1.0  # the second key ran right after the first batch, on its own delay
     b.close()
 
 
