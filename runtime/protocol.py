@@ -276,6 +276,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         doc = _JSON_DECODER.decode(view[:header_length])
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ProtocolError("request body must be a JSON object with an 'inputs' list")
     params = doc.get("parameters") or {}
