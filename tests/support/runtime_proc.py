@@ -124,6 +124,10 @@ class RuntimeProcess:
             *self.args,
         ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **self.env}
+        # a restart (start after stop/kill) appends to the same log and gets a new port: look for the
+        # "listening on" line only in what this process writes
+        self.port = 0
+        log_start = len(self.log_text()) if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.proc = subprocess.Popen(
@@ -138,7 +142,7 @@ class RuntimeProcess:
             log.close()
         deadline = time.monotonic() + self.ready_timeout
         while not self.port:
-            m = _LISTENING.search(self.log_text())
+            m = _LISTENING.search(self.log_text(), log_start)
             if m:
                 self.port = int(m.group(2))
                 break
