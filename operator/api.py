@@ -108,8 +108,14 @@ Duration = Annotated[
     AfterValidator(_check_duration),
 ]
 
-#: A Kubernetes resource quantity (``"2"``, ``"500m"``, ``"8Gi"``); pattern from apimachinery.
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+#: A positive Kubernetes resource quantity (``"2"``, ``"500m"``, ``"8Gi"``, ``"1.5"``, ``"1e3"``): the
+#: quantity grammar of apimachinery's ``resource.Quantity`` (number, then a binary-SI, decimal-SI or
+#: exponent suffix) without a sign and with at least one non-zero digit. apimachinery's own loose
+#: pre-check ``^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$`` let ``-1`` (422 on the Deployment),
+#: ``0`` / ``.`` (a pod with no memory) and ``1.2.3`` (a 500 from the API server on every retry) through.
+QUANTITY_PATTERN = (
+    r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+)
 Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
 
 #: ``model.uri``: the bundled model, an absolute path in the image, or ``pvc://<claim>/<path>``.
