@@ -1,0 +1,54 @@
+"""Manifests the API server must refuse (bad quantities, durations, numbers, URIs), message naming the
+field; complements tests/integration/operator/test_operator_validation.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.operator.test_operator_validation import BASE, _merge
+from tests.support.cluster import Cluster
+
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    # these four passed the schema: -1 and a too-long gpuProduct got 422 from the Deployment, "1.2.3"
+    # a 500 on every retry (no condition at all), "." and "0" a pod with a memory limit of 0
+    ("negative-cpu", {"resources": {"cpu": "-1"}}, "spec.resources.cpu"),
+    ("dotted-cpu", {"resources": {"cpu": "1.2.3"}}, "spec.resources.cpu"),
+    ("dot-memory", {"resources": {"memory": "."}}, "spec.resources.memory"),
+    ("zero-memory", {"resources": {"memory": "0"}}, "spec.resources.memory"),
+    ("negative-replicas", {"replicas": -1}, "spec.replicas"),
+    ("huge-replicas", {"replicas": 10**9}, "spec.replicas"),
+    ("string-replicas", {"replicas": "3"}, "spec.replicas"),
+    ("float-batch-size", {"batching": {"maxBatchSize": 1.5}}, "spec.batching.maxBatchSize"),
+    ("negative-duration", {"batching": {"maxQueueDelay": "-5s"}}, "spec.batching.maxQueueDelay"),
+    ("spaced-duration", {"batching": {"maxQueueDelay": "10 ms"}}, "spec.batching.maxQueueDelay"),
+    ("empty-duration", {"batching": {"maxQueueDelay": ""}}, "spec.batching.maxQueueDelay"),
+    ("pvc-without-path", {"model": {"uri": "pvc://claim"}}, "spec.model.uri"),
+    ("pvc-empty-path", {"model": {"uri": "pvc://claim/"}}, "spec.model.uri"),
+    ("negative-queue", {"batching": {"maxQueueSize": -1}}, "spec.batching.maxQueueSize"),
+]
+
+
+@pytest.mark.parametrize("spec_patch, field", [(p, f) for _, p, f in REFUSED], ids=[i for i, _, _ in REFUSED])
+def test_manifest_is_refused_naming_the_field(
+    cluster: Cluster, crds: None, namespace: str, spec_patch: dict[str, Any], field: str
+) -> None:
+    manifest = _merge(BASE, {"spec": spec_patch})
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+    assert result.returncode != 0, f"accepted: {manifest}"
+    assert field in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("quantity", ["500m", "1.5", "8Gi", "1e3"])
+def test_valid_quantities_are_accepted(cluster: Cluster, crds: None, namespace: str, quantity: str) -> None:
+    manifest = _merge(BASE, {"spec": {"resources": {"cpu": quantity, "memory": quantity}}})
+    # JSON: kubectl's YAML 1.2 would read an unquoted 1e3 as a number
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False
+    )
+    assert result.returncode == 0, result.stderr

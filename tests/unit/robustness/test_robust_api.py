@@ -1,0 +1,28 @@
+"""InferenceService quantities the API server used to let through (schema pattern copied from
+apimachinery's loose pre-check) are refused by the spec model, so a stored one becomes a Ready=False
+InvalidSpec condition instead of an endless retry."""
+
+from __future__ import annotations
+
+import re
+
+import pydantic
+import pytest
+from kubeinfer.operator.api import QUANTITY_PATTERN, ResourcesSpec
+
+
+@pytest.mark.parametrize(
+    "value", ["-1", "0", "0.0", "0Gi", ".", "1.2.3", "+2", "1Gib", "", "1 Gi", "Gi", "1e"]
+)
+@pytest.mark.parametrize("field", ["cpu", "memory"])
+def test_non_positive_or_malformed_quantity_is_refused(field: str, value: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=field):
+        ResourcesSpec.model_validate({field: value})
+
+
+@pytest.mark.parametrize(
+    "value", ["2", "500m", "8Gi", "1.5", "0.5", ".5", "1.", "100Mi", "1Ki", "4G", "250k", "1e3", "1E2", "10n"]
+)
+def test_valid_quantities_pass(value: str) -> None:
+    assert re.match(QUANTITY_PATTERN, value)
+    assert ResourcesSpec.model_validate({"cpu": value, "memory": value}).memory == value
