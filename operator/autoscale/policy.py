@@ -78,8 +78,14 @@ class Observation:
 
     @property
     def idle(self) -> bool:
-        """True when the request rate is a measured 0 and the service therefore has no P99."""
-        return self.request_rate is not None and self.request_rate == 0.0 and not _finite(self.p99_seconds)
+        """True when the request rate is a measured 0 and the service therefore has no P99, and nothing
+        is queued: a queue that no completed request drains is a stuck service, not an idle one."""
+        return (
+            self.request_rate is not None
+            and self.request_rate == 0.0
+            and not self.queue_size
+            and not _finite(self.p99_seconds)
+        )
 
     def problem(self, stale_after_seconds: float) -> str | None:
         """Why this observation cannot be acted on, or ``None`` when it can.
@@ -94,6 +100,8 @@ class Observation:
         ):
             return f"stale metrics: newest sample {self.sample_age_seconds:.0f} s old"
         if not self.idle:
+            if self.p99_seconds is None and self.request_rate == 0.0 and self.queue_size:
+                return f"no request completed in the window while {self.queue_size:.0f} are queued"
             if self.p99_seconds is None:
                 return "P99 latency missing"
             if not _finite(self.p99_seconds):

@@ -164,6 +164,7 @@ def test_autoscale_signals_idle_service_is_known(prom: tuple[FakeProm, str]) -> 
     fake, url = prom
     fake.values["kubeinfer_requests_total"] = "0"
     fake.values["histogram_quantile"] = "NaN"
+    fake.values["sum(kubeinfer_queue_size"] = "0"  # idle: nothing queued (a queue with rate 0 is stuck)
     r = read(url)
     assert r.condition_reason is None and r.observation.idle
     assert r.observation.request_rate == 0.0 and r.observation.p99_seconds is None
