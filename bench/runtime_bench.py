@@ -14,8 +14,10 @@
    shared machine's noise hits them alike: batching off (``max_batch_size: 1``) and batched with a
    few ``max_queue_delay`` values. Per rate: throughput, P50, P99 (latency from each request's
    scheduled arrival, so a slow client cannot hide queueing), errors. A configuration leaves the
-   sweep after two rates over the SLO. Before the sweep each configuration gets a low-load run whose
-   P99 is compared with s(1).
+   sweep after two rates over the SLO; then each configuration's highest passing rate is refined by
+   ``--refine`` bisection rounds (geometric midpoints, interleaved), so the ratios are not quantized
+   by the ×1.4 grid. Before the sweep each configuration gets a low-load run whose P99 is compared
+   with s(1).
 3. Figures: the highest rate whose P99 < 100 ms (with ≥ 99 % of requests answered 200) per
    configuration, as ratios to batching off and to X(B); low-load P99 − s(1). The client is aiohttp
    with keep-alive connections; its own overhead is reported (CPU seconds per request in the
@@ -23,7 +25,7 @@
 
 Targets (issue 6, 2-core CPU): batched max SLO rate ≥ 3× batching off and ≥ 80 % of X(B);
 low-load P99 ≤ s(1) + 5 ms. The script reports what it measures; it never asserts them.
-Total run time is bounded by ``--budget`` (default 300 s) plus the model loads.
+Total run time is bounded by ``--budget`` (default 300 s) plus ``--refine-budget`` plus the model loads.
 """
 
 from __future__ import annotations
@@ -340,12 +342,43 @@ async def load_phase(rt: Any, base: Any, args: argparse.Namespace) -> dict[str, 
             rate *= args.rate_factor
             step += 1
         result["budget_exhausted"] = bool(active)
+        # Refinement: the rising sweep resolves the max SLO rate only to a factor rate_factor. Each
+        # configuration gets the same bisection (geometric midpoints between its highest passing rate
+        # and the next rate up), interleaved, so the ratios are not quantized by the coarse grid.
+        bounds = {}
+        for name, cfg in result["configs"].items():
+            lo = max_slo_rate(cfg["points"])
+            if lo > 0:
+                bounds[name] = [lo, lo * args.rate_factor]
+        for round_ in range(args.refine):
+            for name, (lo, hi) in list(bounds.items()):
+                if time.monotonic() - started > args.budget + args.refine_budget:
+                    break
+                batch, delay = (
+                    result["configs"][name]["max_batch_size"],
+                    result["configs"][name]["max_queue_delay_seconds"],
+                )
+                mid = (lo * hi) ** 0.5
+                await asyncio.to_thread(apply_config, rt, base, batch, delay)
+                point = await run_rate(session, url, bodies, mid, args.step_seconds, args.seed + 500 + round_)
+                point["meets_slo"] = meets_slo(point)
+                point["refinement"] = True
+                result["configs"][name]["points"].append(point)
+                bounds[name] = [mid, hi] if point["meets_slo"] else [lo, mid]
+                progress(
+                    f"{name:>24} {mid:7.1f}/s → {point['throughput_rps']:7.1f}/s, P50 "
+                    f"{point['p50_seconds'] * 1000:7.1f} ms, P99 {point['p99_seconds'] * 1000:7.1f} ms, "
+                    f"errors {point['errors']:.0f} (refinement {round_ + 1})"
+                )
     return result
 
 
 def max_slo_rate(points: list[dict[str, Any]]) -> float:
-    """The highest offered rate whose point met the SLO (0 if none)."""
-    return max((p["offered_rps"] for p in points if p["meets_slo"]), default=0.0)
+    """The highest offered rate whose point met the SLO, with no failing point at or below it among
+    the refinement points (0 if none)."""
+    failed_refined = [p["offered_rps"] for p in points if p.get("refinement") and not p["meets_slo"]]
+    cap = min(failed_refined, default=float("inf"))
+    return max((p["offered_rps"] for p in points if p["meets_slo"] and p["offered_rps"] < cap), default=0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--low-rate", type=float, default=10.0, help="low-load rate (requests/s)")
     parser.add_argument("--low-seconds", type=float, default=10.0, help="low-load duration (s)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for the load phase")
+    parser.add_argument(
+        "--refine", type=int, default=2, help="bisection rounds of each max SLO rate after the sweep"
+    )
+    parser.add_argument("--refine-budget", type=float, default=60.0, help="extra seconds for refinement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--compare-modes",

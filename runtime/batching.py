@@ -35,7 +35,9 @@ Every request gets exactly one response: its outputs, or one ``ServingError``/``
 each half retried (bisection), so well-formed requests succeed and only the failing one gets the error.
 
 Threads: ``executors`` threads run ``model.execute`` (torch releases the GIL); a separate pool of the
-same size runs ``model.preprocess``. All queue state lives on the event loop thread.
+same size runs ``model.preprocess`` of batches taken ahead while every executor is busy. A batch
+taken by an idle executor is preprocessed and executed in one hand-off to the executor thread (one
+event-loop round trip per batch instead of two). All queue state lives on the event loop thread.
 """
 
 from __future__ import annotations
@@ -238,6 +240,7 @@ class Batcher:
         self._levels: dict[int, dict[int, _Request]] = {}
         self._queued = 0
         self._in_flight = 0
+        self._ahead = 0  # batches preprocessed ahead that wait for an executor
         self._accepting = True
         self._draining = False
         self._changed = asyncio.Event()
@@ -517,7 +520,13 @@ class Batcher:
 
     async def _run_batch(self, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
+        ahead = False
         try:
+            if not self._exec_slots.locked() and not self._ahead:  # an idle executor, no batch before it
+                await self._run_now(loop, batch)
+                return
+            self._ahead += 1  # preprocessed ahead; runs in order once an executor frees up
+            ahead = True
             live = [r for r in batch if not r.future.done()]
             prepared: Any = None
             prep_error: BaseException | None = None
@@ -531,6 +540,8 @@ class Batcher:
                     prep_error = exc
             prep_seconds = time.perf_counter() - t0
             async with self._exec_slots:
+                self._ahead -= 1
+                ahead = False
                 for req in batch:  # from here on the request runs: its queue timeout no longer applies
                     if req.timer is not None:
                         req.timer.cancel()
@@ -554,9 +565,47 @@ class Batcher:
             for req in batch:
                 self._fail(req, ServingError(f"internal error running the batch: {exc}", 500))
         finally:
+            if ahead:
+                self._ahead -= 1
             self._in_flight -= 1
             self._check_idle()
             self._changed.set()
+
+    def _preprocess_execute(self, batch: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        return self.model.execute(self.model.preprocess(batch))
+
+    async def _run_now(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+        """Run a batch on an idle executor: ``preprocess`` and ``execute`` in ONE hand-off to the
+        executor thread (a second round trip through the event loop between them would only add
+        latency: nothing runs that the preprocessing could overlap with)."""
+        async with self._exec_slots:  # free: acquired without yielding
+            live = [r for r in batch if not r.future.done()]
+            for req in batch:  # from here on the request runs: its queue timeout no longer applies
+                if req.timer is not None:
+                    req.timer.cancel()
+            if not live:
+                return
+            if self.metrics is not None:
+                now = loop.time()
+                for req in live:
+                    self.metrics.queue_duration.observe(now - req.enqueued)
+            token = self.metrics.busy.begin() if self.metrics is not None else None
+            try:
+                t0 = time.perf_counter()
+                try:
+                    outputs = await loop.run_in_executor(
+                        self._exec_pool, self._preprocess_execute, [r.inputs for r in live]
+                    )
+                    self._deliver(live, outputs)
+                except Exception as exc:  # isolate the failing request (bisection), as in _execute
+                    await self._execute(loop, live, None, exc, 0.0)
+                    return
+                if self.metrics is not None:
+                    self.metrics.compute_duration.observe(time.perf_counter() - t0)
+                    self.metrics.batch_size.observe(sum(r.rows for r in live))
+            finally:
+                if token is not None and self.metrics is not None:
+                    self.metrics.busy.end(token)
 
     async def _execute(
         self,

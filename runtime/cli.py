@@ -269,6 +269,18 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (a dependency; libuv's loop costs the serving path
+    less CPU per request than asyncio's, and the event loop shares the cores with torch), else
+    ``None`` (asyncio's default loop)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point."""
     args = build_parser().parse_args(argv)
@@ -284,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         log.error("invalid configuration: %s", exc)
         return 2
-    code = asyncio.run(serve(cfg, args))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        code = runner.run(serve(cfg, args))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
 

@@ -367,3 +367,27 @@ async def test_metrics_record_batches_and_busy_time() -> None:
     assert 'kubeinfer_queue_duration_seconds_count{model="fake"} 4.0' in text
     assert b.metrics.busy.ratio() > 0
     b.close()
+
+
+async def test_idle_executor_preprocesses_and_executes_in_one_hand_off() -> None:
+    class Recording(FakeModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.threads: list[tuple[str, str]] = []
+
+        def preprocess(self, batch):  # type: ignore[no-untyped-def]
+            self.threads.append(("preprocess", threading.current_thread().name))
+            return super().preprocess(batch)
+
+        def execute(self, prepared):  # type: ignore[no-untyped-def]
+            self.threads.append(("execute", threading.current_thread().name))
+            return super().execute(prepared)
+
+    model = Recording()
+    b = await make(model, max_batch_size=4, max_queue_delay=0.0)
+    out = await b.infer(rows(1))
+    np.testing.assert_array_equal(out["y"], [[2.0, 0.0]])
+    # both stages ran on the same executor thread: no round trip through the event loop between them
+    (_, prep_thread), (_, exec_thread) = model.threads
+    assert prep_thread == exec_thread and prep_thread.startswith("kubeinfer-exec")
+    b.close()

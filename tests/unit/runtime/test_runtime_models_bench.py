@@ -45,6 +45,11 @@ def test_slo_rate_and_gauges() -> None:
     ]
     assert bench.max_slo_rate(points) == 28.0
     assert bench.max_slo_rate([]) == 0.0
+    # refinement between 28 and 39: 33 passes, then 30.4 fails -> the bound is below 30.4 (28 stays)
+    refined = [{"offered_rps": 33.0, "meets_slo": True, "refinement": True}]
+    assert bench.max_slo_rate(points + refined) == 33.0
+    refined.append({"offered_rps": 30.4, "meets_slo": False, "refinement": True})
+    assert bench.max_slo_rate(points + refined) == 28.0
     text = (
         "# TYPE kubeinfer_max_batch_size gauge\n"
         'kubeinfer_max_batch_size{model="minilm"} 32.0\n'
