@@ -352,14 +352,17 @@ def _is_ours(pid: int, start_time: int | None) -> bool:
     return state != "Z"
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """``preexec_fn`` for ``subprocess.Popen``: the child gets SIGTERM when the thread that started it
+    exits (Linux ``prctl(PR_SET_PDEATHSIG)``), so a killed test run or demo leaves no process behind.
+    Runs in the child between fork and exec; a failing ``prctl`` is ignored."""
     import ctypes
 
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: die with the parent (the pytest process)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def _spawn(cmd: list[str], log: Path, die_with_parent: bool) -> subprocess.Popen[bytes]:
+def _spawn(cmd: list[str], log: Path, with_parent: bool) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -368,7 +371,7 @@ def _spawn(cmd: list[str], log: Path, die_with_parent: bool) -> subprocess.Popen
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_set_pdeathsig if die_with_parent else None,
+            preexec_fn=die_with_parent if with_parent else None,
         )
 
 

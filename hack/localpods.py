@@ -34,8 +34,8 @@ real cluster. Use it as a context manager (processes are stopped on exit, also o
     .venv/bin/python hack/localpods.py --kubeconfig KUBECONFIG --namespace NS --name ISVC \\
         [--file-sd targets.json]
 
-Import it as ``hack.localpods`` (the repository root is on ``sys.path`` under pytest) or by adding
-``hack/`` to ``sys.path`` and importing ``localpods``.
+Import it as ``hack.localpods`` (the repository root is on ``sys.path`` under pytest; run as a
+script, it puts the root there itself).
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ from typing import Any
 import httpx
 import yaml
 
+if __package__ in (None, ""):  # run as `python hack/localpods.py`: make `hack.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hack.cluster import die_with_parent
+
 log = logging.getLogger("kubeinfer.localpods")
 
 #: Callback type for scrape targets: ``(targets, labels)`` with targets ``["127.0.0.1:PORT", ...]``
@@ -69,13 +73,6 @@ TargetsCallback = Callable[[list[str], dict[str, str]], None]
 
 NO_KUBELET_MESSAGE = "no kubelet: simulating pods as local processes"
 LOOPBACK = "127.0.0.1"
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec (Linux)
-    import ctypes
-
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -568,7 +565,7 @@ class LocalPods:
             env=self.env,
             start_new_session=True,  # a Ctrl-C at the terminal reaches us, we stop them in order
             # if this process dies without stopping them (SIGKILL), they get SIGTERM, not orphaned
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         pod.started_at = time.monotonic()
         pod.ready = False

@@ -31,6 +31,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from hack.cluster import die_with_parent
 
 PROMETHEUS_BIN = Path("/usr/bin/prometheus")
 
@@ -181,7 +184,12 @@ class PrometheusServer:
         ]
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         deadline = time.monotonic() + timeout
         while True:

@@ -34,17 +34,11 @@ from types import TracebackType
 
 from kubeinfer.runtime.config import RuntimeConfig
 
+from hack.cluster import die_with_parent
+
 __all__ = ["RuntimeConfig", "RuntimeProcess"]
 
 _LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the thread that started it exits, so that a killed test
-    run leaves no runtime behind (Linux ``PR_SET_PDEATHSIG``)."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 class RuntimeProcess:
@@ -136,7 +130,7 @@ class RuntimeProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         finally:
             log.close()
