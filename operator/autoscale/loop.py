@@ -16,9 +16,13 @@ Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
   reconcile renders from that status, so the two never fight). The runtime hot-reloads the file.
   An Event (``Autoscaled``) with the decision's reason.
 - Status: ``lastDecision`` and ``observed`` when a decision changes something; the
-  ``AutoscalingActive`` condition (True/Active, or False with PrometheusUnavailable, QueryError,
-  MetricsMissing, InvalidMetrics, StaleMetrics, NoDeployment) when its status or reason changes;
-  ``observed`` also when that condition changes. A tick that changes nothing writes nothing.
+  ``AutoscalingActive`` condition when its status or reason changes: True/Active on a tick that acts;
+  True with the kind of hold (``Decision.hold``: BacklogDrained, AtMaxReplicas, ReplicasStarting,
+  ScaleUpCoolingDown, BatchTimeoutCoolingDown, StabilizationWindow, ScaleInCoolingDown,
+  WithinTolerance, TargetMet) and the hold's words as message on a tick that holds; False with
+  PrometheusUnavailable, QueryError, MetricsMissing, InvalidMetrics, StaleMetrics, UnusableSignals or
+  NoDeployment. ``observed`` also when that condition changes. The message alone changing (new numbers,
+  same kind of hold) writes nothing, so a tick that changes nothing in kind writes nothing.
 
 Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the kopf
 memo). After an operator restart it is re-derived from ``status.lastDecision.time``: that time counts
@@ -57,6 +61,9 @@ logger = logging.getLogger("kubeinfer.operator.autoscale")
 ACTIVE = "Active"
 #: Condition reason when the InferenceService has no Deployment yet.
 NO_DEPLOYMENT = "NoDeployment"
+#: Condition reason (False) when Prometheus answered but the policy cannot act on the values (e.g. no
+#: request completed in the window while requests are queued).
+UNUSABLE_SIGNALS = "UnusableSignals"
 
 
 def _rfc3339(t: dt.datetime) -> str:
@@ -289,7 +296,13 @@ class Autoscaler:
         if decision.timeout_changed:
             patch["batchTimeout"] = api.format_duration(decision.batch_timeout_seconds)
 
-        if reading.condition_reason is None:
+        if reading.condition_reason is None and not decision.known:
+            cond = ("False", UNUSABLE_SIGNALS, decision.reason)
+        elif reading.condition_reason is None and decision.hold is not None:
+            # Written when the kind of hold changes (condition_after compares status and reason only),
+            # never per tick for new numbers in the message: a steady resync writes nothing.
+            cond = ("True", decision.hold, decision.reason)
+        elif reading.condition_reason is None:
             cond = ("True", ACTIVE, f"last decision: {decision.reason}")
         else:
             cond = (

@@ -22,9 +22,12 @@ using two levers: the replica count and the batch timeout (the runtime's max que
 - Inside the tolerance band ``|p99 / target - 1| <= tolerance`` (HPA default 0.1) nothing moves.
 - No scale-up while replicas of the last one are still starting (``Current.ready_replicas``): their
   capacity is on its way (the HPA likewise discounts unready pods).
-- P99 over target while the queue holds little work (Little's law: ``queue / rate`` at most
+- P99 over target while the service holds little work (Little's law, L = λW: the requests in flight,
+  queued *and* executing, over the completion rate, ``inflight / rate``, at most
   ``drained_wait_fraction * target``) is history, not a present overload: the query window still
   holds the slow requests of a backlog that has drained. Nothing moves until the window catches up.
+  The queue alone is not that signal: requests already taken into batches have left the queue but
+  not the service, so a service slow in execution shows an empty queue while its latency is seconds.
 - Cooldowns separate actions of the same kind; replicas stay in ``[min_replicas, max_replicas]``
   and never reach zero.
 
@@ -58,7 +61,9 @@ class Observation:
         p99_seconds: P99 request latency over the query window, seconds; ``None`` when not defined.
         gpu_utilization: mean accelerator utilization of the service's pods, ratio in [0, 1].
         request_rate: requests per second over the window; ``0.0`` is a measured zero (idle).
-        queue_size: requests queued across the service's pods.
+        queue_size: requests queued across the service's pods (waiting, not yet in a batch).
+        inflight_requests: requests received and not yet answered across the service's pods (queued
+            plus executing: ``kubeinfer_inflight_requests``); ``None`` when unknown.
         sample_age_seconds: age of the newest sample behind the signals, seconds.
         unknown_reason: set when the signals could not be read (Prometheus down, empty result,
             NaN, +Inf, stale samples, query error); the policy then holds. ``None`` when known.
@@ -69,6 +74,7 @@ class Observation:
     request_rate: float | None = None
     queue_size: float | None = None
     sample_age_seconds: float | None = None
+    inflight_requests: float | None = None
     unknown_reason: str | None = None
 
     @classmethod
@@ -252,6 +258,11 @@ class Decision:
         replicas_changed / timeout_changed: whether the value differs from ``Current``.
         known: False when the observation was unknown and everything was held.
         state: the ``State`` to pass to the next ``decide``.
+        hold: when a known decision changes nothing, the kind of hold in CamelCase, stable from tick to
+            tick while the numbers in ``reason`` move: ``BacklogDrained``, ``AtMaxReplicas``,
+            ``ReplicasStarting``, ``ScaleUpCoolingDown``, ``BatchTimeoutCoolingDown``,
+            ``StabilizationWindow``, ``ScaleInCoolingDown``, ``WithinTolerance``, ``TargetMet``;
+            ``None`` when the decision changes something or the observation is unknown.
     """
 
     replicas: int
@@ -261,6 +272,7 @@ class Decision:
     timeout_changed: bool
     known: bool
     state: State
+    hold: str | None = None
 
     @property
     def changed(self) -> bool:
@@ -295,15 +307,25 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     bounded_n = min(max(n, policy.min_replicas), policy.max_replicas)
     bounded_t = min(max(timeout, policy.batch_timeout_min_seconds), policy.batch_timeout_max_seconds)
 
-    def result(replicas: int, batch_timeout: float, reason: str, next_state: State, known: bool) -> Decision:
+    def result(
+        replicas: int,
+        batch_timeout: float,
+        reason: str,
+        next_state: State,
+        known: bool,
+        hold: str | None = None,
+    ) -> Decision:
+        replicas_changed = replicas != n
+        timeout_changed = not math.isclose(batch_timeout, timeout, rel_tol=1e-9, abs_tol=1e-12)
         return Decision(
             replicas=replicas,
             batch_timeout_seconds=batch_timeout,
             reason=reason,
-            replicas_changed=replicas != n,
-            timeout_changed=not math.isclose(batch_timeout, timeout, rel_tol=1e-9, abs_tol=1e-12),
+            replicas_changed=replicas_changed,
+            timeout_changed=timeout_changed,
             known=known,
             state=next_state,
+            hold=None if replicas_changed or timeout_changed or not known else hold,
         )
 
     bounds_note = ""
@@ -335,6 +357,7 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     batch_timeout = bounded_t
     last_up, last_down, last_t = state.last_scale_up, state.last_scale_down, state.last_timeout_change
     words: str
+    holds: list[str] = []  # kinds of hold met this tick, first = the one reported
 
     # A tiny epsilon keeps the band's edges inside the band despite float rounding (0.18 / 0.2).
     step_cap = min(policy.max_replicas, bounded_n + policy.max_scale_up_step)
@@ -342,29 +365,39 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     last_unready = now if starting > 0 else state.last_unready
     up_since = max((t for t in (last_up, last_unready) if t is not None), default=None)
 
-    # Little's law: the wait a request arriving now can expect is queue / throughput. When it is a small
-    # part of the target while P99 is over it, the P99 over the query window describes a backlog that
-    # has already drained (the window still holds its slow requests): acting on it would overshoot.
+    # Little's law (L = λW): the time a request arriving now can expect to spend in the service is the
+    # requests in it (queued + executing) over the throughput. When it is a small part of the target
+    # while P99 is over it, the P99 over the query window describes a backlog that has already drained
+    # (the window still holds its slow requests): acting on it would overshoot. Unknown in-flight count:
+    # the rule does not apply (the queue alone misses the requests executing in batches).
     drained: str | None = None
-    if observation.queue_size is not None and observation.request_rate:
-        wait = observation.queue_size / observation.request_rate
-        if wait <= policy.drained_wait_fraction * target:
-            drained = f"queue drained (expected wait {_ms(wait)}), waiting for the window to catch up"
+    if observation.inflight_requests is not None and observation.request_rate:
+        latency = observation.inflight_requests / observation.request_rate
+        if latency <= policy.drained_wait_fraction * target:
+            drained = (
+                f"backlog drained ({observation.inflight_requests:.0f} in flight at "
+                f"{observation.request_rate:.1f}/s: {_ms(latency)} by Little's law), "
+                "waiting for the window to catch up"
+            )
 
     def scale_up(head: str, overload: float) -> tuple[int, str]:
         """Replicas and words for a scale-up by the HPA ratio ``overload``, or why it waits."""
         wanted = min(step_cap, max(bounded_n + 1, math.ceil(bounded_n * overload - 1e-9)))
         if wanted <= bounded_n:
+            holds.append("AtMaxReplicas")
             return bounded_n, f"{head}: at max replicas {policy.max_replicas}"
         if starting > 0:
+            holds.append("ReplicasStarting")
             return bounded_n, f"{head}: {starting} added replicas still starting"
         if not _cooled(up_since, policy.scale_up_cooldown_seconds, now):
+            holds.append("ScaleUpCoolingDown")
             return bounded_n, f"{head}: scale-up cooling down"
         return wanted, f"{head}: {bounded_n} → {wanted} replicas"
 
     if ratio > 1 + policy.tolerance + 1e-9:
         head = f"{p99_words} > target {target:.2f} s, {gpu_words}"
         if drained is not None:
+            holds.append("BacklogDrained")
             words = f"{head}: {drained}"
         elif busy:
             replicas, words = scale_up(head, max(ratio, u / policy.gpu_high))
@@ -376,6 +409,7 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
                 last_t = now
                 words = f"{head}: batch timeout {_ms(bounded_t)} → {_ms(batch_timeout)}"
             else:
+                holds.append("BatchTimeoutCoolingDown")
                 words = f"{head}: batch timeout cooling down"
         else:
             replicas, words = scale_up(f"{head}, batch timeout at minimum", ratio)
@@ -402,8 +436,10 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
         stable = max([recommendation, *(r for t, r in state.recommendations if now - t < window)])
         if stable < bounded_n:
             if now - first_seen < window:
+                holds.append("StabilizationWindow")
                 parts.append(f"scale-in waits for the {window:.0f} s stabilization window")
             elif not _cooled(last_down, policy.scale_down_cooldown_seconds, now):
+                holds.append("ScaleInCoolingDown")
                 parts.append("scale-in cooling down")
             else:
                 replicas, last_down = stable, now
@@ -416,10 +452,13 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
                 last_t = now
                 parts.append(f"batch timeout {_ms(bounded_t)} → {_ms(batch_timeout)}")
             else:
+                holds.append("BatchTimeoutCoolingDown")
                 parts.append("batch timeout cooling down")
+        holds.append("TargetMet")
         words = f"{head}: {', '.join(parts) if parts else 'nothing to change'}"
     else:
         recommendation = bounded_n
+        holds.append("WithinTolerance")
         words = f"{p99_words} within {policy.tolerance:.0%} of target {target:.2f} s, {gpu_words}: hold"
 
     history = (*((t, r) for t, r in state.recommendations if now - t < window), (now, recommendation))
@@ -431,7 +470,9 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
         first_seen=first_seen,
         recommendations=history,
     )
-    return result(replicas, batch_timeout, bounds_note + words, next_state, known=True)
+    return result(
+        replicas, batch_timeout, bounds_note + words, next_state, known=True, hold=holds[0] if holds else None
+    )
 
 
 def restore_state(

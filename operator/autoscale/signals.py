@@ -8,6 +8,8 @@ Default PromQL (``<sel>`` is ``namespace="<ns>",inferenceservice="<name>"``, ``<
   exist, else ``avg(kubeinfer_device_utilization_ratio{<sel>})`` (the runtime's gauge)
 - request rate, requests/s: ``sum(rate(kubeinfer_requests_total{<sel>}[<w>]))``
 - queue size, requests: ``sum(kubeinfer_queue_size{<sel>})``
+- requests in flight (queued + executing): ``sum(kubeinfer_inflight_requests{<sel>})``; the policy's
+  drained-backlog rule reads it (Little's law), not the queue size, which leaves out requests executing
 - sample age, seconds: ``time() - max(timestamp(kubeinfer_queue_size{<sel>}))``
 
 Each can be overridden per InferenceService (``spec.autoscaling.queries``); an override may use the
@@ -112,6 +114,9 @@ class Queries:
     request_rate: str
     queue_size: str
     sample_age: str
+    inflight: str = ""
+    """Requests in flight (queued + executing); ``""`` = not queried (``Observation.inflight_requests``
+    is then ``None``)."""
 
 
 def _selector(namespace: str, name: str) -> str:
@@ -158,6 +163,7 @@ def default_queries(
         else f"sum(rate(kubeinfer_requests_total{{{sel}}}[{window}]))",
         queue_size=fill(o["queue_size"]) if "queue_size" in o else f"sum(kubeinfer_queue_size{{{sel}}})",
         sample_age=f"time() - max(timestamp(kubeinfer_queue_size{{{sel}}}))",
+        inflight=f"sum(kubeinfer_inflight_requests{{{sel}}})",
     )
 
 
@@ -195,7 +201,8 @@ def read_signals(query: QueryFn, queries: Queries, window_seconds: float) -> Rea
     """Run the queries and turn the answers into an ``Observation``.
 
     Required: request rate, GPU utilization, P99 (unless the rate is a measured 0) and a sample age
-    no older than ``window_seconds``. Queue size is optional (``None`` when absent).
+    no older than ``window_seconds``. Queue size and requests in flight are optional (``None`` when
+    absent, NaN, infinite or negative).
     """
 
     def unknown(reason: str, message: str) -> Reading:
@@ -235,6 +242,11 @@ def read_signals(query: QueryFn, queries: Queries, window_seconds: float) -> Rea
         queue = _scalar(query(queries.queue_size), "queue size", queries.queue_size)
         if queue is not None and (_bad(queue) or queue < 0):
             queue = None
+        inflight = (
+            _scalar(query(queries.inflight), "in flight", queries.inflight) if queries.inflight else None
+        )
+        if inflight is not None and (_bad(inflight) or inflight < 0):
+            inflight = None
     except SignalError as exc:
         return unknown(exc.reason, str(exc))
     return Reading(
@@ -244,6 +256,7 @@ def read_signals(query: QueryFn, queries: Queries, window_seconds: float) -> Rea
             request_rate=rate,
             queue_size=queue,
             sample_age_seconds=max(age, 0.0),
+            inflight_requests=inflight,
         ),
         None,
     )

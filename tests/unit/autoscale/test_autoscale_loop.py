@@ -155,3 +155,36 @@ async def test_autoscale_loop_scales_through_the_scale_subresource() -> None:
     assert r is not None and r.scaled
     scale = [c for c in rec.calls if c[0] == "patch scale kubeinfer-autoscaler"]
     assert scale and scale[0][1] == {"spec": {"replicas": 4}}
+
+
+async def test_autoscale_loop_hold_kind_shows_in_the_condition_once_per_transition() -> None:
+    a, rec, canned = scaler()
+    status: dict[str, Any] = {"batchTimeout": "10ms"}
+
+    async def tick(obs: Observation) -> list[dict[str, Any]]:
+        canned.reading = Reading(obs, None)
+        rec.calls.clear()
+        r = await a.tick(body(status), DEPLOYMENT, None)
+        assert r is not None and r.decision is not None and not r.decision.changed
+        writes = [c[1]["status"] for c in rec.calls]
+        for w in writes:
+            status.update(w)
+        assert [c[0] for c in rec.calls] == ["patch status kubeinfer-autoscaler"] * len(writes)
+        return writes
+
+    def condition() -> tuple[str, str, str]:
+        c = status["conditions"][-1]
+        return c["status"], c["reason"], c["message"]
+
+    # In the tolerance band: the kind of hold is the condition's reason, its words the message.
+    assert len(await tick(Observation(0.2, 0.5, 5.0, 1.0, 1.0))) == 1
+    assert condition()[:2] == ("True", "WithinTolerance") and "P99 0.20 s within 10%" in condition()[2]
+    # Same kind, new numbers: nothing is written (the zero-writes-per-steady-resync rule).
+    assert await tick(Observation(0.21, 0.55, 6.0, 2.0, 1.0)) == []
+    # Another kind: P99 over target with busy GPUs, but 1 request in flight at 100/s (10 ms): one write.
+    assert len(await tick(Observation(0.4, 0.95, 100.0, 0.0, 1.0, inflight_requests=1.0))) == 1
+    assert condition()[:2] == ("True", "BacklogDrained") and "backlog drained" in condition()[2]
+    assert await tick(Observation(0.45, 0.9, 120.0, 0.0, 1.0, inflight_requests=2.0)) == []
+    # Prometheus answered, but no request completed while some are queued: False, says why.
+    assert len(await tick(Observation(None, 0.5, 0.0, 4.0, 1.0))) == 1
+    assert condition()[:2] == ("False", "UnusableSignals") and "4 are queued" in condition()[2]

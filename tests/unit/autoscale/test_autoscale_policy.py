@@ -148,17 +148,60 @@ CASES = [
         0.01,
         "5 → 9 replicas",
     ),
+    # --- the drained-backlog rule: Little's law on the requests in flight (queued + executing) ---
     Case(
-        "busy-queue-drained-waits-for-window",
-        obs(0.5, 0.95, request_rate=1000.0, queue_size=10.0),
+        "busy-backlog-drained-waits-for-window",
+        obs(0.5, 0.95, request_rate=1000.0, queue_size=10.0, inflight_requests=10.0),
         Current(3, 0.01),
         3,
         0.01,
-        "queue drained (expected wait 10 ms)",
+        "backlog drained (10 in flight at 1000.0/s: 10 ms by Little's law)",
+    ),
+    Case(
+        "busy-backlog-drained-at-the-edge",  # 20 / 1000 s = 0.1 x target 0.2 s: still drained
+        obs(0.5, 0.95, request_rate=1000.0, queue_size=0.0, inflight_requests=20.0),
+        Current(3, 0.01),
+        3,
+        0.01,
+        "backlog drained (20 in flight at 1000.0/s: 20 ms",
+    ),
+    Case(
+        "busy-backlog-just-over-the-edge-scales",  # 21 ms > 20 ms
+        obs(0.5, 0.95, request_rate=1000.0, queue_size=0.0, inflight_requests=21.0),
+        Current(3, 0.01),
+        7,
+        0.01,
+        "3 → 7 replicas",
     ),
     Case(
         "busy-queue-backlog-scales",
-        obs(0.5, 0.95, request_rate=1000.0, queue_size=5000.0),
+        obs(0.5, 0.95, request_rate=1000.0, queue_size=5000.0, inflight_requests=5000.0),
+        Current(3, 0.01),
+        7,
+        0.01,
+        "3 → 7 replicas",
+    ),
+    Case(
+        # The demo's case: every request taken into batches (queue 0) but 600 in flight at 200/s is 3 s
+        # in the service by Little's law; the old queue-based rule read it as drained and held.
+        "busy-empty-queue-with-requests-executing-scales",
+        obs(0.5, 0.95, request_rate=200.0, queue_size=0.0, inflight_requests=600.0),
+        Current(3, 0.01),
+        7,
+        0.01,
+        "3 → 7 replicas",
+    ),
+    Case(
+        "idle-gpu-empty-queue-with-requests-executing-cuts-timeout",
+        obs(0.5, 0.4, request_rate=200.0, queue_size=0.0, inflight_requests=600.0),
+        Current(3, 0.01),
+        3,
+        0.005,
+        "batch timeout 10 ms → 5 ms",
+    ),
+    Case(
+        "busy-inflight-unknown-the-rule-does-not-apply",  # the queue alone is not read as drained
+        obs(0.5, 0.95, request_rate=1000.0, queue_size=0.0),
         Current(3, 0.01),
         7,
         0.01,
@@ -279,6 +322,35 @@ def test_autoscale_policy_table(case: Case) -> None:
     assert d.replicas_changed == (case.replicas != case.current.replicas)
     assert d.timeout_changed == (not math.isclose(case.timeout, case.current.batch_timeout_seconds))
     assert case.policy.min_replicas <= d.replicas <= case.policy.max_replicas
+    assert (d.hold is None) == (d.changed or not d.known), (d.hold, d.reason)
+
+
+#: The kind of hold (``Decision.hold``, shown as the AutoscalingActive condition's reason) per table case
+#: that holds; ``None``: the case acts or its observation is unknown.
+HOLDS: dict[str, str | None] = {
+    "busy-at-least-one": "AtMaxReplicas",
+    "busy-scale-up-cooldown": "ScaleUpCoolingDown",
+    "idle-gpu-timeout-cooldown": "BatchTimeoutCoolingDown",
+    "under-timeout-at-max": "TargetMet",
+    "under-busy-no-headroom-when-disabled": "TargetMet",
+    "busy-scale-up-waits-for-starting-replicas": "ReplicasStarting",
+    "busy-backlog-drained-waits-for-window": "BacklogDrained",
+    "busy-backlog-drained-at-the-edge": "BacklogDrained",
+    "band-upper-edge": "WithinTolerance",
+    "band-exact-target": "WithinTolerance",
+    "busy-backlog-just-over-the-edge-scales": None,
+    "busy-empty-queue-with-requests-executing-scales": None,
+    "idle-gpu-cut-timeout": None,
+    "nan-p99": None,
+    "stale": None,
+}
+
+
+@pytest.mark.parametrize(("case_id", "hold"), HOLDS.items())
+def test_autoscale_policy_hold_kind(case_id: str, hold: str | None) -> None:
+    case = next(c for c in CASES if c.id == case_id)
+    d = decide(case.observation, case.current, case.policy, case.state, case.now)
+    assert d.hold == hold, d.reason
 
 
 def test_autoscale_policy_unknown_keeps_state_and_is_not_known() -> None:

@@ -38,6 +38,7 @@ class FakeProm:
             "kubeinfer_device_utilization_ratio": "0.4",
             "histogram_quantile": "0.25",
             "sum(kubeinfer_queue_size": "7",
+            "sum(kubeinfer_inflight_requests": "9",
         }
         self.status: int | None = None
         self.queries: list[str] = []
@@ -111,6 +112,7 @@ def test_autoscale_signals_default_queries_select_the_service() -> None:
     )
     assert over.p99 == 'my_p99{ns="ns1",n="svc"}[30s]'
     assert over.queue_size == QUERIES.queue_size
+    assert QUERIES.inflight == 'sum(kubeinfer_inflight_requests{namespace="ns1",inferenceservice="svc"})'
 
 
 def test_autoscale_signals_known_reading(prom: tuple[FakeProm, str]) -> None:
@@ -118,13 +120,14 @@ def test_autoscale_signals_known_reading(prom: tuple[FakeProm, str]) -> None:
     r = read(url)
     assert r.condition_reason is None
     o = r.observation
-    assert (o.p99_seconds, o.gpu_utilization, o.request_rate, o.queue_size, o.sample_age_seconds) == (
-        0.25,
-        0.4,
-        12.5,
-        7.0,
-        3.0,
-    )
+    assert (
+        o.p99_seconds,
+        o.gpu_utilization,
+        o.request_rate,
+        o.queue_size,
+        o.sample_age_seconds,
+        o.inflight_requests,
+    ) == (0.25, 0.4, 12.5, 7.0, 3.0, 9.0)
     # DCGM tried first, the runtime gauge as fallback
     assert any("DCGM_FI_DEV_GPU_UTIL" in q for q in fake.queries)
 
@@ -175,6 +178,16 @@ def test_autoscale_signals_missing_queue_is_optional(prom: tuple[FakeProm, str])
     fake.values["sum(kubeinfer_queue_size"] = None
     r = read(url)
     assert r.condition_reason is None and r.observation.queue_size is None
+
+
+@pytest.mark.parametrize("value", [None, "NaN", "-1"])
+def test_autoscale_signals_bad_inflight_is_unknown_not_zero(
+    prom: tuple[FakeProm, str], value: str | None
+) -> None:
+    fake, url = prom
+    fake.values["sum(kubeinfer_inflight_requests"] = value
+    r = read(url)
+    assert r.condition_reason is None and r.observation.inflight_requests is None
 
 
 @pytest.mark.parametrize(("status", "reason"), [(400, "QueryError"), (500, "PrometheusUnavailable")])
