@@ -323,7 +323,8 @@ class ResourcesSpec(_Spec):
     gpus: int = Field(default=1, ge=0, le=16, description="nvidia.com/gpu per replica.")
     gpu_product: str | None = Field(
         default=None,
-        max_length=128,
+        max_length=63,
+        pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",  # a label value: it is a nodeSelector
         description="Node selector on nvidia.com/gpu.product, e.g. NVIDIA-H100-80GB-HBM3.",
     )
     cpu: Quantity = Field(default="2", description="CPU request and limit.")
