@@ -29,6 +29,17 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("pvc-without-path", {"model": {"uri": "pvc://claim"}}, "spec.model.uri"),
     ("pvc-empty-path", {"model": {"uri": "pvc://claim/"}}, "spec.model.uri"),
     ("negative-queue", {"batching": {"maxQueueSize": -1}}, "spec.batching.maxQueueSize"),
+    # a node-selector label value: these got a 422 on the Deployment (Ready=False ReconcileFailed)
+    (
+        "long-gpu-product",
+        {"resources": {"gpus": 1, "gpuProduct": "x" * 64}, "runtime": {"device": "auto"}},
+        "spec.resources.gpuProduct",
+    ),
+    (
+        "spaced-gpu-product",
+        {"resources": {"gpus": 1, "gpuProduct": "NVIDIA H100"}, "runtime": {"device": "auto"}},
+        "spec.resources.gpuProduct",
+    ),
 ]
 
 

@@ -26,3 +26,14 @@ def test_non_positive_or_malformed_quantity_is_refused(field: str, value: str) -
 def test_valid_quantities_pass(value: str) -> None:
     assert re.match(QUANTITY_PATTERN, value)
     assert ResourcesSpec.model_validate({"cpu": value, "memory": value}).memory == value
+
+
+@pytest.mark.parametrize("value", ["x" * 64, "NVIDIA H100", "-H100", "H100/80GB"])
+def test_gpu_product_must_be_a_label_value(value: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"gpu_product|gpuProduct"):
+        ResourcesSpec.model_validate({"gpus": 1, "gpuProduct": value})
+
+
+def test_real_gpu_product_passes() -> None:
+    spec = ResourcesSpec.model_validate({"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"})
+    assert spec.gpu_product == "NVIDIA-H100-80GB-HBM3"
