@@ -74,6 +74,7 @@ def operator(
         resync_seconds=2.0,
         log_dir=tmp_path_factory.mktemp("operator-logs"),
         extra_env=dict(TEST_ENV),
+        proxy=True,  # its write requests are counted apart from other processes'
     )
     with proc:
         proc.wait_ready()
