@@ -208,11 +208,20 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
                 name,
             )
     try:
-        return arr.astype(target, casting="unsafe").reshape(shape)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is checked below
+            out = arr.astype(target, casting="unsafe").reshape(shape)
     except (OverflowError, ValueError) as exc:
         raise ProtocolError(
             f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", name
         ) from None
+    if datatype in ("FP16", "BF16", "FP32", "FP64") and out.size:
+        # JSON has no inf/NaN: a non-finite value here is one the datatype cannot hold (1e300 as FP32,
+        # 70000 as FP16) that the cast turned into inf, or a JSON number beyond float64 (1e400)
+        finite = np.isfinite(out.astype(np.float64)).reshape(-1)
+        if not finite.all():
+            bad = arr.reshape(-1)[int(np.argmin(finite))]
+            raise ProtocolError(f"input tensor '{name}': value {bad} is out of range for {datatype}", name)
+    return out
 
 
 def _expect(datatype: str) -> str:
