@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -390,4 +391,40 @@ async def test_idle_executor_preprocesses_and_executes_in_one_hand_off() -> None
     # both stages ran on the same executor thread: no round trip through the event loop between them
     (_, prep_thread), (_, exec_thread) = model.threads
     assert prep_thread == exec_thread and prep_thread.startswith("kubeinfer-exec")
+    b.close()
+
+
+async def test_torchscript_requests_of_different_widths_batch_apart_without_isolation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.runtime.models import load_model
+
+    class RowSum(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.sum(dim=-1)
+
+    path = tmp_path / "rowsum.pt"
+    torch.jit.save(torch.jit.script(RowSum().eval()), str(path))
+    cfg = RuntimeConfig.model_validate(
+        {
+            "model": {
+                "name": "rowsum",
+                "source": str(path),
+                "format": "torchscript",
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}],
+                "outputs": [{"name": "s", "datatype": "FP32", "shape": [-1]}],
+            },
+            "device": "cpu",
+        }
+    )
+    model = load_model(cfg)
+    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay=0.05))
+    b.start()
+    widths = [3, 5, 3, 5, 3, 5]
+    with caplog.at_level("WARNING", logger="kubeinfer.runtime.batching"):
+        outs = await asyncio.gather(*(b.infer({"x": np.ones((1, w), dtype=np.float32)}) for w in widths))
+    assert [float(o["s"][0]) for o in outs] == [float(w) for w in widths]
+    assert not [r for r in caplog.records if "bisecting" in r.getMessage()]  # no failed mixed batch
     b.close()
