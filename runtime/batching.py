@@ -366,10 +366,13 @@ class Batcher:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.priority_level(priority)
         if timeout_us is not None and (
-            isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0
+            isinstance(timeout_us, bool)
+            or not isinstance(timeout_us, int)
+            or not 0 <= timeout_us <= 2**64 - 1  # Triton's uint64; far larger ints overflow a float
         ):
             raise InputError(
-                f"parameter 'timeout' must be a non-negative integer (microseconds), got {timeout_us!r}"
+                "parameter 'timeout' must be a non-negative integer (microseconds) below 2^64, "
+                f"got {timeout_us!r:.40}"
             )
         rows = self.model.validate(inputs)
         warmed = self.model.max_batch_size or self._settings.max_batch_size
