@@ -14,4 +14,4 @@ async def test_out_of_range_timeout_is_an_input_error(timeout_us: object) -> Non
     # 10**400 microseconds overflowed the conversion to seconds: "OverflowError" came back as a 500
     batcher = Batcher(FakeModel(), BatchSettings(max_batch_size=4, max_queue_delay=0.0))
     with pytest.raises(InputError, match="parameter 'timeout'"):
-        await batcher.infer({"x": np.ones((1, 2), np.float32)}, timeout_us=timeout_us)  # type: ignore[arg-type]
+        await batcher.infer({"x": np.ones((1, 2), np.float32)}, timeout_us=timeout_us)
