@@ -244,8 +244,10 @@ class QuantizationSpec(_Spec):
 
     mode: Quantization = Field(default="none", description="none | fp16 | bf16 | int8-dynamic | int8-static")
     calibration: CalibrationSpec | None = None
-    skip_modules: list[str] = Field(
-        default_factory=list, max_length=64, description="Module-name prefixes left unquantized."
+    skip_modules: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Module-name prefixes left unquantized ('' would match every module).",
     )
 
     @model_validator(mode="after")
@@ -428,6 +430,12 @@ class AutoscalingSpec(_Spec):
                     ".targetP99",
                     "FieldValueInvalid",
                 ),
+                _cel(
+                    "duration(self.window) > duration('0s')",
+                    "spec.autoscaling.window must be greater than 0 (a PromQL range)",
+                    ".window",
+                    "FieldValueInvalid",
+                ),
             ]
         }
     )
@@ -455,6 +463,8 @@ class AutoscalingSpec(_Spec):
             raise ValueError("spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas")
         if parse_duration(self.target_p99) <= 0:
             raise ValueError("spec.autoscaling.targetP99 must be greater than 0")
+        if parse_duration(self.window) <= 0:
+            raise ValueError("spec.autoscaling.window must be greater than 0 (a PromQL range)")
         return self
 
 
