@@ -29,6 +29,13 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("pvc-without-path", {"model": {"uri": "pvc://claim"}}, "spec.model.uri"),
     ("pvc-empty-path", {"model": {"uri": "pvc://claim/"}}, "spec.model.uri"),
     ("negative-queue", {"batching": {"maxQueueSize": -1}}, "spec.batching.maxQueueSize"),
+    # a PromQL range of 0 (every query an error) and a skipped-module prefix '' (nothing quantized)
+    ("zero-window", {"autoscaling": {"window": "0s"}}, "spec.autoscaling.window"),
+    (
+        "empty-skip-module",
+        {"quantization": {"mode": "int8-dynamic", "skipModules": [""]}},
+        "spec.quantization.skipModules[0]",
+    ),
     # a node-selector label value: these got a 422 on the Deployment (Ready=False ReconcileFailed)
     (
         "long-gpu-product",

@@ -8,7 +8,7 @@ import re
 
 import pydantic
 import pytest
-from kubeinfer.operator.api import QUANTITY_PATTERN, ResourcesSpec
+from kubeinfer.operator.api import QUANTITY_PATTERN, AutoscalingSpec, QuantizationSpec, ResourcesSpec
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,13 @@ def test_gpu_product_must_be_a_label_value(value: str) -> None:
 def test_real_gpu_product_passes() -> None:
     spec = ResourcesSpec.model_validate({"gpus": 1, "gpuProduct": "NVIDIA-H100-80GB-HBM3"})
     assert spec.gpu_product == "NVIDIA-H100-80GB-HBM3"
+
+
+def test_zero_autoscaling_window_is_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match="window must be greater than 0"):
+        AutoscalingSpec.model_validate({"window": "0s"})
+
+
+def test_empty_skip_module_prefix_is_refused() -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"skipModules|skip_modules"):
+        QuantizationSpec.model_validate({"mode": "int8-dynamic", "skipModules": [""]})
