@@ -247,7 +247,7 @@ class QuantizationSpec(_Spec):
     skip_modules: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
         default_factory=list,
         max_length=64,
-        description="Module-name prefixes left unquantized ('' would match every module).",
+        description="Module-name prefixes left unquantized (non-empty).",
     )
 
     @model_validator(mode="after")
