@@ -29,7 +29,8 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("pvc-without-path", {"model": {"uri": "pvc://claim"}}, "spec.model.uri"),
     ("pvc-empty-path", {"model": {"uri": "pvc://claim/"}}, "spec.model.uri"),
     ("negative-queue", {"batching": {"maxQueueSize": -1}}, "spec.batching.maxQueueSize"),
-    # a PromQL range of 0 (every query an error) and a skipped-module prefix '' (nothing quantized)
+    # a PromQL range of 0 (every query an error); a skipModules prefix '' (names only the root module:
+    # it passed the runtime's typo check and skipped nothing)
     ("zero-window", {"autoscaling": {"window": "0s"}}, "spec.autoscaling.window"),
     (
         "empty-skip-module",
