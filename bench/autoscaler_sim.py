@@ -38,7 +38,9 @@ step). With ``--repeats R`` > 1 (default 3) each figure is the median over R see
 Beside ``traces`` (the five controllers, shaped as issue 4 asks), the JSON carries ``variants``: the
 same figures for kubeinfer's policy with the batch-timeout lever off (``kubeinfer_replicas_only``,
 the value of tuning the timeout) and with a 600 s stabilization window
-(``kubeinfer_stabilization_600s``); ``config`` (a, c, target, seeds) and ``summary`` (the targets).
+(``kubeinfer_stabilization_600s``), and with the drained-backlog rule fed the queue size instead of
+the requests in flight (``kubeinfer_drained_on_queue``); ``config`` (a, c, target, seeds) and
+``summary`` (the targets).
 """
 
 from __future__ import annotations
@@ -74,14 +76,18 @@ DEFAULT_A_SECONDS = 0.015
 DEFAULT_C_SECONDS = 0.0015
 CONTROLLERS = ("kubeinfer", "hpa_gpu", "hpa_p99", "fixed", "oracle")
 #: Variants of kubeinfer's policy reported beside the main table (``variants`` in the JSON): the
-#: batch-timeout lever switched off (replicas only: its bounds pinned to the start value), and a 600 s
-#: scale-down stabilization window instead of the HPA's 300 s default.
+#: batch-timeout lever switched off (replicas only: its bounds pinned to the start value), a 600 s
+#: scale-down stabilization window instead of the HPA's 300 s default, and the drained-backlog rule fed
+#: the queue size instead of the requests in flight.
 VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
     "kubeinfer_replicas_only": lambda cfg: {
         "batch_timeout_min_seconds": cfg.initial_timeout,
         "batch_timeout_max_seconds": cfg.initial_timeout,
     },
     "kubeinfer_stabilization_600s": lambda cfg: {"scale_down_stabilization_seconds": 600.0},
+    # The drained-backlog rule on the queue alone (what the policy read before it read the requests in
+    # flight): the queue leaves out requests executing in batches.
+    "kubeinfer_drained_on_queue": lambda cfg: {"drained_signal": "queue"},
 }
 TRACES = ("step", "ramp", "diurnal", "mmpp")
 
@@ -196,6 +202,7 @@ class Metrics:
     rate: float
     queue: float
     ready: int
+    inflight: float = math.nan
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,12 +366,17 @@ class Simulator:
         s0, s1 = int(max(0.0, t - cfg.sync)), int(t)
         ready = float(self.ready_secs[s0:s1].sum())
         util = float(self.busy[s0:s1].sum()) / ready if ready > 0 else math.nan
-        queue = float(bisect.bisect_right(arr_list, t) - head)
+        arrived = bisect.bisect_right(arr_list, t)
+        queue = float(arrived - head)
+        # In flight = queued + executing (kubeinfer_inflight_requests): arrived and not yet answered.
+        # Requests dispatched before ``lo`` finished more than a window ago.
+        inflight = queue + float(np.count_nonzero(done[lo:head] > t))
         return Metrics(
             p99=p99,
             utilization=min(1.0, util) if util == util else util,
             rate=rate,
             queue=queue,
+            inflight=inflight,
             ready=0,  # replaced by the instantaneous ready count in run()
         )
 
@@ -385,8 +397,14 @@ def kubeinfer_policy(cfg: SimConfig) -> Policy:
     )
 
 
-def make_kubeinfer(cfg: SimConfig, **overrides: Any) -> Controller:
-    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields)."""
+def make_kubeinfer(cfg: SimConfig, drained_signal: str = "inflight", **overrides: Any) -> Controller:
+    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields).
+
+    ``drained_signal``: what the observation's ``inflight_requests`` carries: ``"inflight"`` (queued +
+    executing, as ``kubeinfer_inflight_requests``) or ``"queue"`` (the queue alone, for comparison).
+    """
+    if drained_signal not in ("inflight", "queue"):
+        raise ValueError(f"drained_signal must be 'inflight' or 'queue', got {drained_signal!r}")
     policy = replace(kubeinfer_policy(cfg), **overrides)
     state = State()
 
@@ -399,6 +417,9 @@ def make_kubeinfer(cfg: SimConfig, **overrides: Any) -> Controller:
             gpu_utilization=util,
             request_rate=m.rate,
             queue_size=m.queue,
+            inflight_requests=m.queue
+            if drained_signal == "queue"
+            else (None if math.isnan(m.inflight) else m.inflight),
             sample_age_seconds=0.0,
         )
         d = decide(obs, Current(n, timeout, ready_replicas=m.ready), policy, state, t)
