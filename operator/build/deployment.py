@@ -102,6 +102,9 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
+        # The runtime writes no /dev/termination-log: the log tail becomes lastState.terminated.message,
+        # so a crash cause (e.g. a missing calibration file) reaches the Ready condition.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "startupProbe": {
             "httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
             "periodSeconds": STARTUP_PERIOD_SECONDS,
@@ -139,6 +142,7 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
     ``nvidia.com/gpu.product``), the ConfigMap mounted as ``/etc/kubeinfer/runtime.yaml``, a
     memory-backed ``/dev/shm``, read-only PVC mounts for ``pvc://`` URIs, a startupProbe sized by
     :func:`startup_budget_seconds`, readiness ``/v2/health/ready``, liveness ``/v2/health/live``,
+    ``terminationMessagePolicy: FallbackToLogsOnError`` (a crash's log tail reaches the pod status),
     Prometheus scrape annotations and the :data:`CONFIG_HASH_ANNOTATION` (rolls the pods when the
     non-batching runtime config changes). Rolling update with maxUnavailable 0 / maxSurge 1 so
     serving capacity never drops during a rollout.

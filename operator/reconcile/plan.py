@@ -139,12 +139,39 @@ BAD_WAITING_REASONS = frozenset(
 )
 
 
+#: Characters kept of a crashed container's termination message (its end: the cause is usually last).
+TERMINATION_MESSAGE_CHARS = 300
+
+
+def last_termination(container_status: Mapping[str, Any]) -> str | None:
+    """``last exit code N (Reason): <message tail>`` from ``lastState.terminated`` of a container status.
+
+    The message is whitespace-trimmed and cut to its last :data:`TERMINATION_MESSAGE_CHARS`
+    characters (prefixed ``...`` when cut); with ``terminationMessagePolicy: FallbackToLogsOnError``
+    it is the tail of the crashed container's log. ``None`` when the container has not terminated
+    before (or the record carries neither exit code nor message).
+    """
+    terminated = (container_status.get("lastState") or {}).get("terminated") or {}
+    code = terminated.get("exitCode")
+    text = str(terminated.get("message") or "").strip()
+    if code is None and not text:
+        return None
+    if len(text) > TERMINATION_MESSAGE_CHARS:
+        text = "..." + text[-TERMINATION_MESSAGE_CHARS:].lstrip()
+    head = f"last exit code {code}" if code is not None else "last termination"
+    if terminated.get("reason"):
+        head += f" ({terminated['reason']})"
+    return f"{head}: {text}" if text else head
+
+
 def pod_problem(pods: Sequence[Mapping[str, Any]]) -> ReadyState | None:
     """The first lasting problem among an InferenceService's pods, as a ``Ready=False`` state.
 
     A container waiting with one of :data:`BAD_WAITING_REASONS` (its reason and message carried
-    over, e.g. ``ImagePullBackOff``), or a pod the scheduler cannot place (``Unschedulable``, e.g.
-    no node with the requested GPU). ``None`` when no pod shows such a problem.
+    over, e.g. ``ImagePullBackOff``; when the container terminated before, as in
+    ``CrashLoopBackOff``, its last exit code and termination message tail are appended, see
+    :func:`last_termination`), or a pod the scheduler cannot place (``Unschedulable``, e.g. no node
+    with the requested GPU). ``None`` when no pod shows such a problem.
     """
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
         status = pod.get("status") or {}
@@ -154,6 +181,9 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> ReadyState | None:
             if waiting.get("reason") in BAD_WAITING_REASONS:
                 detail = waiting.get("message") or waiting["reason"]
                 message = f"pod {pod_name} container {cs.get('name')}: {detail}"
+                crash = last_termination(cs)
+                if crash is not None:
+                    message = f"{message}; {crash}"
                 return ReadyState("False", str(waiting["reason"]), message)
         for cond in status.get("conditions") or []:
             unschedulable = cond.get("reason") == "Unschedulable" and cond.get("status") == "False"

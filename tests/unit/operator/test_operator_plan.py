@@ -138,3 +138,56 @@ def test_status_keeps_transition_time_and_other_conditions() -> None:
     assert plan.status_patch(desired, desired) == {}
     patch = plan.status_patch(desired, {**desired, "replicas": 9})
     assert patch == {"replicas": desired["replicas"]}
+
+
+def _crashing_pod(terminated: dict[str, object]) -> dict[str, object]:
+    return {
+        "metadata": {"name": "p4"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "state": {
+                        "waiting": {
+                            "reason": "CrashLoopBackOff",
+                            "message": "back-off 40s restarting failed container=runtime",
+                        }
+                    },
+                    "lastState": {"terminated": terminated},
+                }
+            ]
+        },
+    }
+
+
+def test_crash_loop_carries_exit_code_and_termination_message() -> None:
+    pod = _crashing_pod(
+        {
+            "exitCode": 2,
+            "reason": "Error",
+            "message": "loading model\nerror: calibration file /models/calib.jsonl not found\n",
+        }
+    )
+    assert plan.pod_problem([pod]) == plan.ReadyState(
+        "False",
+        "CrashLoopBackOff",
+        "pod p4 container runtime: back-off 40s restarting failed container=runtime; "
+        "last exit code 2 (Error): loading model\nerror: calibration file /models/calib.jsonl not found",
+    )
+
+
+def test_crash_loop_termination_message_keeps_its_last_300_chars() -> None:
+    cause = "error: calibration file missing"
+    log = "x" * 1000 + "\n" + cause
+    state = plan.pod_problem([_crashing_pod({"exitCode": 1, "message": log})])
+    assert state is not None
+    prefix = "pod p4 container runtime: back-off 40s restarting failed container=runtime; last exit code 1: "
+    assert state.message == prefix + "..." + "x" * (300 - len(cause) - 1) + "\n" + cause
+    assert len(state.message) == len(prefix) + 3 + 300
+
+
+def test_crash_loop_without_message_still_gives_exit_code() -> None:
+    state = plan.pod_problem([_crashing_pod({"exitCode": 137, "reason": "OOMKilled"})])
+    assert state is not None
+    assert state.message.endswith("; last exit code 137 (OOMKilled)")
+    assert plan.last_termination({"name": "runtime", "lastState": {}}) is None
