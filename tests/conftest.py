@@ -76,6 +76,18 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+        _release_finalizers(cluster, name)
+
+
+def _release_finalizers(cluster: Cluster, namespace: str) -> None:
+    """Drop the finalizers of the InferenceServices and PVCs left in a deleted ``namespace``: the test's
+    operator (kopf's finalizer) is gone and this control plane runs no pvc-protection controller, so
+    the namespace would stay Terminating for the rest of the session (its namespace controller still
+    retrying, its objects still there for operators that watch all namespaces)."""
+    for kind in ("inferenceservices.kubeinfer.io", "persistentvolumeclaims"):  # the CRD may be absent
+        for obj in cluster.kubectl("get", kind, "-n", namespace, "-o", "name", check=False).stdout.split():
+            patch = '{"metadata":{"finalizers":null}}'
+            cluster.kubectl("patch", obj, "-n", namespace, "--type=merge", "-p", patch, check=False)
 
 
 @pytest.fixture
