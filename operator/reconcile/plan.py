@@ -296,3 +296,72 @@ def desired_status(
 def status_patch(desired: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
     """The merge patch of ``status``: the desired fields whose value differs (empty = no write)."""
     return {k: v for k, v in desired.items() if current.get(k) != v}
+
+
+#: Reason of ``Ready=False`` while the API server keeps failing the operator's requests.
+API_SERVER_ERROR_REASON = "ApiServerError"
+#: Consecutive failed reconciles (transient API errors: 5xx, 429, conflicts, network) of one
+#: InferenceService before ``Ready=False ApiServerError`` is written (3 × the 5 s retry ≈ 15–35 s:
+#: long enough to ride out an API server restart, short enough for a user to see the cause).
+API_ERROR_THRESHOLD = 3
+#: Upper bound of the retry back-off, seconds.
+RETRY_DELAY_MAX_SECONDS = 60.0
+
+
+def retry_delay(
+    failures: int, *, base: float, cap: float = RETRY_DELAY_MAX_SECONDS, retry_after: float = 0.0
+) -> float:
+    """Seconds to wait before retrying after the ``failures``-th consecutive failure (≥ 1).
+
+    Exponential back-off ``base · 2^(failures-1)`` capped at ``cap``, never less than the server's
+    ``Retry-After`` (``retry_after`` seconds). E.g. base 5 s: 5, 10, 20, 40, 60, 60, … s.
+    """
+    exponent = min(max(failures, 1) - 1, 30)
+    return max(retry_after, min(cap, base * 2.0**exponent))
+
+
+def api_error_state(
+    current_status: Mapping[str, Any], failures: int, error: str, *, threshold: int = API_ERROR_THRESHOLD
+) -> ReadyState | None:
+    """The ``Ready=False ApiServerError`` state to write after a failed reconcile, or ``None``.
+
+    ``failures``: consecutive failed reconciles of this InferenceService, this one included;
+    ``error``: the API error's message (cut to 1000 characters). ``None`` (write nothing) below
+    ``threshold`` and when the current Ready condition already has reason ``ApiServerError``: the
+    condition is written once, on the transition (status is patched only on change); the next
+    successful reconcile replaces it with the state computed from the owned objects.
+    """
+    if failures < threshold:
+        return None
+    ready = conditions_of({"status": current_status}).get(api.CONDITION_READY)
+    if (
+        ready is not None
+        and ready.get("status") == "False"
+        and ready.get("reason") == API_SERVER_ERROR_REASON
+    ):
+        return None
+    message = f"{failures} consecutive reconciles failed; retrying with back-off: {error[:1000]}"
+    return ReadyState("False", API_SERVER_ERROR_REASON, message)
+
+
+def ready_conditions(
+    current_status: Mapping[str, Any], ready: ReadyState, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """``status.conditions`` with the Ready condition set to ``ready``, the other types kept as they are.
+
+    ``lastTransitionTime`` (RFC 3339, ``now`` when it changes) is kept unless the status changes.
+    """
+    conds = [dict(c) for c in current_status.get("conditions") or [] if isinstance(c, Mapping)]
+    previous = next((c for c in conds if c.get("type") == api.CONDITION_READY), None)
+    transition = now
+    if previous is not None and previous.get("status") == ready.status and previous.get("lastTransitionTime"):
+        transition = str(previous["lastTransitionTime"])
+    ready_cond = {
+        "type": api.CONDITION_READY,
+        "status": ready.status,
+        "reason": ready.reason,
+        "message": ready.message,
+        "lastTransitionTime": transition,
+        "observedGeneration": generation,
+    }
+    return [ready_cond, *(c for c in conds if c.get("type") != api.CONDITION_READY)]

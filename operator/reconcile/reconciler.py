@@ -72,16 +72,22 @@ async def apply_if_changed(
 class Reconciler:
     """Reconciles InferenceServices; one instance per operator process.
 
-    ``clock`` returns RFC 3339 UTC strings (injected in tests).
+    ``clock`` returns RFC 3339 UTC strings (injected in tests). ``retry_delay``: base of the retry
+    back-off after a transient API error, seconds (see :func:`plan.retry_delay`; at most
+    ``max_retry_delay``); ``api_error_threshold``: consecutive failed reconciles of one
+    InferenceService before ``Ready=False ApiServerError`` is written.
     """
 
     kube: k8s.Kube
     clock: Callable[[], str] = _now
     retry_delay: float = 5.0
+    max_retry_delay: float = plan.RETRY_DELAY_MAX_SECONDS
+    api_error_threshold: int = plan.API_ERROR_THRESHOLD
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     _retries: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     _events: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    _failures: dict[tuple[str, str], int] = field(default_factory=dict)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def forget(self, namespace: str, name: str) -> None:
@@ -89,6 +95,7 @@ class Reconciler:
         self._locks.pop((namespace, name), None)
         self.bodies.pop((namespace, name), None)
         self._events.pop((namespace, name), None)
+        self._failures.pop((namespace, name), None)
         for kind in OWNED_KINDS:
             self._applied.pop((kind, namespace, _owned_name(kind, name)), None)
         task = self._retries.pop((namespace, name), None)
@@ -129,9 +136,11 @@ class Reconciler:
         """Bring the owned objects and the status of one InferenceService in line with its spec.
 
         ``body``: the InferenceService as watched; ``lookup``: the current owned objects. Transient
-        API errors schedule a retry after ``retry_delay`` seconds (or the server's Retry-After);
-        permanent ones become ``Ready=False`` (reason ReconcileFailed) and a Warning Event.
-        Never raises for API errors.
+        API errors schedule a retry with exponential back-off from ``retry_delay`` seconds (at least
+        the server's Retry-After); after ``api_error_threshold`` consecutive ones the object shows
+        ``Ready=False`` (reason ApiServerError, the API error as message; written once, with a
+        Warning Event) until a reconcile succeeds. Permanent ones become ``Ready=False`` (reason
+        ReconcileFailed) and a Warning Event. Never raises for API errors.
         """
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
@@ -159,11 +168,23 @@ class Reconciler:
                         if fresh is None:
                             return
                         self.bodies[key] = body = fresh
+                self._failures.pop(key, None)
             except k8s.TransientError as exc:
                 result = "retry"
                 metrics.RECONCILE_ERRORS.labels(kind="transient").inc()
-                logger.warning("reconcile %s/%s: transient error, retrying: %s", *key, exc)
-                self._schedule_retry(body, lookup, max(self.retry_delay, exc.retry_after))
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = plan.retry_delay(
+                    failures, base=self.retry_delay, cap=self.max_retry_delay, retry_after=exc.retry_after
+                )
+                logger.warning(
+                    "reconcile %s/%s: transient error (%d in a row), retrying in %.0f s: %s",
+                    *key,
+                    failures,
+                    delay,
+                    exc,
+                )
+                await self._write_api_error(body, failures, str(exc))
+                self._schedule_retry(body, lookup, delay)
             except k8s.NotFoundError:
                 result = "gone"  # deleted while we worked: owner references clean up the rest
                 self.forget(*key)
@@ -292,6 +313,39 @@ class Reconciler:
             if ready.reason not in ("Creating", "Progressing") or ready.status == "True":
                 self._event_later(body, ready.reason, f"Ready={ready.status}: {ready.message}", type_)
 
+    async def _write_api_error(self, body: Mapping[str, Any], failures: int, error: str) -> None:
+        """Write ``Ready=False ApiServerError`` when :func:`plan.api_error_state` says so (best effort).
+
+        A 409 (stale resourceVersion: the autoscaler wrote status) re-reads the object and tries once
+        more; any other API error is logged (the API server may refuse this write too; the retry of
+        the reconcile goes on).
+        """
+        key = _key(body)
+        try:
+            for attempt in range(2):
+                current_status: Mapping[str, Any] = body.get("status") or {}
+                ready = plan.api_error_state(
+                    current_status, failures, error, threshold=self.api_error_threshold
+                )
+                if ready is None:
+                    return
+                generation = int((body.get("metadata") or {}).get("generation") or 0)
+                desired = {
+                    "conditions": plan.ready_conditions(current_status, ready, self.clock(), generation)
+                }
+                try:
+                    await self._write_status(body, current_status, desired, ready)
+                    return
+                except k8s.TransientError as exc:
+                    if exc.status != 409 or attempt == 1:
+                        raise
+                    fresh = await self.kube.get(isvc_path(*key))
+                    if fresh is None:
+                        return
+                    self.bodies[key] = body = fresh
+        except k8s.KubeError as exc:
+            logger.warning("reconcile %s/%s: writing Ready=False ApiServerError failed: %s", *key, exc)
+
     async def _write_invalid(
         self, body: Mapping[str, Any], current_status: Mapping[str, Any], message: str
     ) -> None:
@@ -326,3 +380,8 @@ class Reconciler:
 
 def _owned_name(kind: str, isvc_name: str) -> str:
     return api.configmap_name(isvc_name) if kind == "ConfigMap" else isvc_name
+
+
+def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace")), str(meta.get("name"))
