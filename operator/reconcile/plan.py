@@ -260,27 +260,9 @@ def desired_status(
     set one yet (the value in force, so the printer column is never empty).
     """
     dstatus = (deployment or {}).get("status") or {}
-    conditions = [
-        dict(c) for c in current_status.get("conditions") or [] if c.get("type") != api.CONDITION_READY
-    ]
-    previous = next(
-        (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None
-    )
-    transition = now
-    if previous is not None and previous.get("status") == ready.status and previous.get("lastTransitionTime"):
-        transition = str(previous["lastTransitionTime"])
-    ready_cond = {
-        "type": api.CONDITION_READY,
-        "status": ready.status,
-        "reason": ready.reason,
-        "message": ready.message,
-        "lastTransitionTime": transition,
-        "observedGeneration": isvc.generation,
-    }
-    conditions = [ready_cond, *conditions]
     out: dict[str, Any] = {
         "observedGeneration": isvc.generation,
-        "conditions": conditions,
+        "conditions": ready_conditions(current_status, ready, now, isvc.generation),
         "replicas": int(dstatus.get("replicas") or 0),
         "readyReplicas": int(dstatus.get("readyReplicas") or 0),
         "selector": selector_string(isvc),
