@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -611,7 +612,7 @@ class Demo:
         for ph, vals in p99s.items():
             if vals:
                 say(
-                    f"  - P99 during {ph}: median {sorted(vals)[len(vals) // 2] * 1000:.0f}ms, "
+                    f"  - P99 during {ph}: median {statistics.median(vals) * 1000:.0f}ms, "
                     f"max {max(vals) * 1000:.0f}ms"
                 )
         if bts:
