@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from hack.cluster import DEFAULT_BIN_DIR, ClusterError, check_binaries, start, stop
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster
 from tests.support.prom import PrometheusServer
 
 
@@ -65,29 +65,12 @@ def _namespace_name(node_name: str) -> str:
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = _namespace_name(request.node.name)
-    cluster.kubectl("create", "namespace", name)
-    # The ServiceAccount admission plugin rejects Pods until kube-controller-manager made "default".
-    wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=30,
-        message=f"ServiceAccount {name}/default",
-    )
+    cluster.create_namespace(name)
     try:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
-        _release_finalizers(cluster, name)
-
-
-def _release_finalizers(cluster: Cluster, namespace: str) -> None:
-    """Drop the finalizers of the InferenceServices and PVCs left in a deleted ``namespace``: the test's
-    operator (kopf's finalizer) is gone and this control plane runs no pvc-protection controller, so
-    the namespace would stay Terminating for the rest of the session (its namespace controller still
-    retrying, its objects still there for operators that watch all namespaces)."""
-    for kind in ("inferenceservices.kubeinfer.io", "persistentvolumeclaims"):  # the CRD may be absent
-        for obj in cluster.kubectl("get", kind, "-n", namespace, "-o", "name", check=False).stdout.split():
-            patch = '{"metadata":{"finalizers":null}}'
-            cluster.kubectl("patch", obj, "-n", namespace, "--type=merge", "-p", patch, check=False)
+        cluster.release_finalizers(name)
 
 
 @pytest.fixture

@@ -160,6 +160,28 @@ class Cluster:
         """``kubectl get <args> -o json`` parsed."""
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def create_namespace(self, name: str) -> None:
+        """Create namespace ``name`` and wait (30 s) until kube-controller-manager made its ``default``
+        ServiceAccount (the ServiceAccount admission plugin rejects Pods before that)."""
+        self.kubectl("create", "namespace", name)
+        wait_until(
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+            timeout=30,
+            message=f"ServiceAccount {name}/default",
+        )
+
+    def release_finalizers(self, namespace: str) -> None:
+        """Drop the finalizers of the InferenceServices and PVCs of ``namespace``.
+
+        For teardown once the test's operator is gone (kopf's finalizer) — this control plane runs no
+        pvc-protection controller either — so that deleting the namespace does not leave it
+        Terminating for the rest of the session. Missing kinds (CRD not installed) are ignored.
+        """
+        for kind in ("inferenceservices.kubeinfer.io", "persistentvolumeclaims"):
+            for obj in self.kubectl("get", kind, "-n", namespace, "-o", "name", check=False).stdout.split():
+                patch = '{"metadata":{"finalizers":null}}'
+                self.kubectl("patch", obj, "-n", namespace, "--type=merge", "-p", patch, check=False)
+
     def api_client(self, kubeconfig: Path | None = None) -> Any:
         """A new ``kubernetes.client.ApiClient`` for ``kubeconfig`` (default: the admin one)."""
         from kubernetes import config

@@ -32,35 +32,12 @@ def crds(cluster: Cluster) -> None:
 def op_namespace(cluster: Cluster, crds: None) -> Iterator[str]:
     """A namespace for the whole module (the operator watches only it)."""
     name = f"kisvc-op-{secrets.token_hex(3)}"
-    cluster.kubectl("create", "namespace", name)
-    wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=30,
-        message=f"ServiceAccount {name}/default",
-    )
+    cluster.create_namespace(name)
     try:
         yield name
     finally:
-        release_finalizers(cluster, name)
+        cluster.release_finalizers(name)
         cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
-
-
-def release_finalizers(cluster: Cluster, namespace: str) -> None:
-    """Remove kopf's finalizer from every InferenceService of ``namespace`` (no operator runs any more:
-    without this, deleting the namespace would wait for it forever)."""
-    # PVCs too: kube-controller-manager here runs no pvc-protection controller to release them
-    names = cluster.kubectl("get", "kisvc,pvc", "-n", namespace, "-o", "name", check=False).stdout.split()
-    for obj in names:
-        cluster.kubectl(
-            "patch",
-            obj,
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            '{"metadata":{"finalizers":null}}',
-            check=False,
-        )
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.operator.conftest import release_finalizers
 from tests.integration.operator.test_operator_reconcile import _get, _isvc_manifest, _ready
 from tests.support.cluster import Cluster, wait_until
 from tests.support.operator_proc import TEST_ENV, OperatorProcess
@@ -21,7 +20,7 @@ def ns(cluster: Cluster, crds: None, namespace: str) -> Iterator[str]:
     try:
         yield namespace
     finally:
-        release_finalizers(cluster, namespace)  # if a test fails with no operator running
+        cluster.release_finalizers(namespace)  # if a test fails with no operator running
 
 
 def _operator(cluster: Cluster, ns: str, log_dir: Path, name: str) -> OperatorProcess:
