@@ -63,7 +63,7 @@ import yaml
 
 if __package__ in (None, ""):  # run as `python hack/localpods.py`: make `hack.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hack.cluster import die_with_parent
+from hack.procs import die_with_parent
 
 log = logging.getLogger("kubeinfer.localpods")
 

@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import yaml
 
-from hack.cluster import die_with_parent
+from hack.procs import die_with_parent
 
 PROMETHEUS_BIN = Path("/usr/bin/prometheus")
 
@@ -49,9 +49,9 @@ class PrometheusError(RuntimeError):
     """Prometheus could not be started, or answered a query with an error (message says which)."""
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -67,9 +67,14 @@ def prom_duration(seconds: float) -> str:
 
 
 def render_config(
-    targets_file: Path, *, scrape_interval: float = 1.0, job_name: str = "kubeinfer"
+    targets_file: Path,
+    *,
+    scrape_interval: float = 1.0,
+    job_name: str = "kubeinfer",
+    scrape_configs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The prometheus.yml document: one file_sd job, scrape_timeout equal to the interval."""
+    """The prometheus.yml document: one file_sd job, scrape_timeout equal to the interval, followed
+    by ``scrape_configs`` (e.g. :func:`podmonitor_scrape_config`)."""
     interval = prom_duration(scrape_interval)
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
@@ -80,9 +85,86 @@ def render_config(
                 "scrape_timeout": interval,
                 "metrics_path": "/metrics",
                 "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
-            }
+            },
+            *[dict(c) for c in scrape_configs],
         ],
     }
+
+
+def _label_name(key: str) -> str:
+    """A Kubernetes label key as kubernetes_sd spells it in meta labels (non [a-zA-Z0-9_] -> _)."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in key)
+
+
+def podmonitor_scrape_config(
+    podmonitor: Mapping[str, Any],
+    *,
+    api_server: str,
+    tls_config: Mapping[str, str],
+    scrape_interval: float = 1.0,
+) -> dict[str, Any]:
+    """The scrape job the Prometheus Operator generates for a ``monitoring.coreos.com/v1`` PodMonitor
+    with one ``podMetricsEndpoints`` entry: kubernetes_sd (role pod) against ``api_server``, the
+    PodMonitor's ``selector.matchLabels`` and endpoint ``port`` as keep rules, the operator's
+    ``namespace``/``pod``/``container`` target labels, then the PodMonitor's own ``relabelings``.
+
+    ``tls_config`` is Prometheus' (ca_file, cert_file, key_file). Intervals are overridden by
+    ``scrape_interval`` (tests scrape every second). Raises ValueError on a PodMonitor without
+    exactly one endpoint or with a selector other than matchLabels.
+    """
+    spec = podmonitor["spec"]
+    endpoints = spec.get("podMetricsEndpoints") or []
+    if len(endpoints) != 1:
+        raise ValueError(f"expected one podMetricsEndpoints entry, got {len(endpoints)}")
+    (ep,) = endpoints
+    if set(spec.get("selector", {})) - {"matchLabels"}:
+        raise ValueError("only selector.matchLabels is translated")
+    relabel: list[dict[str, Any]] = []
+    for key, value in sorted(spec["selector"].get("matchLabels", {}).items()):
+        n = _label_name(key)
+        relabel.append(
+            {
+                "action": "keep",
+                "source_labels": [
+                    f"__meta_kubernetes_pod_label_{n}",
+                    f"__meta_kubernetes_pod_labelpresent_{n}",
+                ],
+                "regex": f"({value});true",
+            }
+        )
+    relabel.append(
+        {
+            "action": "keep",
+            "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+            "regex": ep["port"],
+        }
+    )
+    relabel += [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+    ]
+    for r in ep.get("relabelings", []):
+        rule = {"source_labels" if k == "sourceLabels" else _snake(k): v for k, v in r.items()}
+        relabel.append(rule)
+    sd: dict[str, Any] = {"role": "pod", "api_server": api_server, "tls_config": dict(tls_config)}
+    names = spec.get("namespaceSelector", {}).get("matchNames")
+    if names:
+        sd["namespaces"] = {"names": list(names)}
+    interval = prom_duration(scrape_interval)
+    meta = podmonitor["metadata"]
+    return {
+        "job_name": f"podMonitor/{meta.get('namespace', 'default')}/{meta['name']}/0",
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "metrics_path": ep.get("path", "/metrics"),
+        "kubernetes_sd_configs": [sd],
+        "relabel_configs": relabel,
+    }
+
+
+def _snake(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
 
 
 def render_targets(targets: Iterable[tuple[str, Mapping[str, str]]]) -> list[dict[str, Any]]:
@@ -110,6 +192,8 @@ class PrometheusServer:
         scrape_interval: seconds between scrapes (also the scrape timeout and rule evaluation).
         port: listen port on 127.0.0.1; default a free one (chosen again if taken at first start).
         binary: the prometheus executable.
+        host: listen address (``NODE_IP`` so that pods of the local node reach it).
+        scrape_configs: more scrape jobs after the file_sd one (:func:`podmonitor_scrape_config`).
     """
 
     def __init__(
@@ -120,13 +204,17 @@ class PrometheusServer:
         port: int | None = None,
         binary: Path = PROMETHEUS_BIN,
         job_name: str = "kubeinfer",
+        host: str = "127.0.0.1",
+        scrape_configs: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.workdir = workdir
+        self.host = host
+        self.scrape_configs = list(scrape_configs)
         self.scrape_interval = scrape_interval
         self.binary = binary
         self.job_name = job_name
         self._fixed_port = port is not None
-        self.port = port if port is not None else _free_port()
+        self.port = port if port is not None else _free_port(host)
         self.targets_file = workdir / "targets.json"
         self.config_file = workdir / "prometheus.yml"
         self.data_dir = workdir / "data"
@@ -136,8 +224,8 @@ class PrometheusServer:
 
     @property
     def url(self) -> str:
-        """Base URL, ``http://127.0.0.1:<port>``."""
-        return f"http://127.0.0.1:{self.port}"
+        """Base URL, ``http://<host>:<port>``."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -159,7 +247,12 @@ class PrometheusServer:
             self._write_targets()
         self.config_file.write_text(
             yaml.safe_dump(
-                render_config(self.targets_file, scrape_interval=self.scrape_interval, job_name=self.job_name)
+                render_config(
+                    self.targets_file,
+                    scrape_interval=self.scrape_interval,
+                    job_name=self.job_name,
+                    scrape_configs=self.scrape_configs,
+                )
             )
         )
         for attempt in range(3):
@@ -169,7 +262,7 @@ class PrometheusServer:
             except _PortTaken:
                 if self._fixed_port or attempt == 2:
                     raise
-                self.port = _free_port()
+                self.port = _free_port(self.host)
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> None:
@@ -177,7 +270,7 @@ class PrometheusServer:
             str(self.binary),
             f"--config.file={self.config_file}",
             f"--storage.tsdb.path={self.data_dir}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--web.listen-address={self.host}:{self.port}",
             "--storage.tsdb.retention.time=1d",
             "--web.enable-lifecycle",
             "--log.level=warn",

@@ -34,7 +34,7 @@ from types import TracebackType
 
 from kubeinfer.runtime.config import RuntimeConfig
 
-from hack.cluster import die_with_parent
+from hack.procs import die_with_parent
 
 __all__ = ["RuntimeConfig", "RuntimeProcess"]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hack import cluster as hc
+from hack import procs
 
 
 def _alive(pid: int) -> bool:
@@ -35,7 +36,7 @@ def test_taken_port_crash_and_down_recover(tmp_path: Path, monkeypatch: pytest.M
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     blocked = blocker.getsockname()[1]
-    real_free_port = hc.free_port
+    real_free_port = procs.free_port
     calls = {"n": 0}
 
     def free_port_first_api_port_taken(*args: object, **kwargs: object) -> int:
@@ -43,7 +44,7 @@ def test_taken_port_crash_and_down_recover(tmp_path: Path, monkeypatch: pytest.M
         # The third port of the first attempt is the API server's: hand out one that is in use.
         return blocked if calls["n"] == 3 else real_free_port(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(hc, "free_port", free_port_first_api_port_taken)
+    monkeypatch.setattr(procs, "free_port", free_port_first_api_port_taken)
     messages: list[str] = []
     workdir = tmp_path / "cp"
     try:
@@ -53,7 +54,7 @@ def test_taken_port_crash_and_down_recover(tmp_path: Path, monkeypatch: pytest.M
         assert hc.is_healthy(info)
     finally:
         blocker.close()
-    monkeypatch.setattr(hc, "free_port", real_free_port)
+    monkeypatch.setattr(procs, "free_port", real_free_port)
 
     # Crash: kill -9 every process. The recorded state is stale; start() cleans up and starts anew.
     for pid in info.pids.values():

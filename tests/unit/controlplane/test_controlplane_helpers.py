@@ -1,4 +1,5 @@
-"""Pure helpers of hack/cluster.py and tests/support/prom.py: ports, kubeconfigs, flags, configs."""
+"""Pure helpers of hack/ (cluster, controlplane, pki, procs) and tests/support/prom.py: ports,
+kubeconfigs, flags, configs."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ import pytest
 import yaml
 
 from hack import cluster as hc
+from hack import controlplane as cp
+from hack import pki, procs
 from tests.support import prom
 
 
 def test_free_port_is_bindable_and_respects_exclude() -> None:
-    port = hc.free_port()
+    port = procs.free_port()
     assert 1024 <= port <= 65535
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # free right after it was chosen
-    other = hc.free_port(exclude={port})
+    other = procs.free_port(exclude={port})
     assert other != port
 
 
 def test_render_kubeconfig_with_client_certificate() -> None:
-    doc = hc.render_kubeconfig(
+    doc = cp.render_kubeconfig(
         "https://127.0.0.1:6443", b"CA", user="admin", client_cert_pem=b"CERT", client_key_pem=b"KEY"
     )
     assert doc["current-context"] == "admin"
@@ -41,7 +44,7 @@ def test_render_kubeconfig_with_client_certificate() -> None:
 
 
 def test_render_kubeconfig_token_namespace_and_impersonation() -> None:
-    doc = hc.render_kubeconfig(
+    doc = cp.render_kubeconfig(
         "https://127.0.0.1:1",
         b"CA",
         user="sa",
@@ -56,7 +59,7 @@ def test_render_kubeconfig_token_namespace_and_impersonation() -> None:
         "as": "system:serviceaccount:ns1:op",
         "as-groups": ["system:serviceaccounts"],
     }
-    assert doc["contexts"][0]["context"] == {"cluster": hc.CLUSTER_NAME, "user": "sa", "namespace": "ns1"}
+    assert doc["contexts"][0]["context"] == {"cluster": cp.CLUSTER_NAME, "user": "sa", "namespace": "ns1"}
 
 
 @pytest.mark.parametrize(
@@ -69,28 +72,28 @@ def test_render_kubeconfig_token_namespace_and_impersonation() -> None:
 )
 def test_render_kubeconfig_rejects_bad_credentials(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match=r"credential|go together"):
-        hc.render_kubeconfig("https://127.0.0.1:1", b"CA", user="u", **kwargs)  # type: ignore[arg-type]
+        cp.render_kubeconfig("https://127.0.0.1:1", b"CA", user="u", **kwargs)  # type: ignore[arg-type]
 
 
 def test_render_kubeconfig_rejects_plain_http() -> None:
     with pytest.raises(ValueError, match="https"):
-        hc.render_kubeconfig("http://127.0.0.1:1", b"CA", user="u", token="t")
+        cp.render_kubeconfig("http://127.0.0.1:1", b"CA", user="u", token="t")
 
 
 def test_apiserver_args_have_rbac_and_service_account_keys(tmp_path: Path) -> None:
-    args = hc.apiserver_args(
+    args = cp.apiserver_args(
         etcd_url="http://127.0.0.1:1", port=2, pki=tmp_path, token_file=tmp_path / "t.csv"
     )
     assert "--authorization-mode=RBAC" in args
     assert "--secure-port=2" in args
     assert "--bind-address=127.0.0.1" in args
     assert f"--service-account-signing-key-file={tmp_path / 'sa.key'}" in args
-    assert f"--service-account-issuer={hc.SERVICE_ISSUER}" in args
+    assert f"--service-account-issuer={cp.SERVICE_ISSUER}" in args
     assert not any(a.startswith("--authorization-mode=AlwaysAllow") for a in args)
 
 
 def test_controller_manager_runs_the_controllers_kubeinfer_needs(tmp_path: Path) -> None:
-    args = hc.controller_manager_args(kubeconfig=tmp_path / "kc", pki=tmp_path)
+    args = cp.controller_manager_args(kubeconfig=tmp_path / "kc", pki=tmp_path)
     (controllers,) = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--controllers=")]
     for needed in ("deployment-controller", "replicaset-controller", "garbage-collector-controller"):
         assert needed in controllers
@@ -98,13 +101,13 @@ def test_controller_manager_runs_the_controllers_kubeinfer_needs(tmp_path: Path)
 
 
 def test_etcd_args_use_the_given_ports(tmp_path: Path) -> None:
-    args = hc.etcd_args(data_dir=tmp_path, client_port=11, peer_port=12)
+    args = cp.etcd_args(data_dir=tmp_path, client_port=11, peer_port=12)
     assert "--listen-client-urls=http://127.0.0.1:11" in args
     assert "--initial-cluster=default=http://127.0.0.1:12" in args
 
 
 def test_make_pki_signs_server_and_admin_certificates(tmp_path: Path) -> None:
-    hc.make_pki(tmp_path)
+    pki.make_pki(tmp_path, cp.control_plane_leaves(["127.0.0.1"], cp.KUBERNETES_SERVICE_IP))
     r = subprocess.run(
         ["openssl", "verify", "-CAfile", "ca.crt", "apiserver.crt", "admin.crt", "kcm.crt"],
         cwd=tmp_path,
