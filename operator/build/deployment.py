@@ -32,6 +32,23 @@ WARMUP_STEP_BUDGET_SECONDS = 60
 #: Drain allowance beyond the longest batch timeout: the runtime's drain timeout
 #: (``RuntimeConfig.server.drain_timeout_seconds``, 30 s) plus 15 s for in-flight compute and exit.
 DRAIN_SECONDS = 45
+#: The runtime image's non-root user and group (runtime/Dockerfile ``USER 65532:65532``).
+RUNTIME_UID = 65532
+#: Size limit of the writable /tmp (the root filesystem is read-only; HOME=/tmp in the image).
+TMP_SIZE = "1Gi"
+#: Pod and container security contexts: the Pod Security Standards' "restricted" profile.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUNTIME_UID,
+    "runAsGroup": RUNTIME_UID,
+    "fsGroup": RUNTIME_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 def startup_budget_seconds(isvc: api.InferenceService) -> int:
@@ -67,10 +84,12 @@ def _volumes(isvc: api.InferenceService) -> tuple[list[dict[str, Any]], list[dic
             },
         },
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
     ]
     for i, claim in enumerate(isvc.spec.pvc_claims()):
         volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -101,6 +120,7 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
         "ports": [{"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
+        "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": mounts,
         # The runtime writes no /dev/termination-log: the log tail becomes lastState.terminated.message,
         # so a crash cause (e.g. a missing calibration file) reaches the Ready condition.
@@ -140,7 +160,9 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
     Pod template: runtime container with ``nvidia.com/gpu`` requests/limits when ``gpus > 0`` (plus
     the ``nvidia.com/gpu`` NoSchedule toleration and, with ``gpuProduct``, a node selector on
     ``nvidia.com/gpu.product``), the ConfigMap mounted as ``/etc/kubeinfer/runtime.yaml``, a
-    memory-backed ``/dev/shm``, read-only PVC mounts for ``pvc://`` URIs, a startupProbe sized by
+    memory-backed ``/dev/shm``, a writable ``/tmp`` (the root filesystem is read-only: the "restricted"
+    Pod Security profile of :data:`POD_SECURITY_CONTEXT` and :data:`CONTAINER_SECURITY_CONTEXT`),
+    read-only PVC mounts for ``pvc://`` URIs, a startupProbe sized by
     :func:`startup_budget_seconds`, readiness ``/v2/health/ready``, liveness ``/v2/health/live``,
     ``terminationMessagePolicy: FallbackToLogsOnError`` (a crash's log tail reaches the pod status),
     Prometheus scrape annotations and the :data:`CONFIG_HASH_ANNOTATION` (rolls the pods when the
@@ -159,6 +181,7 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
     pod_spec: dict[str, Any] = {
         "containers": [_container(isvc, mounts)],
         "volumes": volumes,
+        "securityContext": POD_SECURITY_CONTEXT,
         "terminationGracePeriodSeconds": termination_grace_seconds(isvc),
     }
     if tolerations:
