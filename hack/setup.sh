@@ -3,16 +3,24 @@
 #
 #   bash hack/setup.sh                 all steps
 #   bash hack/setup.sh --python-only   step 1 only (.venv + package with test extras), for `make lint`
-#   bash hack/setup.sh --binaries-only steps 3-4 only (Go toolchain check + control-plane binaries)
+#   bash hack/setup.sh --binaries-only steps 4-6 only (Go toolchain check + the Go-built binaries)
 #
 # Steps:
 #   1. Python >= 3.11, .venv, `pip install -e '.[test]'` when pyproject.toml changed (stamp).
 #   2. Debian's prometheus (/usr/bin/prometheus) via apt-get when absent; no service left running.
-#   3. Go toolchain check (clear message when missing).
-#   4. etcd, kube-apiserver, kube-controller-manager, kubectl, helm built from hack/go.mod into
-#      .cache/bin/, only when the pinned versions / build flags changed or a binary is missing.
+#   3. Debian packages the node needs (runc, CNI plugins, buildah, debootstrap, iptables, nftables,
+#      conntrack) via apt-get when one of their commands is absent (hack/setup-node.sh).
+#   4. Go toolchain check (clear message when missing).
+#   5. Kubernetes binaries from hack/go.mod into .cache/bin/: etcd, kube-apiserver,
+#      kube-controller-manager, kubectl, helm (control plane) and kube-scheduler, kubelet,
+#      kube-proxy (node).
+#   6. Node binaries from hack/node/go.mod into .cache/bin/: containerd, containerd-shim-runc-v2,
+#      ctr, crictl, coredns (hack/setup-node.sh).
+#   Steps 5 and 6 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
+#   local main package, its build flags) or it is missing: one stamp per binary.
 #
-# Stamps live in .cache/stamps/; logs of the Go build in .cache/logs/.
+# Versions are pinned in the go.mod files only; the version ldflags are derived from them.
+# Stamps live in .cache/stamps/; logs of the Go builds in .cache/logs/.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +39,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--python-only|--binaries-only]" >&2; exit 2 ;;
 esac
 
-TOTAL=4
+TOTAL=6
 T0=$(date +%s)
 # One setup at a time per checkout (several engineers/CI steps may call `make setup` at once).
 exec 9>"$CACHE/setup.lock"
@@ -42,6 +50,8 @@ fi
 step() { echo "[setup $1/$TOTAL] $2 (+$(( $(date +%s) - T0 ))s)"; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 # ---------------------------------------------------------------- 1. python
 setup_python() {
@@ -73,6 +83,40 @@ setup_python() {
   fi
 }
 
+# ---------------------------------------------------------------- apt (steps 2 and 3)
+# apt_install PKG...: apt-get install without starting any service (policy-rc.d answers 101, "action
+# not allowed", to Debian's maintainer scripts where an init exists), then stop one that some init
+# started anyway: the tests and the local cluster start their own processes.
+APT_UPDATED=0
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 || die "no apt-get: install the Debian packages $* by hand"
+  local log="$LOGS/apt.log"
+  if [ "$APT_UPDATED" = 0 ]; then
+    echo "  apt-get update (log: ${log#"$ROOT"/})"
+    $SUDO apt-get update -qq >>"$log" 2>&1 || { tail -20 "$log" >&2; die "apt-get update failed"; }
+    APT_UPDATED=1
+  fi
+  echo "  apt-get install $*"
+  local prc=/usr/sbin/policy-rc.d created_prc=0 rc=0 s; s=$(date +%s)
+  if [ ! -e "$prc" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$prc" >/dev/null; $SUDO chmod +x "$prc"; created_prc=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >>"$log" 2>&1 \
+    || rc=$?
+  [ "$created_prc" = 1 ] && $SUDO rm -f "$prc"
+  [ "$rc" = 0 ] || { tail -20 "$log" >&2; die "apt-get install $* failed (log: ${log#"$ROOT"/})"; }
+  echo "  installed in $(( $(date +%s) - s ))s"
+  if command -v systemctl >/dev/null 2>&1; then
+    local svc
+    for svc in "$@"; do
+      if systemctl is-active --quiet "$svc" 2>/dev/null; then
+        $SUDO systemctl stop "$svc" || true
+        $SUDO systemctl disable "$svc" >/dev/null 2>&1 || true
+      fi
+    done
+  fi
+}
+
 # ---------------------------------------------------------------- 2. prometheus
 setup_prometheus() {
   step 2 "prometheus: Debian package (/usr/bin/prometheus)"
@@ -80,111 +124,144 @@ setup_prometheus() {
     echo "  present: $(/usr/bin/prometheus --version 2>&1 | head -1)"
     return
   fi
-  command -v apt-get >/dev/null 2>&1 || die "/usr/bin/prometheus missing and no apt-get: install Prometheus by hand"
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "  apt-get update && apt-get install prometheus"
-  $sudo apt-get update -qq
-  # policy-rc.d 101 keeps Debian's maintainer scripts from starting the service where an init exists.
-  local prc=/usr/sbin/policy-rc.d created_prc=0
-  if [ ! -e "$prc" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$prc" >/dev/null; $sudo chmod +x "$prc"; created_prc=1
-  fi
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus \
-    || { [ "$created_prc" = 1 ] && $sudo rm -f "$prc"; die "apt-get install prometheus failed"; }
-  [ "$created_prc" = 1 ] && $sudo rm -f "$prc"
-  # No systemd here, but stop a service if some init did start one: tests start their own.
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    $sudo systemctl stop prometheus || true
-    $sudo systemctl disable prometheus >/dev/null 2>&1 || true
-  fi
+  apt_install prometheus
   [ -x /usr/bin/prometheus ] || die "prometheus package installed but /usr/bin/prometheus missing"
   echo "  installed: $(/usr/bin/prometheus --version 2>&1 | head -1)"
 }
 
-# ---------------------------------------------------------------- 3. go
+# ---------------------------------------------------------------- 3. node packages: hack/setup-node.sh
+# ---------------------------------------------------------------- 4. go
 setup_go() {
-  step 3 "go toolchain"
+  step 4 "go toolchain"
   if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
     export PATH="/usr/local/go/bin:$PATH"   # the official tarball's place, when not on PATH
   fi
   if ! command -v go >/dev/null 2>&1; then
-    if binaries_up_to_date; then
+    if go_binaries_up_to_date; then
       echo "  go not found, but the binaries in .cache/bin are up to date: not needed"
       return
     fi
-    die "the Go toolchain is missing (need go >= $(awk '/^go /{print $2}' hack/go.mod), as in hack/go.mod).
-  It builds etcd, kube-apiserver, kube-controller-manager, kubectl and helm from the Go module proxy.
+    die "the Go toolchain is missing (need go >= $(awk '/^go /{print $2}' hack/node/go.mod), as in hack/node/go.mod).
+  It builds etcd, the Kubernetes binaries, helm, containerd, crictl and CoreDNS from the Go module proxy.
   Install it (e.g. 'apt-get install golang-go' if new enough, or the official tarball) and put 'go' on PATH."
   fi
   echo "  $(go version)"
 }
 
-# ---------------------------------------------------------------- 4. binaries
-# Pinned versions: hack/go.mod. The version ldflags make the API server report v1.37.2 (Helm's
-# kubeVersion checks read it). buildDate is fixed so that the link is reproducible and cached.
-K8S_VERSION="v1.37.2"
-HELM_VERSION="v3.22.0"
-BUILD_DATE="2026-01-01T00:00:00Z"
-ldflags() {
-  local ld="-s -w" p
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=37"
-    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$BUILD_DATE"
-  done
-  ld+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-  ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-  echo "$ld"
+# ---------------------------------------------------------------- Go builds (steps 5 and 6)
+# modver DIR MODULE: the version of MODULE that DIR/go.mod selects (a replace's target wins).
+modver() {
+  awk -v m="$2" '
+    { sub(/^(require|replace)[ \t]+/, "") }
+    $1 == m && $2 == "=>" { r = $NF }
+    $1 == m && $2 ~ /^v/  { v = $2 }
+    END { print (r != "" ? r : v) }' "$1/go.mod"
 }
-# name=package, built in this order (etcd first: small, and the tests need all of them anyway).
-TARGETS=(
+# A target is "name=package"; per-binary build tags and CGO_ENABLED come from the associative
+# arrays TAGS and CGO (unset: no tags, Go's default cgo setting).
+declare -A TAGS=() CGO=()
+
+# go_stamp DIR LDFLAGS TARGET: what one binary is built from.
+go_stamp() {
+  local dir="$1" ld="$2" name="${3%%=*}" pkg="${3#*=}"
+  {
+    cat "$dir/go.mod" "$dir/go.sum"
+    case "$pkg" in ./*) cat "$dir/${pkg#./}"/*.go ;; esac
+    echo "$pkg|$ld|${TAGS[$name]:-}|${CGO[$name]:-default}"
+  } | sha256sum | cut -c1-16
+}
+go_target_up_to_date() {
+  local name="${3%%=*}"
+  [ -x "$BIN/$name" ] && [ "$(cat "$STAMPS/bin-$name" 2>/dev/null || true)" = "$(go_stamp "$@")" ]
+}
+
+# go_build STEP TITLE DIR LDFLAGS TARGET...: build the targets that are not up to date, in order,
+# with per-binary time and size.
+go_build() {
+  local stepno="$1" title="$2" dir="$3" ld="$4"; shift 4
+  step "$stepno" "$title"
+  local t todo=()
+  for t in "$@"; do go_target_up_to_date "$dir" "$ld" "$t" || todo+=("$t"); done
+  if [ "${#todo[@]}" = 0 ]; then
+    echo "  up to date ($dir/go.mod, go.sum and build flags unchanged): ${*%%=*}"
+    return
+  fi
+  local jobs="${KUBEINFER_BUILD_JOBS:-2}" log="$LOGS/go-build-$(basename "$dir").log"
+  echo "  building ${todo[*]%%=*} with go build -p $jobs (log: ${log#"$ROOT"/}); a cold build takes a long time"
+  : > "$log"
+  local i=0 name pkg s tags cgo
+  for t in "${todo[@]}"; do
+    i=$((i + 1)); name="${t%%=*}"; pkg="${t#*=}"
+    tags="${TAGS[$name]:-}"; cgo="${CGO[$name]:-$(go env CGO_ENABLED)}"
+    s=$(date +%s)
+    echo "  [$i/${#todo[@]}] $name ($pkg${tags:+, tags: $tags}) ..."
+    echo "=== $name: CGO_ENABLED=$cgo go build -tags '$tags' $pkg" >>"$log"
+    if ! (cd "$dir" && CGO_ENABLED="$cgo" nice -n 10 go build -p "$jobs" -trimpath -tags "$tags" \
+          -ldflags "$ld" -o "$BIN/$name.tmp" "$pkg") >>"$log" 2>&1; then
+      tail -30 "$log" >&2
+      die "go build of $name failed (full log: ${log#"$ROOT"/})"
+    fi
+    mv -f "$BIN/$name.tmp" "$BIN/$name"
+    go_stamp "$dir" "$ld" "$t" > "$STAMPS/bin-$name"
+    echo "  [$i/${#todo[@]}] $name built in $(( $(date +%s) - s ))s ($(du -h "$BIN/$name" | cut -f1))"
+  done
+}
+
+# ---------------------------------------------------------------- 5. kubernetes binaries
+# Pinned versions: hack/go.mod (k8s.io/kubernetes, its staging modules, etcd, helm). The version
+# ldflags make the API server, kubelet and kubectl report the pinned version (Helm's kubeVersion
+# checks read it); buildDate is fixed so that the link is reproducible and cached.
+BUILD_DATE="2026-01-01T00:00:00Z"
+K8S_TARGETS=(
   "etcd=./cmd/etcd"
   "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager"
   "kubectl=k8s.io/kubernetes/cmd/kubectl"
   "helm=helm.sh/helm/v3/cmd/helm"
+  "kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler"
+  "kubelet=k8s.io/kubernetes/cmd/kubelet"
+  "kube-proxy=k8s.io/kubernetes/cmd/kube-proxy"
 )
-
-# The stamp: pinned versions (go.mod, go.sum), the etcd main, the build flags and target list.
-binaries_stamp() {
-  { cat hack/go.mod hack/go.sum hack/cmd/etcd/main.go; ldflags; echo "${TARGETS[*]}"; } | sha256sum | cut -c1-16
-}
-binaries_up_to_date() {
-  local t
-  for t in "${TARGETS[@]}"; do [ -x "$BIN/${t%%=*}" ] || return 1; done
-  [ "$(cat "$STAMPS/binaries" 2>/dev/null || true)" = "$(binaries_stamp)" ]
-}
-
-setup_binaries() {
-  step 4 "control-plane binaries and helm -> .cache/bin/"
-  if binaries_up_to_date; then
-    echo "  up to date (hack/go.mod, go.sum and build flags unchanged): ${TARGETS[*]%%=*}"
-    return
-  fi
-  local ld; ld="$(ldflags)"
-  local want; want="$(binaries_stamp)"
-  local jobs="${KUBEINFER_BUILD_JOBS:-2}"
-  echo "  building with go build -p $jobs (log: .cache/logs/go-build.log); a cold build takes a long time"
-  : > "$LOGS/go-build.log"
-  local i=0 name pkg s
-  for t in "${TARGETS[@]}"; do
-    i=$((i + 1)); name="${t%%=*}"; pkg="${t#*=}"
-    s=$(date +%s)
-    echo "  [$i/${#TARGETS[@]}] $name ($pkg) ..."
-    if ! (cd hack && nice -n 10 go build -p "$jobs" -trimpath -ldflags "$ld" -o "$BIN/$name.tmp" "$pkg") \
-        >>"$LOGS/go-build.log" 2>&1; then
-      tail -30 "$LOGS/go-build.log" >&2
-      die "go build of $name failed (full log: .cache/logs/go-build.log)"
-    fi
-    mv -f "$BIN/$name.tmp" "$BIN/$name"
-    echo "  [$i/${#TARGETS[@]}] $name built in $(( $(date +%s) - s ))s ($(du -h "$BIN/$name" | cut -f1))"
+k8s_ldflags() {
+  local k8s helm cg p maj min ld="-s -w"
+  k8s="$(modver hack k8s.io/kubernetes)"; helm="$(modver hack helm.sh/helm/v3)"
+  cg="$(modver hack k8s.io/client-go)"
+  [ -n "$k8s" ] && [ -n "$helm" ] && [ -n "$cg" ] || die "hack/go.mod: k8s.io/kubernetes, helm or client-go not found"
+  IFS=. read -r maj min _ <<<"${k8s#v}"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$k8s -X $p.gitMajor=$maj -X $p.gitMinor=$min"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$BUILD_DATE"
   done
-  echo "$want" > "$STAMPS/binaries"
+  ld+=" -X helm.sh/helm/v3/internal/version.version=$helm"
+  ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  # Helm's default Kubernetes version (without a cluster: `helm template`, `helm lint`) is v1.20
+  # unless set at link time; helm's Makefile sets it from client-go: v0.X.Y -> 1.X.
+  IFS=. read -r maj min _ <<<"${cg#v}"
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    ld+=" -X $p.k8sVersionMajor=$((maj + 1)) -X $p.k8sVersionMinor=$min"
+  done
+  echo "$ld"
+}
+setup_k8s_binaries() {
+  go_build 5 "kubernetes binaries (control plane, node) and helm -> .cache/bin/" hack "$(k8s_ldflags)" \
+    "${K8S_TARGETS[@]}"
+}
+
+# ---------------------------------------------------------------- 3 and 6: the node
+# shellcheck source=hack/setup-node.sh
+source "$ROOT/hack/setup-node.sh"
+
+go_binaries_up_to_date() {
+  local t ld
+  ld="$(k8s_ldflags)"
+  for t in "${K8S_TARGETS[@]}"; do go_target_up_to_date hack "$ld" "$t" || return 1; done
+  ld="$(node_ldflags)"
+  for t in "${NODE_TARGETS[@]}"; do go_target_up_to_date hack/node "$ld" "$t" || return 1; done
 }
 
 case "$MODE" in
   python) setup_python ;;
-  binaries) setup_go; setup_binaries ;;
-  all) setup_python; setup_prometheus; setup_go; setup_binaries ;;
+  binaries) setup_go; setup_k8s_binaries; setup_node_binaries ;;
+  all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries ;;
 esac
 echo "[setup] done in $(( $(date +%s) - T0 ))s"

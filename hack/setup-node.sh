@@ -1,0 +1,96 @@
+# hack/setup-node.sh — the node parts of hack/setup.sh (sourced by it; not run on its own):
+#
+#   3. Debian packages the one-node cluster needs, via apt-get when one of their commands is absent.
+#   6. containerd (with its CRI plugin), containerd-shim-runc-v2, ctr, crictl and CoreDNS, built from
+#      the Go module hack/node/go.mod into .cache/bin/.
+#
+# Uses step, die, apt_install, modver, go_build, TAGS and CGO from hack/setup.sh.
+
+# ---------------------------------------------------------------- 3. node packages (Debian)
+# "command-or-file=package": what the node runs, and the Debian package that provides it.
+#   runc                  the OCI runtime containerd's runc shim calls
+#   /usr/lib/cni/*        CNI plugins containerd's CRI plugin calls for the pod network
+#   iptables, nft         kube-proxy (iptables or nftables mode), the portmap CNI plugin, kubelet
+#   conntrack             kube-proxy clears stale UDP conntrack entries with it
+#   mount, nsenter        kubelet (volume mounts), containerd
+#   ip                    inspecting and cleaning up the pod network
+#   buildah, debootstrap  the images (`make images`): the base image is a debootstrap of bookworm
+NODE_PACKAGES=(
+  "/usr/sbin/runc=runc"
+  "/usr/lib/cni/bridge=containernetworking-plugins"
+  "/usr/lib/cni/host-local=containernetworking-plugins"
+  "/usr/lib/cni/loopback=containernetworking-plugins"
+  "/usr/lib/cni/portmap=containernetworking-plugins"
+  "/usr/sbin/iptables=iptables"
+  "/usr/sbin/iptables-restore=iptables"
+  "/usr/sbin/nft=nftables"
+  "/usr/sbin/conntrack=conntrack"
+  "/usr/bin/mount=mount"
+  "/usr/bin/nsenter=util-linux"
+  "/usr/bin/ip=iproute2"
+  "/usr/bin/buildah=buildah"
+  "/usr/sbin/debootstrap=debootstrap"
+  "/usr/share/keyrings/debian-archive-keyring.gpg=debian-archive-keyring"
+)
+
+setup_node_packages() {
+  step 3 "node packages: Debian runc, CNI plugins, buildah, debootstrap, iptables, nftables, conntrack"
+  local e path pkg missing=() pkgs=()
+  for e in "${NODE_PACKAGES[@]}"; do
+    path="${e%%=*}"; pkg="${e#*=}"
+    if [ ! -e "$path" ]; then
+      missing+=("$path")
+      [[ " ${pkgs[*]} " == *" $pkg "* ]] || pkgs+=("$pkg")
+    fi
+  done
+  if [ "${#pkgs[@]}" -gt 0 ]; then
+    echo "  missing: ${missing[*]}"
+    apt_install "${pkgs[@]}"
+    for e in "${NODE_PACKAGES[@]}"; do
+      [ -e "${e%%=*}" ] || die "package ${e#*=} installed but ${e%%=*} is missing"
+    done
+  fi
+  echo "  present: runc $(/usr/sbin/runc --version | awk 'NR==1{print $3}'), CNI plugins in /usr/lib/cni" \
+       "($(dpkg-query -W -f='${Version}' containernetworking-plugins 2>/dev/null || echo '?'))," \
+       "buildah $(/usr/bin/buildah --version | awk '{print $3}'), $(/usr/sbin/iptables --version)," \
+       "nft $(/usr/sbin/nft --version | awk '{print $2}'), conntrack $(/usr/sbin/conntrack --version 2>&1 | awk '{print $2}')"
+}
+
+# ---------------------------------------------------------------- 6. node binaries (Go)
+# Pinned versions: hack/node/go.mod (containerd v2, cri-tools, CoreDNS; one module, so that their
+# shared dependencies are compiled once). hack/node/tools.go keeps the containerd and crictl commands
+# in it; hack/node/cmd/coredns is CoreDNS with only the plugins the cluster DNS needs.
+NODE_TARGETS=(
+  "containerd=github.com/containerd/containerd/v2/cmd/containerd"
+  "containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+  "ctr=github.com/containerd/containerd/v2/cmd/ctr"
+  "crictl=sigs.k8s.io/cri-tools/cmd/crictl"
+  "coredns=./cmd/coredns"
+)
+# containerd's Makefile: urfave_cli_no_docs always, the shim also no_grpc. We leave out the btrfs
+# (needs cgo and libbtrfs headers), devmapper and zfs snapshotters; overlayfs and native stay in.
+# Everything static (CGO_ENABLED=0), as containerd builds its shim and cri-tools and CoreDNS build
+# theirs; nothing here uses cgo on Linux once btrfs is out.
+CONTAINERD_TAGS="urfave_cli_no_docs no_btrfs no_devmapper no_zfs"
+TAGS[containerd]="$CONTAINERD_TAGS"
+TAGS[ctr]="$CONTAINERD_TAGS"
+TAGS[containerd-shim-runc-v2]="$CONTAINERD_TAGS no_grpc"
+CGO[containerd]=0; CGO[containerd-shim-runc-v2]=0; CGO[ctr]=0; CGO[crictl]=0; CGO[coredns]=0
+
+node_ldflags() {
+  local ctd cri dns
+  ctd="$(modver hack/node github.com/containerd/containerd/v2)"
+  cri="$(modver hack/node sigs.k8s.io/cri-tools)"
+  dns="$(modver hack/node github.com/coredns/coredns)"
+  [ -n "$ctd" ] && [ -n "$cri" ] && [ -n "$dns" ] || die "hack/node/go.mod: containerd, cri-tools or coredns not found"
+  local ld="-s -w"
+  ld+=" -X github.com/containerd/containerd/v2/version.Version=$ctd"
+  ld+=" -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+  ld+=" -X sigs.k8s.io/cri-tools/pkg/version.Version=$cri"   # as its hack/release.sh: the tag
+  ld+=" -X github.com/coredns/coredns/coremain.GitCommit=$dns"   # no commit in a module: the version
+  echo "$ld"
+}
+setup_node_binaries() {
+  go_build 6 "node binaries (containerd, shim, ctr, crictl, coredns) -> .cache/bin/" hack/node \
+    "$(node_ldflags)" "${NODE_TARGETS[@]}"
+}
