@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.cluster import Cluster, wait_until
-from tests.unit.chart.helm_render import CHART, KUBE_VERSION, by_kind
+from tests.unit.chart.helm_render import CHART, by_kind
 
 CRDS_DIR = CHART / "crds"
 
@@ -50,8 +50,6 @@ def _template(
         CHART,
         "--namespace",
         namespace,
-        "--kube-version",
-        KUBE_VERSION,
     ]
     if values is not None:
         vf = tmp / f"values-{release}.yaml"
@@ -68,11 +66,11 @@ def _apply_crds(cluster: Cluster) -> None:
 
 
 def test_chart_helm_lint(cluster: Cluster, tmp_path: Path) -> None:
-    out = cluster.helm("lint", "--strict", CHART, "--kube-version", KUBE_VERSION).stdout
+    out = cluster.helm("lint", "--strict", CHART).stdout
     assert "0 chart(s) failed" in out
     vf = tmp_path / "v.yaml"
     vf.write_text(yaml.safe_dump({**NON_DEFAULT, "watchNamespaces": ["team-a"]}))
-    out = cluster.helm("lint", "--strict", CHART, "-f", vf, "--kube-version", KUBE_VERSION).stdout
+    out = cluster.helm("lint", "--strict", CHART, "-f", vf).stdout
     assert "0 chart(s) failed" in out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -12,10 +13,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "kubeinfer"
 HELM = ROOT / ".cache" / "bin" / "helm"
-#: The Kubernetes version offline renders assume (the local control plane's, hack/go.mod). Passed
-#: explicitly: a helm built without its chartutil version ldflags defaults to v1.20, below the
-#: chart's kubeVersion.
-KUBE_VERSION = "v1.37.2"
+GO_MOD = ROOT / "hack" / "go.mod"
+
+
+def pinned_kube_version() -> tuple[int, int]:
+    """(major, minor) of the Kubernetes that hack/go.mod pins, from its ``k8s.io/client-go v0.X.Y``
+    (the line helm's own build reads). ``make setup`` links that into helm as its default
+    Kubernetes version for renders without a cluster."""
+    m = re.search(r"^\s*k8s\.io/client-go v0\.(\d+)\.\d+", GO_MOD.read_text(), re.MULTILINE)
+    assert m, f"no k8s.io/client-go v0.X.Y requirement in {GO_MOD}"
+    return 1, int(m.group(1))
 
 
 def helm_env(home: Path) -> dict[str, str]:
@@ -51,7 +58,7 @@ def render(
 
     ``set_args`` are ``--set`` expressions, ``values`` a values mapping passed as a file.
     """
-    args = ["template", "kubeinfer", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    args = ["template", "kubeinfer", str(CHART), "--namespace", namespace]
     for s in set_args:
         args += ["--set", s]
     for v in api_versions:

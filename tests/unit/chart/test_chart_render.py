@@ -6,9 +6,11 @@ integration tests (tests/integration/chart) run the same renders against the API
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.unit.chart.helm_render import HELM, by_kind, render
 
@@ -174,3 +176,26 @@ def test_chart_refuses_kubernetes_older_than_1_28() -> None:
 
     r = helm("template", "kubeinfer", str(CHART), "--kube-version", "v1.27.9", check=False)
     assert r.returncode != 0 and ">=1.28.0-0" in r.stderr
+
+
+def test_chart_helm_template_without_kube_version_assumes_the_pinned_kubernetes(tmp_path: Path) -> None:
+    """`helm template t charts/kubeinfer` as a new user types it: no cluster, no --kube-version.
+    helm's default Kubernetes version is set at link time (v1.20 otherwise, below the chart's
+    kubeVersion >=1.28); `make setup` derives it from hack/go.mod's client-go."""
+    from tests.unit.chart.helm_render import CHART, helm, pinned_kube_version
+
+    r = helm("template", "t", str(CHART), check=False)
+    assert r.returncode == 0, r.stderr
+    assert {"Deployment", "ServiceAccount", "ClusterRole"} <= {
+        d["kind"] for d in yaml.safe_load_all(r.stdout) if d
+    }
+    probe = tmp_path / "probe"
+    (probe / "templates").mkdir(parents=True)
+    (probe / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+    (probe / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\n"
+        "data:\n  version: {{ .Capabilities.KubeVersion.Version | quote }}\n"
+    )
+    (doc,) = [d for d in yaml.safe_load_all(helm("template", "p", str(probe)).stdout) if d]
+    major, minor = pinned_kube_version()
+    assert doc["data"]["version"] == f"v{major}.{minor}.0"
