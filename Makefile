@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration lint crds cluster-up cluster-down demo run \
-        bench bench-runtime bench-operator bench-autoscaler clean
+        bench bench-runtime bench-operator bench-autoscaler clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -40,6 +40,9 @@ lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 
 crds: ## regenerate crds/ and charts/kubeinfer/crds/ from the pydantic models
 	$(PY) -m kubeinfer.operator.crdgen
+
+images: setup ## build the base, pause, operator and runtime images with buildah (only those whose inputs changed)
+	@$(PY) hack/images.py build
 
 cluster-up: setup ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints the kubeconfig
 	@$(PY) hack/cluster.py up
