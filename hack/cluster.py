@@ -38,7 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hack import controlplane, node, podnetwork
+from hack import controlplane, podnetwork
+from hack import node as nodes  # ``node`` is start()'s flag
 from hack.controlplane import ControlPlane, render_kubeconfig, write_yaml
 from hack.pki import node_leaves
 from hack.procs import ClusterError, is_ours
@@ -122,12 +123,12 @@ class ClusterInfo:
             admin_token=self.admin_token,
         )
 
-    def _node(self) -> node.Node | None:
+    def _node(self) -> nodes.Node | None:
         if not self.node:
             return None
-        return node.Node(
-            pids={n: p for n, p in self.pids.items() if n in node.COMPONENTS},
-            start_times={n: t for n, t in self.start_times.items() if n in node.COMPONENTS},
+        return nodes.Node(
+            pids={n: p for n, p in self.pids.items() if n in nodes.COMPONENTS},
+            start_times={n: t for n, t in self.start_times.items() if n in nodes.COMPONENTS},
             ports=self.ports,
             endpoint=self.cri_endpoint,
             sysctls=self.sysctls,
@@ -195,7 +196,7 @@ def start(
     check_binaries(bin_dir, ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"))
     if node:
         check_binaries(bin_dir, ("kube-scheduler",))
-        node.preflight(workdir, bin_dir)
+        nodes.preflight(workdir, bin_dir)
         podnetwork.check_tools()
     old = _load_state(workdir)
     if old is not None:
@@ -261,14 +262,11 @@ def _start_node(
     die_with_parent: bool,
     timeout: float,
     say: Any,
-) -> node.Node:
+) -> nodes.Node:
     if load_images is None:
-        from hack import images
+        load_images = _load_built_images(say)
 
-        def load_images(ctr: Path, socket: str) -> None:
-            images.load(ctr, socket, log=say)
-
-    return node.start(
+    return nodes.start(
         workdir,
         bin_dir=bin_dir,
         server=cp.server,
@@ -282,7 +280,23 @@ def _start_node(
     )
 
 
-def _info(workdir: Path, bin_dir: Path, cp: ControlPlane, started: node.Node | None) -> ClusterInfo:
+def _load_built_images(say: Any) -> Callable[[Path, str], None]:
+    """The default image loader of a node: the pause image (built now if needed: seconds) and every
+    other image ``make images`` has built; those not built are named, with the command."""
+    from hack import images
+
+    def load(ctr: Path, socket: str) -> None:
+        images.build(["pause"], log=say)
+        built = [n for n in images.NODE_IMAGES if images.image_hash(images.IMAGES[n].ref) is not None]
+        missing = sorted(set(images.NODE_IMAGES) - set(built))
+        if missing:
+            say(f"images not built yet: {', '.join(missing)} (`make images`; pods using them cannot start)")
+        images.load(ctr, socket, names=built, log=say)
+
+    return load
+
+
+def _info(workdir: Path, bin_dir: Path, cp: ControlPlane, started: nodes.Node | None) -> ClusterInfo:
     pki = workdir / "pki"
     return ClusterInfo(
         workdir=workdir,
@@ -335,7 +349,7 @@ def stop(target: ClusterInfo | Path = DEFAULT_WORKDIR, *, log: Any = None) -> li
     info = target if isinstance(target, ClusterInfo) else _load_state(workdir)
     has_node = (info is not None and info.node) or (workdir / "node").exists()
     if has_node:
-        node.stop(
+        nodes.stop(
             workdir,
             info._node() if info is not None else None,
             bin_dir=info.bin_dir if info else DEFAULT_BIN_DIR,
@@ -350,7 +364,7 @@ def stop(target: ClusterInfo | Path = DEFAULT_WORKDIR, *, log: Any = None) -> li
 
 def leftovers(workdir: Path = DEFAULT_WORKDIR) -> list[str]:
     """What a stopped node and pod network left behind on this machine (empty when clean)."""
-    return node.leftovers(workdir.resolve()) + podnetwork.leftovers()
+    return nodes.leftovers(workdir.resolve()) + podnetwork.leftovers()
 
 
 # ----------------------------------------------------------------------------- other credentials

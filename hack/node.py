@@ -121,7 +121,10 @@ class NodePaths:
 def containerd_config(paths: NodePaths, cni_conf_dir: Path, image_store: Path = IMAGE_STORE) -> str:
     """containerd 2.x configuration (version 3) for the node: CRI with runc (cgroupfs), overlayfs,
     the pod network's CNI configuration, SANDBOX_IMAGE pinned, network namespaces under the state
-    directory, no metrics or debug listeners, streaming (exec, logs, port-forward) on loopback."""
+    directory, no metrics or debug listeners, streaming (exec, logs, port-forward) on loopback.
+    ``restrict_oom_score_adj``: these machines refuse a negative ``oom_score_adj`` even to root
+    (runc failed every sandbox with "failed to update /proc/self/oom_score_adj: Permission
+    denied"), so containers get no lower a score than containerd's own (0)."""
     q = json.dumps  # TOML basic strings are JSON strings
     return f"""version = 3
 root = {q(str(image_store))}
@@ -139,6 +142,7 @@ state = {q(str(paths.containerd_state))}
   [plugins.'io.containerd.cri.v1.runtime']
     enable_selinux = false
     netns_mounts_under_state_dir = true
+    restrict_oom_score_adj = true
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = 'runc'
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]

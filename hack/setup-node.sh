@@ -2,7 +2,7 @@
 #
 #   3. Debian packages the one-node cluster needs, via apt-get when one of their commands is absent.
 #   6. containerd (with its CRI plugin), containerd-shim-runc-v2, ctr, crictl and CoreDNS, built from
-#      the Go module hack/node/go.mod into .cache/bin/.
+#      the Go module hack/node-tools/go.mod into .cache/bin/.
 #
 # Uses step, die, apt_install, modver, go_build, TAGS and CGO from hack/setup.sh.
 
@@ -57,9 +57,9 @@ setup_node_packages() {
 }
 
 # ---------------------------------------------------------------- 6. node binaries (Go)
-# Pinned versions: hack/node/go.mod (containerd v2, cri-tools, CoreDNS; one module, so that their
-# shared dependencies are compiled once). hack/node/tools.go keeps the containerd and crictl commands
-# in it; hack/node/cmd/coredns is CoreDNS with only the plugins the cluster DNS needs.
+# Pinned versions: hack/node-tools/go.mod (containerd v2, cri-tools, CoreDNS; one module, so that their
+# shared dependencies are compiled once). hack/node-tools/tools.go keeps the containerd and crictl commands
+# in it; hack/node-tools/cmd/coredns is CoreDNS with only the plugins the cluster DNS needs.
 NODE_TARGETS=(
   "containerd=github.com/containerd/containerd/v2/cmd/containerd"
   "containerd-shim-runc-v2=github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
@@ -79,10 +79,10 @@ CGO[containerd]=0; CGO[containerd-shim-runc-v2]=0; CGO[ctr]=0; CGO[crictl]=0; CG
 
 node_ldflags() {
   local ctd cri dns
-  ctd="$(modver hack/node github.com/containerd/containerd/v2)"
-  cri="$(modver hack/node sigs.k8s.io/cri-tools)"
-  dns="$(modver hack/node github.com/coredns/coredns)"
-  [ -n "$ctd" ] && [ -n "$cri" ] && [ -n "$dns" ] || die "hack/node/go.mod: containerd, cri-tools or coredns not found"
+  ctd="$(modver hack/node-tools github.com/containerd/containerd/v2)"
+  cri="$(modver hack/node-tools sigs.k8s.io/cri-tools)"
+  dns="$(modver hack/node-tools github.com/coredns/coredns)"
+  [ -n "$ctd" ] && [ -n "$cri" ] && [ -n "$dns" ] || die "hack/node-tools/go.mod: containerd, cri-tools or coredns not found"
   local ld="-s -w"
   ld+=" -X github.com/containerd/containerd/v2/version.Version=$ctd"
   ld+=" -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
@@ -91,6 +91,6 @@ node_ldflags() {
   echo "$ld"
 }
 setup_node_binaries() {
-  go_build 6 "node binaries (containerd, shim, ctr, crictl, coredns) -> .cache/bin/" hack/node \
+  go_build 6 "node binaries (containerd, shim, ctr, crictl, coredns) -> .cache/bin/" hack/node-tools \
     "$(node_ldflags)" "${NODE_TARGETS[@]}"
 }

@@ -14,7 +14,7 @@
 #   5. Kubernetes binaries from hack/go.mod into .cache/bin/: etcd, kube-apiserver,
 #      kube-controller-manager, kubectl, helm (control plane) and kube-scheduler, kubelet,
 #      kube-proxy (node).
-#   6. Node binaries from hack/node/go.mod into .cache/bin/: containerd, containerd-shim-runc-v2,
+#   6. Node binaries from hack/node-tools/go.mod into .cache/bin/: containerd, containerd-shim-runc-v2,
 #      ctr, crictl, coredns (hack/setup-node.sh).
 #   Steps 5 and 6 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
 #   local main package, its build flags) or it is missing: one stamp per binary.
@@ -141,7 +141,7 @@ setup_go() {
       echo "  go not found, but the binaries in .cache/bin are up to date: not needed"
       return
     fi
-    die "the Go toolchain is missing (need go >= $(awk '/^go /{print $2}' hack/node/go.mod), as in hack/node/go.mod).
+    die "the Go toolchain is missing (need go >= $(awk '/^go /{print $2}' hack/node-tools/go.mod), as in hack/node-tools/go.mod).
   It builds etcd, the Kubernetes binaries, helm, containerd, crictl and CoreDNS from the Go module proxy.
   Install it (e.g. 'apt-get install golang-go' if new enough, or the official tarball) and put 'go' on PATH."
   fi
@@ -256,7 +256,7 @@ go_binaries_up_to_date() {
   ld="$(k8s_ldflags)"
   for t in "${K8S_TARGETS[@]}"; do go_target_up_to_date hack "$ld" "$t" || return 1; done
   ld="$(node_ldflags)"
-  for t in "${NODE_TARGETS[@]}"; do go_target_up_to_date hack/node "$ld" "$t" || return 1; done
+  for t in "${NODE_TARGETS[@]}"; do go_target_up_to_date hack/node-tools "$ld" "$t" || return 1; done
 }
 
 case "$MODE" in

@@ -1,4 +1,4 @@
-module github.com/kubeinfer/kubeinfer/hack/node
+module github.com/kubeinfer/kubeinfer/hack/node-tools
 
 go 1.26.6
 

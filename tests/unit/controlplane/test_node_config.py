@@ -25,6 +25,7 @@ def test_containerd_config_is_version_3_with_runc_cgroupfs_and_the_pod_network(t
     assert runc["options"]["BinaryName"] == str(node.RUNC)
     assert runtime["cni"]["conf_dir"] == str(tmp_path / "net.d")
     assert runtime["netns_mounts_under_state_dir"] is True  # cleanup finds them under the state dir
+    assert runtime["restrict_oom_score_adj"] is True  # a negative oom_score_adj is refused here
     images = doc["plugins"]["io.containerd.cri.v1.images"]
     assert images["pinned_images"]["sandbox"] == node.SANDBOX_IMAGE
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"

@@ -12,6 +12,7 @@ import (
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/coredns/coredns/coremain"
 
+	_ "github.com/coredns/coredns/plugin/bind"
 	_ "github.com/coredns/coredns/plugin/cache"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/forward"
@@ -27,9 +28,11 @@ import (
 )
 
 // directives is the subset of CoreDNS's plugin.cfg (core/dnsserver/zdirectives.go) imported above,
-// in the same relative order. "prometheus" is the metrics plugin's directive.
+// in the same relative order. "prometheus" is the metrics plugin's directive; "bind" keeps the
+// listener on the node's address (hack/node.py), not on every interface of the machine.
 var directives = []string{
 	"reload",
+	"bind",
 	"ready",
 	"health",
 	"prometheus",
