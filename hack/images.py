@@ -45,6 +45,8 @@ Needs root, buildah (Debian package), debootstrap and gcc with a static libc (li
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -59,6 +61,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = ROOT / ".cache" / "images"
@@ -444,11 +447,11 @@ def build_pip_conf(
 # ---------------------------------------------------------------------------------------------
 
 
-def _run(cmd: Sequence[str], *, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(list(cmd), text=True, capture_output=True, **kw)  # type: ignore[call-overload]
+def _run(cmd: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(list(cmd), text=True, capture_output=True)
     if check and res.returncode != 0:
         raise ImageError(f"{shlex.join(cmd)} failed ({res.returncode}): {(res.stderr or res.stdout)[-2000:]}")
-    return res  # type: ignore[no-any-return]
+    return res
 
 
 def _need_tools(*tools: str) -> None:
@@ -462,12 +465,12 @@ def _need_tools(*tools: str) -> None:
         raise ImageError("building images needs root (buildah's storage, debootstrap)")
 
 
-def _inspect(ref: str) -> dict[str, object] | None:
+def _inspect(ref: str) -> dict[str, Any] | None:
     """buildah's view of the image ``ref`` (``buildah inspect --type image``), None if absent."""
     res = _run(["buildah", "inspect", "--type", "image", ref], check=False)
     if res.returncode != 0:
         return None
-    data: dict[str, object] = json.loads(res.stdout)
+    data: dict[str, Any] = json.loads(res.stdout)
     return data
 
 
@@ -477,7 +480,7 @@ def image_hash(ref: str) -> str | None:
     if data is None:
         return None
     config = data.get("OCIv1") or {}
-    labels = (config.get("config") or {}).get("Labels") or {}  # type: ignore[union-attr]
+    labels = (config.get("config") or {}).get("Labels") or {}
     value = labels.get(HASH_LABEL)
     return str(value) if value else None
 
@@ -728,6 +731,35 @@ def _build_dockerfile(
     _stream(cmd, LOG_DIR / f"image-{image.name}.log", say, "  ")
 
 
+_lock_depth = 0
+
+
+@contextlib.contextmanager
+def _store_lock(say: Callable[[str], None]) -> Iterator[None]:
+    """Serialise builds, prunes and exports of this repository (a prune must not remove the
+    intermediate images of a build running in another process). Reentrant within a process."""
+    global _lock_depth
+    if _lock_depth:
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+        return
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with (CACHE_DIR / ".lock").open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("images: waiting for another build/export of these images to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        _lock_depth = 1
+        try:
+            yield
+        finally:
+            _lock_depth = 0
+
+
 def _resolve(names: Sequence[str] | None, default: Sequence[str]) -> list[Image]:
     chosen = list(names) if names else list(default)
     unknown = [n for n in chosen if n not in IMAGES]
@@ -738,7 +770,7 @@ def _resolve(names: Sequence[str] | None, default: Sequence[str]) -> list[Image]
     return [IMAGES[n] for n in sorted(set(chosen), key=order.index)]
 
 
-def build(
+def _build_unlocked(
     names: Sequence[str] | None = None,
     *,
     force: bool = False,
@@ -746,17 +778,7 @@ def build(
     context: Path = ROOT,
     log: Callable[[str], None] | None = None,
 ) -> list[BuildResult]:
-    """Build the images ``names`` (default: all) into buildah's storage, when their inputs changed.
-
-    A Dockerfile image needs its base: asking for ``operator`` builds ``base`` first when it is
-    missing or stale. ``force`` rebuilds the images named (buildah's layer cache still applies;
-    ``no_cache`` also bypasses it: a cold build, apart from downloads already in the wheelhouse).
-    ``log`` takes progress lines (default: print to stderr). Returns one BuildResult per image,
-    in build order, with seconds of wall time and sizes in bytes.
-
-    Raises ImageError when a tool is missing, not root, or a build fails (with its log's tail;
-    full logs in .cache/logs/image-NAME.log).
-    """
+    """``build`` without the lock (the caller holds it)."""
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     _need_tools("buildah")
     wanted = _resolve(names, list(IMAGES))
@@ -814,12 +836,8 @@ def stale_intermediates(images: Sequence[tuple[str, bool, Sequence[str]]]) -> li
     return stale
 
 
-def prune(log: Callable[[str], None] | None = None) -> int:
-    """Remove the images ``stale_intermediates`` names from buildah's storage.
-
-    Unlike ``buildah rmi --prune``, it keeps the intermediate images the next build reuses (so a
-    source change does not reinstall torch). Returns the number of images removed.
-    """
+def _prune_unlocked(log: Callable[[str], None] | None = None) -> int:
+    """``prune`` without the lock (the caller holds it)."""
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     listing = json.loads(_run(["buildah", "images", "--all", "--json"]).stdout or "[]")
     entries = []
@@ -827,7 +845,7 @@ def prune(log: Callable[[str], None] | None = None) -> int:
         data = _inspect(entry["id"])
         if data is None:
             continue
-        layers = (data.get("OCIv1") or {}).get("rootfs", {}).get("diff_ids") or []  # type: ignore[union-attr]
+        layers = (data.get("OCIv1") or {}).get("rootfs", {}).get("diff_ids") or []
         entries.append((str(entry["id"]), bool(entry.get("names")), list(layers)))
     stale = stale_intermediates(entries)
     # newest first: a child before its parent
@@ -836,6 +854,45 @@ def prune(log: Callable[[str], None] | None = None) -> int:
     if stale:
         say(f"images: removed {len(stale)} intermediate images no tagged image is built on")
     return len(stale)
+
+
+def build(
+    names: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    no_cache: bool = False,
+    context: Path = ROOT,
+    log: Callable[[str], None] | None = None,
+) -> list[BuildResult]:
+    """Build the images ``names`` (default: all) into buildah's storage, when their inputs changed.
+
+    A Dockerfile image needs its base: asking for ``operator`` builds ``base`` first when it is
+    missing or stale. ``force`` rebuilds the images named (buildah's layer cache still applies;
+    ``no_cache`` also bypasses it: a cold build, apart from downloads already in the wheelhouse).
+    ``log`` takes progress lines (default: print to stderr). Returns one BuildResult per image,
+    in build order, with seconds of wall time and sizes in bytes.
+
+    Raises ImageError when a tool is missing, not root, or a build fails (with its log's tail;
+    full logs in .cache/logs/image-NAME.log).
+
+    Holds a file lock (.cache/images/.lock) while it works: builds, prunes and exports of
+    this repository run one at a time.
+    """
+    with _store_lock(log or (lambda s: print(s, file=sys.stderr, flush=True))):
+        return _build_unlocked(names, force=force, no_cache=no_cache, context=context, log=log)
+
+
+def prune(log: Callable[[str], None] | None = None) -> int:
+    """Remove the images ``stale_intermediates`` names from buildah's storage.
+
+    Unlike ``buildah rmi --prune``, it keeps the intermediate images the next build reuses (so a
+    source change does not reinstall torch). Returns the number of images removed.
+
+    Holds a file lock (.cache/images/.lock) while it works: builds, prunes and exports of
+    this repository run one at a time.
+    """
+    with _store_lock(log or (lambda s: print(s, file=sys.stderr, flush=True))):
+        return _prune_unlocked(log)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -848,12 +905,8 @@ def archive_path(name: str) -> Path:
     return CACHE_DIR / f"{name}.tar"
 
 
-def export(name: str, *, log: Callable[[str], None] | None = None) -> Path:
-    """Write the image ``name`` from buildah's storage to its docker-archive, unless it is current.
-
-    The archive is current when its ``.inputs-hash`` sidecar equals the image's label. Returns the
-    archive's path. Raises ImageError when the image is not built or the export fails.
-    """
+def _export_unlocked(name: str, *, log: Callable[[str], None] | None = None) -> Path:
+    """``export`` without the lock (the caller holds it)."""
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     image = _resolve([name], [])[0]
     digest = image_hash(image.ref)
@@ -873,6 +926,19 @@ def export(name: str, *, log: Callable[[str], None] | None = None) -> Path:
     say(f"images: exported {image.ref} -> {path.relative_to(ROOT)} ({human(path.stat().st_size)}, "
         f"{time.monotonic() - t0:.0f} s)")  # fmt: skip
     return path
+
+
+def export(name: str, *, log: Callable[[str], None] | None = None) -> Path:
+    """Write the image ``name`` from buildah's storage to its docker-archive, unless it is current.
+
+    The archive is current when its ``.inputs-hash`` sidecar equals the image's label. Returns the
+    archive's path. Raises ImageError when the image is not built or the export fails.
+
+    Holds a file lock (.cache/images/.lock) while it works: builds, prunes and exports of
+    this repository run one at a time.
+    """
+    with _store_lock(log or (lambda s: print(s, file=sys.stderr, flush=True))):
+        return _export_unlocked(name, log=log)
 
 
 def _ctr(ctr: Path, address: str, namespace: str, *args: str) -> list[str]:
