@@ -94,3 +94,26 @@ setup_node_binaries() {
   go_build 6 "node binaries (containerd, shim, ctr, crictl, coredns) -> .cache/bin/" hack/node-tools \
     "$(node_ldflags)" "${NODE_TARGETS[@]}"
 }
+
+# ---------------------------------------------------------------- 7. the node's Prometheus (Go)
+# Debian's prometheus (step 2, used by the integration tests with file_sd) is built without
+# kubernetes_sd: Debian's packaging leaves out the Kubernetes discovery (its error: "field
+# kubernetes_sd_configs not found"). The one-node cluster's Prometheus discovers the runtime pods
+# as on any cluster, so it is built here from the pinned github.com/prometheus/prometheus
+# (hack/prometheus/go.mod; v0.3XX.Y is Prometheus 3.XX.Y). No web UI assets (the builtinassets tag
+# needs the npm build): the HTTP API, which the operator and the tests use, is complete.
+PROMETHEUS_TARGETS=("prometheus=github.com/prometheus/prometheus/cmd/prometheus")
+CGO[prometheus]=0
+
+prometheus_ldflags() {
+  local v; v="$(modver hack/prometheus github.com/prometheus/prometheus)"
+  [ -n "$v" ] || die "hack/prometheus/go.mod: github.com/prometheus/prometheus not found"
+  # module v0.316.0 is Prometheus 3.16.0
+  local minor="${v#v0.}"; minor="${minor%%.*}"; local patch="${v##*.}"
+  local pv="3.$(( minor - 300 )).$patch"
+  echo "-s -w -X github.com/prometheus/common/version.Version=$pv -X github.com/prometheus/common/version.Branch=module -X github.com/prometheus/common/version.Revision=$v"
+}
+setup_node_prometheus() {
+  go_build 7 "the node's Prometheus (kubernetes_sd) -> .cache/bin/prometheus" hack/prometheus \
+    "$(prometheus_ldflags)" "${PROMETHEUS_TARGETS[@]}"
+}

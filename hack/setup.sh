@@ -3,7 +3,7 @@
 #
 #   bash hack/setup.sh                 all steps
 #   bash hack/setup.sh --python-only   step 1 only (.venv + package with test extras), for `make lint`
-#   bash hack/setup.sh --binaries-only steps 4-6 only (Go toolchain check + the Go-built binaries)
+#   bash hack/setup.sh --binaries-only steps 4-7 only (Go toolchain check + the Go-built binaries)
 #
 # Steps:
 #   1. Python >= 3.11, .venv, `pip install -e '.[test]'` when pyproject.toml changed (stamp).
@@ -16,7 +16,9 @@
 #      kube-proxy (node).
 #   6. Node binaries from hack/node-tools/go.mod into .cache/bin/: containerd, containerd-shim-runc-v2,
 #      ctr, crictl, coredns (hack/setup-node.sh).
-#   Steps 5 and 6 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
+#   7. Prometheus with kubernetes_sd from hack/prometheus/go.mod into .cache/bin/prometheus (the node's
+#      Prometheus: Debian's package is built without kubernetes_sd) (hack/setup-node.sh).
+#   Steps 5 to 7 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
 #   local main package, its build flags) or it is missing: one stamp per binary.
 #
 # Versions are pinned in the go.mod files only; the version ldflags are derived from them.
@@ -39,7 +41,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--python-only|--binaries-only]" >&2; exit 2 ;;
 esac
 
-TOTAL=6
+TOTAL=7
 T0=$(date +%s)
 # One setup at a time per checkout (several engineers/CI steps may call `make setup` at once).
 exec 9>"$CACHE/setup.lock"
@@ -261,7 +263,8 @@ go_binaries_up_to_date() {
 
 case "$MODE" in
   python) setup_python ;;
-  binaries) setup_go; setup_k8s_binaries; setup_node_binaries ;;
-  all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries ;;
+  binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus ;;
+  all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries
+       setup_node_prometheus ;;
 esac
 echo "[setup] done in $(( $(date +%s) - T0 ))s"
