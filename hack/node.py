@@ -386,7 +386,8 @@ def start(
     :func:`preflight` first.
 
     Raises ClusterError when a component exits early (with its log tail) or ``timeout`` seconds
-    pass; what was started is stopped then.
+    pass (once for containerd, once more for the rest after the images are loaded); what was
+    started is stopped then.
     """
     deadline = time.monotonic() + timeout
     paths = NodePaths(workdir / "node")
@@ -428,6 +429,9 @@ def start(
         )
         say(f"containerd ready ({paths.containerd_socket}; images in {IMAGE_STORE})")
         load_images(bin_dir / "ctr", str(paths.containerd_socket))
+        # importing the 6 GB runtime image takes minutes and shows its progress: the time allowed
+        # for the node's own start begins after it
+        deadline = time.monotonic() + timeout
 
         paths.resolv_conf.write_text(f"nameserver {CLUSTER_DNS_IP}\n")
         kubelet_kubeconfig = write_cert_kubeconfig(
