@@ -19,6 +19,11 @@ from kubeinfer.runtime.config import (
 CONFIG_KEY = "runtime.yaml"
 
 
+#: ``server.shutdown_delay_seconds`` of every runtime: on SIGTERM a pod keeps serving this long (not
+#: ready) before it refuses new requests, so that the EndpointSlice update and kube-proxy stop
+#: routing to it first (scale-in under load lost requests without it; the usual preStop sleep).
+SHUTDOWN_DELAY_SECONDS = 5.0
+
 def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
     """Render the spec into the runtime's :class:`~kubeinfer.runtime.config.RuntimeConfig`.
 
@@ -54,7 +59,9 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
             preferred_batch_sizes=list(spec.batching.preferred_batch_sizes),
         ),
         warmup=WarmupConfig(enabled=spec.warmup.enabled, steps=spec.warmup.steps),
-        server=ServerConfig(host="0.0.0.0", port=api.RUNTIME_PORT),
+        server=ServerConfig(
+            host="0.0.0.0", port=api.RUNTIME_PORT, shutdown_delay_seconds=SHUTDOWN_DELAY_SECONDS
+        ),
         device=spec.runtime.device,
     )
 

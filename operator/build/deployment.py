@@ -16,7 +16,7 @@ from kubeinfer.operator.build.common import (
     selector_labels,
     with_applied_hash,
 )
-from kubeinfer.operator.build.configmap import CONFIG_KEY, config_hash
+from kubeinfer.operator.build.configmap import CONFIG_KEY, SHUTDOWN_DELAY_SECONDS, config_hash
 
 CONTAINER_NAME = "runtime"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -29,9 +29,10 @@ STARTUP_PERIOD_SECONDS = 5
 LOAD_BUDGET_SECONDS = {"default": 120, "other": 600}
 #: Seconds of warmup allowed per warmup step (every batch-size bucket once).
 WARMUP_STEP_BUDGET_SECONDS = 60
-#: Drain allowance beyond the longest batch timeout: the runtime's drain timeout
-#: (``RuntimeConfig.server.drain_timeout_seconds``, 30 s) plus 15 s for in-flight compute and exit.
-DRAIN_SECONDS = 45
+#: Drain allowance beyond the longest batch timeout: the runtime's shutdown delay
+#: (:data:`SHUTDOWN_DELAY_SECONDS`, 5 s), its drain timeout
+#: (``RuntimeConfig.server.drain_timeout_seconds``, 30 s) and 15 s for in-flight compute and exit.
+DRAIN_SECONDS = math.ceil(SHUTDOWN_DELAY_SECONDS) + 30 + 15
 #: The runtime image's non-root user and group (runtime/Dockerfile ``USER 65532:65532``).
 RUNTIME_UID = 65532
 #: Size limit of the writable /tmp (the root filesystem is read-only; HOME=/tmp in the image).
