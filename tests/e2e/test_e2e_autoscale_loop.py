@@ -1,0 +1,275 @@
+"""The autoscaler end to end on the real node: the chart's operator pod, Prometheus on the node
+discovering the runtime pods (the chart's PodMonitor relabelling), runtime pods run by the kubelet.
+
+The model is the bundled MiniLM of ``examples/minilm.yaml`` (int8-dynamic), with a 400 ms batch
+timeout and batches of at most 4. Each runtime pod is limited to 500m CPU (its cgroup) and runs one
+torch thread (the runtime's default, CPUs - 1, on this 2-core node), so one replica's capacity is
+bounded and a second one adds to it. Load goes through the Service's ClusterIP, one connection per
+request (kube-proxy balances connections), so a new pod takes its share. The saturating load of
+phase 2 is derived from one replica's capacity measured on the spot (a short closed-loop probe, as
+``hack/demo.py`` does). The operator decides every 5 s (the session release's
+``autoscaleIntervalSeconds``). Phases (each bounded in time):
+
+1. light open-loop load with a 400 ms batch timeout -> P99 over the 150 ms target, executors idle ->
+   ``status.batchTimeout`` falls and the running pod applies it (``kubeinfer_max_queue_delay_seconds``
+   on its /metrics, from the ConfigMap volume, no restart);
+2. closed-loop load, ``SATURATION`` x target x measured capacity clients -> executors busy, P99 over
+   target -> replicas 1 -> 2, and the second pod turns Ready;
+3. load gone -> after the (10 s) stabilization window replicas fall to 1 and the timeout grows back;
+4. Prometheus stopped -> nothing changes, ``AutoscalingActive=False`` reason PrometheusUnavailable;
+5. Prometheus back -> ``AutoscalingActive=True`` (reason Active or the kind of hold) and decisions resume.
+
+Only one node runs per machine, so this shares the session's cluster, chart and Prometheus (phase 4
+stops and restarts that Prometheus; it is restarted whatever happens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from kubeinfer.operator.api import parse_duration
+
+from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE, runtime_pods
+from tests.support.cluster import Cluster, wait_until
+from tests.support.prom import PrometheusServer
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "scaled"
+MODEL = "minilm"
+
+pytestmark = pytest.mark.timeout(900)
+
+#: Closed-loop clients in phase 2 = this x target P99 x one replica's measured capacity (requests/s):
+#: by Little's law their mean wait is about this many times the target.
+SATURATION = 3.0
+TARGET_P99 = 0.15
+MAX_QUEUE = 512
+
+
+def isvc_manifest(namespace: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())
+    doc["metadata"] = {"name": NAME, "namespace": namespace}
+    spec = doc["spec"]
+    spec["batching"] = {"maxBatchSize": 4, "maxQueueDelay": "400ms", "maxQueueSize": MAX_QUEUE}
+    spec["autoscaling"] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "targetP99": f"{TARGET_P99 * 1000:.0f}ms",
+        "gpuUtilization": {"low": 0.3, "high": 0.6},
+        "batchTimeout": {"min": "5ms", "max": "500ms"},
+        "window": "10s",
+        "scaleDownStabilization": "10s",
+        "scaleUpCooldown": "4s",
+        "scaleDownCooldown": "2s",
+        "batchTimeoutCooldown": "4s",
+        "maxScaleUpStep": 1,
+    }
+    return doc
+
+
+class Load:
+    """Requests to ``url`` (host:port) from an asyncio loop in a thread, one connection each.
+
+    ``rate`` > 0: open loop, that many requests per second; ``concurrency`` > 0: closed loop.
+    """
+
+    def __init__(self, url: str, *, rate: float = 0.0, concurrency: int = 0) -> None:
+        self.url = url
+        self.rate = rate
+        self.concurrency = concurrency
+        self.sent = 0
+        self.ok = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        body = {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["A short sentence."]}]
+        }
+        self._body = body
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    async def _one(self, client: httpx.AsyncClient) -> None:
+        self.sent += 1
+        try:
+            r = await client.post(f"http://{self.url}/v2/models/{MODEL}/infer", json=self._body)
+            self.ok += r.status_code == 200
+        except httpx.HTTPError:
+            await asyncio.sleep(0.05)
+
+    async def _main(self) -> None:
+        limits = httpx.Limits(max_connections=MAX_QUEUE, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=10.0, limits=limits, headers={"Connection": "close"}) as client:
+            if self.concurrency:
+
+                async def worker() -> None:
+                    while not self._stop.is_set():
+                        await self._one(client)
+
+                await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+            else:
+                tasks: set[asyncio.Task[None]] = set()
+                while not self._stop.is_set():
+                    task = asyncio.create_task(self._one(client))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    await asyncio.sleep(1.0 / self.rate)
+                if tasks:
+                    await asyncio.wait(tasks, timeout=10)
+
+
+def gauge(target: str, metric: str) -> float | None:
+    text = httpx.get(f"http://{target}/metrics", timeout=5).text
+    m = re.search(rf"^{metric}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def test_autoscale_closes_the_loop(
+    cluster: Cluster,
+    operator_release: str,
+    node_prometheus: PrometheusServer,
+    namespace: str,
+) -> None:
+    prometheus = node_prometheus
+
+    def ready_targets() -> list[str]:
+        """``<pod IP>:8080`` of the Ready runtime pods."""
+        return [f"{p['status']['podIP']}:8080" for p in runtime_pods(cluster, namespace, NAME) if _ready(p)]
+
+    def isvc() -> dict[str, Any]:
+        obj: dict[str, Any] = cluster.get_json("inferenceservices.kubeinfer.io", NAME, "-n", namespace)
+        return obj
+
+    def replicas() -> int:
+        return int(cluster.get_json("deployment", NAME, "-n", namespace)["spec"]["replicas"])
+
+    def batch_timeout() -> float | None:
+        text = (isvc().get("status") or {}).get("batchTimeout")
+        return parse_duration(text) if text else None
+
+    def condition() -> tuple[str, str]:
+        for c in (isvc().get("status") or {}).get("conditions") or []:
+            if c.get("type") == "AutoscalingActive":
+                return str(c.get("status")), str(c.get("reason"))
+        return "", ""
+
+    def scraped(target: str) -> bool:
+        return any(
+            t["labels"].get("instance") == target
+            and t["health"] == "up"
+            and t["labels"].get("inferenceservice") == NAME
+            for t in prometheus.active_targets()
+        )
+
+    cluster.apply(isvc_manifest(namespace))
+    try:
+        targets = wait_until(ready_targets, timeout=240, interval=1.0, message="one ready runtime pod")
+        assert len(targets) == 1
+        wait_until(lambda: scraped(targets[0]), timeout=60, interval=1.0, message=f"{targets[0]} scraped")
+        assert gauge(targets[0], "kubeinfer_max_queue_delay_seconds") == pytest.approx(0.4)
+        svc = cluster.get_json("service", NAME, "-n", namespace)
+        port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
+        url = f"{svc['spec']['clusterIP']}:{port}"
+
+        # 1. P99 over target with idle executors: the batch timeout falls, the running pod applies it.
+        with Load(url, rate=3.0):
+            wait_until(
+                lambda: (batch_timeout() or 1.0) < 0.4,
+                timeout=120,
+                message="status.batchTimeout below 400ms",
+            )
+            wait_until(
+                lambda: (gauge(targets[0], "kubeinfer_max_queue_delay_seconds") or 1.0) < 0.4,
+                timeout=90,
+                message="the running pod's max queue delay below 400ms (ConfigMap volume update)",
+            )
+        assert replicas() == 1
+        reason = (isvc()["status"].get("lastDecision") or {}).get("reason", "")
+        assert "batch timeout" in reason, reason
+        (pod,) = runtime_pods(cluster, namespace, NAME)
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+
+        # 2. Saturated: replicas rise, and the new pod turns Ready.
+        with Load(url, concurrency=8) as probe:
+            time.sleep(3.0)
+            capacity = probe.ok / 3.0
+        clients = min(MAX_QUEUE // 2, max(16, math.ceil(SATURATION * TARGET_P99 * capacity)))
+        print(f"one replica completes {capacity:.0f} requests/s (closed loop, 3 s); {clients} clients")
+        with Load(url, concurrency=clients):
+            wait_until(
+                lambda: replicas() >= 2,
+                timeout=120,
+                message=f"scale-up to 2 replicas ({clients} clients, capacity {capacity:.0f}/s)",
+            )
+            wait_until(
+                lambda: len(ready_targets()) == 2, timeout=300, interval=2.0, message="a second ready pod"
+            )
+        timeout_after_load = batch_timeout()
+        assert timeout_after_load is not None
+
+        # 3. Load gone: after the stabilization window replicas fall, the timeout grows back.
+        wait_until(lambda: replicas() == 1, timeout=120, message="scale-in to 1 replica")
+        wait_until(
+            lambda: (batch_timeout() or 0.0) > timeout_after_load,
+            timeout=90,
+            message="the batch timeout growing back",
+        )
+
+        # 4. Prometheus stopped: nothing changes, the condition says why.
+        prometheus.stop()
+        try:
+            wait_until(
+                lambda: condition() == ("False", "PrometheusUnavailable"),
+                timeout=45,
+                message="AutoscalingActive=False PrometheusUnavailable",
+            )
+            held = (replicas(), batch_timeout(), (isvc()["status"].get("lastDecision") or {}).get("time"))
+            time.sleep(12)  # two ticks of the operator (5 s)
+            assert (
+                replicas(),
+                batch_timeout(),
+                (isvc()["status"].get("lastDecision") or {}).get("time"),
+            ) == held
+        finally:
+            # 5. Prometheus back: control resumes.
+            prometheus.start()
+        # True with reason Active (a tick that acts) or the kind of hold (e.g. BatchTimeoutCoolingDown).
+        wait_until(lambda: condition()[0] == "True", timeout=90, message="AutoscalingActive=True")
+        wait_until(
+            lambda: (isvc()["status"].get("lastDecision") or {}).get("time") != held[2],
+            timeout=90,
+            message="a new decision after Prometheus came back",
+        )
+    except BaseException:
+        print("operator log tail:")
+        with contextlib.suppress(Exception):
+            log = cluster.kubectl(
+                "logs", "-n", OPERATOR_NAMESPACE, f"deployment/{RELEASE}", "--tail=80", check=False
+            ).stdout
+            print(log)
+            print(f"isvc status: {isvc().get('status')}")
+            print(cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout)
+        raise
+    finally:
+        if not prometheus.running:
+            prometheus.start()
