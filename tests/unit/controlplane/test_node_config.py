@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from hack import controlplane, node, podnetwork
 from hack.pki import node_leaves
+from hack.procs import ClusterError
 
 
 def test_containerd_config_is_version_3_with_runc_cgroupfs_and_the_pod_network(tmp_path: Path) -> None:
@@ -103,3 +107,26 @@ def test_apiserver_with_a_node_authorizes_kubelets_and_publishes_its_endpoint(tm
         etcd_url="http://127.0.0.1:1", port=2, pki=tmp_path, token_file=tmp_path
     )
     assert "--endpoint-reconciler-type=none" in alone and "--authorization-mode=RBAC" in alone
+
+
+def test_a_second_node_on_the_machine_is_refused_naming_the_running_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "node.json"
+    monkeypatch.setattr(node, "MACHINE_RECORD", record)
+    me = os.getpid()
+    record.write_text(
+        json.dumps({"workdir": "/elsewhere", "pids": {"kubelet": me}, "start_times": {"kubelet": None}})
+    )
+    assert node.running_elsewhere(tmp_path / "mine") == "/elsewhere"
+    with pytest.raises(
+        ClusterError, match=r"already runs on this machine \(work directory /elsewhere\).*down"
+    ):
+        node.preflight(tmp_path / "mine", tmp_path / "bin")
+    # the same work directory is not "elsewhere" (hack/cluster.py reuses or cleans it up)
+    assert node.running_elsewhere(Path("/elsewhere")) is None
+    # a record whose processes are gone is stale: not a running node
+    record.write_text(
+        json.dumps({"workdir": "/elsewhere", "pids": {"kubelet": 2**22 + 7}, "start_times": {}})
+    )
+    assert node.running_elsewhere(tmp_path / "mine") is None
