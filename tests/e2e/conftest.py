@@ -1,0 +1,148 @@
+"""Fixtures of the end-to-end tests: a one-node cluster whose pods really run.
+
+- ``cluster`` (session; overrides the control-plane-only one of tests/conftest.py for tests/e2e):
+  ``make images`` (hack/images.py, a no-op when nothing changed), then ``hack/cluster.py`` with a node
+  (kubelet, containerd, kube-proxy, CoreDNS on the pod bridge). At the end the cluster is stopped
+  and the test session fails when anything was left behind on the machine (processes, mounts,
+  network namespaces, the bridge, nftables rules, cgroups): ``hack.cluster.leftovers``.
+- ``namespace`` (tests/conftest.py) then makes namespaces on this cluster.
+- ``node_prometheus`` (session): Prometheus (built by ``make setup``: Debian's has no kubernetes_sd) on
+  the node address, discovering pods with
+  kubernetes_sd and the relabelling of the chart's PodMonitor (translated as the Prometheus Operator
+  would), 1 s scrape interval.
+- ``operator_release`` (session): ``helm install`` of charts/kubeinfer into ``kubeinfer-system``
+  (the operator runs as a pod from the locally built image, reading ``node_prometheus``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hack import images
+from hack.cluster import ClusterError, check_binaries, leftovers, start, stop
+from hack.podnetwork import NODE_IP
+from tests.support.cluster import Cluster, wait_until
+from tests.support.prom import PrometheusServer, podmonitor_scrape_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kubeinfer"
+OPERATOR_NAMESPACE = "kubeinfer-system"
+RELEASE = "kubeinfer"
+#: Prometheus with kubernetes_sd, built by `make setup` (Debian's package has no kubernetes_sd).
+NODE_PROMETHEUS_BIN = ROOT / ".cache" / "bin" / "prometheus"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tests run a kubelet and containerd: they need root", pytrace=False)
+    try:
+        check_binaries()
+        images.build(log=print)
+    except (ClusterError, images.ImageError) as e:
+        pytest.fail(f"{e}\n(run `make setup` first)", pytrace=False)
+    workdir = tmp_path_factory.mktemp("node-cluster")
+    try:
+        info = start(workdir, node=True, die_with_parent=True, timeout=180.0)
+    except ClusterError as e:
+        pytest.fail(f"could not start the local one-node cluster: {e}", pytrace=False)
+    try:
+        yield Cluster(info.kubeconfig, info=info, bin_dir=info.bin_dir, scratch=workdir / "client")
+    finally:
+        stop(info, log=lambda _msg: None)
+        left = leftovers(workdir)
+        assert not left, "cluster-down left behind:\n  " + "\n  ".join(left)
+
+
+def chart_podmonitor(cluster: Cluster) -> dict[str, Any]:
+    """The chart's runtime PodMonitor, rendered by helm (monitoring enabled)."""
+    out = cluster.helm(
+        "template", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--set", "monitoring.enabled=true"
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    (pm,) = [d for d in docs if d.get("kind") == "PodMonitor"]
+    return pm
+
+
+@pytest.fixture(scope="session")
+def node_prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    assert cluster.info is not None
+    pki = cluster.info.workdir / "pki"
+    job = podmonitor_scrape_config(
+        chart_podmonitor(cluster),
+        api_server=cluster.server,
+        tls_config={
+            "ca_file": str(pki / "ca.crt"),
+            "cert_file": str(pki / "admin.crt"),
+            "key_file": str(pki / "admin.key"),
+        },
+    )
+    server = PrometheusServer(
+        tmp_path_factory.mktemp("node-prometheus"),
+        host=NODE_IP,
+        scrape_configs=[job],
+        binary=NODE_PROMETHEUS_BIN,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def operator_release(cluster: Cluster, node_prometheus: PrometheusServer) -> Iterator[str]:
+    """The chart installed (``helm install --wait``); yields the operator's namespace."""
+    cluster.helm(
+        "install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace",
+        "--set", f"prometheus.url={node_prometheus.url}",
+        "--set", "autoscaleIntervalSeconds=5",
+        "--set", "logFormat=plain",
+        "--wait", "--timeout=300s",
+        timeout=330,
+    )  # fmt: skip
+    try:
+        yield OPERATOR_NAMESPACE
+    finally:
+        cluster.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", check=False, timeout=120)
+
+
+def isvc_condition(cluster: Cluster, namespace: str, name: str, ctype: str = "Ready") -> dict[str, Any]:
+    """The InferenceService's condition ``ctype`` ({} when absent)."""
+    obj = cluster.get_json("inferenceservice", name, "-n", namespace)
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c.get("type") == ctype), {})
+
+
+def wait_isvc(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    status: str,
+    *,
+    reason: str | None = None,
+    timeout: float = 240,
+) -> dict[str, Any]:
+    """Wait until the Ready condition has ``status`` (and ``reason``); returns the condition."""
+
+    def check() -> dict[str, Any] | None:
+        c = isvc_condition(cluster, namespace, name)
+        if c.get("status") == status and (reason is None or c.get("reason") == reason):
+            return c
+        return None
+
+    return wait_until(
+        check, timeout=timeout, interval=1.0, message=f"{namespace}/{name} Ready={status} {reason or ''}"
+    )
+
+
+def runtime_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The runtime pods of InferenceService ``name`` (not terminating)."""
+    items = cluster.get_json("pods", "-n", namespace, "-l", f"kubeinfer.io/inferenceservice={name}")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
