@@ -69,7 +69,7 @@ from hack.cluster import (  # noqa: E402
     stop,
 )
 from hack.podnetwork import NODE_IP  # noqa: E402
-from tests.support.prom import PrometheusServer, podmonitor_scrape_config  # noqa: E402
+from tests.support.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config  # noqa: E402
 
 NAMESPACE = "demo"
 ISVC = "minilm"
@@ -312,20 +312,18 @@ class Demo:
             },
         )
         # a Prometheus built with kubernetes_sd (make setup, when it builds one) or Debian's
-        built = DEFAULT_BIN_DIR / "prometheus"
         self.prom = PrometheusServer(
             self.workdir / "prometheus",
             host=NODE_IP,
             scrape_interval=1.0,
             scrape_configs=[job],
-            **({"binary": built} if os.access(built, os.X_OK) else {}),
+            binary=NODE_PROMETHEUS_BIN,
         ).start()
         prom = self.prom
         self.on_close("Prometheus", prom.stop)
         say(
             f"\n  Prometheus {prom.url} ({prom.binary}) on the node address, where pods reach it:\n"
-            "  kubernetes_sd finds the runtime pods (a build without it gets the same pods and labels\n"
-            "  through http_sd: tests/support/pod_sd.py), the chart's PodMonitor relabelling names them\n"
+            "  kubernetes_sd finds the runtime pods, the chart's PodMonitor relabelling names them\n"
             "  (namespace, inferenceservice); scraped every 1 s"
         )
 

@@ -24,6 +24,7 @@ CONFIG_KEY = "runtime.yaml"
 #: routing to it first (scale-in under load lost requests without it; the usual preStop sleep).
 SHUTDOWN_DELAY_SECONDS = 5.0
 
+
 def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
     """Render the spec into the runtime's :class:`~kubeinfer.runtime.config.RuntimeConfig`.
 

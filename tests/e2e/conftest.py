@@ -28,14 +28,12 @@ from hack import images
 from hack.cluster import ClusterError, check_binaries, leftovers, start, stop
 from hack.podnetwork import NODE_IP
 from tests.support.cluster import Cluster, wait_until
-from tests.support.prom import PrometheusServer, podmonitor_scrape_config
+from tests.support.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeinfer"
 OPERATOR_NAMESPACE = "kubeinfer-system"
 RELEASE = "kubeinfer"
-#: Prometheus with kubernetes_sd, built by `make setup` (Debian's package has no kubernetes_sd).
-NODE_PROMETHEUS_BIN = ROOT / ".cache" / "bin" / "prometheus"
 
 
 @pytest.fixture(scope="session")

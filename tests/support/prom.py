@@ -19,9 +19,9 @@ change without a restart. Each target carries the labels given, e.g. ``namespace
 ``inferenceservice`` as the autoscaler's queries expect; Prometheus adds ``instance`` (the
 ``host:port``) and ``job``. ``metrics_path`` is ``/metrics``.
 
-``scrape_configs`` adds jobs such as :func:`podmonitor_scrape_config`'s kubernetes_sd one. Debian's
-Prometheus is built without kubernetes_sd; for it, :meth:`PrometheusServer.start` serves the same
-pods and ``__meta_kubernetes_*`` labels through ``http_sd_configs`` (``tests/support/pod_sd.py``).
+``scrape_configs`` adds jobs such as :func:`podmonitor_scrape_config`'s kubernetes_sd one: give those
+``binary=NODE_PROMETHEUS_BIN`` (built by ``make setup``), since Debian's Prometheus is built without
+kubernetes_sd and refuses such a job ("field kubernetes_sd_configs not found").
 
 :meth:`stop` then :meth:`start` restarts on the same port with the same TSDB directory (the
 autoscaler tests take Prometheus away and bring it back).
@@ -45,9 +45,10 @@ import httpx
 import yaml
 
 from hack.procs import die_with_parent
-from tests.support.pod_sd import PodDiscovery, bridge_kubernetes_sd, has_kubernetes_sd
 
 PROMETHEUS_BIN = Path("/usr/bin/prometheus")
+#: Prometheus with kubernetes_sd for the one-node cluster, built by ``make setup`` (step 7).
+NODE_PROMETHEUS_BIN = Path(__file__).resolve().parents[2] / ".cache" / "bin" / "prometheus"
 
 
 class PrometheusError(RuntimeError):
@@ -226,7 +227,6 @@ class PrometheusServer:
         self.log_file = workdir / "prometheus.log"
         self._proc: subprocess.Popen[bytes] | None = None
         self._targets: list[tuple[str, dict[str, str]]] = []
-        self._discoveries: list[PodDiscovery] = []
 
     @property
     def url(self) -> str:
@@ -251,18 +251,13 @@ class PrometheusServer:
         self.data_dir.mkdir(exist_ok=True)
         if not self.targets_file.exists():
             self._write_targets()
-        scrape_configs = self.scrape_configs
-        k8s_sd = any("kubernetes_sd_configs" in job for job in scrape_configs)
-        if k8s_sd and not has_kubernetes_sd(self.binary):
-            # Debian's build has no kubernetes_sd: the same pods and meta labels through http_sd
-            scrape_configs, self._discoveries = bridge_kubernetes_sd(scrape_configs)
         self.config_file.write_text(
             yaml.safe_dump(
                 render_config(
                     self.targets_file,
                     scrape_interval=self.scrape_interval,
                     job_name=self.job_name,
-                    scrape_configs=scrape_configs,
+                    scrape_configs=self.scrape_configs,
                 )
             )
         )
@@ -315,9 +310,6 @@ class PrometheusServer:
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the process (SIGTERM, then SIGKILL after ``timeout`` s); data and port are kept."""
-        for d in self._discoveries:
-            d.stop()
-        self._discoveries = []
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
