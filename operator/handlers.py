@@ -181,6 +181,22 @@ async def pdb_event(
     await _owned_event("PodDisruptionBudget", type, namespace, labels, memo, kwargs)
 
 
+@kopf.on.event("", "v1", "pods", labels=OWNED)
+async def pod_event(
+    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """A runtime pod changed (scheduled or not, pulling, crashed, ready): reconcile its
+    InferenceService, so that a lasting pod problem (ImagePullBackOff, CrashLoopBackOff,
+    Unschedulable) reaches the Ready condition when the kubelet or the scheduler reports it; the
+    Deployment's status does not change then. The initial listing and deletions are left to the
+    Deployment's events."""
+    if type in (None, "DELETED"):
+        return
+    owner = _owner_body(kwargs, namespace, labels)
+    if owner is not None:
+        await _reconciler(memo).reconcile(owner, _lookup(kwargs))
+
+
 @kopf.timer(
     api.GROUP,
     api.VERSION,

@@ -188,8 +188,36 @@ def pod_problem(pods: Sequence[Mapping[str, Any]]) -> ReadyState | None:
         for cond in status.get("conditions") or []:
             unschedulable = cond.get("reason") == "Unschedulable" and cond.get("status") == "False"
             if cond.get("type") == "PodScheduled" and unschedulable:
-                return ReadyState("False", "Unschedulable", f"pod {pod_name}: {cond.get('message', '')}")
+                message = f"pod {pod_name}: {cond.get('message', '')}"
+                asks = scheduling_asks(pod)
+                if asks:
+                    message = f"{message} (the pod asks for {asks})"
+                return ReadyState("False", "Unschedulable", message)
     return None
+
+
+#: Resources every node has: not worth naming when a pod cannot be placed.
+COMMON_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+
+
+def scheduling_asks(pod: Mapping[str, Any]) -> str:
+    """What a pod asks of a node beyond CPU and memory, for an ``Unschedulable`` message:
+    extended resources its containers request (``nvidia.com/gpu: 1``) and its nodeSelector
+    (``nvidia.com/gpu.product=...``). The scheduler names only the first filter a node fails
+    ("didn't match Pod's node affinity/selector"), not the GPU it would have failed next.
+    "" when there is nothing beyond CPU and memory.
+    """
+    spec = pod.get("spec") or {}
+    extended: dict[str, str] = {}
+    for c in spec.get("containers") or []:
+        for res, qty in ((c.get("resources") or {}).get("requests") or {}).items():
+            if res not in COMMON_RESOURCES:
+                extended[str(res)] = str(qty)
+    parts = [f"{r}: {q}" for r, q in sorted(extended.items())]
+    selector = spec.get("nodeSelector") or {}
+    if selector:
+        parts.append("nodeSelector " + ", ".join(f"{k}={v}" for k, v in sorted(selector.items())))
+    return "; ".join(parts)
 
 
 def ready_state(

@@ -28,6 +28,7 @@ NAMESPACED = {
     *(("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch", "create", "patch", "delete")),
     ("", "persistentvolumeclaims", "get"),
     ("", "pods", "list"),
+    ("", "pods", "watch"),
     ("", "events", "create"),
 }
 CRD_SCAN = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}

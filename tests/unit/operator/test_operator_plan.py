@@ -116,6 +116,31 @@ def test_pod_problems_surface_while_unavailable() -> None:
         "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
     }
     assert plan.pod_problem([unschedulable]) == plan.ReadyState("False", "Unschedulable", "pod p3: ")
+    gpu = {
+        **unschedulable,
+        "spec": {
+            "containers": [
+                {"resources": {"requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"}}}
+            ],
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        },
+    }
+    gpu["status"] = {
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.",
+            }
+        ]
+    }
+    state = plan.pod_problem([gpu])
+    assert state is not None and state.reason == "Unschedulable"
+    assert state.message == (
+        "pod p3: 0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. "
+        "(the pod asks for nvidia.com/gpu: 1; nodeSelector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3)"
+    )
 
 
 def test_status_keeps_transition_time_and_other_conditions() -> None:
