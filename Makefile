@@ -6,17 +6,17 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup test test-unit test-integration lint crds cluster-up cluster-down demo run \
+.PHONY: help setup test test-unit test-integration test-e2e lint crds cluster-up cluster-down demo run \
         bench bench-runtime bench-operator bench-autoscaler clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
 
-setup: ## idempotent: .venv + package, Debian prometheus, control-plane binaries and helm (hack/setup.sh)
+setup: ## idempotent: .venv + package, Debian packages (prometheus, runc, CNI, buildah...), Kubernetes, containerd, CoreDNS and helm binaries (hack/setup.sh)
 	@bash hack/setup.sh
 
-test: setup ## setup, then the unit and integration tests
-	@$(PY) -m pytest tests/unit tests/integration; rc=$$?; \
+test: images ## setup and images, then the unit, integration and end-to-end (real node) tests
+	@$(PY) -m pytest tests/unit tests/integration tests/e2e; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 test-unit: ## unit tests only (no setup of the control plane)
@@ -24,6 +24,9 @@ test-unit: ## unit tests only (no setup of the control plane)
 
 test-integration: setup ## integration tests only
 	@$(PY) -m pytest tests/integration
+
+test-e2e: images ## end-to-end tests only: images, a one-node cluster, the chart, examples (needs root)
+	@$(PY) -m pytest tests/e2e
 
 lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	@bash hack/setup.sh --python-only
@@ -44,10 +47,10 @@ crds: ## regenerate crds/ and charts/kubeinfer/crds/ from the pydantic models
 images: setup ## build the base, pause, operator and runtime images with buildah (only those whose inputs changed)
 	@$(PY) hack/images.py build
 
-cluster-up: setup ## start the local control plane (etcd, kube-apiserver, kube-controller-manager); prints the kubeconfig
+cluster-up: images ## start a one-node cluster (control plane, containerd, kubelet, kube-proxy, CoreDNS; root); prints the kubeconfig
 	@$(PY) hack/cluster.py up
 
-cluster-down: ## stop the local control plane and remove its data and kubeconfig
+cluster-down: ## stop the local cluster and remove everything it made (processes, pods, mounts, bridge, rules)
 	@$(PY) hack/cluster.py down
 
 run: ## run the operator locally against $$KUBECONFIG

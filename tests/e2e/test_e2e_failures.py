@@ -20,7 +20,12 @@ def _isvc(name: str, **spec: Any) -> dict[str, Any]:
         "apiVersion": "kubeinfer.io/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": name},
-        "spec": {"model": {"uri": "default"}, "resources": {"cpu": "250m", "memory": "1Gi"}, **spec},
+        "spec": {
+            "model": {"uri": "default"},
+            "resources": {"gpus": 0, "cpu": "250m", "memory": "1Gi"},
+            **spec,
+            "runtime": {"device": "cpu", **spec.get("runtime", {})},
+        },
     }
 
 
