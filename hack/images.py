@@ -992,7 +992,22 @@ def load(
                   f"{PINNED_LABEL}=pinned"))  # fmt: skip
         say(f"images: loaded {image.ref} into containerd ({namespace}) in {time.monotonic() - t0:.0f} s")
         imported.append(image.ref)
+    if imported:
+        for ref in stale_image_ids(containerd_images(ctr, address, namespace)):
+            _run(_ctr(ctr, address, namespace, "images", "rm", ref), check=False)
+            say(f"images: removed {ref[:19]}..., a replaced image (its layers are garbage-collected)")
     return imported
+
+
+def stale_image_ids(images: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The ID-named images (``sha256:...`` refs, which containerd's CRI plugin adds beside each
+    tag) whose manifest no named ref points at any more: what a re-import left behind. They hold
+    the replaced image's layers (6 GB for the runtime) in the image store until removed, since the
+    kubelet's image garbage collection is off on the local node."""
+    named = {info["digest"] for ref, info in images.items() if not ref.startswith("sha256:")}
+    return sorted(
+        ref for ref, info in images.items() if ref.startswith("sha256:") and info["digest"] not in named
+    )
 
 
 # ---------------------------------------------------------------------------------------------

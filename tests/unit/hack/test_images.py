@@ -232,3 +232,15 @@ def test_stale_intermediates_keep_the_layer_cache_of_tagged_images() -> None:
         ("old-final", False, ["b", "torch-old", "src0"]),
     ]
     assert images.stale_intermediates(store) == ["old-src", "old-deps", "old-final"]
+
+
+def test_stale_image_ids_are_the_id_refs_no_tag_points_at() -> None:
+    listed = {
+        "ghcr.io/kubeinfer/runtime:0.1.0": {"digest": "sha256:new"},
+        "sha256:1111": {"digest": "sha256:new"},  # the current image's ID ref: kept
+        "sha256:2222": {"digest": "sha256:old"},  # left by a re-import: holds the old layers
+        "registry.k8s.io/pause:3.10": {"digest": "sha256:p"},
+        "sha256:3333": {"digest": "sha256:p"},
+    }
+    assert images.stale_image_ids(listed) == ["sha256:2222"]
+    assert images.stale_image_ids({}) == []
