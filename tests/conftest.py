@@ -14,7 +14,8 @@ Timing facts of the real control plane worth knowing when writing tests: the clu
 Deployment -> ReplicaSet -> Pods and their garbage collection take about a second; but the garbage
 collector discovers NEW resource types (a CRD just installed) only on its 30 s discovery resync, so
 the first deletion of a custom-resource owner after its CRD was created may take up to ~40 s to
-cascade (later ones are prompt). Pods never run: there is no kubelet or scheduler.
+cascade (later ones are prompt). Pods never run on this control plane (no kubelet, no scheduler): the
+tests that need running pods are in tests/e2e, on a one-node cluster (tests/e2e/conftest.py).
 
 See the docstrings of tests/support/cluster.py and tests/support/prom.py for the APIs.
 """
