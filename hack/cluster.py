@@ -228,7 +228,7 @@ def start(
         except controlplane.PortTaken as e:
             last_error = e
             say(f"a port was taken ({e}); retrying with new ports (attempt {attempt + 2}/3)")
-        except ClusterError:
+        except BaseException:  # Ctrl-C too: the bridge and guard table are not recorded anywhere
             if node:
                 podnetwork.down(workdir / "node" / "net", say)
             raise
@@ -357,7 +357,7 @@ def stop(target: ClusterInfo | Path = DEFAULT_WORKDIR, *, log: Any = None) -> li
         )
     if info is not None:
         controlplane.stop(info._control_plane(), say=say)
-    if has_node:
+    if has_node and nodes.running_elsewhere(workdir) is None:  # the bridge is machine-wide
         podnetwork.down(workdir / "node" / "net", say)
     return _remove_data(workdir, say)
 

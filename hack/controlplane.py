@@ -344,7 +344,7 @@ def start(
     say(f"started {', '.join(cmds)} (kube-apiserver {server}; logs: {logs})")
     try:
         _wait_ready(cp, started, pki, logs, t0 + timeout, say)
-    except ClusterError:
+    except BaseException:  # Ctrl-C too: nothing is recorded yet, so nothing else could stop them
         stop(cp, say=lambda _m: None)
         raise
     say(f"control plane ready after {time.monotonic() - t0:.1f}s")

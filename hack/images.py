@@ -661,6 +661,8 @@ def _host_pip_volumes(offline: bool) -> list[str]:
     config = res.stdout if res.returncode == 0 else ""
     text, files = build_pip_conf(config, "/kubeinfer-wheelhouse", no_index=offline)
     conf = CACHE_DIR / "pip.conf"
+    conf.touch(mode=0o600)
+    conf.chmod(0o600)  # the host's proxy setting may carry credentials
     conf.write_text(text)
     volumes = ["-v", f"{conf}:/etc/pip.conf:ro", "-v", f"{WHEELHOUSE}:/kubeinfer-wheelhouse:ro"]
     for f in files:
@@ -966,7 +968,8 @@ def load(
     ``ctr`` is the ctr binary, ``address`` containerd's socket path, ``namespace`` the containerd
     namespace (``k8s.io`` is the CRI plugin's, i.e. the kubelet's). An image whose ref is already
     there with the same ``io.kubeinfer.inputs-hash`` label is skipped; otherwise it is exported
-    (``export``, only when its archive is stale), imported (``ctr images import``, unpacked for the
+    (``export``, only when its archive is stale; the runtime's 6 GB archive is deleted once
+    imported), imported (``ctr images import``, unpacked for the
     default snapshotter) and labelled with the hash and ``io.cri-containerd.pinned=pinned``, so the
     kubelet's image garbage collection keeps it (pod specs use imagePullPolicy IfNotPresent, so a
     present image is never pulled). ``log`` takes progress lines (default: stderr).
@@ -992,6 +995,9 @@ def load(
                   f"{PINNED_LABEL}=pinned"))  # fmt: skip
         say(f"images: loaded {image.ref} into containerd ({namespace}) in {time.monotonic() - t0:.0f} s")
         imported.append(image.ref)
+        if image.name == "runtime":  # 6 GB on a shared disk; containerd keeps it, by hash
+            path.unlink(missing_ok=True)
+            path.with_suffix(".inputs-hash").unlink(missing_ok=True)
     if imported:
         for ref in stale_image_ids(containerd_images(ctr, address, namespace)):
             _run(_ctr(ctr, address, namespace, "images", "rm", ref), check=False)

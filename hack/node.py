@@ -56,8 +56,10 @@ KUBELET_PORT = 10250
 DNS_PORT = 53
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "crictl", "kubelet", "kube-proxy", "coredns")
 COMPONENTS = ("containerd", "kubelet", "kube-proxy", "coredns")
-#: Kernel settings the kubelet changes at start (``protectKernelDefaults: false``); put back at stop.
-KUBELET_SYSCTLS = (
+#: Kernel settings the node changes (the kubelet at start, ``protectKernelDefaults: false``; the
+#: CNI bridge plugin ``ip_forward``, a gateway's); recorded at start and put back at stop.
+NODE_SYSCTLS = (
+    "net/ipv4/ip_forward",
     "vm/overcommit_memory",
     "vm/panic_on_oom",
     "kernel/panic",
@@ -395,7 +397,7 @@ def start(
     IMAGE_STORE.mkdir(parents=True, exist_ok=True)
     logs = workdir / "logs"
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
-    sysctls = {k: _read_sysctl(k) for k in KUBELET_SYSCTLS}
+    sysctls = {k: _read_sysctl(k) for k in NODE_SYSCTLS}
     ports = {
         "kubelet-healthz": procs.free_port(),
         "kube-proxy-healthz": procs.free_port(),
@@ -533,8 +535,28 @@ def _wait(
 
 def _record(workdir: Path, node: Node) -> None:
     MACHINE_RECORD.write_text(
-        json.dumps({"workdir": str(workdir), "pids": node.pids, "start_times": node.start_times})
+        json.dumps(
+            {
+                "workdir": str(workdir),
+                "pids": node.pids,
+                "start_times": node.start_times,
+                "sysctls": node.sysctls,
+            }
+        )
     )
+
+
+def recorded(workdir: Path) -> Node | None:
+    """The node MACHINE_RECORD holds for ``workdir`` (None when it names another or none): what a
+    start killed before the cluster's state file knew of its node (e.g. during the image import)
+    leaves only there."""
+    try:
+        rec = json.loads(MACHINE_RECORD.read_text())
+    except (OSError, ValueError):
+        return None
+    if rec.get("workdir") != str(workdir):
+        return None
+    return Node(rec.get("pids", {}), rec.get("start_times", {}), {}, "", rec.get("sysctls", {}))
 
 
 def _read_sysctl(key: str) -> str:
@@ -555,11 +577,19 @@ def stop(workdir: Path, node: Node | None, *, bin_dir: Path, say: Say) -> None:
     settings the kubelet changed are put back. Safe on a crashed node and when called twice.
     ``node`` None: nothing was recorded (only the sweep runs)."""
     paths = NodePaths(workdir / "node")
+    if node is None or not node.pids:
+        node = recorded(workdir) or node
     pids = node.pids if node else {}
     times = node.start_times if node else {}
     if procs.terminate(pids.get("kubelet", -1), times.get("kubelet")):
         say("stopped kubelet")
-    if node and procs.is_ours(pids.get("containerd", -1), times.get("containerd")):
+    other = running_elsewhere(workdir)
+    if other is not None:  # the sweeps below are machine-wide: they would wreck that node
+        for name in ("coredns", "kube-proxy", "containerd"):
+            procs.terminate(pids.get(name, -1), times.get(name))
+        say(f"a node runs in {other}: only this work directory's processes were stopped")
+        return
+    if procs.is_ours(pids.get("containerd", -1), times.get("containerd")):
         crictl = [str(bin_dir / "crictl"), "--runtime-endpoint", paths.endpoint, "--timeout", "30s"]
         procs.run([*crictl, "rmp", "--all", "--force"], check=False, timeout=120)
     for name in ("coredns", "kube-proxy", "containerd"):
@@ -623,10 +653,17 @@ def _kubepods_dirs(filename: str | None = None) -> list[Path]:
     return [p / filename for p in found] if filename else found
 
 
-def _remove_kubepods_cgroups() -> None:
-    for d in _kubepods_dirs():
-        with contextlib.suppress(OSError):
-            d.rmdir()
+def _remove_kubepods_cgroups(timeout: float = 15.0) -> None:
+    """Remove the kubepods cgroups, deepest first, once their processes have exited (a killed 1.5 GB
+    runtime takes a moment): retried until ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for d in _kubepods_dirs():
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if not _kubepods_dirs() or time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
 
 
 def mounts_under(prefixes: tuple[Path, ...]) -> list[str]:
@@ -646,7 +683,8 @@ def _unmount_under(prefixes: tuple[Path, ...]) -> None:
         if not points:
             return
         for mp in points:
-            if procs.run(["umount", mp], check=False) == "" and mp in mounts_under(prefixes):
+            procs.run(["umount", mp], check=False)
+            if mp in mounts_under(prefixes):  # busy: detach it now, it goes when the last user does
                 procs.run(["umount", "-l", mp], check=False)
 
 
@@ -673,13 +711,8 @@ def _remove_kube_iptables_chains() -> None:
                 procs.run(["nft", "flush", "chain", family, table, name], check=False)
             for name in kube:
                 procs.run(["nft", "delete", "chain", family, table, name], check=False)
-            if all(c["name"] in kube for c in chains) or not _table_has_rules(family, table):
+            if all(c["name"] in kube for c in chains):  # a table only the kubelet's chains were in
                 procs.run(["nft", "delete", "table", family, table], check=False)
-
-
-def _table_has_rules(family: str, table: str) -> bool:
-    listing = procs.run(["nft", "-j", "list", "table", family, table], check=False)
-    return bool(listing) and any("rule" in i for i in json.loads(listing).get("nftables", []))
 
 
 # ----------------------------------------------------------------------------- leftovers
@@ -690,13 +723,14 @@ def leftovers(workdir: Path) -> list[str]:
     directory or the image store, network namespaces, kubepods cgroups, kube-proxy's nftables
     tables, KUBE-* chains, the machine record. Empty after a clean :func:`stop`."""
     found: list[str] = []
-    names = {b"kubelet", b"containerd", b"containerd-shim-runc-v2", b"kube-proxy", b"coredns"}
+    mine = str(workdir / "node").encode()  # every node process names a file under it
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             with contextlib.suppress(OSError):
-                exe = (proc / "cmdline").read_bytes().split(b"\0")[0]
-                if exe.rsplit(b"/", 1)[-1] in names:
-                    found.append(f"process {proc.name}: {exe.decode(errors='replace')}")
+                cmd = (proc / "cmdline").read_bytes()
+                if mine in cmd:
+                    exe = cmd.split(b"\0")[0].decode(errors="replace")
+                    found.append(f"process {proc.name}: {exe}")
     found += [f"mount {m}" for m in mounts_under((workdir / "node", IMAGE_STORE))]
     found += [f"cgroup {d}" for d in _kubepods_dirs()]
     tables = procs.run(["nft", "list", "tables"], check=False)

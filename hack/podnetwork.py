@@ -3,9 +3,13 @@ for containerd (the Debian ``containernetworking-plugins``: bridge, host-local, 
 
 Pods get addresses from POD_CIDR and two routes: their own subnet (on the bridge) and the Service
 CIDR (through the bridge's address, where kube-proxy translates ClusterIPs). They get no default
-route, there is no masquerade, and a guard table drops anything forwarded from the pod CIDR to an
-address outside it: no pod can reach an address outside this machine. The bridge's address is the
-node's address: the API server, CoreDNS and the kubelet listen on it.
+route, there is no masquerade, and a guard table drops anything the host would forward from the
+bridge to another interface (IPv4 and IPv6, whatever the source address): no pod can send to an
+address outside this machine. Services of the host itself on the node address stay reachable to
+pods, as on any node. The bridge's address is the node's address: the API server, CoreDNS and the
+kubelet listen on it. The CNI bridge plugin turns ``net.ipv4.ip_forward`` on (hack/node.py puts it
+back at stop); pod to pod through a ClusterIP on the bridge needs ``br_netfilter`` with
+``net.bridge.bridge-nf-call-iptables=1``.
 
 ``up``/``down`` are idempotent; ``leftovers`` lists what a stopped network left behind (a test
 asserts it is empty after ``make cluster-down``).
@@ -66,13 +70,14 @@ def cni_conflist(ipam_dir: Path) -> dict[str, Any]:
 
 
 def guard_ruleset() -> str:
-    """nftables script of the guard table: drop what is forwarded from the pod CIDR to any address
-    outside it (ClusterIPs are already translated to pod addresses when the forward hook runs)."""
+    """nftables script of the guard table: drop whatever the host would forward from the bridge to
+    any other interface, IPv4 and IPv6, whatever its source address (a pod with CAP_NET_RAW can forge
+    one). Pod to pod, also through a ClusterIP, stays on the bridge and passes."""
     return (
         f"table inet {GUARD_TABLE} {{\n"
         "  chain forward {\n"
         "    type filter hook forward priority -10; policy accept;\n"
-        f"    ip saddr {POD_CIDR} ip daddr != {POD_CIDR} counter drop\n"
+        f'    iifname "{BRIDGE}" oifname != "{BRIDGE}" counter drop\n'
         "  }\n"
         "}\n"
     )

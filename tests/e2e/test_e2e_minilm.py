@@ -222,10 +222,15 @@ def test_scale_in_under_load_through_the_service_fails_no_request(cluster: Clust
         cluster.kubectl(
             "patch", "inferenceservice", NAME, "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":1}}'
         )
+        # until the terminating pod is gone: through its shutdown delay, drain and exit
+        selector = f"kubeinfer.io/inferenceservice={NAME}"
         wait_until(
-            lambda: len(runtime_pods(cluster, ns, NAME)) == 1, timeout=120, interval=1.0, message="1 pod left"
+            lambda: len(cluster.get_json("pods", "-n", ns, "-l", selector)["items"]) == 1,
+            timeout=120,
+            interval=1.0,
+            message="the scaled-in pod gone",
         )
-        time.sleep(3)
+        time.sleep(2)
     finally:
         stop.set()
         for t in threads:
@@ -247,7 +252,9 @@ def test_rollout_restart_completes_and_the_operator_keeps_it(cluster: Cluster, n
     dep = cluster.get_json("deployment", NAME, "-n", ns)
     assert "kubectl.kubernetes.io/restartedAt" in dep["spec"]["template"]["metadata"].get("annotations", {})
     wait_isvc(cluster, ns, NAME, "True")
-    time.sleep(5)  # a resync of the operator does not undo the restart annotation
+    # the operator reconciles on the Deployment's events during the rollout: none undid the annotation
+    cluster.kubectl("annotate", "inferenceservice", NAME, "-n", ns, "e2e/poke=1", "--overwrite")  # reconcile
+    time.sleep(5)
     dep = cluster.get_json("deployment", NAME, "-n", ns)
     assert "kubectl.kubernetes.io/restartedAt" in dep["spec"]["template"]["metadata"].get("annotations", {})
 

@@ -83,7 +83,8 @@ def test_pod_network_has_no_masquerade_and_no_default_route(tmp_path: Path) -> N
     assert ipaddress.ip_address(podnetwork.NODE_IP) in pod_net
     assert pod_net.is_private and not pod_net.overlaps(ipaddress.ip_network(controlplane.SERVICE_CIDR))
     guard = podnetwork.guard_ruleset()
-    assert f"ip saddr {podnetwork.POD_CIDR} ip daddr != {podnetwork.POD_CIDR}" in guard and "drop" in guard
+    assert f'iifname "{podnetwork.BRIDGE}" oifname != "{podnetwork.BRIDGE}" counter drop' in guard
+    assert "table inet" in guard  # IPv4 and IPv6
 
 
 def test_node_certificates_name_the_users_the_default_rbac_knows() -> None:
