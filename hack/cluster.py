@@ -198,6 +198,11 @@ def start(
         check_binaries(bin_dir, ("kube-scheduler",))
         nodes.preflight(workdir, bin_dir)
         podnetwork.check_tools()
+        stale = nodes.stale_elsewhere(workdir)
+        if stale is not None:  # a killed run's pods, shims and mounts would share the bridge and IPs
+            say(f"a node recorded in {stale} was not stopped (its processes are gone): cleaning it up")
+            nodes.stop(Path(stale), None, bin_dir=bin_dir, say=say)
+            podnetwork.down(Path(stale) / "node" / "net", say)
     old = _load_state(workdir)
     if old is not None:
         if is_healthy(old) and old.node == node:

@@ -341,6 +341,18 @@ def preflight(workdir: Path, bin_dir: Path) -> None:
         raise ClusterError(f"no cgroup hierarchy under {CGROUP_ROOT}: the kubelet cannot run here")
 
 
+def stale_elsewhere(workdir: Path) -> str | None:
+    """The work directory of a node recorded on this machine, other than ``workdir``, whose processes
+    are all gone (a run killed without its cleanup: its pods, shims and mounts may be left), or None."""
+    try:
+        rec = json.loads(MACHINE_RECORD.read_text())
+    except (OSError, ValueError):
+        return None
+    if Path(rec.get("workdir", "")) == workdir or running_elsewhere(workdir) is not None:
+        return None
+    return str(rec.get("workdir") or "") or None
+
+
 def running_elsewhere(workdir: Path) -> str | None:
     """The work directory of a node running on this machine other than ``workdir``, or None."""
     try:
