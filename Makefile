@@ -56,7 +56,7 @@ cluster-down: ## stop the local cluster and remove everything it made (processes
 run: ## run the operator locally against $$KUBECONFIG
 	.venv/bin/kubeinfer-operator
 
-demo: setup ## the main job, end to end, on a local control plane with the bundled model
+demo: setup ## the main job, end to end, on a one-node cluster (real pods; root) with the bundled model
 	@$(PY) hack/demo.py
 
 bench-runtime: setup ## runtime benchmark -> bench/results/runtime.json
