@@ -67,6 +67,9 @@ NODE_SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
+#: nftables tables that existed before the node started (JSON list, under ``<workdir>/node``): the
+#: iptables-nft tables the kubelet creates are removed at stop, those that were there are kept.
+TABLES_BEFORE = "nft-tables-before.json"
 #: cgroup v1 hierarchies and the v2 tree of hybrid mode, where the kubelet makes ``kubepods``.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -410,6 +413,7 @@ def start(
     logs = workdir / "logs"
     env = {**os.environ, "PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
     sysctls = {k: _read_sysctl(k) for k in NODE_SYSCTLS}
+    (paths.root / TABLES_BEFORE).write_text(json.dumps(nft_tables()))
     ports = {
         "kubelet-healthz": procs.free_port(),
         "kube-proxy-healthz": procs.free_port(),
@@ -614,7 +618,10 @@ def stop(workdir: Path, node: Node | None, *, bin_dir: Path, say: Say) -> None:
     _remove_kubepods_cgroups()
     for family in ("ip", "ip6"):
         procs.run(["nft", "delete", "table", family, "kube-proxy"], check=False)
-    _remove_kube_iptables_chains()
+    tables_before = None
+    with contextlib.suppress(OSError, ValueError):
+        tables_before = list(json.loads((paths.root / TABLES_BEFORE).read_text()))
+    _remove_kube_iptables_chains(tables_before)
     for key, value in (node.sysctls if node else {}).items():
         if value and _read_sysctl(key) != value:
             with contextlib.suppress(OSError):
@@ -700,8 +707,18 @@ def _unmount_under(prefixes: tuple[Path, ...]) -> None:
                 procs.run(["umount", "-l", mp], check=False)
 
 
-def _remove_kube_iptables_chains() -> None:
-    """Delete the KUBE-* chains the kubelet made (iptables-nft), and the tables that held only those."""
+def nft_tables() -> list[str]:
+    """``nft list tables`` as "family name" strings (empty without nft)."""
+    out = procs.run(["nft", "list", "tables"], check=False)
+    return sorted(
+        line.removeprefix("table ").strip() for line in out.splitlines() if line.startswith("table ")
+    )
+
+
+def _remove_kube_iptables_chains(tables_before: list[str] | None) -> None:
+    """Delete the KUBE-* chains the kubelet made (iptables-nft), and the tables that held only those or
+    that did not exist before the node started (``tables_before``; None: unknown, kept) and are now
+    empty of rules (iptables-nft makes its base chains with the kubelet's first chain)."""
     for family in ("ip", "ip6"):
         for table in ("filter", "nat", "mangle"):
             listing = procs.run(["nft", "-j", "list", "table", family, table], check=False)
@@ -710,7 +727,8 @@ def _remove_kube_iptables_chains() -> None:
             items = json.loads(listing).get("nftables", [])
             chains = [i["chain"] for i in items if "chain" in i]
             kube = [c["name"] for c in chains if c["name"].startswith("KUBE-")]
-            if not kube:
+            ours = tables_before is not None and f"{family} {table}" not in tables_before
+            if not kube and not ours:
                 continue
             rules = [i["rule"] for i in items if "rule" in i]
             for r in rules:  # jumps into KUBE-* chains from the built-in ones
@@ -723,7 +741,9 @@ def _remove_kube_iptables_chains() -> None:
                 procs.run(["nft", "flush", "chain", family, table, name], check=False)
             for name in kube:
                 procs.run(["nft", "delete", "chain", family, table, name], check=False)
-            if all(c["name"] in kube for c in chains):  # a table only the kubelet's chains were in
+            left = procs.run(["nft", "-j", "list", "table", family, table], check=False)
+            empty = not any("rule" in i for i in json.loads(left or "{}").get("nftables", []))
+            if all(c["name"] in kube for c in chains) or (ours and empty):
                 procs.run(["nft", "delete", "table", family, table], check=False)
 
 
