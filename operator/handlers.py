@@ -83,11 +83,27 @@ async def _ensure_peering(kube: k8s.Kube, settings: Settings) -> None:
     for namespace, plural, kind in targets:
         path = k8s.resource_path("kopf.dev/v1", plural, namespace)
         if await kube.get(f"{path}/{settings.peering}") is None:
-            meta: dict[str, Any] = {"name": settings.peering}
+            meta: dict[str, Any] = {"name": settings.peering, **helm_ownership(settings)}
             if namespace:
                 meta["namespace"] = namespace
             with contextlib.suppress(k8s.TransientError):  # 409: another operator created it first
                 await kube.create(path, {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": meta})
+
+
+def helm_ownership(settings: Settings) -> dict[str, Any]:
+    """Helm 3's ownership metadata for an object the chart also renders (the peering object), from
+    ``KUBEINFER_HELM_RELEASE``/``_NAMESPACE``: Helm adopts an existing object that carries it, and
+    refuses one that does not ("exists and cannot be imported into the current release"). ``{}``
+    outside a Helm release."""
+    if not settings.helm_release:
+        return {}
+    return {
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {
+            "meta.helm.sh/release-name": settings.helm_release,
+            "meta.helm.sh/release-namespace": settings.helm_release_namespace,
+        },
+    }
 
 
 @kopf.on.cleanup()

@@ -22,7 +22,10 @@ class Settings(BaseModel):
     ``KUBEINFER_LOG_LEVEL`` (INFO), ``KUBEINFER_METRICS_PORT`` (8000; 0 = off),
     ``KUBEINFER_HEALTH_PORT`` (8081; 0 = off), ``KUBEINFER_PEERING`` (kopf peering object name,
     "kubeinfer"; "" = standalone), ``KUBEINFER_PEERING_PRIORITY`` (random 1..32767 when unset: of
-    two operators the higher priority acts, the other pauses), ``KUBECONFIG``.
+    two operators the higher priority acts, the other pauses), ``KUBEINFER_HELM_RELEASE`` and
+    ``KUBEINFER_HELM_RELEASE_NAMESPACE`` (set by the chart: a peering object the operator creates
+    carries Helm's ownership metadata, so that ``helm install`` adopts it instead of failing with
+    "already exists" when the operator pod starts before Helm creates it), ``KUBECONFIG``.
     """
 
     namespaces: list[str] = Field(default_factory=list)
@@ -39,6 +42,8 @@ class Settings(BaseModel):
     bind_address: str = "0.0.0.0"
     peering: str = "kubeinfer"
     peering_priority: int = Field(default_factory=lambda: random.randint(1, 32767))
+    helm_release: str = ""
+    helm_release_namespace: str = ""
     kubeconfig: str | None = None
 
     @classmethod

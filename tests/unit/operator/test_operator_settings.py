@@ -33,3 +33,14 @@ def test_flags_override_env() -> None:
 def test_bad_value_names_the_setting() -> None:
     with pytest.raises(pydantic.ValidationError, match="log_format"):
         Settings.from_env({"KUBEINFER_LOG_FORMAT": "xml"})
+
+
+def test_helm_release_gives_the_peering_object_helms_ownership_metadata() -> None:
+    from kubeinfer.operator.handlers import helm_ownership
+
+    assert helm_ownership(Settings.from_env({})) == {}
+    meta = helm_ownership(
+        Settings.from_env({"KUBEINFER_HELM_RELEASE": "ki", "KUBEINFER_HELM_RELEASE_NAMESPACE": "ops"})
+    )
+    assert meta["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
+    assert meta["annotations"] == {"meta.helm.sh/release-name": "ki", "meta.helm.sh/release-namespace": "ops"}
