@@ -26,33 +26,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import msgspec
 import numpy as np
+from kubeinfer.runtime.dtypes import NUMPY_DTYPES, datatype_of
 
-#: numpy dtype of each protocol datatype.
-DATATYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(object),
-}
-
+# byte-order-explicit (little-endian) dtypes of the raw binary layout
 _LITTLE = {
-    name: dt.newbyteorder("<") for name, dt in DATATYPES.items() if name not in ("BYTES", "BOOL", "BF16")
+    name: dt.newbyteorder("<") for name, dt in NUMPY_DTYPES.items() if name not in ("BYTES", "BOOL", "BF16")
 }
-_LITTLE["BOOL"] = DATATYPES["BOOL"]
-_LITTLE["BF16"] = DATATYPES["BF16"]
+_LITTLE["BOOL"] = NUMPY_DTYPES["BOOL"]
+_LITTLE["BF16"] = NUMPY_DTYPES["BF16"]
 
 _JSON_DECODER = msgspec.json.Decoder()
 _JSON_ENCODER = msgspec.json.Encoder()
@@ -197,7 +180,7 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
             f"got values like {arr.reshape(-1)[0]!r}",
             name,
         )
-    target = DATATYPES[datatype]
+    target = NUMPY_DTYPES[datatype]
     if kind in ("i", "u") and target.kind in ("i", "u"):
         info = np.iinfo(target)
         lo, hi = int(arr.min()), int(arr.max())
@@ -259,7 +242,7 @@ def _from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) 
             name,
         )
     arr = np.frombuffer(chunk, dtype=dt).reshape(shape)
-    return arr.astype(DATATYPES[datatype], copy=False) if dt != DATATYPES[datatype] else arr
+    return arr.astype(NUMPY_DTYPES[datatype], copy=False) if dt != NUMPY_DTYPES[datatype] else arr
 
 
 def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
@@ -304,9 +287,10 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         if name in inputs:
             raise ProtocolError(f"input tensor '{name}' is given twice", name)
         datatype = raw.get("datatype")
-        if datatype not in DATATYPES:
+        if datatype not in NUMPY_DTYPES:
             raise ProtocolError(
-                f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(DATATYPES)}", name
+                f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
+                name,
             )
         shape = _shape(raw.get("shape"), name)
         tparams = raw.get("parameters") or {}
@@ -390,14 +374,6 @@ def _binary(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array, dtype=_LITTLE[datatype]).tobytes()
 
 
-def datatype_of(array: np.ndarray) -> str:
-    """The protocol datatype of a numpy array (object -> BYTES). Raises ``ValueError`` if none."""
-    for name, dt in DATATYPES.items():
-        if array.dtype == dt:
-            return name
-    raise ValueError(f"no protocol datatype for numpy dtype {array.dtype}")
-
-
 def encode_response(
     model_name: str,
     outputs: Mapping[str, np.ndarray],
@@ -428,8 +404,8 @@ def encode_response(
             raise ProtocolError(f"unknown output '{name}' requested; the model has: {', '.join(outputs)}")
         array = outputs[name]
         datatype = (datatypes or {}).get(name) or datatype_of(array)
-        if datatype != "BYTES" and array.dtype != DATATYPES[datatype]:
-            array = array.astype(DATATYPES[datatype])
+        if datatype != "BYTES" and array.dtype != NUMPY_DTYPES[datatype]:
+            array = array.astype(NUMPY_DTYPES[datatype])
         flag = request.outputs.get(name)
         binary = request.binary_data_output if flag is None else flag
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}

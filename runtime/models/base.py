@@ -28,36 +28,7 @@ from typing import Any
 
 import numpy as np
 from kubeinfer.runtime.config import LimitsConfig, TensorSpec
-
-#: numpy dtype names accepted for each Open Inference Protocol datatype.
-ACCEPTED_NUMPY_DTYPES: dict[str, tuple[str, ...]] = {
-    "BOOL": ("bool",),
-    "UINT8": ("uint8",),
-    "INT8": ("int8",),
-    "INT16": ("int16",),
-    "INT32": ("int32",),
-    "INT64": ("int64",),
-    "FP16": ("float16",),
-    "BF16": ("bfloat16", "float32"),
-    "FP32": ("float32",),
-    "FP64": ("float64",),
-    "BYTES": ("object", "bytes"),
-}
-
-#: Protocol datatype of a numpy dtype name (the inverse of ``ACCEPTED_NUMPY_DTYPES``, for messages).
-NUMPY_TO_DATATYPE: dict[str, str] = {
-    "bool": "BOOL",
-    "uint8": "UINT8",
-    "int8": "INT8",
-    "int16": "INT16",
-    "int32": "INT32",
-    "int64": "INT64",
-    "float16": "FP16",
-    "bfloat16": "BF16",
-    "float32": "FP32",
-    "float64": "FP64",
-    "object": "BYTES",
-}
+from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_TO_DATATYPE
 
 # Keys of ``ServableModel.report()``; the server exports them as Prometheus gauges.
 #: Mean cosine similarity (ratio, -1..1) of the served model's embeddings to the unquantized ones.
@@ -170,8 +141,7 @@ class ServableModel(ABC):
         total_bytes = 0
         for spec in self.inputs:
             array = inputs[spec.name]
-            accepted = ACCEPTED_NUMPY_DTYPES[spec.datatype]
-            if array.dtype.name not in accepted:
+            if array.dtype.name not in DATATYPES[spec.datatype].accepted:
                 got = NUMPY_TO_DATATYPE.get(array.dtype.name, array.dtype.name)
                 raise InputError(
                     f"input tensor '{spec.name}': expected datatype {spec.datatype}, got {got}",

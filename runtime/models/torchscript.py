@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 from kubeinfer.runtime.config import RuntimeConfig, TensorSpec
+from kubeinfer.runtime.dtypes import DATATYPES, torch_dtype
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
     REPORT_COSINE_MEAN,
@@ -43,32 +44,6 @@ from kubeinfer.runtime.models.quantize import (
 
 log = logging.getLogger(__name__)
 
-#: torch dtype of each supported protocol datatype.
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "BOOL": torch.bool,
-    "UINT8": torch.uint8,
-    "INT8": torch.int8,
-    "INT16": torch.int16,
-    "INT32": torch.int32,
-    "INT64": torch.int64,
-    "FP16": torch.float16,
-    "BF16": torch.bfloat16,
-    "FP32": torch.float32,
-    "FP64": torch.float64,
-}
-#: numpy dtype returned for each output datatype (BF16 outputs are widened to float32).
-NUMPY_OUT: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "BF16": np.float32,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
 #: Size of a variable (-1) non-batch dimension in warmup and example inputs.
 EXAMPLE_DIM = 8
 #: Rows of seeded random inputs used to compare a cast model with the fp32 one.
@@ -131,7 +106,7 @@ class TorchScriptModel(ServableModel):
                 if array.dtype.name == "bfloat16"
                 else np.ascontiguousarray(array)
             )
-            tensor = tensor.to(TORCH_DTYPES[spec.datatype])
+            tensor = tensor.to(torch_dtype(spec.datatype))
             if tensor.is_floating_point():
                 tensor = tensor.to(self.compute_dtype)
             tensors.append(tensor)
@@ -170,7 +145,7 @@ class TorchScriptModel(ServableModel):
             host = value.detach().to("cpu")
             if host.dtype == torch.bfloat16:
                 host = host.float()
-            out[spec.name] = host.numpy().astype(NUMPY_OUT[spec.datatype], copy=False)
+            out[spec.name] = host.numpy().astype(DATATYPES[spec.datatype].host, copy=False)
         return out
 
     def example_inputs(self, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -188,7 +163,7 @@ class TorchScriptModel(ServableModel):
             elif spec.datatype == "BOOL":
                 array = rng.integers(0, 2, shape).astype(np.bool_)
             else:
-                array = rng.integers(0, 100, shape).astype(NUMPY_OUT[spec.datatype])
+                array = rng.integers(0, 100, shape).astype(DATATYPES[spec.datatype].host)
             data[spec.name] = array
         return data
 
