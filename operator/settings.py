@@ -14,37 +14,57 @@ from pydantic import BaseModel, Field
 class Settings(BaseModel):
     """All settings of ``kubeinfer-operator``.
 
-    Environment variables: ``KUBEINFER_NAMESPACES`` (comma-separated; empty = all namespaces),
-    ``KUBEINFER_PROMETHEUS_URL``, ``KUBEINFER_PROMETHEUS_BEARER_TOKEN_FILE``,
-    ``KUBEINFER_PROMETHEUS_CA_FILE``, ``KUBEINFER_PROMETHEUS_INSECURE_SKIP_VERIFY`` (true/false),
-    ``KUBEINFER_AUTOSCALE_INTERVAL_SECONDS`` (15), ``KUBEINFER_RESYNC_SECONDS`` (300: period of the
-    level-based resync of every InferenceService), ``KUBEINFER_LOG_FORMAT`` (plain|json),
-    ``KUBEINFER_LOG_LEVEL`` (INFO), ``KUBEINFER_METRICS_PORT`` (8000; 0 = off),
-    ``KUBEINFER_HEALTH_PORT`` (8081; 0 = off), ``KUBEINFER_PEERING`` (kopf peering object name,
-    "kubeinfer"; "" = standalone), ``KUBEINFER_PEERING_PRIORITY`` (random 1..32767 when unset: of
-    two operators the higher priority acts, the other pauses), ``KUBEINFER_HELM_RELEASE`` and
-    ``KUBEINFER_HELM_RELEASE_NAMESPACE`` (set by the chart: a peering object the operator creates
-    carries Helm's ownership metadata, so that ``helm install`` adopts it instead of failing with
-    "already exists" when the operator pod starts before Helm creates it), ``KUBECONFIG``.
+    Each field ``name`` is read from the environment variable ``KUBEINFER_<NAME>`` and from the flag
+    ``--<name with dashes>`` (the flag wins); ``kubeconfig`` also from ``KUBECONFIG``. Each field's
+    description (shown by ``kubeinfer-operator --help`` with its variable and default) says what it
+    does and its unit. Lists (``namespaces``) are comma-separated.
     """
 
-    namespaces: list[str] = Field(default_factory=list)
-    prometheus_url: str = "http://prometheus:9090"
-    prometheus_bearer_token_file: str | None = None
-    prometheus_ca_file: str | None = None
-    prometheus_insecure_skip_verify: bool = False
-    autoscale_interval_seconds: float = Field(default=15.0, gt=0)
-    resync_seconds: float = Field(default=300.0, gt=0)
-    log_format: Literal["plain", "json"] = "plain"
-    log_level: str = "INFO"
-    metrics_port: int = Field(default=8000, ge=0, le=65535)
-    health_port: int = Field(default=8081, ge=0, le=65535)
-    bind_address: str = "0.0.0.0"
-    peering: str = "kubeinfer"
-    peering_priority: int = Field(default_factory=lambda: random.randint(1, 32767))
-    helm_release: str = ""
-    helm_release_namespace: str = ""
-    kubeconfig: str | None = None
+    namespaces: list[str] = Field(
+        default_factory=list, description="namespaces to handle, comma-separated; empty = all namespaces"
+    )
+    prometheus_url: str = Field(
+        default="http://prometheus:9090", description="Prometheus base URL the autoscaler queries"
+    )
+    prometheus_bearer_token_file: str | None = Field(
+        default=None, description="file whose content is sent to Prometheus as a bearer token"
+    )
+    prometheus_ca_file: str | None = Field(
+        default=None, description="PEM CA bundle that verifies Prometheus' TLS certificate"
+    )
+    prometheus_insecure_skip_verify: bool = Field(
+        default=False, description="true: do not verify Prometheus' TLS certificate (testing only)"
+    )
+    prometheus_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="HTTP timeout of one Prometheus query, seconds"
+    )
+    autoscale_interval_seconds: float = Field(
+        default=15.0, gt=0, description="period of the autoscaler's decision per InferenceService, seconds"
+    )
+    resync_seconds: float = Field(
+        default=300.0, gt=0, description="period of the level-based resync of every InferenceService, seconds"
+    )
+    log_format: Literal["plain", "json"] = Field(default="plain", description="plain | json")
+    log_level: str = Field(default="INFO", description="DEBUG | INFO | WARNING | ERROR")
+    metrics_port: int = Field(default=8000, ge=0, le=65535, description="operator /metrics port; 0 = off")
+    health_port: int = Field(default=8081, ge=0, le=65535, description="kopf /healthz port; 0 = off")
+    bind_address: str = Field(default="0.0.0.0", description="address of the metrics and health servers")
+    peering: str = Field(
+        default="kubeinfer", description='kopf peering object name; "" = standalone (no peering)'
+    )
+    peering_priority: int = Field(
+        default_factory=lambda: random.randint(1, 32767),
+        description="of two operators the higher priority acts, the other pauses; unset = random 1..32767",
+    )
+    helm_release: str = Field(
+        default="",
+        description="set by the chart: a peering object the operator creates carries Helm's ownership "
+        "metadata for this release, so `helm install` adopts it (no 'already exists')",
+    )
+    helm_release_namespace: str = Field(default="", description="set by the chart: the release's namespace")
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file (also KUBECONFIG); unset = in-cluster"
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -52,7 +72,7 @@ class Settings(BaseModel):
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         for name in cls.model_fields:
-            raw = env.get(f"KUBEINFER_{name.upper()}")
+            raw = env.get(env_var(name))
             if raw is None:
                 continue
             values[name] = [n.strip() for n in raw.split(",") if n.strip()] if name == "namespaces" else raw
@@ -65,10 +85,17 @@ class Settings(BaseModel):
         """Environment first, then ``--flag`` overrides (``--namespaces a,b``, ``--peering ''`` ...)."""
         base = cls.from_env(env)
         parser = argparse.ArgumentParser(
-            prog="kubeinfer-operator", description="The kubeinfer kopf operator."
+            prog="kubeinfer-operator",
+            description="The kubeinfer kopf operator. Each flag can also be set by its environment variable.",
         )
-        for name in cls.model_fields:
-            parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None)
+        for name, field in cls.model_fields.items():
+            default = "random" if name == "peering_priority" else field.get_default(call_default_factory=True)
+            parser.add_argument(
+                f"--{name.replace('_', '-')}",
+                dest=name,
+                default=None,
+                help=f"{field.description} (env {env_var(name)}; default: {default!r})",
+            )
         args = parser.parse_args(argv)
         updates: dict[str, object] = {}
         for name in cls.model_fields:
@@ -76,3 +103,8 @@ class Settings(BaseModel):
             if value is not None:
                 updates[name] = [n for n in value.split(",") if n] if name == "namespaces" else value
         return cls.model_validate({**base.model_dump(), **updates}) if updates else base
+
+
+def env_var(field: str) -> str:
+    """The environment variable of the setting ``field``: ``KUBEINFER_`` + its name upper-cased."""
+    return f"KUBEINFER_{field.upper()}"

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import requests
 from kubeinfer.operator.autoscale.policy import Observation
+from kubeinfer.operator.settings import Settings
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
@@ -84,24 +85,19 @@ class PrometheusConfig:
     timeout_seconds: float = 5.0
 
     @classmethod
-    def from_settings(cls, settings: Any) -> PrometheusConfig:
-        """Build from the operator settings (``kubeinfer.operator.settings``, env ``KUBEINFER_PROMETHEUS_*``).
+    def from_settings(cls, settings: Settings) -> PrometheusConfig:
+        """Build from the operator settings (env ``KUBEINFER_PROMETHEUS_*``, flags ``--prometheus-*``).
 
-        Reads the attributes ``prometheus_url``, ``prometheus_bearer_token_file``,
-        ``prometheus_ca_file``, ``prometheus_insecure_skip_verify`` and ``prometheus_timeout_seconds``
-        when present. Raises ``ValueError`` when ``prometheus_url`` is empty.
+        Raises ``ValueError`` when ``prometheus_url`` is empty.
         """
-        url = str(getattr(settings, "prometheus_url", "") or "")
-        if not url:
+        if not settings.prometheus_url:
             raise ValueError("operator settings: prometheus_url (KUBEINFER_PROMETHEUS_URL) is empty")
-        token = getattr(settings, "prometheus_bearer_token_file", None)
-        ca = getattr(settings, "prometheus_ca_file", None)
         return cls(
-            url=url.rstrip("/"),
-            bearer_token_file=str(token) if token else None,
-            ca_file=str(ca) if ca else None,
-            insecure_skip_verify=bool(getattr(settings, "prometheus_insecure_skip_verify", False)),
-            timeout_seconds=float(getattr(settings, "prometheus_timeout_seconds", 5.0) or 5.0),
+            url=settings.prometheus_url.rstrip("/"),
+            bearer_token_file=settings.prometheus_bearer_token_file or None,
+            ca_file=settings.prometheus_ca_file or None,
+            insecure_skip_verify=settings.prometheus_insecure_skip_verify,
+            timeout_seconds=settings.prometheus_timeout_seconds,
         )
 
 

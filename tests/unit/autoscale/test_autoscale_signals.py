@@ -18,6 +18,7 @@ from kubeinfer.operator.autoscale.signals import (
     PrometheusSignals,
     default_queries,
 )
+from kubeinfer.operator.settings import Settings
 
 Answer = Callable[[str], tuple[int, Any]]
 
@@ -218,14 +219,18 @@ def test_autoscale_signals_bearer_token(prom: tuple[FakeProm, str], tmp_path: Pa
 
 
 def test_autoscale_signals_config_from_settings() -> None:
-    class S:
-        prometheus_url = "https://prom:9090/"
-        prometheus_bearer_token_file = "/var/run/token"
-        prometheus_ca_file = None
-        prometheus_insecure_skip_verify = False
-
-    cfg = PrometheusConfig.from_settings(S())
+    s = Settings.from_env(
+        {
+            "KUBEINFER_PROMETHEUS_URL": "https://prom:9090/",
+            "KUBEINFER_PROMETHEUS_BEARER_TOKEN_FILE": "/var/run/token",
+            "KUBEINFER_PROMETHEUS_TIMEOUT_SECONDS": "2.5",
+        }
+    )
+    cfg = PrometheusConfig.from_settings(s)
     assert cfg.url == "https://prom:9090" and cfg.bearer_token_file == "/var/run/token"
+    assert cfg.ca_file is None and cfg.insecure_skip_verify is False
+    assert cfg.timeout_seconds == 2.5  # the setting reaches the client (it was read by a name no field had)
+    assert PrometheusConfig.from_settings(Settings.from_env({})).timeout_seconds == 5.0
     with pytest.raises(ValueError, match="prometheus_url"):
-        PrometheusConfig.from_settings(object())
+        PrometheusConfig.from_settings(Settings.from_env({"KUBEINFER_PROMETHEUS_URL": ""}))
     assert not math.isnan(cfg.timeout_seconds)

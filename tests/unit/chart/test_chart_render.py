@@ -200,3 +200,16 @@ def test_chart_helm_template_without_kube_version_assumes_the_pinned_kubernetes(
     (doc,) = [d for d in yaml.safe_load_all(helm("template", "p", str(probe)).stdout) if d]
     major, minor = pinned_kube_version()
     assert doc["data"]["version"] == f"v{major}.{minor}.0"
+
+
+def test_chart_env_is_operator_settings_only() -> None:
+    """Every KUBEINFER_* variable the chart sets is a setting the operator reads, with a valid value."""
+    from kubeinfer.operator.settings import Settings, env_var
+
+    (dep,) = by_kind(render(values={"prometheus": {"timeoutSeconds": 2.5}}), "Deployment")
+    env = {
+        e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e
+    }
+    ours = {k: v for k, v in env.items() if k.startswith("KUBEINFER_")}
+    assert set(ours) <= {env_var(name) for name in Settings.model_fields}
+    assert Settings.from_env(ours).prometheus_timeout_seconds == 2.5

@@ -44,3 +44,20 @@ def test_helm_release_gives_the_peering_object_helms_ownership_metadata() -> Non
     )
     assert meta["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
     assert meta["annotations"] == {"meta.helm.sh/release-name": "ki", "meta.helm.sh/release-namespace": "ops"}
+
+
+def test_prometheus_timeout_is_a_setting_with_env_flag_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert Settings.from_env({}).prometheus_timeout_seconds == 5.0
+    env = {"KUBEINFER_PROMETHEUS_TIMEOUT_SECONDS": "2"}
+    assert Settings.from_env(env).prometheus_timeout_seconds == 2.0
+    assert (
+        Settings.from_args(["--prometheus-timeout-seconds", "0.5"], env=env).prometheus_timeout_seconds == 0.5
+    )
+    with pytest.raises(pydantic.ValidationError, match="prometheus_timeout_seconds"):
+        Settings.from_env({"KUBEINFER_PROMETHEUS_TIMEOUT_SECONDS": "0"})
+    with pytest.raises(SystemExit):
+        Settings.from_args(["--help"], env={})
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--prometheus-timeout-seconds" in out and "KUBEINFER_PROMETHEUS_TIMEOUT_SECONDS; default: 5.0" in out
+    )
