@@ -14,9 +14,9 @@ Policy (``plan_batch``, pure, unit-tested without threads):
   at submission.
 - Size trigger: the batch is *full* (its rows reach ``max_batch_size``, or the next same-key request
   does not fit). Delay trigger: the oldest queued request (of any key) has waited
-  ``max_queue_delay`` seconds; requests of another key therefore never wait much longer than their
-  own delay plus the batches ahead of them. With
-  ``max_queue_delay == 0`` an idle executor takes whatever is queued at once.
+  ``max_queue_delay_seconds``; requests of another key therefore never wait much longer than their
+  own delay plus the batches ahead of them. With ``max_queue_delay_seconds == 0`` an idle executor
+  takes whatever is queued at once.
 - Preferred batch sizes (Triton's ``preferred_batch_size``): a prefix with exactly a preferred rows
   count also counts as full (the largest such prefix is taken).
 - A batch is taken when an executor is idle (fewer batches in flight than executors) and one trigger
@@ -81,7 +81,7 @@ class BatchSettings:
 
     Attributes:
         max_batch_size: rows per batch (1 = batching off), at most the model's warmed maximum.
-        max_queue_delay: seconds the oldest queued request may wait for a batch to fill.
+        max_queue_delay_seconds: seconds the oldest queued request may wait for a batch to fill.
         max_queue_size: queued requests beyond which submission fails with 429.
         priority_levels: valid ``priority`` values are 1..priority_levels (1 highest); 0 = default.
         default_priority_level: level of requests that give no priority (or 0).
@@ -89,7 +89,7 @@ class BatchSettings:
     """
 
     max_batch_size: int = 32
-    max_queue_delay: float = 0.005
+    max_queue_delay_seconds: float = 0.005
     max_queue_size: int = 1024
     priority_levels: int = 2
     default_priority_level: int = 2
@@ -100,7 +100,7 @@ class BatchSettings:
         """The settings of a config file's ``batching`` section."""
         return cls(
             max_batch_size=cfg.max_batch_size,
-            max_queue_delay=cfg.max_queue_delay_seconds,
+            max_queue_delay_seconds=cfg.max_queue_delay_seconds,
             max_queue_size=cfg.max_queue_size,
             priority_levels=cfg.priority_levels,
             default_priority_level=cfg.default_priority_level,
@@ -138,7 +138,7 @@ def plan_batch(
     oldest_enqueued: float | None,
     *,
     max_batch_size: int,
-    max_queue_delay: float,
+    max_queue_delay_seconds: float,
     now: float,
     in_flight: int,
     executors: int,
@@ -151,7 +151,8 @@ def plan_batch(
         ordered: queued requests in service order (priority level, then arrival); each has ``rows``,
             ``enqueued`` (seconds) and ``key`` (requests batch together only if their keys are equal).
         oldest_enqueued: the earliest ``enqueued`` time among them (the delay trigger's reference).
-        max_batch_size: rows per batch. max_queue_delay: seconds. now: current time, seconds.
+        max_batch_size: rows per batch. max_queue_delay_seconds: the delay trigger, seconds.
+        now: current time, seconds.
         in_flight: batches taken and not finished executing. executors: executor threads.
         draining: shutting down; everything queued is due.
         preferred_batch_sizes: rows counts that count as full (Triton's ``preferred_batch_size``): when a
@@ -181,8 +182,8 @@ def plan_batch(
         full = rows >= max_batch_size or blocked
         if not full and preferred_take:
             picked, full = picked[:preferred_take], True
-    due_at = oldest_enqueued + max_queue_delay
-    due = draining or max_queue_delay <= 0 or now >= due_at
+    due_at = oldest_enqueued + max_queue_delay_seconds
+    due = draining or max_queue_delay_seconds <= 0 or now >= due_at
     if in_flight < executors:
         if full or due:
             return Plan(len(picked), None, full, tuple(picked))
@@ -286,7 +287,7 @@ class Batcher:
     def _publish_settings(self) -> None:
         if self.metrics is not None:
             self.metrics.max_batch_size.set(self._settings.max_batch_size)
-            self.metrics.max_queue_delay.set(self._settings.max_queue_delay)
+            self.metrics.max_queue_delay.set(self._settings.max_queue_delay_seconds)
 
     # ----- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -385,7 +386,7 @@ class Batcher:
             )
         s = self._settings
         if self._queued >= s.max_queue_size:
-            retry = max(1, math.ceil(s.max_queue_delay + 0.5))
+            retry = max(1, math.ceil(s.max_queue_delay_seconds + 0.5))
             raise ServingError(
                 f"queue full ({self._queued} requests queued, max_queue_size {s.max_queue_size}); "
                 "retry later",
@@ -498,7 +499,7 @@ class Batcher:
                 ordered,
                 oldest,
                 max_batch_size=s.max_batch_size,
-                max_queue_delay=s.max_queue_delay,
+                max_queue_delay_seconds=s.max_queue_delay_seconds,
                 now=loop.time(),
                 in_flight=self._in_flight,
                 executors=self.executors,

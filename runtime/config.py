@@ -35,7 +35,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TensorSpec(_Strict):
+class TensorConfig(_Strict):
     """A declared model input or output (TorchScript models).
 
     ``shape`` uses -1 for a variable dimension; the first dimension is the batch dimension.
@@ -55,8 +55,8 @@ class ModelConfig(_Strict):
         description="'default' for the bundled all-MiniLM-L6-v2, else a file or directory path.",
     )
     format: ModelFormat = "huggingface"
-    inputs: list[TensorSpec] = Field(default_factory=list, description="TorchScript only.")
-    outputs: list[TensorSpec] = Field(default_factory=list, description="TorchScript only.")
+    inputs: list[TensorConfig] = Field(default_factory=list, description="TorchScript only.")
+    outputs: list[TensorConfig] = Field(default_factory=list, description="TorchScript only.")
     max_sequence_length: int = Field(default=256, ge=8, le=8192, description="Text models: tokens.")
 
     @model_validator(mode="after")

@@ -12,7 +12,7 @@ from kubeinfer.runtime.config import (
     QuantizationConfig,
     RuntimeConfig,
     ServerConfig,
-    TensorSpec,
+    TensorConfig,
     WarmupConfig,
 )
 
@@ -42,10 +42,11 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
             source=container_path(spec.model.uri),
             format=spec.model.format,
             inputs=[
-                TensorSpec(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in spec.model.inputs
+                TensorConfig(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in spec.model.inputs
             ],
             outputs=[
-                TensorSpec(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in spec.model.outputs
+                TensorConfig(name=t.name, datatype=t.datatype, shape=list(t.shape))
+                for t in spec.model.outputs
             ],
         ),
         quantization=QuantizationConfig(

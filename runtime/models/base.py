@@ -27,7 +27,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from kubeinfer.runtime.config import LimitsConfig, TensorSpec
+from kubeinfer.runtime.config import LimitsConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_TO_DATATYPE
 
 # Keys of ``ServableModel.report()``; the server exports them as Prometheus gauges.
@@ -105,8 +105,8 @@ class ServableModel(ABC):
     """
 
     name: str
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
+    inputs: list[TensorConfig]
+    outputs: list[TensorConfig]
     device: str
     max_batch_size: int
     limits: LimitsConfig
@@ -186,7 +186,7 @@ class ServableModel(ABC):
         assert rows is not None  # the model declares at least one input
         return rows
 
-    def _validate_tensor(self, spec: TensorSpec, array: np.ndarray) -> None:  # noqa: B027
+    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:  # noqa: B027
         """Model-specific checks of one input tensor (after datatype/shape); raise ``InputError``."""
 
     @abstractmethod

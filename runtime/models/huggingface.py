@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from kubeinfer.runtime.config import BUNDLED_MODEL, QuantizationConfig, RuntimeConfig, TensorSpec
+from kubeinfer.runtime.config import BUNDLED_MODEL, QuantizationConfig, RuntimeConfig, TensorConfig
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
     REPORT_COSINE_MEAN,
@@ -159,8 +159,8 @@ class TextEmbeddingModel(ServableModel):
         self.dim = dim
         self.input_name = input_name
         self.output_name = output_name
-        self.inputs = [TensorSpec(name=input_name, datatype="BYTES", shape=[-1])]
-        self.outputs = [TensorSpec(name=output_name, datatype="FP32", shape=[-1, dim])]
+        self.inputs = [TensorConfig(name=input_name, datatype="BYTES", shape=[-1])]
+        self.outputs = [TensorConfig(name=output_name, datatype="FP32", shape=[-1, dim])]
         self._forward_args = _forward_arg_names(module)
         self._tokenizer_lock = threading.Lock()
         self._special_tokens = int(tokenizer.num_special_tokens_to_add(pair=False))
@@ -168,7 +168,7 @@ class TextEmbeddingModel(ServableModel):
 
     # --- validation --------------------------------------------------------------------------
 
-    def _validate_tensor(self, spec: TensorSpec, array: np.ndarray) -> None:
+    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
         """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413)."""
         texts = _decode_rows(spec.name, array)
         # A WordPiece/BPE/unigram token covers at least one byte of input, so a row of n bytes has

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from kubeinfer.runtime.config import RuntimeConfig, TensorSpec
+from kubeinfer.runtime.config import RuntimeConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, torch_dtype
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
@@ -66,8 +66,8 @@ class TorchScriptModel(ServableModel):
         *,
         name: str,
         module: torch.jit.ScriptModule,
-        inputs: list[TensorSpec],
-        outputs: list[TensorSpec],
+        inputs: list[TensorConfig],
+        outputs: list[TensorConfig],
         device: torch.device,
         cfg: RuntimeConfig,
     ) -> None:

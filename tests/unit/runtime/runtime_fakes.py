@@ -14,17 +14,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from kubeinfer.runtime.config import LimitsConfig, TensorSpec
+from kubeinfer.runtime.config import LimitsConfig, TensorConfig
 from kubeinfer.runtime.models.base import InputError, ServableModel
 
 
 class FakeModel(ServableModel):
     def __init__(self, max_batch_size: int = 64, delay: float = 0.0, name: str = "fake") -> None:
         self.name = name
-        self.inputs = [TensorSpec(name="x", datatype="FP32", shape=[-1, 2])]
+        self.inputs = [TensorConfig(name="x", datatype="FP32", shape=[-1, 2])]
         self.outputs = [
-            TensorSpec(name="y", datatype="FP32", shape=[-1, 2]),
-            TensorSpec(name="n", datatype="INT64", shape=[-1]),
+            TensorConfig(name="y", datatype="FP32", shape=[-1, 2]),
+            TensorConfig(name="n", datatype="INT64", shape=[-1]),
         ]
         self.device = "cpu"
         self.max_batch_size = max_batch_size

@@ -29,7 +29,7 @@ class Item:
 def plan(items: list[Item], **kw: object):  # type: ignore[no-untyped-def]
     args: dict[str, object] = {
         "max_batch_size": 4,
-        "max_queue_delay": 0.01,
+        "max_queue_delay_seconds": 0.01,
         "now": 0.0,
         "in_flight": 0,
         "executors": 1,
@@ -57,10 +57,10 @@ def test_policy_size_trigger_and_no_split() -> None:
 
 
 def test_policy_delay_zero_takes_at_once_when_idle() -> None:
-    assert plan([Item(1, 5.0)], max_queue_delay=0.0, now=5.0).take == 1
+    assert plan([Item(1, 5.0)], max_queue_delay_seconds=0.0, now=5.0).take == 1
     # all executors busy and the batch not full: keep collecting rows
-    assert plan([Item(1, 5.0)], max_queue_delay=0.0, now=5.0, in_flight=1) == plan_batch(
-        [], None, max_batch_size=4, max_queue_delay=0, now=0, in_flight=0, executors=1
+    assert plan([Item(1, 5.0)], max_queue_delay_seconds=0.0, now=5.0, in_flight=1) == plan_batch(
+        [], None, max_batch_size=4, max_queue_delay_seconds=0, now=0, in_flight=0, executors=1
     )
 
 
@@ -80,7 +80,7 @@ def test_policy_preferred_batch_size_is_dispatched_at_once() -> None:
 
 
 def test_policy_draining_makes_everything_due() -> None:
-    assert plan([Item(1, 0.0)], max_queue_delay=10.0, draining=True).take == 1
+    assert plan([Item(1, 0.0)], max_queue_delay_seconds=10.0, draining=True).take == 1
 
 
 def test_policy_batches_only_the_head_key_and_skips_others_in_place() -> None:
@@ -114,7 +114,7 @@ async def make(model: FakeModel, **settings: object) -> Batcher:
 
 async def test_size_trigger_forms_one_full_batch_before_the_delay() -> None:
     model = FakeModel()
-    b = await make(model, max_batch_size=4, max_queue_delay=5.0)
+    b = await make(model, max_batch_size=4, max_queue_delay_seconds=5.0)
     t0 = time.monotonic()
     outs = await asyncio.gather(*(b.infer(rows(i)) for i in range(4)))
     assert time.monotonic() - t0 < 1.0
@@ -127,7 +127,7 @@ async def test_size_trigger_forms_one_full_batch_before_the_delay() -> None:
 
 async def test_delay_trigger_waits_max_queue_delay_for_more_rows() -> None:
     model = FakeModel()
-    b = await make(model, max_batch_size=64, max_queue_delay=0.08)
+    b = await make(model, max_batch_size=64, max_queue_delay_seconds=0.08)
     t0 = time.monotonic()
     await asyncio.gather(*(b.infer(rows(i)) for i in range(3)))
     waited = time.monotonic() - t0
@@ -139,7 +139,7 @@ async def test_delay_trigger_waits_max_queue_delay_for_more_rows() -> None:
 async def test_delay_zero_runs_at_once_and_batches_what_queued_while_busy() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = await make(model, max_batch_size=64, max_queue_delay=0.0)
+    b = await make(model, max_batch_size=64, max_queue_delay_seconds=0.0)
     first = asyncio.ensure_future(b.infer(rows(0)))
     await asyncio.to_thread(model.started.wait, 5)
     rest = [asyncio.ensure_future(b.infer(rows(i))) for i in range(1, 6)]
@@ -154,7 +154,7 @@ async def test_delay_zero_runs_at_once_and_batches_what_queued_while_busy() -> N
 async def test_priority_one_is_served_first() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = await make(model, max_batch_size=1, max_queue_delay=0.0)
+    b = await make(model, max_batch_size=1, max_queue_delay_seconds=0.0)
     first = asyncio.ensure_future(b.infer(rows(0)))
     await asyncio.to_thread(model.started.wait, 5)
     low = [asyncio.ensure_future(b.infer(rows(v), priority=2)) for v in (1, 2)]
@@ -172,7 +172,7 @@ async def test_priority_one_is_served_first() -> None:
 async def test_timeout_is_enforced_while_queued() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = await make(model, max_batch_size=1, max_queue_delay=0.0)
+    b = await make(model, max_batch_size=1, max_queue_delay_seconds=0.0)
     first = asyncio.ensure_future(b.infer(rows(0)))
     await asyncio.to_thread(model.started.wait, 5)
     t0 = time.monotonic()
@@ -194,7 +194,7 @@ async def test_timeout_is_enforced_while_queued() -> None:
 async def test_queue_bound_rejects_with_429_and_retry_after() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = await make(model, max_batch_size=1, max_queue_delay=0.0, max_queue_size=2)
+    b = await make(model, max_batch_size=1, max_queue_delay_seconds=0.0, max_queue_size=2)
     first = asyncio.ensure_future(b.infer(rows(0)))
     await asyncio.to_thread(model.started.wait, 5)
     queued = [asyncio.ensure_future(b.infer(rows(i))) for i in (1, 2)]
@@ -214,7 +214,7 @@ async def test_queue_bound_rejects_with_429_and_retry_after() -> None:
 
 async def test_failing_request_is_isolated_by_bisection() -> None:
     model = FakeModel()
-    b = await make(model, max_batch_size=8, max_queue_delay=0.05)
+    b = await make(model, max_batch_size=8, max_queue_delay_seconds=0.05)
     reqs = [b.infer(rows(i, i)) for i in (1, 2, -1, 3)]
     reqs.append(b.infer(rows(-2)))
     reqs.extend(b.infer(rows(i)) for i in (4, 5))  # 8 rows: full
@@ -231,7 +231,7 @@ async def test_failing_request_is_isolated_by_bisection() -> None:
 
 async def test_multi_row_requests_oversized_runs_alone_and_over_warmed_is_413() -> None:
     model = FakeModel(max_batch_size=16)
-    b = await make(model, max_batch_size=4, max_queue_delay=0.01)
+    b = await make(model, max_batch_size=4, max_queue_delay_seconds=0.01)
     big, _small = await asyncio.gather(b.infer(rows(*range(6))), b.infer(rows(1, 2)))
     assert big["y"][:, 0].tolist() == [2.0 * v for v in range(6)]
     assert sorted(model.batches) == [2, 6]
@@ -244,12 +244,12 @@ async def test_multi_row_requests_oversized_runs_alone_and_over_warmed_is_413() 
 async def test_hot_reload_applies_without_dropping_requests() -> None:
     model = FakeModel(max_batch_size=8)
     model.gate = threading.Event()
-    b = await make(model, max_batch_size=8, max_queue_delay=0.0)
+    b = await make(model, max_batch_size=8, max_queue_delay_seconds=0.0)
     first = asyncio.ensure_future(b.infer(rows(0)))
     await asyncio.to_thread(model.started.wait, 5)
     queued = [asyncio.ensure_future(b.infer(rows(i))) for i in range(1, 6)]
     await asyncio.sleep(0.02)
-    b.update_settings(BatchSettings(max_batch_size=2, max_queue_delay=0.0))
+    b.update_settings(BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0))
     assert b.metrics is not None
     assert 'kubeinfer_max_batch_size{model="fake"} 2.0' in b.metrics.exposition().decode()
     with pytest.raises(ValueError, match="warmed maximum"):
@@ -263,7 +263,7 @@ async def test_hot_reload_applies_without_dropping_requests() -> None:
 
 async def test_drain_finishes_queued_work_and_refuses_new() -> None:
     model = FakeModel(delay=0.01)
-    b = await make(model, max_batch_size=4, max_queue_delay=10.0)
+    b = await make(model, max_batch_size=4, max_queue_delay_seconds=10.0)
     pending = [asyncio.ensure_future(b.infer(rows(i))) for i in range(10)]
     await asyncio.sleep(0.01)
     t0 = time.monotonic()
@@ -279,7 +279,7 @@ async def test_drain_finishes_queued_work_and_refuses_new() -> None:
 async def test_preprocess_of_next_full_batch_overlaps_execution() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = await make(model, max_batch_size=2, max_queue_delay=5.0)
+    b = await make(model, max_batch_size=2, max_queue_delay_seconds=5.0)
     first = [asyncio.ensure_future(b.infer(rows(i))) for i in (0, 1)]
     await asyncio.to_thread(model.started.wait, 5)
     second = [asyncio.ensure_future(b.infer(rows(i))) for i in (2, 3)]
@@ -297,7 +297,7 @@ async def test_preprocess_of_next_full_batch_overlaps_execution() -> None:
 async def test_requests_of_different_batch_keys_never_share_a_batch() -> None:
     model = KeyedFakeModel()
     model.gate = threading.Event()
-    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay=0.0))
+    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.0))
     b.start()
     first = asyncio.ensure_future(b.infer(keyed(1.0, 0)))
     await asyncio.to_thread(model.started.wait, 5)
@@ -317,7 +317,7 @@ async def test_requests_of_different_batch_keys_never_share_a_batch() -> None:
 
 async def test_other_key_waits_for_the_next_batch_not_forever() -> None:
     model = KeyedFakeModel()
-    b = Batcher(model, BatchSettings(max_batch_size=64, max_queue_delay=0.05))
+    b = Batcher(model, BatchSettings(max_batch_size=64, max_queue_delay_seconds=0.05))
     b.start()
     t0 = time.monotonic()
     outs = await asyncio.gather(b.infer(keyed(1.0, 1)), b.infer(keyed(2.0, 2)), b.infer(keyed(1.0, 3)))
@@ -332,7 +332,7 @@ async def test_other_key_waits_for_the_next_batch_not_forever() -> None:
 async def test_two_executors_run_two_batches_at_once() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = Batcher(model, BatchSettings(max_batch_size=2, max_queue_delay=0.0), executors=2)
+    b = Batcher(model, BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0), executors=2)
     b.start()
     reqs = [asyncio.ensure_future(b.infer(rows(i))) for i in range(4)]
     for _ in range(200):  # both executors blocked inside execute at the same time
@@ -348,7 +348,7 @@ async def test_two_executors_run_two_batches_at_once() -> None:
 
 async def test_cancelled_client_leaves_the_queue() -> None:
     model = FakeModel()
-    b = await make(model, max_batch_size=4, max_queue_delay=10.0)
+    b = await make(model, max_batch_size=4, max_queue_delay_seconds=10.0)
     task = asyncio.ensure_future(b.infer(rows(1)))
     await asyncio.sleep(0.01)
     assert b.queued == 1
@@ -360,7 +360,7 @@ async def test_cancelled_client_leaves_the_queue() -> None:
 
 async def test_metrics_record_batches_and_busy_time() -> None:
     model = FakeModel(delay=0.02)
-    b = await make(model, max_batch_size=4, max_queue_delay=0.0)
+    b = await make(model, max_batch_size=4, max_queue_delay_seconds=0.0)
     await asyncio.gather(*(b.infer(rows(i)) for i in range(4)))
     assert b.metrics is not None
     text = b.metrics.exposition().decode()
@@ -385,7 +385,7 @@ async def test_idle_executor_preprocesses_and_executes_in_one_hand_off() -> None
             return super().execute(prepared)
 
     model = Recording()
-    b = await make(model, max_batch_size=4, max_queue_delay=0.0)
+    b = await make(model, max_batch_size=4, max_queue_delay_seconds=0.0)
     out = await b.infer(rows(1))
     np.testing.assert_array_equal(out["y"], [[2.0, 0.0]])
     # both stages ran on the same executor thread: no round trip through the event loop between them
@@ -420,7 +420,7 @@ async def test_torchscript_requests_of_different_widths_batch_apart_without_isol
         }
     )
     model = load_model(cfg)
-    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay=0.05))
+    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.05))
     b.start()
     widths = [3, 5, 3, 5, 3, 5]
     with caplog.at_level("WARNING", logger="kubeinfer.runtime.batching"):

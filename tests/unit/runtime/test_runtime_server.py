@@ -158,7 +158,7 @@ async def test_error_statuses(served) -> None:  # type: ignore[no-untyped-def]
 async def test_429_504_and_drain_503(served) -> None:  # type: ignore[no-untyped-def]
     server, model, client = served
     model.gate = threading.Event()
-    server.attach(model, BatchSettings(max_batch_size=1, max_queue_delay=0.0, max_queue_size=1))
+    server.attach(model, BatchSettings(max_batch_size=1, max_queue_delay_seconds=0.0, max_queue_size=1))
     body, headers = triton_body(np.ones((1, 2), np.float32))
     first = asyncio.ensure_future(client.post("/v2/models/fake/infer", content=body, headers=headers))
     await asyncio.to_thread(model.started.wait, 5)
