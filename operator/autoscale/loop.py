@@ -53,7 +53,8 @@ from kubeinfer.operator.autoscale.policy import (
     decide,
     restore_state,
 )
-from kubeinfer.operator.build.configmap import CONFIG_KEY, build_configmap
+from kubeinfer.operator.build.configmap import build_configmap
+from kubeinfer.runtime.config import CONFIG_FILE
 
 logger = logging.getLogger("kubeinfer.operator.autoscale")
 
@@ -325,8 +326,8 @@ class Autoscaler:
             result.scaled = True
         if decision.timeout_changed:
             desired_cm = build_configmap(isvc, decision.batch_timeout_seconds)
-            current_data = ((configmap or {}).get("data") or {}).get(CONFIG_KEY)
-            if current_data != desired_cm["data"][CONFIG_KEY]:
+            current_data = ((configmap or {}).get("data") or {}).get(CONFIG_FILE)
+            if current_data != desired_cm["data"][CONFIG_FILE]:
                 await self.kube.apply(desired_cm, field_manager=api.FIELD_MANAGER, force=True)
                 result.applied_configmap = True
         if decision.changed:

@@ -12,8 +12,6 @@ from kubeinfer.operator import api
 PORT_NAME = "http"
 #: Where a ``pvc://<claim>/<path>`` claim is mounted (read-only) in the runtime container.
 PVC_MOUNT_ROOT = "/mnt/pvc"
-#: Directory holding the ConfigMap (key ``runtime.yaml``); a directory mount, so updates propagate.
-CONFIG_DIR = "/etc/kubeinfer"
 #: Annotation on owned objects: hash of the last applied desired object (compare-before-patch).
 APPLIED_HASH_ANNOTATION = "kubeinfer.io/applied-hash"
 #: Pod-template annotation: hash of the non-batching runtime configuration (a change rolls the pods).

@@ -7,6 +7,7 @@ from typing import Any
 from kubeinfer.operator import api
 from kubeinfer.operator.build.common import container_path, metadata, stable_hash, with_applied_hash
 from kubeinfer.runtime.config import (
+    CONFIG_FILE,
     BatchingConfig,
     ModelConfig,
     QuantizationConfig,
@@ -15,9 +16,6 @@ from kubeinfer.runtime.config import (
     TensorConfig,
     WarmupConfig,
 )
-
-CONFIG_KEY = "runtime.yaml"
-
 
 #: ``server.shutdown_delay_seconds`` of every runtime: on SIGTERM a pod keeps serving this long (not
 #: ready) before it refuses new requests, so that the EndpointSlice update and kube-proxy stop
@@ -97,7 +95,7 @@ def build_configmap(isvc: api.InferenceService, batch_timeout_seconds: float) ->
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(isvc, api.configmap_name(isvc.name)),
-        "data": {CONFIG_KEY: text},
+        "data": {CONFIG_FILE: text},
     }
     applied: dict[str, Any] = with_applied_hash(obj)
     return applied

@@ -7,7 +7,6 @@ from typing import Any
 
 from kubeinfer.operator import api
 from kubeinfer.operator.build.common import (
-    CONFIG_DIR,
     CONFIG_HASH_ANNOTATION,
     PORT_NAME,
     PVC_MOUNT_ROOT,
@@ -16,7 +15,8 @@ from kubeinfer.operator.build.common import (
     selector_labels,
     with_applied_hash,
 )
-from kubeinfer.operator.build.configmap import CONFIG_KEY, SHUTDOWN_DELAY_SECONDS, config_hash
+from kubeinfer.operator.build.configmap import SHUTDOWN_DELAY_SECONDS, config_hash
+from kubeinfer.runtime.config import CONFIG_DIR, CONFIG_FILE, DEFAULT_CONFIG_PATH
 
 CONTAINER_NAME = "runtime"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -81,7 +81,7 @@ def _volumes(isvc: api.InferenceService) -> tuple[list[dict[str, Any]], list[dic
             "name": "config",
             "configMap": {
                 "name": api.configmap_name(isvc.name),
-                "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+                "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}],
             },
         },
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
@@ -117,7 +117,7 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
         "name": CONTAINER_NAME,
         "image": spec.runtime.image,
         "command": ["kubeinfer-runtime"],
-        "args": ["serve", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", *spec.runtime.args],
+        "args": ["serve", "--config", DEFAULT_CONFIG_PATH, *spec.runtime.args],
         "ports": [{"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
