@@ -9,10 +9,13 @@ No image registry is reachable here, so every image is built on this machine:
   default (their ``ARG BASE_IMAGE``).
 - ``pause``: ``registry.k8s.io/pause:3.10``, containerd's sandbox image, from hack/pause/pause.c
   (a static binary in an image made from scratch; user 65535).
-- ``operator``: ``ghcr.io/kubeinfer/operator:0.1.0`` from operator/Dockerfile (the chart's
+- ``operator``: ``ghcr.io/kubeinfer/operator:VERSION`` from operator/Dockerfile (the chart's
   appVersion).
-- ``runtime``: ``ghcr.io/kubeinfer/runtime:0.1.0`` from runtime/Dockerfile (the operator's
-  DEFAULT_IMAGE). Installs torch with its CUDA libraries from PyPI: several GB.
+- ``runtime``: ``ghcr.io/kubeinfer/runtime:VERSION`` from runtime/Dockerfile (the operator's
+  DEFAULT_IMAGE).
+
+VERSION is the kubeinfer package's version (pyproject.toml's ``project.version``, read from the
+installed metadata). Installs torch with its CUDA libraries from PyPI: several GB.
 
 An image is rebuilt only when the hash of its inputs changes: for a Dockerfile, the Dockerfile,
 every file of the build context its COPY/ADD instructions use (after .dockerignore), the build
@@ -60,6 +63,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +84,10 @@ HASH_SCHEME = "1"
 
 BASE_REF = "localhost/kubeinfer/base:bookworm-python3"
 PAUSE_REF = "registry.k8s.io/pause:3.10"
-OPERATOR_REF = "ghcr.io/kubeinfer/operator:0.1.0"
-RUNTIME_REF = "ghcr.io/kubeinfer/runtime:0.1.0"
+#: The package version (pyproject.toml, through the installed metadata): the tag of our two images.
+VERSION = version("kubeinfer")
+OPERATOR_REF = f"ghcr.io/kubeinfer/operator:{VERSION}"
+RUNTIME_REF = f"ghcr.io/kubeinfer/runtime:{VERSION}"
 
 #: The base image's recipe (part of its hash). The mirror is not: any mirror serves the same suite.
 BASE_SUITE = "bookworm"

@@ -26,6 +26,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from kubeinfer import __version__
+
 GROUP = "kubeinfer.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -38,8 +40,8 @@ SHORT_NAMES = ("kisvc",)
 FIELD_MANAGER = "kubeinfer"
 #: Field manager of the autoscaler (``Deployment.spec.replicas`` through the scale subresource).
 AUTOSCALER_FIELD_MANAGER = "kubeinfer-autoscaler"
-#: Default runtime image.
-DEFAULT_IMAGE = "ghcr.io/kubeinfer/runtime:0.1.0"
+#: Default runtime image: the runtime image of this release (tag = the package version).
+DEFAULT_IMAGE = f"ghcr.io/kubeinfer/runtime:{__version__}"
 #: Port of the runtime's Open Inference Protocol v2 endpoint and of its ``/metrics``.
 RUNTIME_PORT = 8080
 #: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.

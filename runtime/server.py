@@ -35,10 +35,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kubeinfer import __version__
+
 log = logging.getLogger("kubeinfer.runtime.server")
 
 SERVER_NAME = "kubeinfer"
-SERVER_VERSION = "0.1.0"
+SERVER_VERSION = __version__
 MODEL_VERSION = "1"
 #: HTTP body limit relative to ``limits.max_request_bytes`` (JSON encodes numbers in several bytes).
 BODY_LIMIT_FACTOR = 4

@@ -3,6 +3,7 @@ ServiceAccount and RBAC, non-root, read-only root filesystem, Ready."""
 
 from __future__ import annotations
 
+from kubeinfer import __version__
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
 from tests.support.cluster import Cluster
 
@@ -18,7 +19,7 @@ def test_operator_runs_as_a_non_root_pod_with_the_charts_service_account(
     assert pod["spec"]["serviceAccountName"] == RELEASE
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["spec"]["containers"]
-    assert container["image"] == "ghcr.io/kubeinfer/operator:0.1.0"
+    assert container["image"] == f"ghcr.io/kubeinfer/operator:{__version__}"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     (cs,) = pod["status"]["containerStatuses"]
     assert cs["ready"] is True and cs["restartCount"] == 0

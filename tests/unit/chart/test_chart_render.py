@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kubeinfer.operator.api import DEFAULT_IMAGE
 
-from tests.unit.chart.helm_render import HELM, by_kind, render
+from kubeinfer import __version__
+from tests.unit.chart.helm_render import CHART, HELM, by_kind, render
 
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built: run `make setup`")
 
@@ -123,7 +125,7 @@ def test_chart_operator_pod_is_hardened_and_probed() -> None:
     assert env["KUBEINFER_HEALTH_PORT"] == str(ports["health"])
     assert env["KUBEINFER_METRICS_PORT"] == str(ports["metrics"])
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
-    assert c["image"] == "ghcr.io/kubeinfer/operator:0.1.0"
+    assert c["image"] == f"ghcr.io/kubeinfer/operator:{__version__}"
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
 
 
@@ -213,3 +215,12 @@ def test_chart_env_is_operator_settings_only() -> None:
     ours = {k: v for k, v in env.items() if k.startswith("KUBEINFER_")}
     assert set(ours) <= {env_var(name) for name in Settings.model_fields}
     assert Settings.from_env(ours).prometheus_timeout_seconds == 2.5
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    """Chart.yaml stays literal (Helm reads it as data): it must say the version pyproject.toml says,
+    which also tags the images (hack/images.py) and the operator's default runtime image."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__
+    assert chart["version"] == __version__  # the chart is released with the code it deploys
+    assert f"ghcr.io/kubeinfer/runtime:{__version__}" == DEFAULT_IMAGE
