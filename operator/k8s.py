@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from kubeinfer.operator import metrics
+from kubeinfer.operator import metrics, rfc3339
 from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -296,7 +295,7 @@ class Kube:
     ) -> None:
         """Create a ``core/v1`` Event about ``involved`` (a body with apiVersion, kind, metadata)."""
         meta = involved["metadata"]
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339.now()
         event = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-from kubeinfer.operator import api, k8s
+from kubeinfer.operator import api, k8s, rfc3339
 from kubeinfer.operator.autoscale import signals as sig
 from kubeinfer.operator.autoscale.policy import (
     Current,
@@ -65,19 +65,6 @@ NO_DEPLOYMENT = "NoDeployment"
 #: Condition reason (False) when Prometheus answered but the policy cannot act on the values (e.g. no
 #: request completed in the window while requests are queued).
 UNUSABLE_SIGNALS = "UnusableSignals"
-
-
-def _rfc3339(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_rfc3339(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
 
 
 def prom_duration(seconds: float) -> str:
@@ -215,7 +202,7 @@ class Autoscaler:
         mem = self._memory.get(key)
         if mem is None:
             last = isvc.status.last_decision
-            when = _parse_rfc3339(last.time if last else None)
+            when = rfc3339.parse_time(last.time if last else None)
             age = (self.wall() - when).total_seconds() if when else None
             mem = _Memory(
                 restore_state(
@@ -260,7 +247,7 @@ class Autoscaler:
         spec = isvc.spec.autoscaling
         ns, name = isvc.namespace, isvc.name
         now = self.monotonic()
-        when = _rfc3339(self.wall())
+        when = rfc3339.format_time(self.wall())
         mem = self._memory_for(isvc, now)
         status: Mapping[str, Any] = body.get("status") or {}
 

@@ -9,7 +9,6 @@ when a field differs, and Events are posted only on transitions.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-from kubeinfer.operator import api, k8s, metrics
+from kubeinfer.operator import api, k8s, metrics, rfc3339
 from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
 from kubeinfer.operator.build.common import selector_labels
 from kubeinfer.operator.reconcile import plan
@@ -35,10 +34,6 @@ def _rv(obj: Mapping[str, Any] | None) -> int:
         return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
         return 0
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def isvc_path(namespace: str, name: str) -> str:
@@ -79,7 +74,7 @@ class Reconciler:
     """
 
     kube: k8s.Kube
-    clock: Callable[[], str] = _now
+    clock: Callable[[], str] = rfc3339.now
     retry_delay: float = 5.0
     max_retry_delay: float = plan.RETRY_DELAY_MAX_SECONDS
     api_error_threshold: int = plan.API_ERROR_THRESHOLD
