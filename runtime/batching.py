@@ -55,24 +55,11 @@ from typing import Any, Protocol
 
 import numpy as np
 from kubeinfer.runtime.config import BatchingConfig
+from kubeinfer.runtime.errors import InputError, ServingError
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.models.base import InputError, ServableModel
+from kubeinfer.runtime.models.base import ServableModel
 
 log = logging.getLogger("kubeinfer.runtime.batching")
-
-
-class ServingError(Exception):
-    """A request could not be served; the server answers ``{"error": str(exc)}`` with ``status``.
-
-    Attributes:
-        status: HTTP status (429 queue full, 500 model failure, 503 not accepting, 504 deadline).
-        headers: extra response headers (``Retry-After`` on 429).
-    """
-
-    def __init__(self, message: str, status: int, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers: dict[str, str] = dict(headers or {})
 
 
 @dataclass(frozen=True)
@@ -662,8 +649,7 @@ class Batcher:
 
     def _explain(self, exc: BaseException | None) -> BaseException:
         if isinstance(exc, InputError):
-            known: BaseException = exc  # (mypy sees InputError as Any: kubeinfer.* is an editable mapping)
-            return known
+            return exc
         return ServingError(
             f"model '{self.model.name}' failed on this request: {type(exc).__name__}: {exc}", 500
         )

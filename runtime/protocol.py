@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import numpy as np
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES, datatype_of
+from kubeinfer.runtime.errors import ProtocolError
 
 # byte-order-explicit (little-endian) dtypes of the raw binary layout
 _LITTLE = {
@@ -39,18 +40,6 @@ _LITTLE["BF16"] = NUMPY_DTYPES["BF16"]
 
 _JSON_DECODER = msgspec.json.Decoder()
 _JSON_ENCODER = msgspec.json.Encoder()
-
-
-class ProtocolError(Exception):
-    """A malformed infer request: the server answers 400 with ``{"error": str(exc)}``.
-
-    Attributes: tensor (the input named in the message, or None), status (400).
-    """
-
-    def __init__(self, message: str, tensor: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.tensor = tensor
-        self.status = status
 
 
 @dataclass
@@ -85,7 +74,8 @@ def _shape(raw: Any, name: str) -> list[int]:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
     ):
         raise ProtocolError(
-            f"input tensor '{name}': 'shape' must be a list of non-negative integers, got {raw!r}", name
+            f"input tensor '{name}': 'shape' must be a list of non-negative integers, got {raw!r}",
+            tensor=name,
         )
     return raw
 
@@ -100,7 +90,7 @@ def deserialize_bytes(buf: bytes | memoryview, count: int, name: str) -> np.ndar
         raise ProtocolError(
             f"input tensor '{name}': {count} BYTES elements need at least {count * 4} bytes, "
             f"binary_data_size is {len(view)}",
-            name,
+            tensor=name,
         )
     out = np.empty(count, dtype=object)
     pos = 0
@@ -110,19 +100,20 @@ def deserialize_bytes(buf: bytes | memoryview, count: int, name: str) -> np.ndar
             raise ProtocolError(
                 f"input tensor '{name}': BYTES data ends after {i} of {count} elements "
                 "(each element: 4-byte little-endian length, then the bytes)",
-                name,
+                tensor=name,
             )
         (length,) = struct.unpack_from("<I", view, pos)
         pos += 4
         if pos + length > n:
             raise ProtocolError(
-                f"input tensor '{name}': BYTES element {i} claims {length} bytes, past the data", name
+                f"input tensor '{name}': BYTES element {i} claims {length} bytes, past the data", tensor=name
             )
         out[i] = bytes(view[pos : pos + length])
         pos += length
     if pos != n:
         raise ProtocolError(
-            f"input tensor '{name}': BYTES data has {n - pos} bytes left over after {count} elements", name
+            f"input tensor '{name}': BYTES data has {n - pos} bytes left over after {count} elements",
+            tensor=name,
         )
     return out
 
@@ -141,13 +132,15 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
     count = _elements(shape)
     if not isinstance(data, list):
         raise ProtocolError(
-            f"input tensor '{name}': 'data' must be a (flat or nested) list, got {type(data).__name__}", name
+            f"input tensor '{name}': 'data' must be a (flat or nested) list, got {type(data).__name__}",
+            tensor=name,
         )
     if datatype == "BYTES":
         flat = _flatten(data)
         if len(flat) != count:
             raise ProtocolError(
-                f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}", name
+                f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}",
+                tensor=name,
             )
         out = np.empty(count, dtype=object)
         for i, item in enumerate(flat):
@@ -155,17 +148,19 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
                 raise ProtocolError(
                     f"input tensor '{name}': BYTES data in JSON must be strings, "
                     f"element {i} is {type(item).__name__}",
-                    name,
+                    tensor=name,
                 )
             out[i] = item.encode("utf-8")
         return out.reshape(shape)
     try:
         arr = np.asarray(data)
     except ValueError as exc:
-        raise ProtocolError(f"input tensor '{name}': 'data' is a ragged nested list ({exc})", name) from None
+        raise ProtocolError(
+            f"input tensor '{name}': 'data' is a ragged nested list ({exc})", tensor=name
+        ) from None
     if arr.size != count:
         raise ProtocolError(
-            f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {arr.size}", name
+            f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {arr.size}", tensor=name
         )
     kind = arr.dtype.kind if arr.size else None
     if datatype == "BOOL":
@@ -178,7 +173,7 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
         raise ProtocolError(
             f"input tensor '{name}': datatype {datatype} expects {_expect(datatype)} in 'data', "
             f"got values like {arr.reshape(-1)[0]!r}",
-            name,
+            tensor=name,
         )
     target = NUMPY_DTYPES[datatype]
     if kind in ("i", "u") and target.kind in ("i", "u"):
@@ -188,14 +183,14 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
             raise ProtocolError(
                 f"input tensor '{name}': value {lo if lo < info.min else hi} is out of range for {datatype} "
                 f"({info.min}..{info.max})",
-                name,
+                tensor=name,
             )
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is checked below
             out = arr.astype(target, casting="unsafe").reshape(shape)
     except (OverflowError, ValueError) as exc:
         raise ProtocolError(
-            f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", name
+            f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", tensor=name
         ) from None
     if datatype in ("FP16", "BF16", "FP32", "FP64") and out.size:
         # JSON has no inf/NaN: a non-finite value here is one the datatype cannot hold (1e300 as FP32,
@@ -203,7 +198,9 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
         finite = np.isfinite(out.astype(np.float64)).reshape(-1)
         if not finite.all():
             bad = arr.reshape(-1)[int(np.argmin(finite))]
-            raise ProtocolError(f"input tensor '{name}': value {bad} is out of range for {datatype}", name)
+            raise ProtocolError(
+                f"input tensor '{name}': value {bad} is out of range for {datatype}", tensor=name
+            )
     return out
 
 
@@ -239,7 +236,7 @@ def _from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) 
         raise ProtocolError(
             f"input tensor '{name}': {datatype} shape {shape} needs {expected} bytes of binary data, "
             f"binary_data_size is {len(chunk)}",
-            name,
+            tensor=name,
         )
     arr = np.frombuffer(chunk, dtype=dt).reshape(shape)
     return arr.astype(NUMPY_DTYPES[datatype], copy=False) if dt != NUMPY_DTYPES[datatype] else arr
@@ -285,30 +282,32 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
         name: str = raw["name"]
         if name in inputs:
-            raise ProtocolError(f"input tensor '{name}' is given twice", name)
+            raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
         datatype = raw.get("datatype")
         if datatype not in NUMPY_DTYPES:
             raise ProtocolError(
                 f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
-                name,
+                tensor=name,
             )
         shape = _shape(raw.get("shape"), name)
         tparams = raw.get("parameters") or {}
         if not isinstance(tparams, dict):
-            raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", name)
+            raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", tensor=name)
         if "shared_memory_region" in tparams:
-            raise ProtocolError(f"input tensor '{name}': shared memory is not supported by this server", name)
+            raise ProtocolError(
+                f"input tensor '{name}': shared memory is not supported by this server", tensor=name
+            )
         size = tparams.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ProtocolError(
-                    f"input tensor '{name}': binary_data_size must be a non-negative integer", name
+                    f"input tensor '{name}': binary_data_size must be a non-negative integer", tensor=name
                 )
             if pos + size > len(body):
                 raise ProtocolError(
                     f"input tensor '{name}': binary_data_size {size} runs past the end of the body "
                     f"({len(body) - pos} bytes left; is Inference-Header-Content-Length set?)",
-                    name,
+                    tensor=name,
                 )
             inputs[name] = _from_binary(name, datatype, shape, view[pos : pos + size])
             pos += size
@@ -316,7 +315,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             inputs[name] = _from_json_data(name, datatype, shape, raw["data"])
         else:
             raise ProtocolError(
-                f"input tensor '{name}' has neither 'data' nor parameters.binary_data_size", name
+                f"input tensor '{name}' has neither 'data' nor parameters.binary_data_size", tensor=name
             )
     if pos != len(body):
         raise ProtocolError(f"request body has {len(body) - pos} bytes after the last input's binary data")
@@ -374,6 +373,19 @@ def _binary(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array, dtype=_LITTLE[datatype]).tobytes()
 
 
+def check_outputs(request: InferRequest, model_name: str, declared: Sequence[str]) -> None:
+    """Check that every output the request names is one of the model's ``declared`` outputs.
+
+    Raises:
+        ProtocolError: an unknown output (400), naming it and the model's outputs.
+    """
+    for name in request.outputs:
+        if name not in declared:
+            raise ProtocolError(
+                f"unknown output '{name}' requested; model '{model_name}' has: {', '.join(declared)}"
+            )
+
+
 def encode_response(
     model_name: str,
     outputs: Mapping[str, np.ndarray],
@@ -393,15 +405,13 @@ def encode_response(
         ``(body, header_length)``; ``header_length`` is the ``Inference-Header-Content-Length`` to send
         when any output is binary, else None (the body is JSON only).
 
-    Raises:
-        ProtocolError: a requested output does not exist (400).
+    The requested outputs (``request.outputs``) must be among ``outputs``: ``check_outputs`` checks
+    them against the model's declaration when the request arrives, before it is queued.
     """
     names = list(request.outputs) if request.outputs else list(outputs)
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name in names:
-        if name not in outputs:
-            raise ProtocolError(f"unknown output '{name}' requested; the model has: {', '.join(outputs)}")
         array = outputs[name]
         datatype = (datatypes or {}).get(name) or datatype_of(array)
         if datatype != "BYTES" and array.dtype != NUMPY_DTYPES[datatype]:

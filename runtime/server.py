@@ -25,11 +25,12 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from kubeinfer.runtime.batching import Batcher, BatchSettings, ServingError
+from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.errors import HTTPError, InferenceError
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.models.base import InputError, ServableModel
-from kubeinfer.runtime.protocol import ProtocolError, decode_request, encode_json, encode_response
+from kubeinfer.runtime.models.base import ServableModel
+from kubeinfer.runtime.protocol import check_outputs, decode_request, encode_json, encode_response
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -47,18 +48,16 @@ BODY_LIMIT_FACTOR = 4
 _JSON = "application/json"
 
 
-class HTTPError(Exception):
-    """An error response: ``status``, ``{"error": message}``, extra ``headers``."""
-
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = dict(headers or {})
-
-
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     """``{"error": message}`` with ``status``."""
     return Response(encode_json({"error": message}), status, headers=dict(headers or {}), media_type=_JSON)
+
+
+async def inference_error_response(request: Request, exc: Exception) -> Response:
+    """The one place an ``InferenceError`` (``kubeinfer.runtime.errors``) becomes a response: a Starlette
+    exception handler, registered for the whole hierarchy."""
+    assert isinstance(exc, InferenceError)
+    return error_response(exc.status, exc.message, exc.headers)
 
 
 class RuntimeServer:
@@ -89,7 +88,7 @@ class RuntimeServer:
             Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
         ]
-        self.app = Starlette(routes=routes)
+        self.app = Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
 
     # ----- state -----------------------------------------------------------------------------------
     @property
@@ -144,29 +143,23 @@ class RuntimeServer:
     def _check_model(self, request: Request) -> None:
         name = request.path_params["name"]
         if name != self.model_name:
-            raise HTTPError(404, f"unknown model '{name}'; this server serves '{self.model_name}'")
+            raise HTTPError(f"unknown model '{name}'; this server serves '{self.model_name}'", 404)
         version = request.path_params.get("version")
         if version not in (None, "", MODEL_VERSION):
-            raise HTTPError(404, f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}")
+            raise HTTPError(f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404)
 
     async def model_metadata(self, request: Request) -> Response:
-        try:
-            self._check_model(request)
-        except HTTPError as exc:
-            return error_response(exc.status, str(exc))
+        self._check_model(request)
         model = self.model
         if model is None:
-            return error_response(503, f"model '{self.model_name}' is loading")
+            raise HTTPError(f"model '{self.model_name}' is loading", 503)
         return Response(encode_json(model_metadata_doc(model)), 200, media_type=_JSON)
 
     async def model_ready(self, request: Request) -> Response:
-        try:
-            self._check_model(request)
-        except HTTPError as exc:
-            return error_response(exc.status, str(exc))
+        self._check_model(request)
         if self.ready:
             return Response(b"", 200)
-        return error_response(503, f"model '{self.model_name}' is not ready")
+        raise HTTPError(f"model '{self.model_name}' is not ready", 503)
 
     async def metrics_route(self, request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -182,18 +175,12 @@ class RuntimeServer:
             response = await self._infer(request)
             status = response.status_code
             return response
-        except HTTPError as exc:
+        except InferenceError as exc:  # answered by inference_error_response
             status = exc.status
-            return error_response(exc.status, str(exc), exc.headers)
-        except (ProtocolError, InputError) as exc:
-            status = exc.status
-            return error_response(exc.status, str(exc))
-        except ServingError as exc:
-            status = exc.status
-            return error_response(exc.status, str(exc), exc.headers)
+            raise
         except Exception as exc:  # the process never dies on a request
             log.exception("infer failed")
-            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            raise InferenceError(f"internal error: {type(exc).__name__}: {exc}", 500) from exc
         finally:
             self.metrics.inflight.dec()
             self.metrics.count_request(status, time.perf_counter() - t0)
@@ -203,17 +190,12 @@ class RuntimeServer:
         batcher, model = self.batcher, self.model
         if self.draining or batcher is None or model is None:
             raise HTTPError(
-                503, "shutting down" if self.draining else f"model '{self.model_name}' is not ready"
+                "shutting down" if self.draining else f"model '{self.model_name}' is not ready", 503
             )
         body = await self._read_body(request)
         header_length = self._header_length(request)
         decoded = decode_request(body, header_length)
-        declared = [s.name for s in model.outputs]
-        for name in decoded.outputs:
-            if name not in declared:
-                raise HTTPError(
-                    400, f"unknown output '{name}' requested; model '{model.name}' has: {', '.join(declared)}"
-                )
+        check_outputs(decoded, model.name, [s.name for s in model.outputs])
         outputs = await batcher.infer(
             decoded.inputs, priority=decoded.priority, timeout_us=decoded.timeout_us
         )
@@ -238,34 +220,34 @@ class RuntimeServer:
         try:
             return int(raw)
         except ValueError:
-            raise HTTPError(400, f"Inference-Header-Content-Length must be an integer, got {raw!r}") from None
+            raise HTTPError(f"Inference-Header-Content-Length must be an integer, got {raw!r}", 400) from None
 
     async def _read_body(self, request: Request) -> bytes:
         limit = BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HTTPError(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
+            raise HTTPError(f"request body of {declared} bytes is over the limit of {limit} bytes", 413)
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise HTTPError(413, f"request body is over the limit of {limit} bytes")
+                raise HTTPError(f"request body is over the limit of {limit} bytes", 413)
             chunks.append(chunk)
         body = b"".join(chunks)
         encoding = request.headers.get("content-encoding", "identity").lower()
         if encoding in ("", "identity"):
             return body
         if encoding not in ("gzip", "deflate"):
-            raise HTTPError(400, f"unsupported Content-Encoding '{encoding}'; use gzip, deflate or none")
+            raise HTTPError(f"unsupported Content-Encoding '{encoding}'; use gzip, deflate or none", 400)
         wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
         decomp = zlib.decompressobj(wbits)
         try:
             out = decomp.decompress(body, limit + 1)
         except zlib.error as exc:
-            raise HTTPError(400, f"request body is not valid {encoding} data: {exc}") from None
+            raise HTTPError(f"request body is not valid {encoding} data: {exc}", 400) from None
         if len(out) > limit or decomp.unconsumed_tail:
-            raise HTTPError(413, f"decompressed request body is over the limit of {limit} bytes")
+            raise HTTPError(f"decompressed request body is over the limit of {limit} bytes", 413)
         return out
 
 

@@ -7,6 +7,7 @@ torch and transformers are imported lazily, inside ``load_model``, so that impor
 from __future__ import annotations
 
 from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
     REPORT_COSINE_MEAN,
@@ -14,7 +15,6 @@ from kubeinfer.runtime.models.base import (
     REPORT_RETRIEVAL_AGREEMENT,
     REPORT_RETRIEVAL_AGREEMENT_ALL,
     REPORT_WARMUP_SECONDS,
-    InputError,
     ServableModel,
     batch_buckets,
 )

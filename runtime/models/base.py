@@ -1,4 +1,4 @@
-"""The model interface the batching server codes against: ``ServableModel`` and ``InputError``.
+"""The model interface the batching server codes against: ``ServableModel``.
 
 Life cycle, as the server drives it:
 
@@ -7,7 +7,8 @@ Life cycle, as the server drives it:
 2. ``warmup(max_batch_size, steps)`` runs every batch-size bucket (1, 2, 4, ..., max) times the
    model's sequence-length buckets before readiness; returns the seconds it took.
 3. Per request, on the event loop: ``validate(inputs)`` checks names, datatypes, shapes and limits
-   and returns the request's row count, or raises ``InputError`` (HTTP 400 or 413).
+   and returns the request's row count, or raises ``InputError`` (``kubeinfer.runtime.errors``: HTTP 400
+   or 413).
 4. Per batch, on executor threads: ``preprocess(batch)`` (tokenization, padding to the longest
    row *in this batch*), then ``execute(prepared)`` which returns every output with the rows of the
    batch's requests concatenated in order; the server splits them back by the row counts.
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 from kubeinfer.runtime.config import LimitsConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_TO_DATATYPE
+from kubeinfer.runtime.errors import InputError
 
 # Keys of ``ServableModel.report()``; the server exports them as Prometheus gauges.
 #: Mean cosine similarity (ratio, -1..1) of the served model's embeddings to the unquantized ones.
@@ -43,23 +45,6 @@ REPORT_LOAD_SECONDS = "model_load_seconds"
 REPORT_COMPARE_SECONDS = "quantization_compare_seconds"
 #: Seconds the last ``warmup`` took.
 REPORT_WARMUP_SECONDS = "warmup_seconds"
-
-
-class InputError(Exception):
-    """A request's input is bad; the server answers ``{"error": str(exc)}`` with ``status``.
-
-    Attributes:
-        tensor: name of the offending input tensor, or ``None`` when the whole request is at fault.
-        status: HTTP status, 400 (malformed: names, datatype, shape, encoding) or 413 (over a limit
-            of ``LimitsConfig``: elements, bytes, text tokens).
-    """
-
-    def __init__(self, message: str, *, tensor: str | None = None, status: int = 400) -> None:
-        if status not in (400, 413):
-            raise ValueError(f"InputError status must be 400 or 413, got {status}")
-        super().__init__(message)
-        self.tensor = tensor
-        self.status = status
 
 
 def tensor_nbytes(array: np.ndarray) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from kubeinfer.runtime.config import BUNDLED_MODEL, QuantizationConfig, RuntimeConfig, TensorConfig
+from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
     REPORT_COSINE_MEAN,
@@ -34,7 +35,6 @@ from kubeinfer.runtime.models.base import (
     REPORT_RETRIEVAL_AGREEMENT,
     REPORT_RETRIEVAL_AGREEMENT_ALL,
     REPORT_WARMUP_SECONDS,
-    InputError,
     ServableModel,
     batch_buckets,
 )
