@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubeinfer.operator import k8s  # noqa: E402
+from kubeinfer.operator import k8s, rfc3339  # noqa: E402
 
 import hack.cluster  # noqa: E402
 from hack.cluster import DEFAULT_BIN_DIR, start, stop  # noqa: E402
@@ -150,10 +150,9 @@ def deployment_lag_seconds(kubectl: Kubectl, ns: str) -> list[float]:
     def stamps(kind: str) -> dict[str, float]:
         items = json.loads(kubectl("get", kind, "-n", ns, "-o", "json"))["items"]
         return {
-            i["metadata"]["name"]: time.mktime(
-                time.strptime(i["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ")
-            )
+            i["metadata"]["name"]: t.timestamp()
             for i in items
+            if (t := rfc3339.parse_time(i["metadata"]["creationTimestamp"])) is not None
         }
 
     isvcs, deps = stamps("kisvc"), stamps("deployments")
