@@ -22,24 +22,20 @@ from kubeinfer.operator import api, k8s
 from kubeinfer.operator.autoscale import loop as autoscale_loop
 from kubeinfer.operator.build.common import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from kubeinfer.operator.reconcile import Reconciler
+from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OwnedKind
 from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.settings import Settings
 
 SETTINGS = Settings.from_env()
-OWNED = {MANAGED_BY_LABEL: MANAGED_BY}
-_INDEX_OF_KIND = {
-    "Deployment": "kubeinfer_deployments",
-    "Service": "kubeinfer_services",
-    "ConfigMap": "kubeinfer_configmaps",
-    "PodDisruptionBudget": "kubeinfer_pdbs",
-}
+#: The label selecting the objects (and pods) the operator owns.
+OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 
 
 def _lookup(kwargs: Mapping[str, Any]) -> Lookup:
     """A :data:`Lookup` over the kopf indexes passed to a handler as keyword arguments."""
 
     def lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
-        index = kwargs[_INDEX_OF_KIND[kind]]
+        index = kwargs[BY_KIND[kind].index]
         store = index.get((namespace, name))
         for value in store or ():
             found: Mapping[str, Any] = value
@@ -118,28 +114,18 @@ def kubeinfer_isvcs(namespace: str | None, name: str, body: kopf.Body, **_: Any)
     return {(namespace, name): dict(body)}
 
 
-@kopf.index("apps", "v1", "deployments", labels=OWNED)
-def kubeinfer_deployments(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Owned Deployments by (namespace, name)."""
+def _index_owned(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Owned objects of one kind by (namespace, name)."""
     return {(namespace, name): dict(body)}
 
 
-@kopf.index("", "v1", "services", labels=OWNED)
-def kubeinfer_services(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Owned Services by (namespace, name)."""
-    return {(namespace, name): dict(body)}
-
-
-@kopf.index("", "v1", "configmaps", labels=OWNED)
-def kubeinfer_configmaps(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Owned ConfigMaps by (namespace, name)."""
-    return {(namespace, name): dict(body)}
-
-
-@kopf.index("policy", "v1", "poddisruptionbudgets", labels=OWNED)
-def kubeinfer_pdbs(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    """Owned PodDisruptionBudgets by (namespace, name)."""
-    return {(namespace, name): dict(body)}
+def _register_owned(owned: OwnedKind) -> None:
+    """One kopf index (id ``owned.index``) and one watch of an owned kind (see ``reconcile.owned``)."""
+    res = owned.resource
+    kopf.index(res.group, res.version, res.plural, labels=OWNED_LABELS, id=owned.index)(_index_owned)
+    kopf.on.event(
+        res.group, res.version, res.plural, labels=OWNED_LABELS, id=f"{owned.index}_event", param=owned.kind
+    )(owned_event)
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
@@ -153,51 +139,30 @@ async def isvc_event(
     await _reconciler(memo).reconcile(dict(body), _lookup(kwargs))
 
 
-async def _owned_event(
-    kind: str, type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any, kwargs: Any
+async def owned_event(
+    type: str | None,
+    namespace: str | None,
+    labels: kopf.Labels,
+    memo: kopf.Memo,
+    param: Any = None,
+    **kwargs: Any,
 ) -> None:
+    """An owned object of kind ``param`` changed (status, hand edit, deletion): reconcile its
+    InferenceService."""
     if type in (None, "ADDED"):  # initial listing / our own creation: nothing to compare yet
         return
     if type == "DELETED":  # deleted by hand: forget our last apply, so that it is created again
-        _reconciler(memo).forget_object(kind, str(namespace), str(kwargs.get("name")))
+        _reconciler(memo).forget_object(str(param), str(namespace), str(kwargs.get("name")))
     owner = _owner_body(kwargs, namespace, labels)
     if owner is not None:
         await _reconciler(memo).reconcile(owner, _lookup(kwargs))
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=OWNED)
-async def deployment_event(
-    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """An owned Deployment changed (status, hand edit, deletion): reconcile its InferenceService."""
-    await _owned_event("Deployment", type, namespace, labels, memo, kwargs)
+for _owned in OWNED:
+    _register_owned(_owned)
 
 
-@kopf.on.event("", "v1", "services", labels=OWNED)
-async def service_event(
-    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """An owned Service changed: reconcile its InferenceService."""
-    await _owned_event("Service", type, namespace, labels, memo, kwargs)
-
-
-@kopf.on.event("", "v1", "configmaps", labels=OWNED)
-async def configmap_event(
-    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """An owned ConfigMap changed: reconcile its InferenceService."""
-    await _owned_event("ConfigMap", type, namespace, labels, memo, kwargs)
-
-
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=OWNED)
-async def pdb_event(
-    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
-) -> None:
-    """An owned PodDisruptionBudget changed: reconcile its InferenceService."""
-    await _owned_event("PodDisruptionBudget", type, namespace, labels, memo, kwargs)
-
-
-@kopf.on.event("", "v1", "pods", labels=OWNED)
+@kopf.on.event(k8s.POD.group, k8s.POD.version, k8s.POD.plural, labels=OWNED_LABELS)
 async def pod_event(
     type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:

@@ -27,8 +27,9 @@ import logging
 import os
 import socket
 from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from kubeinfer.operator import metrics, rfc3339
@@ -38,14 +39,52 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A namespaced API resource this operator reads or writes: ``apiVersion``, ``kind``, ``plural``."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    @property
+    def group(self) -> str:
+        """The API group (``""`` for the core group)."""
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        """The API version without the group (``v1``)."""
+        return self.api_version.rpartition("/")[2]
+
+    def path(self, namespace: str | None, name: str | None = None) -> str:
+        """URL path of the collection in ``namespace`` (all namespaces when ``None``), or of one object."""
+        return resource_path(self.api_version, self.plural, namespace, name)
+
+
+DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
+SERVICE = Resource("v1", "Service", "services")
+CONFIGMAP = Resource("v1", "ConfigMap", "configmaps")
+POD_DISRUPTION_BUDGET = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+PERSISTENT_VOLUME_CLAIM = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+EVENT = Resource("v1", "Event", "events")
+POD = Resource("v1", "Pod", "pods")
+
+#: Every resource the operator handles, by ``(apiVersion, kind)``.
 _PLURALS: dict[tuple[str, str], str] = {
-    ("apps/v1", "Deployment"): "deployments",
-    ("v1", "Service"): "services",
-    ("v1", "ConfigMap"): "configmaps",
-    ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
-    ("v1", "Event"): "events",
-    ("v1", "Pod"): "pods",
-    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    (r.api_version, r.kind): r.plural
+    for r in (
+        DEPLOYMENT,
+        SERVICE,
+        CONFIGMAP,
+        POD_DISRUPTION_BUDGET,
+        PERSISTENT_VOLUME_CLAIM,
+        EVENT,
+        POD,
+    )
 }
 
 #: ``ApiClient.call_api`` response types: the ``object`` type returns the decoded JSON as is.
@@ -319,6 +358,50 @@ class Kube:
             "count": 1,
         }
         await self._request("POST", object_path("v1", "Event", meta["namespace"]), body=event)
+
+    async def record_event(
+        self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
+    ) -> bool:
+        """:meth:`post_event`, best effort: an API error is logged at WARNING, not raised.
+
+        ``message`` is cut to 1000 characters. Returns True when the Event was created.
+        """
+        try:
+            await self.post_event(involved, reason=reason, message=message[:1000], type_=type_)
+        except KubeError as exc:
+            logger.warning("posting Event %s failed: %s", reason, exc)
+            return False
+        return True
+
+    async def retry_on_conflict(
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        write: Callable[[Mapping[str, Any]], Awaitable[T]],
+        *,
+        attempts: int = 2,
+    ) -> T | None:
+        """``write(body)``; on 409 Conflict (a stale ``resourceVersion``: another writer was first)
+        GET the object at ``path`` afresh and call ``write`` with it, at most ``attempts`` calls.
+
+        Returns what ``write`` returned, or ``None`` when the object is gone (404 on the re-read).
+
+        Raises:
+            TransientError: the last attempt's 409, or any other transient error of ``write``.
+            PermanentError: from ``write`` or the re-read.
+        """
+        current = body
+        for attempt in range(attempts):
+            try:
+                return await write(current)
+            except TransientError as exc:
+                if exc.status != 409 or attempt == attempts - 1:
+                    raise
+            fresh = await self.get(path)
+            if fresh is None:
+                return None
+            current = fresh
+        return None
 
 
 def _log_refresh_end(task: asyncio.Task[None]) -> None:

@@ -115,40 +115,20 @@ def observed_status(obs: Observation, when: str) -> dict[str, Any]:
 def condition_after(
     conditions: list[Mapping[str, Any]], status: str, reason: str, message: str, now: str, generation: int
 ) -> list[dict[str, Any]] | None:
-    """The conditions list with ``AutoscalingActive`` set, or ``None`` when its status and reason are
-    already those (the message alone changing is not worth a write)."""
-    out: list[dict[str, Any]] = []
-    found = False
-    for c in conditions:
-        if c.get("type") == api.CONDITION_AUTOSCALING_ACTIVE:
-            found = True
-            if c.get("status") == status and c.get("reason") == reason:
-                return None
-            transition = now if c.get("status") != status else str(c.get("lastTransitionTime") or now)
-            out.append(
-                {
-                    "type": api.CONDITION_AUTOSCALING_ACTIVE,
-                    "status": status,
-                    "reason": reason,
-                    "message": message[:1000],
-                    "lastTransitionTime": transition,
-                    "observedGeneration": generation,
-                }
-            )
-        else:
-            out.append(dict(c))
-    if not found:
-        out.append(
-            {
-                "type": api.CONDITION_AUTOSCALING_ACTIVE,
-                "status": status,
-                "reason": reason,
-                "message": message[:1000],
-                "lastTransitionTime": now,
-                "observedGeneration": generation,
-            }
-        )
-    return out
+    """The conditions list with ``AutoscalingActive`` set (:func:`api.set_condition`), or ``None``
+    when its status and reason are already those (the message alone changing is not worth a write)."""
+    previous = next((c for c in conditions if c.get("type") == api.CONDITION_AUTOSCALING_ACTIVE), None)
+    if previous is not None and previous.get("status") == status and previous.get("reason") == reason:
+        return None
+    return api.set_condition(
+        conditions,
+        api.CONDITION_AUTOSCALING_ACTIVE,
+        status,  # type: ignore[arg-type]
+        reason,
+        message[:1000],
+        now,
+        generation,
+    )
 
 
 @dataclass
@@ -303,9 +283,8 @@ class Autoscaler:
         )
 
         if decision.replicas_changed:
-            path = k8s.object_path("apps/v1", "Deployment", ns, name)
             await self.kube.patch_merge(
-                path,
+                k8s.DEPLOYMENT.path(ns, name),
                 {"spec": {"replicas": decision.replicas}},
                 field_manager=api.AUTOSCALER_FIELD_MANAGER,
                 subresource="scale",
@@ -319,11 +298,9 @@ class Autoscaler:
                 result.applied_configmap = True
         if decision.changed:
             logger.info("autoscale %s/%s: %s", ns, name, decision.reason)
-            full = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": body.get("metadata") or {}}
-            try:
-                await self.kube.post_event(full, reason="Autoscaled", message=decision.reason[:1000])
-            except k8s.KubeError as exc:  # an Event is best effort
-                logger.warning("posting Event Autoscaled failed: %s", exc)
+            await self.kube.record_event(
+                api.object_reference(body), reason="Autoscaled", message=decision.reason
+            )
         return result
 
     async def _patch_status(
@@ -340,9 +317,9 @@ class Autoscaler:
     ) -> bool:
         """Merge-patch ``status`` with ``patch`` plus the condition when it changes. Returns True if
         a request was sent. A 409 (someone else wrote status) re-reads the object and retries once."""
-        path = f"{k8s.resource_path(api.API_VERSION, api.PLURAL, isvc.namespace, isvc.name)}"
-        current = body
-        for attempt in range(2):
+        path = k8s.resource_path(api.API_VERSION, api.PLURAL, isvc.namespace, isvc.name)
+
+        async def write(current: Mapping[str, Any]) -> bool:
             status: Mapping[str, Any] = current.get("status") or {}
             full = dict(patch)
             conditions = condition_after(
@@ -366,29 +343,22 @@ class Autoscaler:
                 merge["metadata"] = {
                     "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")
                 }
-            try:
-                await self.kube.patch_merge(
-                    path, merge, field_manager=api.AUTOSCALER_FIELD_MANAGER, subresource="status"
-                )
-            except k8s.TransientError as exc:
-                if exc.status != 409 or attempt == 1:
-                    raise
-                fresh = await self.kube.get(path)
-                if fresh is None:
-                    return False
-                current = fresh
-                continue
+            await self.kube.patch_merge(
+                path, merge, field_manager=api.AUTOSCALER_FIELD_MANAGER, subresource="status"
+            )
             mem.last_patch = full
             return True
-        return False
+
+        return bool(await self.kube.retry_on_conflict(path, body, write))
 
 
 def for_memo(memo: Any, kube: k8s.Kube, settings: Any) -> Autoscaler:
-    """The operator's ``Autoscaler``, created on first use and kept in the kopf memo (a dict).
+    """The operator's ``Autoscaler``, created on first use and kept in the kopf memo (attribute
+    ``autoscaler``, as ``handlers`` keeps ``reconciler``).
 
     ``settings``: the operator settings (``prometheus_*`` fields, ``autoscale_interval_seconds``).
     """
-    scaler = memo.get("autoscaler")
+    scaler = getattr(memo, "autoscaler", None)
     if not isinstance(scaler, Autoscaler):
         config = sig.PrometheusConfig.from_settings(settings)
         scaler = Autoscaler(
@@ -396,5 +366,5 @@ def for_memo(memo: Any, kube: k8s.Kube, settings: Any) -> Autoscaler:
             signals_factory=lambda: sig.PrometheusSignals(config),
             interval_seconds=float(getattr(settings, "autoscale_interval_seconds", 15.0)),
         )
-        memo["autoscaler"] = scaler
+        memo.autoscaler = scaler
     return scaler

@@ -357,21 +357,11 @@ def api_error_state(
 def ready_conditions(
     current_status: Mapping[str, Any], ready: ReadyState, now: str, generation: int
 ) -> list[dict[str, Any]]:
-    """``status.conditions`` with the Ready condition set to ``ready``, the other types kept as they are.
-
-    ``lastTransitionTime`` (RFC 3339, ``now`` when it changes) is kept unless the status changes.
-    """
-    conds = [dict(c) for c in current_status.get("conditions") or [] if isinstance(c, Mapping)]
-    previous = next((c for c in conds if c.get("type") == api.CONDITION_READY), None)
-    transition = now
-    if previous is not None and previous.get("status") == ready.status and previous.get("lastTransitionTime"):
-        transition = str(previous["lastTransitionTime"])
-    ready_cond = {
-        "type": api.CONDITION_READY,
-        "status": ready.status,
-        "reason": ready.reason,
-        "message": ready.message,
-        "lastTransitionTime": transition,
-        "observedGeneration": generation,
-    }
-    return [ready_cond, *(c for c in conds if c.get("type") != api.CONDITION_READY)]
+    """``status.conditions`` with the Ready condition set to ``ready`` (first), the other types kept
+    as they are (:func:`api.set_condition`: ``lastTransitionTime``, ``now`` when it changes, is kept
+    unless the status changes)."""
+    conds = [c for c in current_status.get("conditions") or [] if isinstance(c, Mapping)]
+    out = api.set_condition(
+        conds, api.CONDITION_READY, ready.status, ready.reason, ready.message, now, generation
+    )
+    return sorted(out, key=lambda c: c.get("type") != api.CONDITION_READY)

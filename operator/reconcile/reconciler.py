@@ -17,16 +17,16 @@ from typing import Any
 
 import pydantic
 from kubeinfer.operator import api, k8s, metrics, rfc3339
-from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
-from kubeinfer.operator.build.common import selector_labels
+from kubeinfer.operator.build.common import selector_string
 from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
 
 logger = logging.getLogger("kubeinfer.operator.reconcile")
 
 #: ``lookup(kind, namespace, name)`` → the current object as last seen, or ``None``.
 Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
 
-OWNED_KINDS = ("ConfigMap", "Service", "Deployment", "PodDisruptionBudget")
+__all__ = ["OWNED_KINDS", "Lookup", "Reconciler", "apply_if_changed", "isvc_path"]
 
 
 def _rv(obj: Mapping[str, Any] | None) -> int:
@@ -83,7 +83,7 @@ class Reconciler:
     _retries: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
     _events: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
-    _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the memory of a deleted InferenceService."""
@@ -91,8 +91,8 @@ class Reconciler:
         self.bodies.pop((namespace, name), None)
         self._events.pop((namespace, name), None)
         self._failures.pop((namespace, name), None)
-        for kind in OWNED_KINDS:
-            self._applied.pop((kind, namespace, _owned_name(kind, name)), None)
+        for owned in OWNED:
+            self._applied.pop((owned.kind, namespace, owned.name_of(name)), None)
         task = self._retries.pop((namespace, name), None)
         if task is not None:
             task.cancel()
@@ -151,21 +151,16 @@ class Reconciler:
             started = time.perf_counter()
             result = "ok"
             try:
-                for attempt in range(3):
-                    try:
-                        await self._reconcile(body, lookup)
-                        break
-                    except k8s.TransientError as exc:
-                        if exc.status != 409 or attempt == 2:
-                            raise
-                        # a stale resourceVersion (kopf's finalizer patch, the autoscaler): re-read, redo
-                        fresh = await self.kube.get(isvc_path(*key))
-                        if fresh is None:
-                            return
-                        self.bodies[key] = body = fresh
+                # a 409 is a stale resourceVersion (kopf's finalizer patch, the autoscaler): re-read, redo
+                done = await self.kube.retry_on_conflict(
+                    isvc_path(*key), body, lambda b: self._reconcile_body(b, lookup), attempts=3
+                )
+                if done is None:
+                    return
                 self._failures.pop(key, None)
             except k8s.TransientError as exc:
                 result = "retry"
+                body = self.bodies.get(key, body)  # a 409's re-read may have a newer one
                 metrics.RECONCILE_ERRORS.labels(kind="transient").inc()
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
                 delay = plan.retry_delay(
@@ -193,16 +188,24 @@ class Reconciler:
 
     def _event_later(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         """Post an Event in the background (best effort; the reconcile does not wait for it)."""
-        task = asyncio.get_running_loop().create_task(self._event(body, reason, message, type_))
+        event = self.kube.record_event(
+            api.object_reference(body), reason=reason, message=message, type_=type_
+        )
+        task = asyncio.get_running_loop().create_task(event)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _event(self, body: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-        full = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": body.get("metadata") or {}}
-        try:
-            await self.kube.post_event(full, reason=reason, message=message, type_=type_)
-        except k8s.KubeError as exc:  # an Event is best effort
-            logger.warning("posting Event %s failed: %s", reason, exc)
+    async def _reconcile_body(self, body: Mapping[str, Any], lookup: Lookup) -> bool:
+        """One attempt of :meth:`_reconcile` on ``body``, remembered as the latest body (for retries)."""
+        self._remember(body)
+        await self._reconcile(body, lookup)
+        return True
+
+    def _remember(self, body: Mapping[str, Any]) -> None:
+        """Keep ``body`` as the latest known InferenceService unless a newer one is known."""
+        key = _key(body)
+        if _rv(body) >= _rv(self.bodies.get(key)):
+            self.bodies[key] = body
 
     async def _reconcile(self, body: Mapping[str, Any], lookup: Lookup) -> None:
         meta = body.get("metadata") or {}
@@ -216,16 +219,13 @@ class Reconciler:
             return
 
         error: str | None = None
-        timeout = isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))
         deployment = self._current(lookup, "Deployment", namespace, name)
-        desired: list[dict[str, Any]] = [
-            build_configmap(isvc, timeout),
-            build_service(isvc),
-            build_deployment(isvc, replicas=plan.desired_replicas(isvc, deployment)),
-        ]
-        pdb = build_pdb(isvc)
-        if pdb is not None:
-            desired.append(pdb)
+        inputs = BuildInputs(
+            batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
+            replicas=plan.desired_replicas(isvc, deployment),
+        )
+        built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
+        desired = [obj for obj in built.values() if obj is not None]
         currents = [self._current(lookup, o["kind"], namespace, o["metadata"]["name"]) for o in desired]
         outcomes = await asyncio.gather(
             *(apply_if_changed(self.kube, o, c) for o, c in zip(desired, currents, strict=True)),
@@ -253,14 +253,12 @@ class Reconciler:
                 )
         if created:
             self._event_later(body, "Created", "created " + ", ".join(created))
-        if pdb is None and self._current(lookup, "PodDisruptionBudget", namespace, name) is not None:
-            if await self.kube.delete(k8s.object_path("policy/v1", "PodDisruptionBudget", namespace, name)):
-                self._event_later(body, "Deleted", f"deleted PodDisruptionBudget {name} (one replica)")
-            self._applied.pop(("PodDisruptionBudget", namespace, name), None)
+        for kind in (k for k, obj in built.items() if obj is None):
+            await self._delete_unwanted(body, lookup, kind)
 
         missing: list[str] = []
         for claim in isvc.spec.pvc_claims():
-            if await self.kube.get(k8s.object_path("v1", "PersistentVolumeClaim", namespace, claim)) is None:
+            if await self.kube.get(k8s.PERSISTENT_VOLUME_CLAIM.path(namespace, claim)) is None:
                 missing.append(claim)
         pods: list[dict[str, Any]] = []
         available = plan.conditions_of(deployment).get("Available")
@@ -269,8 +267,7 @@ class Reconciler:
             and not missing
             and (available is None or available.get("status") != "True")
         ):
-            selector = ",".join(f"{k}={v}" for k, v in sorted(selector_labels(isvc).items()))
-            pods = await self.kube.list(k8s.object_path("v1", "Pod", namespace), label_selector=selector)
+            pods = await self.kube.list(k8s.POD.path(namespace), label_selector=selector_string(isvc))
         ready = plan.ready_state(
             deployment, missing_pvcs=missing, error=error, namespace=namespace, pods=pods
         )
@@ -316,65 +313,45 @@ class Reconciler:
         the reconcile goes on).
         """
         key = _key(body)
+
+        async def write(current: Mapping[str, Any]) -> None:
+            self._remember(current)
+            current_status: Mapping[str, Any] = current.get("status") or {}
+            ready = plan.api_error_state(current_status, failures, error, threshold=self.api_error_threshold)
+            if ready is None:
+                return
+            generation = int((current.get("metadata") or {}).get("generation") or 0)
+            desired = {"conditions": plan.ready_conditions(current_status, ready, self.clock(), generation)}
+            await self._write_status(current, current_status, desired, ready)
+
         try:
-            for attempt in range(2):
-                current_status: Mapping[str, Any] = body.get("status") or {}
-                ready = plan.api_error_state(
-                    current_status, failures, error, threshold=self.api_error_threshold
-                )
-                if ready is None:
-                    return
-                generation = int((body.get("metadata") or {}).get("generation") or 0)
-                desired = {
-                    "conditions": plan.ready_conditions(current_status, ready, self.clock(), generation)
-                }
-                try:
-                    await self._write_status(body, current_status, desired, ready)
-                    return
-                except k8s.TransientError as exc:
-                    if exc.status != 409 or attempt == 1:
-                        raise
-                    fresh = await self.kube.get(isvc_path(*key))
-                    if fresh is None:
-                        return
-                    self.bodies[key] = body = fresh
+            await self.kube.retry_on_conflict(isvc_path(*key), body, write)
         except k8s.KubeError as exc:
             logger.warning("reconcile %s/%s: writing Ready=False ApiServerError failed: %s", *key, exc)
 
     async def _write_invalid(
         self, body: Mapping[str, Any], current_status: Mapping[str, Any], message: str
     ) -> None:
-        meta = body.get("metadata") or {}
         ready = plan.ReadyState("False", "InvalidSpec", message[:2000])
-        conditions = [
-            dict(c) for c in current_status.get("conditions") or [] if c.get("type") != api.CONDITION_READY
-        ]
-        previous = next(
-            (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None
-        )
-        transition = self.clock()
-        if previous is not None and previous.get("status") == "False" and previous.get("lastTransitionTime"):
-            transition = str(previous["lastTransitionTime"])
-        generation = int(meta.get("generation") or 0)
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
         desired = {
             "observedGeneration": generation,
-            "conditions": [
-                {
-                    "type": api.CONDITION_READY,
-                    "status": "False",
-                    "reason": ready.reason,
-                    "message": ready.message,
-                    "lastTransitionTime": transition,
-                    "observedGeneration": generation,
-                },
-                *conditions,
-            ],
+            "conditions": plan.ready_conditions(current_status, ready, self.clock(), generation),
         }
         await self._write_status(body, current_status, desired, ready)
 
-
-def _owned_name(kind: str, isvc_name: str) -> str:
-    return api.configmap_name(isvc_name) if kind == "ConfigMap" else isvc_name
+    async def _delete_unwanted(self, body: Mapping[str, Any], lookup: Lookup, kind: str) -> None:
+        """Delete the owned object of ``kind`` that the spec no longer wants (its builder gave ``None``:
+        a PodDisruptionBudget at one replica), with a Normal Event."""
+        meta = body.get("metadata") or {}
+        namespace = str(meta["namespace"])
+        owned = BY_KIND[kind]
+        name = owned.name_of(str(meta["name"]))
+        if self._current(lookup, kind, namespace, name) is None:
+            return
+        if await self.kube.delete(owned.resource.path(namespace, name)):
+            self._event_later(body, "Deleted", f"deleted {kind} {name} (one replica)")
+        self._applied.pop((kind, namespace, name), None)
 
 
 def _key(body: Mapping[str, Any]) -> tuple[str, str]:

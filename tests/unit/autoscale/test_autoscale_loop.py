@@ -10,7 +10,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from kubeinfer.operator import api
+from kubeinfer.operator import api, k8s
 from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.autoscale.policy import Observation
 from kubeinfer.operator.autoscale.signals import Reading
@@ -39,6 +39,10 @@ class Recorder:
 
     async def get(self, path: str) -> dict[str, Any] | None:
         return None
+
+    # the real helpers of k8s.Kube, over this stand-in's requests
+    record_event = k8s.Kube.record_event
+    retry_on_conflict = k8s.Kube.retry_on_conflict
 
 
 class CannedSignals:

@@ -115,6 +115,10 @@ class FakeKube:
     ) -> None:
         self.events.append((type_, reason, message))
 
+    # the real helpers of k8s.Kube, over this stand-in's requests
+    record_event = k8s.Kube.record_event
+    retry_on_conflict = k8s.Kube.retry_on_conflict
+
 
 def _ready(kube: FakeKube) -> dict[str, Any]:
     return next(c for c in kube.isvc["status"]["conditions"] if c["type"] == "Ready")

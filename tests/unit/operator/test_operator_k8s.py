@@ -176,3 +176,45 @@ async def test_no_server_is_transient(tmp_path: Path) -> None:
 async def test_unusable_kubeconfig_is_permanent(tmp_path: Path) -> None:
     with pytest.raises(k8s.PermanentError, match="cannot load Kubernetes credentials"):
         await k8s.Kube.from_environment(str(tmp_path / "does-not-exist"))
+
+
+class _ConflictOnce(k8s.Kube):
+    """A ``Kube`` whose transport is a dict: ``get`` returns the stored object."""
+
+    def __init__(self, stored: dict[str, Any] | None) -> None:
+        self.stored = stored
+        self.gets = 0
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        self.gets += 1
+        return self.stored
+
+
+async def test_retry_on_conflict_rereads_and_retries_then_gives_up() -> None:
+    kube = _ConflictOnce({"metadata": {"resourceVersion": "2"}})
+    seen: list[str] = []
+
+    async def write(body: Any) -> str:
+        seen.append(body["metadata"]["resourceVersion"])
+        if body["metadata"]["resourceVersion"] == "1":
+            raise k8s.TransientError("conflict", status=409)
+        return "ok"
+
+    assert await kube.retry_on_conflict("/p", {"metadata": {"resourceVersion": "1"}}, write) == "ok"
+    assert seen == ["1", "2"] and kube.gets == 1
+
+    async def always(body: Any) -> str:
+        raise k8s.TransientError("conflict", status=409)
+
+    with pytest.raises(k8s.TransientError):
+        await kube.retry_on_conflict("/p", {"metadata": {}}, always, attempts=3)
+    assert kube.gets == 3
+
+    async def busy(body: Any) -> str:
+        raise k8s.TransientError("busy", status=503)
+
+    with pytest.raises(k8s.TransientError):  # not a conflict: no re-read
+        await kube.retry_on_conflict("/p", {}, busy)
+    assert kube.gets == 3
+    gone = _ConflictOnce(None)
+    assert await gone.retry_on_conflict("/p", {}, always) is None

@@ -1,0 +1,70 @@
+"""The kinds an InferenceService owns, in one table: API resource, object name, builder, kopf index.
+
+``OWNED`` drives the reconciler (what to build, apply, delete and forget), the handlers (one kopf
+index and one watch per kind) and ``k8s`` (the resource paths, through :class:`k8s.Resource`).
+Adding an owned kind is one row here and one builder in ``kubeinfer.operator.build``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubeinfer.operator import api, k8s
+from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """What the builders need beyond the InferenceService: the batch timeout in force (seconds) and
+    ``spec.replicas`` of the Deployment (``None`` = leave it to its other owner, see
+    ``plan.desired_replicas``)."""
+
+    batch_timeout_seconds: float
+    replicas: int | None
+
+
+@dataclass(frozen=True)
+class OwnedKind:
+    """One owned kind: its API ``resource``, the kopf ``index`` (handler id) holding the current
+    objects, the object's name for an InferenceService name (``name_of``), and ``build`` (the
+    desired object, or ``None`` when the InferenceService should not have one: then an existing one
+    is deleted)."""
+
+    resource: k8s.Resource
+    index: str
+    name_of: Callable[[str], str]
+    build: Callable[[api.InferenceService, BuildInputs], dict[str, Any] | None]
+
+    @property
+    def kind(self) -> str:
+        """The resource's kind (``Deployment``)."""
+        return self.resource.kind
+
+
+def _same_name(name: str) -> str:
+    return name
+
+
+OWNED: tuple[OwnedKind, ...] = (
+    OwnedKind(
+        k8s.CONFIGMAP,
+        "kubeinfer_configmaps",
+        api.configmap_name,
+        lambda isvc, inputs: build_configmap(isvc, inputs.batch_timeout_seconds),
+    ),
+    OwnedKind(k8s.SERVICE, "kubeinfer_services", _same_name, lambda isvc, _: build_service(isvc)),
+    OwnedKind(
+        k8s.DEPLOYMENT,
+        "kubeinfer_deployments",
+        _same_name,
+        lambda isvc, inputs: build_deployment(isvc, replicas=inputs.replicas),
+    ),
+    OwnedKind(k8s.POD_DISRUPTION_BUDGET, "kubeinfer_pdbs", _same_name, lambda isvc, _: build_pdb(isvc)),
+)
+
+#: The owned kinds by kind name.
+BY_KIND: dict[str, OwnedKind] = {o.kind: o for o in OWNED}
+#: Kind names, in apply order.
+OWNED_KINDS: tuple[str, ...] = tuple(BY_KIND)
