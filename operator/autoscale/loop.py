@@ -239,9 +239,11 @@ class Autoscaler:
         queries = sig.default_queries(ns, name, prom_duration(window_s), spec.queries.model_dump())
         if self._signals is None:
             self._signals = self.signals_factory()
-        reading = await asyncio.to_thread(self._signals.read, queries, window_s)
+        # Samples older than the query window are stale: the one threshold, applied by
+        # policy.check_observation both when reading and when deciding.
+        policy = policy_from_spec(spec, stale_after_seconds=window_s)
+        reading = await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds)
 
-        policy = policy_from_spec(spec, stale_after_seconds=window_s + 2 * self.interval_seconds)
         dstatus = deployment.get("status") or {}
         current = Current(
             replicas=int((deployment.get("spec") or {}).get("replicas", 1)),

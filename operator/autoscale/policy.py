@@ -44,9 +44,47 @@ argument and the next ``State`` is part of the ``Decision``.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Current", "Decision", "Observation", "Policy", "State", "decide"]
+__all__ = [
+    "DECIDE_REQUIRES",
+    "INVALID_METRICS",
+    "METRICS_MISSING",
+    "READER_REQUIRES",
+    "STALE_METRICS",
+    "UNUSABLE_SIGNALS",
+    "Current",
+    "Decision",
+    "Observation",
+    "Policy",
+    "Problem",
+    "State",
+    "check_observation",
+    "decide",
+    "restore_state",
+]
+
+#: ``AutoscalingActive=False`` reasons given by ``check_observation`` (the readers' own, such as
+#: ``PrometheusUnavailable`` and ``QueryError``, live in ``signals``).
+METRICS_MISSING = "MetricsMissing"
+INVALID_METRICS = "InvalidMetrics"
+STALE_METRICS = "StaleMetrics"
+UNUSABLE_SIGNALS = "UnusableSignals"
+
+#: Signals without which ``decide`` holds. P99 is required too unless the service is idle.
+DECIDE_REQUIRES: tuple[str, ...] = ("gpu_utilization",)
+#: Signals a reader of Prometheus must find (``signals.read_signals``): an empty answer to any of them
+#: is ``MetricsMissing``, even for an idle service.
+READER_REQUIRES: tuple[str, ...] = ("request_rate", "sample_age_seconds", "gpu_utilization", "p99_seconds")
+
+#: What each missing required signal is called in a ``MetricsMissing`` message.
+_MISSING_WORDS = {
+    "request_rate": "no request-rate data for this service",
+    "sample_age_seconds": "no runtime samples for this service",
+    "gpu_utilization": "GPU utilization missing: no GPU utilization data for this service",
+    "p99_seconds": "P99 latency missing: no request-duration data for this service",
+}
 
 
 def _finite(value: float | None) -> bool:
@@ -67,6 +105,9 @@ class Observation:
         sample_age_seconds: age of the newest sample behind the signals, seconds.
         unknown_reason: set when the signals could not be read (Prometheus down, empty result,
             NaN, +Inf, stale samples, query error); the policy then holds. ``None`` when known.
+
+    Values are as read (NaN, +Inf and negatives included); ``check_observation`` is the one place that
+    says whether they can be acted on.
     """
 
     p99_seconds: float | None
@@ -93,34 +134,107 @@ class Observation:
             and not _finite(self.p99_seconds)
         )
 
-    def problem(self, stale_after_seconds: float) -> str | None:
-        """Why this observation cannot be acted on, or ``None`` when it can.
 
-        Checks the explicit ``unknown_reason`` first, then staleness against
-        ``stale_after_seconds``, then that P99 (unless idle) and GPU utilization are finite.
-        """
-        if self.unknown_reason is not None:
-            return self.unknown_reason
-        if self.sample_age_seconds is not None and (
-            not _finite(self.sample_age_seconds) or self.sample_age_seconds > stale_after_seconds
-        ):
-            return f"stale metrics: newest sample {self.sample_age_seconds:.0f} s old"
-        if not self.idle:
-            if self.p99_seconds is None and self.request_rate == 0.0 and self.queue_size:
-                return f"no request completed in the window while {self.queue_size:.0f} are queued"
-            if self.p99_seconds is None:
-                return "P99 latency missing"
-            if not _finite(self.p99_seconds):
-                return f"P99 latency is {self.p99_seconds}"
-            if self.p99_seconds < 0:
-                return f"P99 latency is negative ({self.p99_seconds})"
-        if self.gpu_utilization is None:
-            return "GPU utilization missing"
-        if not _finite(self.gpu_utilization):
-            return f"GPU utilization is {self.gpu_utilization}"
-        if self.gpu_utilization < 0:
-            return f"GPU utilization is negative ({self.gpu_utilization})"
-        return None
+@dataclass(frozen=True)
+class Problem:
+    """Why an observation cannot be acted on.
+
+    Attributes:
+        reason: the ``AutoscalingActive=False`` reason: ``MetricsMissing``, ``InvalidMetrics``,
+            ``StaleMetrics`` or ``UnusableSignals``.
+        message: plain words, e.g. ``"P99 latency is nan"``.
+    """
+
+    reason: str
+    message: str
+
+
+def _optional(value: float | None) -> float | None:
+    """An optional signal: ``None`` when absent, NaN, infinite or negative (never read as zero)."""
+    return value if _finite(value) and value is not None and value >= 0 else None
+
+
+def _invalid(what: str, value: float) -> Problem | None:
+    if not _finite(value):
+        return Problem(INVALID_METRICS, f"{what} is {value}")
+    if value < 0:
+        return Problem(INVALID_METRICS, f"{what} is negative ({value})")
+    return None
+
+
+def _age_problem(age: float | None, stale_after_seconds: float) -> Problem | None:
+    if age is not None and (not _finite(age) or age > stale_after_seconds):
+        return Problem(
+            STALE_METRICS,
+            f"stale metrics: newest sample {age:.0f} s old (limit {stale_after_seconds:.0f} s)",
+        )
+    return None
+
+
+def _p99_problem(obs: Observation, required: Collection[str]) -> Problem | None:
+    p99 = obs.p99_seconds
+    if obs.idle and (p99 is not None or "p99_seconds" not in required):
+        return None  # idle: NaN from histogram_quantile on zero rates, no latency to judge
+    if obs.request_rate == 0.0 and obs.queue_size and not _finite(p99):
+        return Problem(
+            UNUSABLE_SIGNALS, f"no request completed in the window while {obs.queue_size:.0f} are queued"
+        )
+    if p99 is None:
+        return Problem(METRICS_MISSING, _MISSING_WORDS["p99_seconds"])
+    return _invalid("P99 latency", p99)
+
+
+def check_observation(
+    observation: Observation, stale_after_seconds: float, required: Collection[str] = DECIDE_REQUIRES
+) -> Observation | Problem:
+    """The one place that decides whether an observation can be acted on.
+
+    Checks, in order: an explicit ``unknown_reason`` (``UnusableSignals`` with that message); each
+    ``required`` signal present (``MetricsMissing``); request rate and GPU utilization finite and not
+    negative (``InvalidMetrics``); the newest sample no older than ``stale_after_seconds``
+    (``StaleMetrics``; a non-finite age is stale); P99 finite and not negative unless the service is
+    idle (a measured rate of 0 with nothing queued), and not undefined while requests are queued
+    (``UnusableSignals``: a stuck service, not an idle one).
+
+    Args:
+        observation: the values as read.
+        stale_after_seconds: the largest acceptable ``sample_age_seconds``, seconds.
+        required: names of ``Observation`` fields that must not be ``None`` (``DECIDE_REQUIRES`` or
+            ``READER_REQUIRES``).
+
+    Returns:
+        A ``Problem``, or the observation cleaned for use: optional signals (queue size, requests in
+        flight) that are NaN, infinite or negative become ``None``, an idle service's P99 becomes
+        ``None``, GPU utilization is capped at 1 and a negative sample age (clock skew) becomes 0.
+    """
+    if observation.unknown_reason is not None:
+        return Problem(UNUSABLE_SIGNALS, observation.unknown_reason)
+    obs = replace(
+        observation,
+        queue_size=_optional(observation.queue_size),
+        inflight_requests=_optional(observation.inflight_requests),
+    )
+    for name in dict.fromkeys((*required, "gpu_utilization")):  # decide cannot act without it
+        if getattr(obs, name) is None:
+            return Problem(METRICS_MISSING, _MISSING_WORDS.get(name, f"{name} missing"))
+    checks = (
+        None if obs.request_rate is None else _invalid("request rate", obs.request_rate),
+        _age_problem(obs.sample_age_seconds, stale_after_seconds),
+        None if obs.gpu_utilization is None else _invalid("GPU utilization", obs.gpu_utilization),
+        _p99_problem(obs, required),
+    )
+    for problem in checks:
+        if problem is not None:
+            return problem
+    gpu = obs.gpu_utilization
+    if gpu is None:  # unreachable: required above; keeps the type narrow
+        return Problem(METRICS_MISSING, _MISSING_WORDS["gpu_utilization"])
+    return replace(
+        obs,
+        p99_seconds=None if obs.idle else obs.p99_seconds,
+        gpu_utilization=min(gpu, 1.0),
+        sample_age_seconds=None if obs.sample_age_seconds is None else max(obs.sample_age_seconds, 0.0),
+    )
 
 
 @dataclass(frozen=True)
@@ -180,41 +294,42 @@ class Policy:
     keep_in_band: bool = True
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"autoscaling policy: {name} {why} (got {getattr(self, name)!r})")
-
-        if self.min_replicas < 1:
-            raise bad("min_replicas", "must be at least 1")
-        if self.max_replicas < self.min_replicas:
-            raise bad("max_replicas", f"must be >= min_replicas ({self.min_replicas})")
-        if not self.target_p99_seconds > 0:
-            raise bad("target_p99_seconds", "must be > 0")
-        if not 0 <= self.gpu_low < self.gpu_high <= 1:
-            raise bad("gpu_high", f"must satisfy 0 <= gpu_low ({self.gpu_low}) < gpu_high <= 1")
-        if self.batch_timeout_min_seconds < 0:
-            raise bad("batch_timeout_min_seconds", "must be >= 0")
-        if self.batch_timeout_max_seconds < self.batch_timeout_min_seconds:
-            raise bad("batch_timeout_max_seconds", "must be >= batch_timeout_min_seconds")
-        if not 0 <= self.tolerance < 1:
-            raise bad("tolerance", "must be in [0, 1)")
-        for name in (
+        cooldowns = (
             "scale_down_stabilization_seconds",
             "scale_up_cooldown_seconds",
             "scale_down_cooldown_seconds",
             "timeout_cooldown_seconds",
-        ):
-            if getattr(self, name) < 0:
-                raise bad(name, "must be >= 0")
-        if self.max_scale_up_step < 1:
-            raise bad("max_scale_up_step", "must be at least 1")
-        if not 0 < self.timeout_decrease_factor < 1:
-            raise bad("timeout_decrease_factor", "must be in (0, 1)")
-        if self.timeout_increase_step_seconds <= 0:
-            raise bad("timeout_increase_step_seconds", "must be > 0")
-        if not 0 <= self.drained_wait_fraction < 1:
-            raise bad("drained_wait_fraction", "must be in [0, 1)")
-        if not self.stale_after_seconds > 0:
-            raise bad("stale_after_seconds", "must be > 0")
+        )
+        rules: tuple[tuple[str, bool, str], ...] = (
+            ("min_replicas", self.min_replicas >= 1, "must be at least 1"),
+            (
+                "max_replicas",
+                self.max_replicas >= self.min_replicas,
+                f"must be >= min_replicas ({self.min_replicas})",
+            ),
+            ("target_p99_seconds", self.target_p99_seconds > 0, "must be > 0"),
+            (
+                "gpu_high",
+                0 <= self.gpu_low < self.gpu_high <= 1,
+                f"must satisfy 0 <= gpu_low ({self.gpu_low}) < gpu_high <= 1",
+            ),
+            ("batch_timeout_min_seconds", self.batch_timeout_min_seconds >= 0, "must be >= 0"),
+            (
+                "batch_timeout_max_seconds",
+                self.batch_timeout_max_seconds >= self.batch_timeout_min_seconds,
+                "must be >= batch_timeout_min_seconds",
+            ),
+            ("tolerance", 0 <= self.tolerance < 1, "must be in [0, 1)"),
+            *((name, getattr(self, name) >= 0, "must be >= 0") for name in cooldowns),
+            ("max_scale_up_step", self.max_scale_up_step >= 1, "must be at least 1"),
+            ("timeout_decrease_factor", 0 < self.timeout_decrease_factor < 1, "must be in (0, 1)"),
+            ("timeout_increase_step_seconds", self.timeout_increase_step_seconds > 0, "must be > 0"),
+            ("drained_wait_fraction", 0 <= self.drained_wait_fraction < 1, "must be in [0, 1)"),
+            ("stale_after_seconds", self.stale_after_seconds > 0, "must be > 0"),
+        )
+        for name, ok, why in rules:
+            if not ok:
+                raise ValueError(f"autoscaling policy: {name} {why} (got {getattr(self, name)!r})")
 
     @property
     def gpu_target(self) -> float:
@@ -288,8 +403,291 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.3g} ms"
 
 
+#: Keeps the tolerance band's edges inside the band despite float rounding (0.18 / 0.2).
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What every rule of one ``decide`` step reads; built once by ``Tick.of``, never changed.
+
+    Attributes:
+        obs: the checked observation. policy, state, now: as given to ``decide``.
+        replicas, batch_timeout: the values in force brought into the policy's bounds.
+        utilization: GPU utilization, ratio. ratio: P99 over target (0 when idle).
+        busy: utilization at or above ``gpu_high``. head_words: the signals in words.
+        starting: replicas of the last scale-up not yet ready.
+        last_unready: ``now`` if some are starting, else the state's.
+        up_since: the later of the last scale-up and the last tick with replicas starting.
+        drained: why the backlog counts as drained (Little's law), or ``None``.
+    """
+
+    obs: Observation
+    policy: Policy
+    state: State
+    now: float
+    replicas: int
+    batch_timeout: float
+    utilization: float
+    ratio: float
+    busy: bool
+    p99_words: str
+    gpu_words: str
+    starting: int
+    last_unready: float | None
+    up_since: float | None
+    drained: str | None
+
+    @classmethod
+    def of(cls, obs: Observation, current: Current, policy: Policy, state: State, now: float) -> Tick:
+        """The tick for a checked ``obs`` (``check_observation`` returned it)."""
+        n, timeout = _bounded(current, policy)
+        u = float(obs.gpu_utilization or 0.0)
+        busy = u >= policy.gpu_high
+        idle = obs.idle or obs.p99_seconds is None
+        starting = 0 if current.ready_replicas is None else max(0, n - current.ready_replicas)
+        last_unready = now if starting > 0 else state.last_unready
+        return cls(
+            obs=obs,
+            policy=policy,
+            state=state,
+            now=now,
+            replicas=n,
+            batch_timeout=timeout,
+            utilization=u,
+            ratio=0.0 if idle or obs.p99_seconds is None else obs.p99_seconds / policy.target_p99_seconds,
+            busy=busy,
+            p99_words="no requests" if idle else f"P99 {obs.p99_seconds:.2f} s",
+            gpu_words=f"GPU {u:.2f} {'busy' if busy else 'not busy'}",
+            starting=starting,
+            last_unready=last_unready,
+            up_since=max((t for t in (state.last_scale_up, last_unready) if t is not None), default=None),
+            drained=_drained(obs, policy.drained_wait_fraction * policy.target_p99_seconds),
+        )
+
+
+def _drained(obs: Observation, limit: float) -> str | None:
+    """Why a P99 over target is history, not a present overload, or ``None``.
+
+    Little's law (L = λW): the time a request arriving now can expect to spend in the service is the
+    requests in it (queued + executing) over the throughput. When it is at most ``limit`` seconds while
+    P99 is over target, the P99 over the query window describes a backlog that has already drained (the
+    window still holds its slow requests): acting on it would overshoot. Unknown in-flight count: the
+    rule does not apply (the queue alone misses the requests executing in batches).
+    """
+    if obs.inflight_requests is None or not obs.request_rate:
+        return None
+    latency = obs.inflight_requests / obs.request_rate
+    if latency > limit:
+        return None
+    return (
+        f"backlog drained ({obs.inflight_requests:.0f} in flight at {obs.request_rate:.1f}/s: "
+        f"{_ms(latency)} by Little's law), waiting for the window to catch up"
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rule (``_over_target``, ``_under_target``, ``_hold``) decided.
+
+    Attributes:
+        replicas, batch_timeout: the values to have in force.
+        words: the reason, without the bounds note.
+        holds: kinds of hold met, first = the one reported when nothing changes.
+        recommendation: this tick's replica recommendation for the stabilization window.
+        last_scale_up, last_scale_down, last_timeout_change: the clocks for the next ``State``.
+    """
+
+    replicas: int
+    batch_timeout: float
+    words: str
+    holds: tuple[str, ...]
+    recommendation: int
+    last_scale_up: float | None
+    last_scale_down: float | None
+    last_timeout_change: float | None
+
+
+def _unchanged(t: Tick, words: str, *holds: str) -> Outcome:
+    return Outcome(
+        t.replicas,
+        t.batch_timeout,
+        words,
+        holds,
+        t.replicas,
+        t.state.last_scale_up,
+        t.state.last_scale_down,
+        t.state.last_timeout_change,
+    )
+
+
+def _scale_up(t: Tick, overload: float) -> tuple[int, str, str | None]:
+    """Replicas for a scale-up by the HPA ratio ``overload``, the words, and the kind of hold if it
+    waits (``AtMaxReplicas``, ``ReplicasStarting``, ``ScaleUpCoolingDown``)."""
+    p = t.policy
+    step_cap = min(p.max_replicas, t.replicas + p.max_scale_up_step)
+    wanted = min(step_cap, max(t.replicas + 1, math.ceil(t.replicas * overload - _EPS)))
+    if wanted <= t.replicas:
+        return t.replicas, f"at max replicas {p.max_replicas}", "AtMaxReplicas"
+    if t.starting > 0:
+        return t.replicas, f"{t.starting} added replicas still starting", "ReplicasStarting"
+    if not _cooled(t.up_since, p.scale_up_cooldown_seconds, t.now):
+        return t.replicas, "scale-up cooling down", "ScaleUpCoolingDown"
+    return wanted, f"{t.replicas} → {wanted} replicas", None
+
+
+def _with_scale_up(t: Tick, head: str, overload: float) -> Outcome:
+    replicas, words, hold = _scale_up(t, overload)
+    out = _unchanged(t, f"{head}: {words}", *(() if hold is None else (hold,)))
+    if replicas == t.replicas:
+        return out
+    return replace(out, replicas=replicas, recommendation=replicas, last_scale_up=t.now)
+
+
+def _over_target(t: Tick) -> Outcome:
+    """P99 over target beyond the tolerance band.
+
+    Backlog drained (Little's law): hold. GPUs busy: scale out by the HPA ratio on the binding signal.
+    GPUs not busy: cut the batch timeout multiplicatively (AIMD), and add replicas only once it is at
+    its lower bound.
+    """
+    p = t.policy
+    head = f"{t.p99_words} > target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
+    if t.drained is not None:
+        return _unchanged(t, f"{head}: {t.drained}", "BacklogDrained")
+    if t.busy:
+        return _with_scale_up(t, head, max(t.ratio, t.utilization / p.gpu_high))
+    if t.batch_timeout <= p.batch_timeout_min_seconds:
+        return _with_scale_up(t, f"{head}, batch timeout at minimum", t.ratio)
+    if not _cooled(t.state.last_timeout_change, p.timeout_cooldown_seconds, t.now):
+        return _unchanged(t, f"{head}: batch timeout cooling down", "BatchTimeoutCoolingDown")
+    cut = max(p.batch_timeout_min_seconds, t.batch_timeout * p.timeout_decrease_factor)
+    return replace(
+        _unchanged(t, f"{head}: batch timeout {_ms(t.batch_timeout)} → {_ms(cut)}"),
+        batch_timeout=cut,
+        last_timeout_change=t.now,
+    )
+
+
+def _in_recommendation(t: Tick) -> int:
+    """Fewest replicas whose projected utilization is near the band's middle and strictly under its top
+    (the current count when the GPUs are busy or no fewer would do)."""
+    p = t.policy
+    if t.busy:
+        return t.replicas
+    wanted = max(p.min_replicas, math.ceil(t.replicas * t.utilization / p.gpu_target - _EPS))
+    if wanted < t.replicas and t.replicas * t.utilization / wanted < p.gpu_high:
+        return wanted
+    return t.replicas
+
+
+def _scale_in(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
+    """Scale in to the highest recommendation of the stabilization window, if below the count; the
+    words for it (or why it waits), ``None`` when there is nothing to scale in."""
+    p = t.policy
+    window = p.scale_down_stabilization_seconds
+    recent = (r for when, r in t.state.recommendations if t.now - when < window)
+    stable = max([out.recommendation, *recent])
+    if stable >= t.replicas:
+        return out, None
+    first_seen = t.state.first_seen if t.state.first_seen is not None else t.now
+    if t.now - first_seen < window:
+        words = f"scale-in waits for the {window:.0f} s stabilization window"
+        return replace(out, holds=(*out.holds, "StabilizationWindow")), words
+    if not _cooled(t.state.last_scale_down, p.scale_down_cooldown_seconds, t.now):
+        return replace(out, holds=(*out.holds, "ScaleInCoolingDown")), "scale-in cooling down"
+    return replace(out, replicas=stable, last_scale_down=t.now), f"{t.replicas} → {stable} replicas"
+
+
+def _grow_timeout(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
+    """Grow the batch timeout additively toward its upper bound (AIMD); the words, ``None`` at the top."""
+    p = t.policy
+    if t.batch_timeout >= p.batch_timeout_max_seconds:
+        return out, None
+    if not _cooled(t.state.last_timeout_change, p.timeout_cooldown_seconds, t.now):
+        return replace(out, holds=(*out.holds, "BatchTimeoutCoolingDown")), "batch timeout cooling down"
+    grown = min(p.batch_timeout_max_seconds, t.batch_timeout + p.timeout_increase_step_seconds)
+    words = f"batch timeout {_ms(t.batch_timeout)} → {_ms(grown)}"
+    return replace(out, batch_timeout=grown, last_timeout_change=t.now), words
+
+
+def _under_target(t: Tick) -> Outcome:
+    """P99 comfortably under target: headroom when the GPUs run above the band (``keep_in_band``),
+    else a scale-in after the stabilization window; the batch timeout grows additively."""
+    p = t.policy
+    head = f"{t.p99_words} < target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
+    parts: list[str] = []
+    if t.busy and p.keep_in_band:
+        out = _with_scale_up(t, head, t.utilization / p.gpu_high)
+        parts.append(out.words.removeprefix(f"{head}: "))
+    else:
+        out = replace(_unchanged(t, head), recommendation=_in_recommendation(t))
+    for step in (_scale_in, _grow_timeout):
+        out, words = step(t, out)
+        if words is not None:
+            parts.append(words)
+    words = f"{head}: {', '.join(parts) if parts else 'nothing to change'}"
+    return replace(out, words=words, holds=(*out.holds, "TargetMet"))
+
+
+def _hold(t: Tick) -> Outcome:
+    """Inside the tolerance band ``|p99 / target - 1| <= tolerance``: nothing moves."""
+    p = t.policy
+    words = (
+        f"{t.p99_words} within {p.tolerance:.0%} of target {p.target_p99_seconds:.2f} s, {t.gpu_words}: hold"
+    )
+    return _unchanged(t, words, "WithinTolerance")
+
+
+def _bounded(current: Current, policy: Policy) -> tuple[int, float]:
+    """The replicas and batch timeout in force, brought into the policy's bounds."""
+    replicas = min(max(current.replicas, policy.min_replicas), policy.max_replicas)
+    timeout = min(
+        max(current.batch_timeout_seconds, policy.batch_timeout_min_seconds), policy.batch_timeout_max_seconds
+    )
+    return replicas, timeout
+
+
+def _bounds_note(current: Current, policy: Policy) -> str:
+    replicas, timeout = _bounded(current, policy)
+    note = ""
+    if replicas != current.replicas:
+        span = f"[{policy.min_replicas}, {policy.max_replicas}]"
+        note += f"replicas {current.replicas} outside {span} → {replicas}; "
+    if not math.isclose(timeout, current.batch_timeout_seconds, rel_tol=1e-9, abs_tol=1e-12):
+        note += f"batch timeout {_ms(current.batch_timeout_seconds)} outside bounds → {_ms(timeout)}; "
+    return note
+
+
+def _decision(
+    current: Current,
+    replicas: int,
+    timeout: float,
+    reason: str,
+    state: State,
+    hold: str | None,
+    *,
+    known: bool,
+) -> Decision:
+    replicas_changed = replicas != current.replicas
+    timeout_changed = not math.isclose(timeout, current.batch_timeout_seconds, rel_tol=1e-9, abs_tol=1e-12)
+    return Decision(
+        replicas=replicas,
+        batch_timeout_seconds=timeout,
+        reason=reason,
+        replicas_changed=replicas_changed,
+        timeout_changed=timeout_changed,
+        known=known,
+        state=state,
+        hold=None if replicas_changed or timeout_changed or not known else hold,
+    )
+
+
 def decide(observation: Observation, current: Current, policy: Policy, state: State, now: float) -> Decision:
     """One step of the control law (see the module docstring).
+
+    The observation is checked (``check_observation``); a problem holds everything but the bounds. Else
+    the P99 ratio picks one rule: ``_over_target``, ``_under_target`` or ``_hold`` (the tolerance band).
 
     Args:
         observation: the signals; unknown ones make the decision hold.
@@ -302,177 +700,34 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
         A ``Decision``; ``replicas`` is always within ``[policy.min_replicas, policy.max_replicas]``
         and ``batch_timeout_seconds`` within the policy's timeout bounds.
     """
-    n = current.replicas
-    timeout = current.batch_timeout_seconds
-    bounded_n = min(max(n, policy.min_replicas), policy.max_replicas)
-    bounded_t = min(max(timeout, policy.batch_timeout_min_seconds), policy.batch_timeout_max_seconds)
-
-    def result(
-        replicas: int,
-        batch_timeout: float,
-        reason: str,
-        next_state: State,
-        known: bool,
-        hold: str | None = None,
-    ) -> Decision:
-        replicas_changed = replicas != n
-        timeout_changed = not math.isclose(batch_timeout, timeout, rel_tol=1e-9, abs_tol=1e-12)
-        return Decision(
-            replicas=replicas,
-            batch_timeout_seconds=batch_timeout,
-            reason=reason,
-            replicas_changed=replicas_changed,
-            timeout_changed=timeout_changed,
-            known=known,
-            state=next_state,
-            hold=None if replicas_changed or timeout_changed or not known else hold,
+    note = _bounds_note(current, policy)
+    checked = check_observation(observation, policy.stale_after_seconds)
+    if isinstance(checked, Problem):
+        replicas, timeout = _bounded(current, policy)
+        return _decision(
+            current, replicas, timeout, f"{note}holding: {checked.message}", state, None, known=False
         )
-
-    bounds_note = ""
-    if bounded_n != n:
-        bounds_note += f"replicas {n} outside [{policy.min_replicas}, {policy.max_replicas}] → {bounded_n}; "
-    if not math.isclose(bounded_t, timeout, rel_tol=1e-9, abs_tol=1e-12):
-        bounds_note += f"batch timeout {_ms(timeout)} outside bounds → {_ms(bounded_t)}; "
-
-    problem = observation.problem(policy.stale_after_seconds)
-    if problem is not None:
-        # Hold. Bounds are still enforced (they do not depend on the signals), nothing else moves.
-        return result(bounded_n, bounded_t, f"{bounds_note}holding: {problem}", state, known=False)
-
-    u = float(observation.gpu_utilization or 0.0)
-    p99 = observation.p99_seconds
-    target = policy.target_p99_seconds
-    busy = u >= policy.gpu_high
-    gpu_words = f"GPU {u:.2f} {'busy' if busy else 'not busy'}"
-    if observation.idle or p99 is None:
-        ratio = 0.0
-        p99_words = "no requests"
+    t = Tick.of(checked, current, policy, state, now)
+    if t.ratio > 1 + policy.tolerance + _EPS:
+        out = _over_target(t)
+    elif t.ratio < 1 - policy.tolerance - _EPS:
+        out = _under_target(t)
     else:
-        ratio = p99 / target
-        p99_words = f"P99 {p99:.2f} s"
-
-    first_seen = state.first_seen if state.first_seen is not None else now
+        out = _hold(t)
     window = policy.scale_down_stabilization_seconds
-    replicas = bounded_n
-    batch_timeout = bounded_t
-    last_up, last_down, last_t = state.last_scale_up, state.last_scale_down, state.last_timeout_change
-    words: str
-    holds: list[str] = []  # kinds of hold met this tick, first = the one reported
-
-    # A tiny epsilon keeps the band's edges inside the band despite float rounding (0.18 / 0.2).
-    step_cap = min(policy.max_replicas, bounded_n + policy.max_scale_up_step)
-    starting = 0 if current.ready_replicas is None else max(0, bounded_n - current.ready_replicas)
-    last_unready = now if starting > 0 else state.last_unready
-    up_since = max((t for t in (last_up, last_unready) if t is not None), default=None)
-
-    # Little's law (L = λW): the time a request arriving now can expect to spend in the service is the
-    # requests in it (queued + executing) over the throughput. When it is a small part of the target
-    # while P99 is over it, the P99 over the query window describes a backlog that has already drained
-    # (the window still holds its slow requests): acting on it would overshoot. Unknown in-flight count:
-    # the rule does not apply (the queue alone misses the requests executing in batches).
-    drained: str | None = None
-    if observation.inflight_requests is not None and observation.request_rate:
-        latency = observation.inflight_requests / observation.request_rate
-        if latency <= policy.drained_wait_fraction * target:
-            drained = (
-                f"backlog drained ({observation.inflight_requests:.0f} in flight at "
-                f"{observation.request_rate:.1f}/s: {_ms(latency)} by Little's law), "
-                "waiting for the window to catch up"
-            )
-
-    def scale_up(head: str, overload: float) -> tuple[int, str]:
-        """Replicas and words for a scale-up by the HPA ratio ``overload``, or why it waits."""
-        wanted = min(step_cap, max(bounded_n + 1, math.ceil(bounded_n * overload - 1e-9)))
-        if wanted <= bounded_n:
-            holds.append("AtMaxReplicas")
-            return bounded_n, f"{head}: at max replicas {policy.max_replicas}"
-        if starting > 0:
-            holds.append("ReplicasStarting")
-            return bounded_n, f"{head}: {starting} added replicas still starting"
-        if not _cooled(up_since, policy.scale_up_cooldown_seconds, now):
-            holds.append("ScaleUpCoolingDown")
-            return bounded_n, f"{head}: scale-up cooling down"
-        return wanted, f"{head}: {bounded_n} → {wanted} replicas"
-
-    if ratio > 1 + policy.tolerance + 1e-9:
-        head = f"{p99_words} > target {target:.2f} s, {gpu_words}"
-        if drained is not None:
-            holds.append("BacklogDrained")
-            words = f"{head}: {drained}"
-        elif busy:
-            replicas, words = scale_up(head, max(ratio, u / policy.gpu_high))
-        elif bounded_t > policy.batch_timeout_min_seconds:
-            if _cooled(last_t, policy.timeout_cooldown_seconds, now):
-                batch_timeout = max(
-                    policy.batch_timeout_min_seconds, bounded_t * policy.timeout_decrease_factor
-                )
-                last_t = now
-                words = f"{head}: batch timeout {_ms(bounded_t)} → {_ms(batch_timeout)}"
-            else:
-                holds.append("BatchTimeoutCoolingDown")
-                words = f"{head}: batch timeout cooling down"
-        else:
-            replicas, words = scale_up(f"{head}, batch timeout at minimum", ratio)
-        if replicas > bounded_n:
-            last_up = now
-        recommendation = replicas
-    elif ratio < 1 - policy.tolerance - 1e-9:
-        head = f"{p99_words} < target {target:.2f} s, {gpu_words}"
-        # This tick's recommendation: fewest replicas whose projected utilization is near the band's
-        # middle and strictly under its top.
-        recommendation = bounded_n
-        parts: list[str] = []
-        if busy and policy.keep_in_band:
-            # Latency is fine but the GPUs run above the band: add headroom toward the band's top.
-            replicas, up_words = scale_up(head, u / policy.gpu_high)
-            if replicas > bounded_n:
-                last_up = now
-                recommendation = replicas
-            parts.append(up_words.removeprefix(f"{head}: "))
-        elif not busy:
-            wanted = max(policy.min_replicas, math.ceil(bounded_n * u / policy.gpu_target - 1e-9))
-            if wanted < bounded_n and bounded_n * u / wanted < policy.gpu_high:
-                recommendation = wanted
-        stable = max([recommendation, *(r for t, r in state.recommendations if now - t < window)])
-        if stable < bounded_n:
-            if now - first_seen < window:
-                holds.append("StabilizationWindow")
-                parts.append(f"scale-in waits for the {window:.0f} s stabilization window")
-            elif not _cooled(last_down, policy.scale_down_cooldown_seconds, now):
-                holds.append("ScaleInCoolingDown")
-                parts.append("scale-in cooling down")
-            else:
-                replicas, last_down = stable, now
-                parts.append(f"{bounded_n} → {replicas} replicas")
-        if bounded_t < policy.batch_timeout_max_seconds:
-            if _cooled(last_t, policy.timeout_cooldown_seconds, now):
-                batch_timeout = min(
-                    policy.batch_timeout_max_seconds, bounded_t + policy.timeout_increase_step_seconds
-                )
-                last_t = now
-                parts.append(f"batch timeout {_ms(bounded_t)} → {_ms(batch_timeout)}")
-            else:
-                holds.append("BatchTimeoutCoolingDown")
-                parts.append("batch timeout cooling down")
-        holds.append("TargetMet")
-        words = f"{head}: {', '.join(parts) if parts else 'nothing to change'}"
-    else:
-        recommendation = bounded_n
-        holds.append("WithinTolerance")
-        words = f"{p99_words} within {policy.tolerance:.0%} of target {target:.2f} s, {gpu_words}: hold"
-
-    history = (*((t, r) for t, r in state.recommendations if now - t < window), (now, recommendation))
     next_state = State(
-        last_scale_up=last_up,
-        last_unready=last_unready,
-        last_scale_down=last_down,
-        last_timeout_change=last_t,
-        first_seen=first_seen,
-        recommendations=history,
+        last_scale_up=out.last_scale_up,
+        last_unready=t.last_unready,
+        last_scale_down=out.last_scale_down,
+        last_timeout_change=out.last_timeout_change,
+        first_seen=state.first_seen if state.first_seen is not None else now,
+        recommendations=(
+            *((when, r) for when, r in state.recommendations if now - when < window),
+            (now, out.recommendation),
+        ),
     )
-    return result(
-        replicas, batch_timeout, bounds_note + words, next_state, known=True, hold=holds[0] if holds else None
-    )
+    hold = out.holds[0] if out.holds else None
+    return _decision(current, out.replicas, out.batch_timeout, note + out.words, next_state, hold, known=True)
 
 
 def restore_state(

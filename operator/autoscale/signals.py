@@ -16,24 +16,35 @@ Each can be overridden per InferenceService (``spec.autoscaling.queries``); an o
 placeholders ``{namespace}``, ``{name}`` and ``{window}`` (replaced textually, so PromQL braces need
 no escaping).
 
-Nothing is ever read as zero when it is not there: an empty result, NaN, +Inf, a query error,
-Prometheus down, or samples older than the window give an ``Observation`` whose ``unknown_reason``
-says why, and a ``Reading.condition_reason`` (``PrometheusUnavailable``, ``QueryError``,
-``MetricsMissing``, ``InvalidMetrics``, ``StaleMetrics``) for the ``AutoscalingActive`` condition.
-One case is not unknown: with a measured request rate of exactly 0 the P99 is undefined (NaN from
-``histogram_quantile``) and the service is idle (see ``policy.Observation.idle``).
+Nothing is ever read as zero when it is not there: a query error or Prometheus down
+(``PrometheusUnavailable``, ``QueryError``, decided here) and an empty result, NaN, +Inf, a negative
+value or samples older than ``stale_after_seconds`` (``MetricsMissing``, ``InvalidMetrics``,
+``StaleMetrics``, ``UnusableSignals``, decided by ``policy.check_observation``, the one place that
+judges values) give an ``Observation`` whose ``unknown_reason`` says why and a
+``Reading.condition_reason`` for the ``AutoscalingActive`` condition. One case is not unknown: with a
+measured request rate of exactly 0 the P99 is undefined (NaN from ``histogram_quantile``) and the
+service is idle (see ``policy.Observation.idle``).
 """
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import requests
-from kubeinfer.operator.autoscale.policy import Observation
+from kubeinfer.operator.autoscale.policy import (
+    INVALID_METRICS,
+    METRICS_MISSING,
+    READER_REQUIRES,
+    STALE_METRICS,
+    UNUSABLE_SIGNALS,
+    Observation,
+    Problem,
+    check_observation,
+)
 from kubeinfer.operator.settings import Settings
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -49,12 +60,11 @@ __all__ = [
     "read_signals",
 ]
 
-#: ``AutoscalingActive=False`` reasons.
+#: ``AutoscalingActive=False`` reasons of the reader (those about values come from ``policy``:
+#: ``METRICS_MISSING``, ``INVALID_METRICS``, ``STALE_METRICS``, ``UNUSABLE_SIGNALS``, re-exported here).
 PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
 QUERY_ERROR = "QueryError"
-METRICS_MISSING = "MetricsMissing"
-INVALID_METRICS = "InvalidMetrics"
-STALE_METRICS = "StaleMetrics"
+VALUE_REASONS = (METRICS_MISSING, INVALID_METRICS, STALE_METRICS, UNUSABLE_SIGNALS)
 
 
 class SignalError(Exception):
@@ -189,73 +199,41 @@ def _scalar(result: Sequence[Mapping[str, Any]], what: str, promql: str) -> floa
         raise SignalError(QUERY_ERROR, f"{what}: unexpected result {result[0]!r}: {promql}") from exc
 
 
-def _bad(x: float) -> bool:
-    return math.isnan(x) or math.isinf(x)
-
-
-def read_signals(query: QueryFn, queries: Queries, window_seconds: float) -> Reading:
+def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -> Reading:
     """Run the queries and turn the answers into an ``Observation``.
 
-    Required: request rate, GPU utilization, P99 (unless the rate is a measured 0) and a sample age
-    no older than ``window_seconds``. Queue size and requests in flight are optional (``None`` when
-    absent, NaN, infinite or negative).
+    Required (``policy.READER_REQUIRES``): request rate, a sample age no older than
+    ``stale_after_seconds``, GPU utilization and P99 (NaN allowed when the rate is a measured 0).
+    Queue size and requests in flight are optional (``None`` when absent, NaN, infinite or negative).
+    Values are judged by ``policy.check_observation`` only.
+
+    Args:
+        query: runs one instant query (``PrometheusSignals.query``); raises ``SignalError``.
+        queries: the PromQL of each signal.
+        stale_after_seconds: the largest acceptable sample age, seconds (``Policy.stale_after_seconds``).
     """
-
-    def unknown(reason: str, message: str) -> Reading:
-        return Reading(Observation.unknown(message), reason)
-
     try:
-        rate = _scalar(query(queries.request_rate), "request rate", queries.request_rate)
-        if rate is None:
-            return unknown(METRICS_MISSING, "no request-rate data for this service")
-        if _bad(rate) or rate < 0:
-            return unknown(INVALID_METRICS, f"request rate is {rate}")
-        age = _scalar(query(queries.sample_age), "sample age", queries.sample_age)
-        if age is None:
-            return unknown(METRICS_MISSING, "no runtime samples for this service")
-        if _bad(age) or age > window_seconds:
-            return unknown(
-                STALE_METRICS, f"stale metrics: newest sample {age:.0f} s old (window {window_seconds:.0f} s)"
-            )
         util: float | None = None
         for q in queries.gpu_utilization:
             util = _scalar(query(q), "GPU utilization", q)
             if util is not None:
                 break
-        if util is None:
-            return unknown(METRICS_MISSING, "no GPU utilization data for this service")
-        if _bad(util) or util < 0:
-            return unknown(INVALID_METRICS, f"GPU utilization is {util}")
-        p99 = _scalar(query(queries.p99), "P99", queries.p99)
-        if p99 is None:
-            return unknown(METRICS_MISSING, "no request-duration data for this service")
-        if _bad(p99):
-            if not (math.isnan(p99) and rate == 0.0):
-                return unknown(INVALID_METRICS, f"P99 latency is {p99}")
-            p99_value: float | None = None  # idle: no requests, no latency
-        else:
-            p99_value = p99
-        queue = _scalar(query(queries.queue_size), "queue size", queries.queue_size)
-        if queue is not None and (_bad(queue) or queue < 0):
-            queue = None
-        inflight = (
-            _scalar(query(queries.inflight), "in flight", queries.inflight) if queries.inflight else None
+        raw = Observation(
+            request_rate=_scalar(query(queries.request_rate), "request rate", queries.request_rate),
+            sample_age_seconds=_scalar(query(queries.sample_age), "sample age", queries.sample_age),
+            gpu_utilization=util,
+            p99_seconds=_scalar(query(queries.p99), "P99", queries.p99),
+            queue_size=_scalar(query(queries.queue_size), "queue size", queries.queue_size),
+            inflight_requests=(
+                _scalar(query(queries.inflight), "in flight", queries.inflight) if queries.inflight else None
+            ),
         )
-        if inflight is not None and (_bad(inflight) or inflight < 0):
-            inflight = None
     except SignalError as exc:
-        return unknown(exc.reason, str(exc))
-    return Reading(
-        Observation(
-            p99_seconds=p99_value,
-            gpu_utilization=min(util, 1.0),
-            request_rate=rate,
-            queue_size=queue,
-            sample_age_seconds=max(age, 0.0),
-            inflight_requests=inflight,
-        ),
-        None,
-    )
+        return Reading(Observation.unknown(str(exc)), exc.reason)
+    checked = check_observation(raw, stale_after_seconds, READER_REQUIRES)
+    if isinstance(checked, Problem):
+        return Reading(Observation.unknown(checked.message), checked.reason)
+    return Reading(checked, None)
 
 
 class PrometheusSignals:
@@ -275,6 +253,10 @@ class PrometheusSignals:
         if config.bearer_token_file:
             token = Path(config.bearer_token_file).read_text(encoding="utf-8").strip()
             headers["Authorization"] = f"Bearer {token}"
+        # The client raises one exception type for every non-200 answer, the status only in its text:
+        # a response hook records the status of the last answer this thread received instead.
+        self._last_status = threading.local()
+        session.hooks["response"].append(self._record_status)
         self._client = PrometheusConnect(
             url=config.url,
             headers=headers or None,
@@ -287,18 +269,25 @@ class PrometheusSignals:
         """Release the HTTP session."""
         self._client.close()
 
+    def _record_status(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self._last_status.code = response.status_code
+
     def query(self, promql: str) -> list[dict[str, Any]]:
         """One instant query. Raises ``SignalError`` (PrometheusUnavailable or QueryError)."""
+        self._last_status.code = None
         try:
             result = self._client.custom_query(promql)
         except PrometheusApiClientException as exc:
-            text = str(exc)
+            status = self._last_status.code
+            # 4xx but 429: the query is at fault (bad PromQL, 422 execution error); else Prometheus is.
             reason = (
                 QUERY_ERROR
-                if "Status Code 4" in text and "Status Code 429" not in text
+                if isinstance(status, int) and 400 <= status < 500 and status != 429
                 else PROMETHEUS_UNAVAILABLE
             )
-            raise SignalError(reason, f"Prometheus answered an error for {promql}: {text[:300]}") from exc
+            raise SignalError(
+                reason, f"Prometheus answered HTTP {status} for {promql}: {str(exc)[:300]}"
+            ) from exc
         except (requests.RequestException, ValueError) as exc:
             raise SignalError(
                 PROMETHEUS_UNAVAILABLE, f"Prometheus unavailable at {self.config.url}: {exc}"
@@ -307,6 +296,6 @@ class PrometheusSignals:
             raise SignalError(QUERY_ERROR, f"unexpected answer to {promql}: {result!r}"[:300])
         return result
 
-    def read(self, queries: Queries, window_seconds: float) -> Reading:
+    def read(self, queries: Queries, stale_after_seconds: float) -> Reading:
         """``read_signals`` against this Prometheus."""
-        return read_signals(self.query, queries, window_seconds)
+        return read_signals(self.query, queries, stale_after_seconds)

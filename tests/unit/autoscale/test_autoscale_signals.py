@@ -191,12 +191,39 @@ def test_autoscale_signals_bad_inflight_is_unknown_not_zero(
     assert r.condition_reason is None and r.observation.inflight_requests is None
 
 
-@pytest.mark.parametrize(("status", "reason"), [(400, "QueryError"), (500, "PrometheusUnavailable")])
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (400, "QueryError"),
+        (422, "QueryError"),
+        (429, "PrometheusUnavailable"),
+        (500, "PrometheusUnavailable"),
+    ],
+)
 def test_autoscale_signals_http_errors(prom: tuple[FakeProm, str], status: int, reason: str) -> None:
     fake, url = prom
     fake.status = status
     r = read(url)
     assert r.condition_reason == reason and r.observation.unknown_reason
+
+
+def test_autoscale_signals_http_status_comes_from_the_response(prom: tuple[FakeProm, str]) -> None:
+    # The status is the one the HTTP answer carried, not a search of the exception's text.
+    fake, url = prom
+    fake.status = 400
+    r = read(url)
+    assert r.condition_reason == "QueryError" and "HTTP 400" in (r.observation.unknown_reason or "")
+
+
+def test_autoscale_signals_stale_limit_is_the_callers(prom: tuple[FakeProm, str]) -> None:
+    fake, url = prom
+    fake.values["timestamp("] = "90"
+    client = PrometheusSignals(PrometheusConfig(url=url))
+    try:
+        assert client.read(QUERIES, 120.0).condition_reason is None
+        assert client.read(QUERIES, 60.0).condition_reason == "StaleMetrics"
+    finally:
+        client.close()
 
 
 def test_autoscale_signals_prometheus_down() -> None:

@@ -29,7 +29,7 @@ def test_read_signals_zero_rate_nan_p99_with_queue_holds() -> None:
     def query(promql: str) -> list[dict[str, object]]:
         return [{"metric": {}, "value": [0, answers[promql]]}]
 
-    reading = read_signals(query, queries, window_seconds=60)
+    reading = read_signals(query, queries, stale_after_seconds=60)
     d = decide_(reading.observation, Current(3, 0.01), POLICY, SETTLED, now=0.0)
     assert (d.replicas, d.batch_timeout_seconds, d.known) == (3, 0.01, False)
 
