@@ -30,14 +30,12 @@ event loop: when it expires before the request's batch is taken, the request fai
 batch is taken it runs to completion. The queue holds at most ``max_queue_size`` requests; beyond it
 submission fails at once with 429 and a ``Retry-After`` hint.
 
-Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. If
-``preprocess`` or ``execute`` raises for a batch of several requests, the batch is split in halves and
-each half retried (bisection), so well-formed requests succeed and only the failing one gets the error.
+Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``.
 
-Threads: ``executors`` threads run ``model.execute`` (torch releases the GIL); a separate pool of the
-same size runs ``model.preprocess`` of batches taken ahead while every executor is busy. A batch
-taken by an idle executor is preprocessed and executed in one hand-off to the executor thread (one
-event-loop round trip per batch instead of two). All queue state lives on the event loop thread.
+Split of the work: ``Batcher`` (this module) holds the queue and the dispatch; all queue state lives on
+the event loop thread. A batch it takes runs on the ``BatchExecutor`` (``kubeinfer.runtime.executor``),
+which owns the threads (``executors`` execute threads, a look-ahead preprocessing pool) and isolates a
+failing request by bisection.
 """
 
 from __future__ import annotations
@@ -47,15 +45,14 @@ import contextlib
 import itertools
 import logging
 import math
-import time
 from collections.abc import Hashable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from kubeinfer.runtime.config import BatchingConfig
 from kubeinfer.runtime.errors import InputError, ServingError
+from kubeinfer.runtime.executor import BatchExecutor, QueuedRequest
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import ServableModel
 
@@ -180,28 +177,15 @@ def plan_batch(
     return Plan(0, None)
 
 
-_seq = itertools.count()
-
 #: How far (in multiples of ``max_batch_size + 1`` requests per priority level) the dispatcher looks
 #: past requests of other batch keys for ones that share the head's key; bounds the per-dispatch cost.
 _KEY_SCAN_WINDOW = 16
 
 
-@dataclass(eq=False)
-class _Request:
-    inputs: Mapping[str, np.ndarray]
-    rows: int
-    level: int
-    enqueued: float
-    future: asyncio.Future[dict[str, np.ndarray]]
-    key: Hashable = None
-    seq: int = field(default_factory=lambda: next(_seq))
-    timer: asyncio.TimerHandle | None = None
-    taken: bool = False
-
-
 class Batcher:
-    """Dynamic batcher of one model. Create and use it on a running event loop.
+    """Dynamic batcher of one model: the queue and the dispatch, on the event loop. The batches it
+    takes run on a ``BatchExecutor`` (``kubeinfer.runtime.executor``), which owns the threads.
+    Create and use it on a running event loop.
 
     Usage::
 
@@ -217,26 +201,23 @@ class Batcher:
         model: ServableModel,
         settings: BatchSettings,
         *,
+        metrics: RuntimeMetrics,
         executors: int = 1,
-        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.model = model
         self.executors = executors
         self.metrics = metrics
         self._check(settings)
         self._settings = settings
-        self._levels: dict[int, dict[int, _Request]] = {}
+        self._levels: dict[int, dict[int, QueuedRequest]] = {}
         self._queued = 0
         self._in_flight = 0
-        self._ahead = 0  # batches preprocessed ahead that wait for an executor
         self._accepting = True
         self._draining = False
         self._changed = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._exec_slots = asyncio.Semaphore(executors)
-        self._exec_pool = ThreadPoolExecutor(executors, thread_name_prefix="kubeinfer-exec")
-        self._prep_pool = ThreadPoolExecutor(executors, thread_name_prefix="kubeinfer-prep")
+        self.executor = BatchExecutor(model, executors, metrics)
         self._task: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
         self._publish_settings()
@@ -272,9 +253,8 @@ class Batcher:
         self._changed.set()
 
     def _publish_settings(self) -> None:
-        if self.metrics is not None:
-            self.metrics.max_batch_size.set(self._settings.max_batch_size)
-            self.metrics.max_queue_delay.set(self._settings.max_queue_delay_seconds)
+        self.metrics.max_batch_size.set(self._settings.max_batch_size)
+        self.metrics.max_queue_delay.set(self._settings.max_queue_delay_seconds)
 
     # ----- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -311,11 +291,10 @@ class Batcher:
             self._task = None
         for level in self._levels.values():
             for req in level.values():
-                self._fail(req, ServingError("server shutting down", 503))
+                req.fail(ServingError("server shutting down", 503))
         self._levels.clear()
         self._queued = 0
-        self._exec_pool.shutdown(wait=False, cancel_futures=True)
-        self._prep_pool.shutdown(wait=False, cancel_futures=True)
+        self.executor.close()
 
     # ----- submission ------------------------------------------------------------------------------
     def priority_level(self, priority: int | None) -> int:
@@ -353,35 +332,11 @@ class Batcher:
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.priority_level(priority)
-        if timeout_us is not None and (
-            isinstance(timeout_us, bool)
-            or not isinstance(timeout_us, int)
-            or not 0 <= timeout_us <= 2**64 - 1  # Triton's uint64; far larger ints overflow a float
-        ):
-            raise InputError(
-                "parameter 'timeout' must be a non-negative integer (microseconds) below 2^64, "
-                f"got {timeout_us!r:.40}"
-            )
-        rows = self.model.validate(inputs)
-        warmed = self.model.max_batch_size or self._settings.max_batch_size
-        if rows > warmed:
-            raise InputError(
-                f"request has {rows} rows, over the largest batch this server runs ({warmed} rows); "
-                "split it into smaller requests",
-                tensor=self.model.inputs[0].name if self.model.inputs else None,
-                status=413,
-            )
-        s = self._settings
-        if self._queued >= s.max_queue_size:
-            retry = max(1, math.ceil(s.max_queue_delay_seconds + 0.5))
-            raise ServingError(
-                f"queue full ({self._queued} requests queued, max_queue_size {s.max_queue_size}); "
-                "retry later",
-                429,
-                {"Retry-After": str(retry)},
-            )
+        _check_timeout(timeout_us)
+        rows = self._rows(inputs)
+        self._admit()
         loop = asyncio.get_running_loop()
-        req = _Request(
+        req = QueuedRequest(
             inputs=inputs,
             rows=rows,
             level=level,
@@ -402,7 +357,32 @@ class Batcher:
             self._remove(req)
             raise
 
-    def _remove(self, req: _Request) -> bool:
+    def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """The request's rows (``model.validate``); 413 beyond the warmed maximum batch."""
+        rows = self.model.validate(inputs)
+        warmed = self.model.max_batch_size or self._settings.max_batch_size
+        if rows > warmed:
+            raise InputError(
+                f"request has {rows} rows, over the largest batch this server runs ({warmed} rows); "
+                "split it into smaller requests",
+                413,
+                tensor=self.model.inputs[0].name if self.model.inputs else None,
+            )
+        return rows
+
+    def _admit(self) -> None:
+        """Raise ``ServingError`` 429 (with ``Retry-After``) when the queue is full."""
+        s = self._settings
+        if self._queued >= s.max_queue_size:
+            retry = max(1, math.ceil(s.max_queue_delay_seconds + 0.5))
+            raise ServingError(
+                f"queue full ({self._queued} requests queued, max_queue_size {s.max_queue_size}); "
+                "retry later",
+                429,
+                {"Retry-After": str(retry)},
+            )
+
+    def _remove(self, req: QueuedRequest) -> bool:
         level = self._levels.get(req.level)
         if level is None or level.pop(req.seq, None) is None:
             return False
@@ -413,38 +393,31 @@ class Batcher:
         self._check_idle()
         return True
 
-    def _expire(self, req: _Request) -> None:
+    def _expire(self, req: QueuedRequest) -> None:
         # queued, or taken into a batch that waits for an executor (its timer is cancelled when the
         # batch starts executing)
         if self._remove(req) or req.taken:
             waited = asyncio.get_running_loop().time() - req.enqueued
-            self._fail(
-                req,
+            req.fail(
                 ServingError(
                     f"request timed out after {waited * 1e3:.1f} ms in the queue (timeout parameter)", 504
-                ),
+                )
             )
             self._changed.set()
 
     def _publish_queue(self) -> None:
-        if self.metrics is not None:
-            self.metrics.queue_size.set(self._queued)
+        self.metrics.queue_size.set(self._queued)
 
     def _check_idle(self) -> None:
         if self._queued == 0 and self._in_flight == 0:
             self._idle.set()
 
-    @staticmethod
-    def _fail(req: _Request, exc: BaseException) -> None:
-        if not req.future.done():
-            req.future.set_exception(exc)
-
     # ----- dispatch --------------------------------------------------------------------------------
-    def _ordered(self) -> tuple[list[_Request], float | None]:
+    def _ordered(self) -> tuple[list[QueuedRequest], float | None]:
         """The candidates of the next batch in service order: the head request and, per level, the
         requests of the head's batch key (at most ``max_batch_size + 1`` per level, found within a
         window of ``_KEY_SCAN_WINDOW`` times that many), and the oldest queued request's enqueue time."""
-        ordered: list[_Request] = []
+        ordered: list[QueuedRequest] = []
         oldest: float | None = None
         limit = self._settings.max_batch_size + 1
         head_key: Hashable = None
@@ -494,177 +467,41 @@ class Batcher:
                 preferred_batch_sizes=s.preferred_batch_sizes,
             )
             if plan.take:
-                batch = [ordered[i] for i in plan.picked]
-                for req in batch:
-                    self._levels[req.level].pop(req.seq)
-                    req.taken = True
-                self._queued -= len(batch)
-                self._in_flight += 1
-                self._publish_queue()
-                task = loop.create_task(self._run_batch(batch))
-                self._batches.add(task)
-                task.add_done_callback(self._batches.discard)
+                self._take([ordered[i] for i in plan.picked])
                 continue
             timeout = None if plan.wake_at is None else max(0.0, plan.wake_at - loop.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
-    async def _run_batch(self, batch: list[_Request]) -> None:
-        loop = asyncio.get_running_loop()
-        ahead = False
+    def _take(self, batch: list[QueuedRequest]) -> None:
+        """Take ``batch`` out of the queue and hand it to the executor."""
+        for req in batch:
+            self._levels[req.level].pop(req.seq)
+            req.taken = True
+        self._queued -= len(batch)
+        self._in_flight += 1
+        self._publish_queue()
+        task = asyncio.get_running_loop().create_task(self._run_batch(batch))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         try:
-            if not self._exec_slots.locked() and not self._ahead:  # an idle executor, no batch before it
-                await self._run_now(loop, batch)
-                return
-            self._ahead += 1  # preprocessed ahead; runs in order once an executor frees up
-            ahead = True
-            live = [r for r in batch if not r.future.done()]
-            prepared: Any = None
-            prep_error: BaseException | None = None
-            t0 = time.perf_counter()
-            if live:
-                try:
-                    prepared = await loop.run_in_executor(
-                        self._prep_pool, self.model.preprocess, [r.inputs for r in live]
-                    )
-                except Exception as exc:
-                    prep_error = exc
-            prep_seconds = time.perf_counter() - t0
-            async with self._exec_slots:
-                self._ahead -= 1
-                ahead = False
-                for req in batch:  # from here on the request runs: its queue timeout no longer applies
-                    if req.timer is not None:
-                        req.timer.cancel()
-                still = [r for r in live if not r.future.done()]
-                if self.metrics is not None:  # queued = enqueue -> an executor starts the batch
-                    now = loop.time()
-                    for req in still:
-                        self.metrics.queue_duration.observe(now - req.enqueued)
-                if still:
-                    token = self.metrics.busy.begin() if self.metrics is not None else None
-                    try:
-                        if len(still) < len(live):  # some timed out while the batch waited: re-form it
-                            await self._isolate(loop, still)
-                        else:
-                            await self._execute(loop, live, prepared, prep_error, prep_seconds)
-                    finally:
-                        if token is not None and self.metrics is not None:
-                            self.metrics.busy.end(token)
-        except Exception as exc:  # never leave a request without a response
-            log.exception("batch failed unexpectedly")
-            for req in batch:
-                self._fail(req, ServingError(f"internal error running the batch: {exc}", 500))
+            await self.executor.run(batch)
         finally:
-            if ahead:
-                self._ahead -= 1
             self._in_flight -= 1
             self._check_idle()
             self._changed.set()
 
-    def _preprocess_execute(self, batch: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        return self.model.execute(self.model.preprocess(batch))
 
-    async def _run_now(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
-        """Run a batch on an idle executor: ``preprocess`` and ``execute`` in ONE hand-off to the
-        executor thread (a second round trip through the event loop between them would only add
-        latency: nothing runs that the preprocessing could overlap with)."""
-        async with self._exec_slots:  # free: acquired without yielding
-            live = [r for r in batch if not r.future.done()]
-            for req in batch:  # from here on the request runs: its queue timeout no longer applies
-                if req.timer is not None:
-                    req.timer.cancel()
-            if not live:
-                return
-            if self.metrics is not None:
-                now = loop.time()
-                for req in live:
-                    self.metrics.queue_duration.observe(now - req.enqueued)
-            token = self.metrics.busy.begin() if self.metrics is not None else None
-            try:
-                t0 = time.perf_counter()
-                try:
-                    outputs = await loop.run_in_executor(
-                        self._exec_pool, self._preprocess_execute, [r.inputs for r in live]
-                    )
-                    self._deliver(live, outputs)
-                except Exception as exc:  # isolate the failing request (bisection), as in _execute
-                    await self._execute(loop, live, None, exc, 0.0)
-                    return
-                if self.metrics is not None:
-                    self.metrics.compute_duration.observe(time.perf_counter() - t0)
-                    self.metrics.batch_size.observe(sum(r.rows for r in live))
-            finally:
-                if token is not None and self.metrics is not None:
-                    self.metrics.busy.end(token)
-
-    async def _execute(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        reqs: list[_Request],
-        prepared: Any,
-        prep_error: BaseException | None,
-        prep_seconds: float,
-    ) -> None:
-        t0 = time.perf_counter()
-        if prep_error is None:
-            try:
-                outputs = await loop.run_in_executor(self._exec_pool, self.model.execute, prepared)
-                self._deliver(reqs, outputs)
-                if self.metrics is not None:
-                    self.metrics.compute_duration.observe(prep_seconds + time.perf_counter() - t0)
-                    self.metrics.batch_size.observe(sum(r.rows for r in reqs))
-                return
-            except Exception as exc:
-                prep_error = exc
-        if len(reqs) == 1:
-            self._fail(reqs[0], self._explain(prep_error))
-            return
-        log.warning(
-            "batch of %d requests failed (%s: %s); bisecting to isolate the failing request",
-            len(reqs),
-            type(prep_error).__name__,
-            prep_error,
+def _check_timeout(timeout_us: object) -> None:
+    """Raise ``InputError`` (400) unless the ``timeout`` parameter is None or an integer 0..2^64-1."""
+    if timeout_us is not None and (
+        isinstance(timeout_us, bool)
+        or not isinstance(timeout_us, int)
+        or not 0 <= timeout_us <= 2**64 - 1  # Triton's uint64; far larger ints overflow a float
+    ):
+        raise InputError(
+            "parameter 'timeout' must be a non-negative integer (microseconds) below 2^64, "
+            f"got {timeout_us!r:.40}"
         )
-        mid = len(reqs) // 2
-        for half in (reqs[:mid], reqs[mid:]):
-            await self._isolate(loop, half)
-
-    async def _isolate(self, loop: asyncio.AbstractEventLoop, reqs: list[_Request]) -> None:
-        """Re-run ``reqs`` (a part of a failed batch) as their own batch, bisecting further on failure."""
-        t0 = time.perf_counter()
-        try:
-            prepared = await loop.run_in_executor(
-                self._exec_pool, self.model.preprocess, [r.inputs for r in reqs]
-            )
-        except Exception as exc:
-            if len(reqs) == 1:
-                self._fail(reqs[0], self._explain(exc))
-                return
-            mid = len(reqs) // 2
-            for half in (reqs[:mid], reqs[mid:]):
-                await self._isolate(loop, half)
-            return
-        await self._execute(loop, reqs, prepared, None, time.perf_counter() - t0)
-
-    def _explain(self, exc: BaseException | None) -> BaseException:
-        if isinstance(exc, InputError):
-            return exc
-        return ServingError(
-            f"model '{self.model.name}' failed on this request: {type(exc).__name__}: {exc}", 500
-        )
-
-    def _deliver(self, reqs: Sequence[_Request], outputs: Mapping[str, np.ndarray]) -> None:
-        total = sum(r.rows for r in reqs)
-        for name, array in outputs.items():
-            if array.ndim == 0 or array.shape[0] != total:
-                raise RuntimeError(
-                    f"model returned output '{name}' with shape {list(array.shape)} "
-                    f"for a batch of {total} rows"
-                )
-        offset = 0
-        for req in reqs:
-            part = {name: array[offset : offset + req.rows] for name, array in outputs.items()}
-            offset += req.rows
-            if not req.future.done():
-                req.future.set_result(part)

@@ -212,13 +212,15 @@ async def test_queue_bound_rejects_with_429_and_retry_after() -> None:
     b.close()
 
 
-async def test_failing_request_is_isolated_by_bisection() -> None:
+async def test_failing_request_is_isolated_by_bisection(caplog: pytest.LogCaptureFixture) -> None:
     model = FakeModel()
     b = await make(model, max_batch_size=8, max_queue_delay_seconds=0.05)
     reqs = [b.infer(rows(i, i)) for i in (1, 2, -1, 3)]
     reqs.append(b.infer(rows(-2)))
     reqs.extend(b.infer(rows(i)) for i in (4, 5))  # 8 rows: full
-    results = await asyncio.gather(*reqs, return_exceptions=True)
+    with caplog.at_level("WARNING", logger="kubeinfer.runtime.executor"):
+        results = await asyncio.gather(*reqs, return_exceptions=True)
+    assert [r for r in caplog.records if "bisecting" in r.getMessage()]
     ok = [r for r in results if isinstance(r, dict)]
     assert len(ok) == 5
     assert isinstance(results[0], dict) and results[0]["y"].tolist() == [[2.0, 0.0], [2.0, 0.0]]
@@ -297,7 +299,11 @@ async def test_preprocess_of_next_full_batch_overlaps_execution() -> None:
 async def test_requests_of_different_batch_keys_never_share_a_batch() -> None:
     model = KeyedFakeModel()
     model.gate = threading.Event()
-    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.0))
+    b = Batcher(
+        model,
+        BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.0),
+        metrics=RuntimeMetrics(model.name),
+    )
     b.start()
     first = asyncio.ensure_future(b.infer(keyed(1.0, 0)))
     await asyncio.to_thread(model.started.wait, 5)
@@ -317,7 +323,11 @@ async def test_requests_of_different_batch_keys_never_share_a_batch() -> None:
 
 async def test_other_key_waits_for_the_next_batch_not_forever() -> None:
     model = KeyedFakeModel()
-    b = Batcher(model, BatchSettings(max_batch_size=64, max_queue_delay_seconds=0.05))
+    b = Batcher(
+        model,
+        BatchSettings(max_batch_size=64, max_queue_delay_seconds=0.05),
+        metrics=RuntimeMetrics(model.name),
+    )
     b.start()
     t0 = time.monotonic()
     outs = await asyncio.gather(b.infer(keyed(1.0, 1)), b.infer(keyed(2.0, 2)), b.infer(keyed(1.0, 3)))
@@ -332,14 +342,19 @@ async def test_other_key_waits_for_the_next_batch_not_forever() -> None:
 async def test_two_executors_run_two_batches_at_once() -> None:
     model = FakeModel()
     model.gate = threading.Event()
-    b = Batcher(model, BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0), executors=2)
+    b = Batcher(
+        model,
+        BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0),
+        executors=2,
+        metrics=RuntimeMetrics(model.name),
+    )
     b.start()
     reqs = [asyncio.ensure_future(b.infer(rows(i))) for i in range(4)]
     for _ in range(200):  # both executors blocked inside execute at the same time
         await asyncio.sleep(0.005)
-        if b._exec_slots.locked():
+        if b.executor.saturated:
             break
-    assert b._exec_slots.locked() and model.batches == []
+    assert b.executor.saturated and model.batches == []
     model.gate.set()
     await asyncio.gather(*reqs)
     assert sum(model.batches) == 4
@@ -420,10 +435,14 @@ async def test_torchscript_requests_of_different_widths_batch_apart_without_isol
         }
     )
     model = load_model(cfg)
-    b = Batcher(model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.05))
+    b = Batcher(
+        model,
+        BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.05),
+        metrics=RuntimeMetrics(model.name),
+    )
     b.start()
     widths = [3, 5, 3, 5, 3, 5]
-    with caplog.at_level("WARNING", logger="kubeinfer.runtime.batching"):
+    with caplog.at_level("WARNING", logger="kubeinfer.runtime.executor"):
         outs = await asyncio.gather(*(b.infer({"x": np.ones((1, w), dtype=np.float32)}) for w in widths))
     assert [float(o["s"][0]) for o in outs] == [float(w) for w in widths]
     assert not [r for r in caplog.records if "bisecting" in r.getMessage()]  # no failed mixed batch
