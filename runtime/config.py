@@ -130,10 +130,16 @@ class LimitsConfig(_Strict):
 
 
 class ServerConfig(_Strict):
-    """HTTP front end."""
+    """HTTP and gRPC front ends."""
 
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535, description="0 = any free port (tests).")
+    grpc_port: int = Field(
+        default=8081,
+        ge=0,
+        le=65535,
+        description="Open Inference Protocol gRPC port (inference.GRPCInferenceService); 0 = any free port.",
+    )
     drain_timeout_seconds: float = Field(
         default=30.0, ge=0.0, description="SIGTERM: longest wait for queued and running requests."
     )

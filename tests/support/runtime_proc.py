@@ -11,8 +11,9 @@ Usage::
         rt.write_config(new_cfg)                 # hot reload (the runtime polls the file ~1 s)
     # leaving the block: SIGTERM, wait for exit (then SIGKILL after a bound)
 
-The process binds ``--port 0`` (the OS picks a free port; no race with other tests) and the helper reads
-the real port from its log line ``listening on http://HOST:PORT``. Its stdout/stderr go to ``log_path``
+The process binds ``--port 0`` and ``--grpc-port 0`` (the OS picks free ports; no race with other tests) and
+the helper reads the real ports from its log lines ``grpc listening on HOST:PORT`` and
+``listening on http://HOST:PORT`` (``grpc_port``, ``grpc_address``). Its stdout/stderr go to ``log_path``
 (a temporary file unless given); ``log_text()`` returns it, and a failed start raises ``RuntimeError``
 with the log's tail. On Linux the process gets SIGTERM when the thread that started it exits (also
 when the test run is killed), so start it from a thread that outlives it (normally the main thread).
@@ -39,6 +40,7 @@ from hack.procs import die_with_parent
 __all__ = ["RuntimeConfig", "RuntimeProcess"]
 
 _LISTENING = re.compile(r"listening on http://([^:\s]+):(\d+)")
+_GRPC_LISTENING = re.compile(r"grpc listening on (\S+):(\d+)")
 
 
 class RuntimeProcess:
@@ -82,6 +84,7 @@ class RuntimeProcess:
         self.wait_ready = wait_ready
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int = 0
+        self.grpc_port: int = 0
 
     # ----- addresses -------------------------------------------------------------------------------
     @property
@@ -94,6 +97,11 @@ class RuntimeProcess:
     def address(self) -> str:
         """``host:port`` (what ``tritonclient.http.InferenceServerClient`` takes)."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """``host:port`` of the gRPC service (what ``tritonclient.grpc.InferenceServerClient`` takes)."""
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def url(self) -> str:
@@ -114,6 +122,8 @@ class RuntimeProcess:
             "--host",
             self.host,
             "--port",
+            "0",
+            "--grpc-port",
             "0",
             *self.args,
         ]
@@ -139,6 +149,8 @@ class RuntimeProcess:
             m = _LISTENING.search(self.log_text(), log_start)
             if m:
                 self.port = int(m.group(2))
+                g = _GRPC_LISTENING.search(self.log_text(), log_start)
+                self.grpc_port = int(g.group(2)) if g else 0
                 break
             self._check_alive()
             if time.monotonic() > deadline:
