@@ -19,18 +19,25 @@ the warmed maximum batch); 429 queue full (``Retry-After``); 500 the model faile
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
+import threading
 import time
 import zlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any, TypeVar
 
+import uvicorn
 from kubeinfer.runtime.batching import Batcher, BatchSettings
-from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
 from kubeinfer.runtime.errors import HTTPError, InferenceError
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import ServableModel
 from kubeinfer.runtime.protocol import check_outputs, decode_request, encode_json, encode_response
+from kubeinfer.runtime.reload import ConfigWatcher
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,6 +46,7 @@ from starlette.routing import Route
 from kubeinfer import __version__
 
 log = logging.getLogger("kubeinfer.runtime.server")
+T = TypeVar("T")
 
 SERVER_NAME = "kubeinfer"
 SERVER_VERSION = __version__
@@ -61,14 +69,37 @@ async def inference_error_response(request: Request, exc: Exception) -> Response
 
 
 class RuntimeServer:
-    """The runtime's state (model, batcher, readiness) and its ASGI app (``self.app``).
+    """The runtime: its state (model, batcher, readiness), its ASGI app (``self.app``) and its life cycle.
 
-    Life cycle: ``RuntimeServer(cfg)`` -> ``attach(model)`` once the model is loaded and warmed up
-    (readiness turns true) -> ``drain()`` on SIGTERM (readiness false, new infer requests 503, queued
-    and running requests finish).
+    Life cycle, as ``kubeinfer-runtime serve`` drives it (the shape of kserve's ``ModelServer``)::
+
+        server = RuntimeServer(cfg, config_path=path, overrides=flags)
+        await server.start()        # listening (live 200, ready 503); the model loads in the background
+        code = await server.wait()  # until stopped; 0 after a drain, 1 if the model failed to load
+
+    ``start`` binds the port, starts the HTTP server, the model load (load, warmup, ``attach``: ready)
+    and the config-file watcher (``apply_batching`` on every change). ``stop`` is the SIGTERM/SIGINT
+    handler: readiness false; after ``server.shutdown_delay_seconds`` new infer requests get 503 and
+    queued and running requests finish (``drain``, at most ``server.drain_timeout_seconds``); then
+    the HTTP server closes. A second signal exits at once.
+
+    Tests drive the parts directly: ``RuntimeServer(cfg)`` -> ``attach(model)`` -> ``drain()``.
+
+    Args:
+        cfg: the configuration in force (file plus command-line flags).
+        metrics: the metrics (default: a new ``RuntimeMetrics`` in its own registry).
+        config_path: the config file to watch for ``batching`` changes, or None.
+        overrides: re-applies the command-line flags to a re-read config file.
     """
 
-    def __init__(self, cfg: RuntimeConfig, metrics: RuntimeMetrics | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RuntimeConfig,
+        metrics: RuntimeMetrics | None = None,
+        *,
+        config_path: str | None = None,
+        overrides: Callable[[RuntimeConfig], RuntimeConfig] = lambda c: c,
+    ) -> None:
         self.cfg = cfg
         self.model_name = cfg.model.name
         self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.executors)
@@ -76,6 +107,16 @@ class RuntimeServer:
         self.batcher: Batcher | None = None
         self.draining = False
         self.stopping = False
+        self.host = cfg.server.host
+        self.port = cfg.server.port
+        self._config_path = config_path
+        self._overrides = overrides
+        self._batching = cfg.batching  # the file's batching section, also while the model loads
+        self._uvicorn: _Uvicorn | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._failed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         routes = [
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready_route, methods=["GET"]),
@@ -89,6 +130,144 @@ class RuntimeServer:
             Route("/metrics", self.metrics_route, methods=["GET"]),
         ]
         self.app = Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
+
+    # ----- life cycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Listen on ``server.host:port`` (``self.port`` is the real port, also for port 0), start the
+        HTTP server, the model load and, with ``config_path``, the config-file watcher."""
+        sock = listen_socket(self.cfg.server.host, self.cfg.server.port)
+        self.host, self.port = sock.getsockname()[:2]
+        loop = self._loop = asyncio.get_running_loop()
+        self._uvicorn = _Uvicorn(
+            uvicorn.Config(
+                self.app,
+                lifespan="off",
+                log_level=logging.WARNING,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+                timeout_keep_alive=30,
+            ),
+            on_signal=self.stop,
+        )
+        self._tasks.append(loop.create_task(self._load()))
+        if self._config_path:
+            watcher = ConfigWatcher(
+                self._config_path,
+                self.cfg,
+                self.apply_batching,
+                overrides=self._overrides,
+                on_error=lambda msg: self.metrics.config_reload_errors.inc(),
+            )
+            self._tasks.append(loop.create_task(watcher.run()))
+        log.info("listening on http://%s:%d", self.host, self.port)
+        self._serving = loop.create_task(self._uvicorn.serve(sockets=[sock]))
+
+    async def wait(self) -> int:
+        """Wait until the HTTP server closed (after ``stop``, or a failed model load), then stop the
+        background tasks and the batcher. Returns the exit status: 0, or 1 if the model failed to load.
+        """
+        assert self._serving is not None, "start() first"
+        try:
+            await self._serving
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            self.close()
+        if self._failed:
+            return 1
+        log.info("exited cleanly")
+        return 0
+
+    def stop(self) -> None:
+        """Shut down (the SIGTERM/SIGINT handler; safe to call from a signal handler or another thread):
+        readiness turns false at once; after ``server.shutdown_delay_seconds`` the server drains and
+        closes. Raises ``RuntimeError`` before ``start``."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("RuntimeServer.stop() before start()")
+        loop.call_soon_threadsafe(lambda: self._tasks.append(loop.create_task(self._drain_then_exit())))
+
+    async def _drain_then_exit(self) -> None:
+        server = self.cfg.server
+        self.announce_shutdown()
+        if server.shutdown_delay_seconds > 0:
+            log.info("not ready; serving %.1f s more before draining", server.shutdown_delay_seconds)
+            await asyncio.sleep(server.shutdown_delay_seconds)
+        t0 = time.monotonic()
+        complete = await self.drain(server.drain_timeout_seconds)
+        log.info(
+            "drained in %.2f s%s; closing",
+            time.monotonic() - t0,
+            "" if complete else f" (timeout {server.drain_timeout_seconds} s: requests still pending)",
+        )
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+
+    async def _load(self) -> None:
+        """Load and warm up the model in daemon threads, then ``attach`` it (ready); on failure exit 1."""
+        try:
+            model = await self._load_model()
+            if self.draining:
+                return
+            try:
+                self.attach(model, BatchSettings.from_config(self._batching))
+            except ValueError as exc:  # a change made during the load that the warmed model cannot take
+                log.error("config changed during the load: %s; using the settings it started with", exc)
+                self.metrics.config_reload_errors.inc()
+                self.attach(model, BatchSettings.from_config(self.cfg.batching))
+            log.info(
+                "ready: serving model %r at http://%s:%d/v2/models/%s",
+                model.name,
+                self.host,
+                self.port,
+                model.name,
+            )
+        except asyncio.CancelledError:  # shutting down during the load
+            raise
+        except BaseException:
+            log.exception("model load failed; exiting")
+            self._failed = True
+            if self._uvicorn is not None:
+                self._uvicorn.should_exit = True
+                self._uvicorn.force_exit = True
+
+    async def _load_model(self) -> ServableModel:
+        from kubeinfer.runtime.models import load_model
+
+        cfg = self.cfg
+        t0 = time.monotonic()
+        log.info(
+            "loading model %r from %r (quantization %s)",
+            cfg.model.name,
+            cfg.model.source,
+            cfg.quantization.mode,
+        )
+        model = await in_daemon_thread(load_model, cfg)
+        log.info("model loaded in %.1f s on %s", time.monotonic() - t0, model.device)
+        if cfg.warmup.enabled:
+            log.info(
+                "warming up: batch sizes 1..%d, %d step(s)", cfg.batching.max_batch_size, cfg.warmup.steps
+            )
+            seconds = await in_daemon_thread(model.warmup, cfg.batching.max_batch_size, cfg.warmup.steps)
+            log.info("warmup done in %.1f s", seconds)
+        else:
+            model.max_batch_size = cfg.batching.max_batch_size
+        self.metrics.set_report(model.report())
+        try:
+            self.metrics.use_device(model.device)
+        except Exception as exc:
+            log.warning("NVML unavailable (%s); device utilization is executor busy time", exc)
+        return model
+
+    def apply_batching(self, batching: BatchingConfig) -> None:
+        """Apply a changed ``batching`` section (the config watcher's callback); while the model loads,
+        keep it for ``attach``. Raises ``ValueError`` (settings unchanged) for one the batcher refuses."""
+        if self.batcher is not None:
+            self.batcher.update_settings(BatchSettings.from_config(batching))
+        self._batching = batching
 
     # ----- state -----------------------------------------------------------------------------------
     @property
@@ -260,3 +439,69 @@ def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
         "inputs": [s.model_dump() for s in model.inputs],
         "outputs": [s.model_dump() for s in model.outputs],
     }
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking listening TCP socket on ``host:port`` (IPv6 when ``host`` has a colon).
+
+    Accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's head and body in two
+    writes, and with Nagle the body waits for the client's delayed ACK (~40 ms per response).
+    Raises ``OSError`` if the address is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` in a daemon thread and await its result.
+
+    Unlike ``asyncio.to_thread`` (the default executor, joined by ``asyncio.run`` at exit), a signal
+    during a long model load does not wait for the load to finish before the process exits."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # the awaiting task was cancelled
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        error: BaseException | None = None
+        result: Any = None
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the process is exiting
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="kubeinfer-load", daemon=True).start()
+    return await future
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server with kubeinfer's shutdown: the first signal calls ``on_signal``
+    (``RuntimeServer.stop``: drain, then close); uvicorn's own handler would close the listener at once
+    and re-raise the signal, so the process would not exit 0. A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+        self._signalled = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._signalled:
+            log.warning("second signal %s: exiting without waiting", sig)
+            self.should_exit = True
+            self.force_exit = True
+            return
+        self._signalled = True
+        log.info("signal %s: draining (not ready, new requests 503)", sig)
+        self._on_signal()
