@@ -1,12 +1,13 @@
 """``kubeinfer-runtime``: the runtime's command line.
 
 ``kubeinfer-runtime serve [--config PATH] [--model SRC] [--quantization Q] [--max-batch-size N]
-[--max-queue-delay SECONDS] [--port P] [--host H] [--device auto|cpu|cuda] [--executors N]``
+[--max-queue-delay SECONDS] [--port P] [--grpc-port P] [--host H] [--device auto|cpu|cuda] [--executors N]``
 
 Flags override the file (also on every hot reload of the file's ``batching`` section). Without a model
 source the bundled all-MiniLM-L6-v2 is served. The process listens at once (``/v2/health/live`` is 200,
 ``/v2/health/ready`` 503), loads and warms up the model in a thread, then turns ready. It logs
-``listening on http://HOST:PORT`` (the real port, also with ``--port 0``) and ``ready``.
+``listening on http://HOST:PORT`` (the real port, also with ``--port 0``), ``grpc listening on HOST:PORT``
+(the Open Inference Protocol's gRPC service, ``kubeinfer.runtime.grpc_server``) and ``ready``.
 
 SIGTERM/SIGINT: readiness turns false; after ``server.shutdown_delay_seconds`` (default 0; set it to a few
 seconds in a cluster so that endpoints stop routing here before requests are refused) new infer requests
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch-size", type=int, help="rows per batch")
     serve.add_argument("--max-queue-delay", type=float, help="seconds the oldest request may wait")
     serve.add_argument("--port", type=int, help="TCP port (0 = any free port)")
+    serve.add_argument("--grpc-port", type=int, help="gRPC port (0 = any free port); default 8081")
     serve.add_argument("--host", help="bind address")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--executors", type=int, help="executor threads (model instances)")
@@ -69,6 +71,8 @@ def overrides_from(args: argparse.Namespace) -> Callable[[RuntimeConfig], Runtim
             data["batching"]["max_queue_delay_seconds"] = args.max_queue_delay
         if args.port is not None:
             data["server"]["port"] = args.port
+        if args.grpc_port is not None:
+            data["server"]["grpc_port"] = args.grpc_port
         if args.host is not None:
             data["server"]["host"] = args.host
         if args.device is not None:

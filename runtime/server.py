@@ -117,6 +117,7 @@ class RuntimeServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._failed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._grpc: Any = None
         routes = [
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready_route, methods=["GET"]),
@@ -159,6 +160,11 @@ class RuntimeServer:
                 on_error=lambda msg: self.metrics.config_reload_errors.inc(),
             )
             self._tasks.append(loop.create_task(watcher.run()))
+        from kubeinfer.runtime.grpc_server import create_grpc_server
+
+        self._grpc, grpc_port = create_grpc_server(self, self.cfg.server.host, self.cfg.server.grpc_port)
+        await self._grpc.start()
+        log.info("grpc listening on %s:%d", self.host, grpc_port)
         log.info("listening on http://%s:%d", self.host, self.port)
         self._serving = loop.create_task(self._uvicorn.serve(sockets=[sock]))
 
@@ -170,6 +176,8 @@ class RuntimeServer:
         try:
             await self._serving
         finally:
+            if self._grpc is not None:
+                await self._grpc.stop(grace=1.0)
             for task in self._tasks:
                 task.cancel()
             for task in self._tasks:
