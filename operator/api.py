@@ -591,7 +591,15 @@ class InferenceServiceSpec(_Spec):
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 #: Condition types the operator writes.
+#: Ready: serving the current generation (every desired replica updated, available and ready).
 CONDITION_READY = "Ready"
+#: Serving: at least one ready pod serves traffic (of any version; true through a rollout).
+CONDITION_SERVING = "Serving"
+#: Reconciling (kstatus): a creation or rollout is in flight; present only while true.
+CONDITION_RECONCILING = "Reconciling"
+#: Stalled (kstatus): a fault that will not resolve by itself (bad image, crash loop, ...); only while true.
+CONDITION_STALLED = "Stalled"
+#: AutoscalingActive: the autoscaler's; removed when autoscaling is off.
 CONDITION_AUTOSCALING_ACTIVE = "AutoscalingActive"
 
 
@@ -686,8 +694,14 @@ class InferenceServiceStatus(_Status):
 
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
-    replicas: int | None = None
-    ready_replicas: int | None = None
+    replicas: int | None = Field(
+        default=None, description="Pods of every version, surge and old ones included (Deployment's)."
+    )
+    ready_replicas: int | None = Field(default=None, description="Ready pods of any version.")
+    updated_replicas: int | None = Field(default=None, description="Pods of the current version.")
+    updated_ready: str | None = Field(
+        default=None, description="Ready pods of the current version / desired replicas, e.g. '1/2'."
+    )
     selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
     batch_timeout: str | None = Field(default=None, description="The batch timeout in force, a duration.")
     url: str | None = None

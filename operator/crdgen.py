@@ -189,7 +189,18 @@ def inference_service_crd() -> dict[str, Any]:
                             "type": "string",
                             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
                         },
-                        {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+                        {
+                            "name": "Serving",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Serving")].status',
+                            "priority": 1,
+                        },
+                        {
+                            "name": "Replicas",
+                            "type": "string",
+                            "jsonPath": ".status.updatedReady",
+                            "description": "Ready replicas of the current version / desired replicas.",
+                        },
                         {
                             "name": "P99",
                             "type": "number",

@@ -72,6 +72,7 @@ POD_DISRUPTION_BUDGET = Resource("policy/v1", "PodDisruptionBudget", "poddisrupt
 PERSISTENT_VOLUME_CLAIM = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 EVENT = Resource("v1", "Event", "events")
 POD = Resource("v1", "Pod", "pods")
+REPLICASET = Resource("apps/v1", "ReplicaSet", "replicasets")
 
 #: Every resource the operator handles, by ``(apiVersion, kind)``.
 _PLURALS: dict[tuple[str, str], str] = {
@@ -84,6 +85,7 @@ _PLURALS: dict[tuple[str, str], str] = {
         PERSISTENT_VOLUME_CLAIM,
         EVENT,
         POD,
+        REPLICASET,
     )
 }
 

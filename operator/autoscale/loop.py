@@ -116,9 +116,14 @@ def condition_after(
     conditions: list[Mapping[str, Any]], status: str, reason: str, message: str, now: str, generation: int
 ) -> list[dict[str, Any]] | None:
     """The conditions list with ``AutoscalingActive`` set (:func:`api.set_condition`), or ``None``
-    when its status and reason are already those (the message alone changing is not worth a write)."""
+    when its status, reason and observedGeneration are already those (the message alone changing is
+    not worth a write; a new generation is, so that every condition's observedGeneration is current)."""
     previous = next((c for c in conditions if c.get("type") == api.CONDITION_AUTOSCALING_ACTIVE), None)
-    if previous is not None and previous.get("status") == status and previous.get("reason") == reason:
+    unchanged = (status, reason, generation)
+    if (
+        previous is not None
+        and (previous.get("status"), previous.get("reason"), previous.get("observedGeneration")) == unchanged
+    ):
         return None
     return api.set_condition(
         conditions,

@@ -220,32 +220,150 @@ def scheduling_asks(pod: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def ready_state(
-    deployment: Mapping[str, Any] | None,
-    *,
-    missing_pvcs: list[str],
-    error: str | None,
-    namespace: str,
-    pods: Sequence[Mapping[str, Any]] | None = None,
-) -> ReadyState:
-    """Readiness of an InferenceService, from what only the operator can see and the Deployment.
+#: Annotation of a Deployment and of its ReplicaSets: the rollout revision (the new ReplicaSet has the
+#: Deployment's).
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
+#: Label of a ReplicaSet's pods: the hash of the pod template it runs.
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"
 
-    Order: an apply/spec error; a missing PersistentVolumeClaim; the Deployment's ``ReplicaFailure``
-    (True), ``Progressing`` (False, e.g. ProgressDeadlineExceeded); then, while the Deployment is not
-    Available, a lasting pod problem (:func:`pod_problem`: bad image, crash loop, unschedulable);
-    then ``Available`` (reason and message of the Deployment's condition carried over).
+
+@dataclass(frozen=True)
+class Rollout:
+    """Where a Deployment's rollout stands, in the Deployment's own counts.
+
+    ``desired``: ``spec.replicas``; ``replicas``: pods of every ReplicaSet (old and surge ones
+    included, as ``status.replicas``); ``updated``: pods of the current template; ``ready``: ready
+    pods (any template); ``available``: ready for ``minReadySeconds``; ``updated_ready``: ready pods
+    of the current template (the new ReplicaSet's ``readyReplicas``; without it, derived: all ready
+    pods when no old pod is left, else the ready pods beyond the old ones, a lower bound);
+    ``observed``: the Deployment controller has seen the current template (``observedGeneration``);
+    ``new_hash``: the new ReplicaSet's ``pod-template-hash`` (``None`` if unknown).
     """
-    if error is not None:
-        return ReadyState("False", "ReconcileFailed", error)
-    if missing_pvcs:
-        names = ", ".join(missing_pvcs)
-        return ReadyState(
-            "False",
-            "PersistentVolumeClaimNotFound",
-            f"PersistentVolumeClaim {names} not found in {namespace}",
+
+    desired: int
+    replicas: int = 0
+    updated: int = 0
+    ready: int = 0
+    available: int = 0
+    updated_ready: int = 0
+    observed: bool = False
+    new_hash: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Serving the current template with every desired replica and nothing else: observed,
+        ``updated == replicas == available == desired`` and every updated pod ready."""
+        counts = (self.updated, self.replicas, self.available, self.updated_ready)
+        return self.observed and all(c == self.desired for c in counts)
+
+    def summary(self) -> str:
+        """``updated-ready/desired``, e.g. ``1/2`` (the Replicas printer column)."""
+        return f"{self.updated_ready}/{self.desired}"
+
+    def message(self) -> str:
+        """The counts in words: ``1/2 replicas updated and ready (2 updated, 2 ready, 3 pods)``."""
+        text = (
+            f"{self.summary()} replicas updated and ready "
+            f"({self.updated} updated, {self.ready} ready, {self.replicas} pods)"
         )
-    if deployment is None:
-        return ReadyState("False", "Creating", "waiting for the Deployment to be created")
+        return (
+            text if self.observed else f"{text}; the Deployment controller has not seen the new template yet"
+        )
+
+
+def _int(mapping: Mapping[str, Any], key: str, default: int = 0) -> int:
+    value = mapping.get(key)
+    try:
+        return default if value is None else int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def new_replicaset(
+    deployment: Mapping[str, Any], replicasets: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """The Deployment's new ReplicaSet among ``replicasets``: the one with its revision annotation."""
+    revision = ((deployment.get("metadata") or {}).get("annotations") or {}).get(REVISION_ANNOTATION)
+    if revision is None:
+        return None
+    for rs in replicasets:
+        if ((rs.get("metadata") or {}).get("annotations") or {}).get(REVISION_ANNOTATION) == revision:
+            return rs
+    return None
+
+
+def rollout_of(
+    deployment: Mapping[str, Any], replicasets: Sequence[Mapping[str, Any]] | None = None
+) -> Rollout:
+    """The :class:`Rollout` of ``deployment`` (as stored); ``replicasets``: its ReplicaSets when
+    listed (for ``updated_ready`` and ``new_hash``)."""
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    meta = deployment.get("metadata") or {}
+    replicas, updated, ready = (
+        _int(status, "replicas"),
+        _int(status, "updatedReplicas"),
+        _int(status, "readyReplicas"),
+    )
+    updated_ready = min(ready, updated) if replicas <= updated else max(0, ready - (replicas - updated))
+    new_rs = new_replicaset(deployment, replicasets or [])
+    new_hash: str | None = None
+    if new_rs is not None:
+        updated_ready = _int(new_rs.get("status") or {}, "readyReplicas")
+        new_hash = ((new_rs.get("metadata") or {}).get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL)
+    return Rollout(
+        desired=_int(spec, "replicas", 1),
+        replicas=replicas,
+        updated=updated,
+        ready=ready,
+        available=_int(status, "availableReplicas"),
+        updated_ready=updated_ready,
+        observed=_int(status, "observedGeneration") >= _int(meta, "generation"),
+        new_hash=new_hash,
+    )
+
+
+def _new_pods(pods: Sequence[Mapping[str, Any]], new_hash: str | None) -> list[Mapping[str, Any]]:
+    """The pods of the new ReplicaSet (all pods when it is not known)."""
+    if new_hash is None:
+        return list(pods)
+    return [
+        p
+        for p in pods
+        if ((p.get("metadata") or {}).get("labels") or {}).get(POD_TEMPLATE_HASH_LABEL) == new_hash
+    ]
+
+
+@dataclass(frozen=True)
+class Health:
+    """The conditions the operator derives (see README "Status and conditions").
+
+    ``ready``: serving the current generation with every desired replica; ``serving``: at least one
+    ready pod serves traffic (old or new version); ``reconciling``/``stalled``: kstatus's
+    abnormal-true conditions, present only while true (``None`` = removed): a rollout (or creation)
+    in flight, and a fault that will not resolve by itself; ``rollout``: the Deployment's counts.
+    """
+
+    ready: ReadyState
+    serving: ReadyState = ReadyState("False", "NoReadyReplicas", "no ready replica serves")
+    reconciling: ReadyState | None = None
+    stalled: ReadyState | None = None
+    rollout: Rollout | None = None
+
+
+def serving_state(rollout: Rollout | None) -> ReadyState:
+    """``Serving``: True while at least one pod is ready (the Service routes to it)."""
+    if rollout is None or rollout.ready == 0:
+        return ReadyState("False", "NoReadyReplicas", "no ready replica serves")
+    return ReadyState(
+        "True",
+        "ReadyReplicas",
+        f"{rollout.ready} ready replica(s) serve, {rollout.updated_ready} of the current version",
+    )
+
+
+def _deployment_fault(deployment: Mapping[str, Any]) -> ReadyState | None:
+    """The Deployment's own failure conditions: ``ReplicaFailure`` True, ``Progressing`` False."""
     conds = conditions_of(deployment)
     failure = conds.get("ReplicaFailure")
     if failure is not None and failure.get("status") == "True":
@@ -257,50 +375,202 @@ def ready_state(
         return ReadyState(
             "False", str(progressing.get("reason") or "ProgressFailed"), str(progressing.get("message") or "")
         )
-    available = conds.get("Available")
-    if (available is None or available.get("status") != "True") and pods:
-        problem = pod_problem(pods)
-        if problem is not None:
-            return problem
-    if available is None:
-        return ReadyState("False", "Progressing", "waiting for the Deployment to report availability")
-    status = "True" if available.get("status") == "True" else "False"
-    reason = str(available.get("reason") or ("Available" if status == "True" else "Unavailable"))
-    dstatus = deployment.get("status") or {}
-    message = str(available.get("message") or "")
-    if status == "True":
-        message = f"{dstatus.get('readyReplicas', 0)}/{dstatus.get('replicas', 0)} replicas ready"
-    return ReadyState(status, reason, message)  # type: ignore[arg-type]
+    return None
+
+
+def _operator_fault(missing_pvcs: list[str], error: str | None, namespace: str) -> ReadyState | None:
+    if error is not None:
+        return ReadyState("False", "ReconcileFailed", error)
+    if missing_pvcs:
+        names = ", ".join(missing_pvcs)
+        return ReadyState(
+            "False",
+            "PersistentVolumeClaimNotFound",
+            f"PersistentVolumeClaim {names} not found in {namespace}",
+        )
+    return None
+
+
+def health(
+    deployment: Mapping[str, Any] | None,
+    *,
+    missing_pvcs: list[str],
+    error: str | None,
+    namespace: str,
+    pods: Sequence[Mapping[str, Any]] | None = None,
+    replicasets: Sequence[Mapping[str, Any]] | None = None,
+) -> Health:
+    """The conditions of an InferenceService, from what only the operator can see and the Deployment.
+
+    Faults first (``Ready=False`` with their reason, ``Stalled=True``): an apply error; a missing
+    PersistentVolumeClaim; the Deployment's ``ReplicaFailure`` (True) or ``Progressing`` (False,
+    e.g. ProgressDeadlineExceeded); while the rollout is not complete, a lasting problem of the new
+    ReplicaSet's pods (:func:`pod_problem`: bad image, crash loop, unschedulable). Else, while the
+    rollout is not complete (:attr:`Rollout.complete`), ``Ready=False Progressing`` and
+    ``Reconciling=True`` with the counts; else ``Ready=True`` (the reason of the Deployment's
+    ``Available`` condition carried over). ``Serving`` follows the ready pods in every case.
+    """
+    rollout = rollout_of(deployment, replicasets) if deployment is not None else None
+    serving = serving_state(rollout)
+    fault = _operator_fault(missing_pvcs, error, namespace)
+    if fault is None and deployment is None:
+        creating = ReadyState("False", "Creating", "waiting for the Deployment to be created")
+        return Health(creating, serving, reconciling=ReadyState("True", "Creating", creating.message))
+    if fault is None and deployment is not None and rollout is not None:
+        fault = _deployment_fault(deployment)
+        if fault is None and not rollout.complete and pods:
+            fault = pod_problem(_new_pods(pods, rollout.new_hash))
+    if fault is not None:
+        return Health(
+            fault, serving, stalled=ReadyState("True", fault.reason, fault.message), rollout=rollout
+        )
+    assert deployment is not None and rollout is not None
+    if not rollout.complete:
+        progressing = ReadyState("False", "Progressing", rollout.message())
+        reconciling = ReadyState("True", "RolloutInProgress", rollout.message())
+        return Health(progressing, serving, reconciling=reconciling, rollout=rollout)
+    available = conditions_of(deployment).get("Available") or {}
+    reason = str(available.get("reason") or "RolloutComplete")
+    message = f"{rollout.summary()} replicas ready"
+    return Health(ReadyState("True", reason, message), serving, rollout=rollout)
+
+
+def ready_state(
+    deployment: Mapping[str, Any] | None,
+    *,
+    missing_pvcs: list[str],
+    error: str | None,
+    namespace: str,
+    pods: Sequence[Mapping[str, Any]] | None = None,
+) -> ReadyState:
+    """The ``Ready`` condition alone (:func:`health`)."""
+    return health(deployment, missing_pvcs=missing_pvcs, error=error, namespace=namespace, pods=pods).ready
+
+
+def conditions_for(
+    current_status: Mapping[str, Any], state: Health, now: str, generation: int, *, autoscaling: bool
+) -> list[dict[str, Any]]:
+    """``status.conditions``: Ready (first), Serving, Reconciling and Stalled (removed when false)
+    set from ``state``; AutoscalingActive (the autoscaler's) kept while autoscaling is on, removed when
+    it is off; every condition the operator sets carries ``generation``."""
+    conds = ready_conditions(current_status, state.ready, now, generation)
+    s = state.serving
+    conds = api.set_condition(conds, api.CONDITION_SERVING, s.status, s.reason, s.message, now, generation)
+    for type_, value in (
+        (api.CONDITION_RECONCILING, state.reconciling),
+        (api.CONDITION_STALLED, state.stalled),
+    ):
+        if value is None:
+            conds = api.remove_condition(conds, type_)
+        else:
+            conds = api.set_condition(
+                conds, type_, value.status, value.reason, value.message, now, generation
+            )
+    if not autoscaling:
+        conds = api.remove_condition(conds, api.CONDITION_AUTOSCALING_ACTIVE)
+    return conds
+
+
+def fault_conditions(
+    current_status: Mapping[str, Any], ready: ReadyState, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """``status.conditions`` for a fault found before the Deployment is looked at (an invalid spec):
+    Ready and ``Stalled=True`` with its reason, Reconciling removed, the other types kept."""
+    conds = ready_conditions(current_status, ready, now, generation)
+    conds = api.remove_condition(conds, api.CONDITION_RECONCILING)
+    return api.set_condition(
+        conds, api.CONDITION_STALLED, "True", ready.reason, ready.message, now, generation
+    )
 
 
 def desired_status(
     isvc: api.InferenceService,
     deployment: Mapping[str, Any] | None,
-    ready: ReadyState,
+    state: Health,
     current_status: Mapping[str, Any],
     now: str,
 ) -> dict[str, Any]:
     """The status fields the operator owns (camelCase), given the current status (for transitions).
 
-    The Ready condition keeps its ``lastTransitionTime`` unless its status changes (``now``: RFC
-    3339). Other condition types (the autoscaler's) are kept as they are. ``batchTimeout``: with
-    autoscaling off the spec's maxQueueDelay; with it on, only filled in when the autoscaler has not
-    set one yet (the value in force, so the printer column is never empty).
+    Conditions from :func:`conditions_for` (``now``: RFC 3339; a condition keeps its
+    ``lastTransitionTime`` unless its status changes). Counts mirror the Deployment's
+    (``replicas`` counts old and surge pods too; ``updatedReplicas``, ``readyReplicas``);
+    ``updatedReady`` is ``updated-ready/desired`` (the Replicas printer column). ``batchTimeout``:
+    with autoscaling off the spec's maxQueueDelay; with it on, only filled in when the autoscaler has
+    not set one yet (the value in force, so the printer column is never empty). With autoscaling off,
+    the autoscaler's ``observed`` is removed (``None`` in a merge patch deletes the field).
     """
     dstatus = (deployment or {}).get("status") or {}
+    autoscaling = isvc.spec.autoscaling.enabled
+    rollout = state.rollout or Rollout(desired=plan_desired(isvc))
     out: dict[str, Any] = {
         "observedGeneration": isvc.generation,
-        "conditions": ready_conditions(current_status, ready, now, isvc.generation),
+        "conditions": conditions_for(current_status, state, now, isvc.generation, autoscaling=autoscaling),
         "replicas": int(dstatus.get("replicas") or 0),
         "readyReplicas": int(dstatus.get("readyReplicas") or 0),
+        "updatedReplicas": int(dstatus.get("updatedReplicas") or 0),
+        "updatedReady": rollout.summary(),
         "selector": selector_string(isvc),
         "url": api.service_url(isvc.name, isvc.namespace),
     }
-    if not isvc.spec.autoscaling.enabled or not current_status.get("batchTimeout"):
+    if not autoscaling:
+        out["observed"] = None
+    if not autoscaling or not current_status.get("batchTimeout"):
         out["batchTimeout"] = api.format_duration(
             isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))
         )
     return out
+
+
+def plan_desired(isvc: api.InferenceService) -> int:
+    """Replicas the InferenceService asks for before its Deployment exists."""
+    spec = isvc.spec
+    return spec.autoscaling.min_replicas if spec.autoscaling.enabled else spec.replicas
+
+
+#: Ready=False reasons of a healthy start-up or rollout: no Event (the rollout's own Events say it).
+EXPECTED_NOT_READY_REASONS = frozenset({"Creating", "Progressing"})
+
+#: An Event to post: ``(type, reason, message)``; type ``Normal`` or ``Warning``.
+Event = tuple[str, str, str]
+
+
+def transition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """The Events for the change of ``status.conditions`` from ``before`` to ``after``.
+
+    Normal for expected transitions: ``RolloutStarted`` when Reconciling turns true (with the
+    counts), ``RolloutFinished`` when Ready turns true as it ends, else the Ready reason when Ready
+    turns true (e.g. a fault cleared). Warning only for faults: Ready turning false, or changing
+    reason while false, with a reason not in :data:`EXPECTED_NOT_READY_REASONS`. Nothing when the
+    conditions did not change in status or reason (a new message alone, e.g. new counts).
+    """
+    old, new = (
+        conditions_of({"status": {"conditions": before}}),
+        conditions_of({"status": {"conditions": after}}),
+    )
+
+    def key(conds: Mapping[str, Mapping[str, Any]], type_: str) -> tuple[str, str]:
+        c = conds.get(type_) or {}
+        return str(c.get("status", "")), str(c.get("reason", ""))
+
+    events: list[Event] = []
+    rec_before, rec_after = key(old, api.CONDITION_RECONCILING)[0], key(new, api.CONDITION_RECONCILING)[0]
+    if rec_after == "True" and rec_before != "True":
+        events.append(("Normal", "RolloutStarted", str(new[api.CONDITION_RECONCILING].get("message", ""))))
+    ready = new.get(api.CONDITION_READY)
+    if ready is None or key(old, api.CONDITION_READY) == key(new, api.CONDITION_READY):
+        return events
+    status, reason, message = (
+        str(ready.get("status")),
+        str(ready.get("reason")),
+        str(ready.get("message", "")),
+    )
+    if status == "True":
+        finished = rec_before == "True" and rec_after != "True"
+        events.append(("Normal", "RolloutFinished" if finished else reason, f"Ready=True: {message}"))
+    elif reason not in EXPECTED_NOT_READY_REASONS:
+        events.append(("Warning", reason, f"Ready={status}: {message}"))
+    return events
 
 
 def status_patch(desired: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:

@@ -81,7 +81,7 @@ class Reconciler:
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     _retries: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
-    _events: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    _events: dict[tuple[str, str], list[plan.Event]] = field(default_factory=dict)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -256,31 +256,45 @@ class Reconciler:
         for kind in (k for k, obj in built.items() if obj is None):
             await self._delete_unwanted(body, lookup, kind)
 
+        state = await self._observe(isvc, deployment, error)
+        desired_status = plan.desired_status(isvc, deployment, state, current_status, self.clock())
+        await self._write_status(body, current_status, desired_status)
+
+    async def _observe(
+        self, isvc: api.InferenceService, deployment: Mapping[str, Any] | None, error: str | None
+    ) -> plan.Health:
+        """:func:`plan.health` from the PersistentVolumeClaims and, while a rollout is not complete,
+        the ReplicaSets and pods (listed only then: a steady state reads nothing more)."""
+        namespace = isvc.namespace
         missing: list[str] = []
         for claim in isvc.spec.pvc_claims():
             if await self.kube.get(k8s.PERSISTENT_VOLUME_CLAIM.path(namespace, claim)) is None:
                 missing.append(claim)
         pods: list[dict[str, Any]] = []
-        available = plan.conditions_of(deployment).get("Available")
-        if (
-            deployment is not None
-            and not missing
-            and (available is None or available.get("status") != "True")
-        ):
-            pods = await self.kube.list(k8s.POD.path(namespace), label_selector=selector_string(isvc))
-        ready = plan.ready_state(
-            deployment, missing_pvcs=missing, error=error, namespace=namespace, pods=pods
+        replicasets: list[dict[str, Any]] = []
+        if deployment is not None and not missing and not plan.rollout_of(deployment).complete:
+            selector = selector_string(isvc)
+            replicasets, pods = await asyncio.gather(
+                self.kube.list(k8s.REPLICASET.path(namespace), label_selector=selector),
+                self.kube.list(k8s.POD.path(namespace), label_selector=selector),
+            )
+        return plan.health(
+            deployment,
+            missing_pvcs=missing,
+            error=error,
+            namespace=namespace,
+            pods=pods,
+            replicasets=replicasets,
         )
-        desired_status = plan.desired_status(isvc, deployment, ready, current_status, self.clock())
-        await self._write_status(body, current_status, desired_status, ready)
 
     async def _write_status(
         self,
         body: Mapping[str, Any],
         current_status: Mapping[str, Any],
         desired_status: dict[str, Any],
-        ready: plan.ReadyState,
     ) -> None:
+        """Merge-patch the status fields that differ (none: no request), then post the Events of the
+        conditions' transitions (:func:`plan.transition_events`), once per transition."""
         meta = body.get("metadata") or {}
         namespace, name = str(meta["namespace"]), str(meta["name"])
         patch = plan.status_patch(desired_status, current_status)
@@ -293,17 +307,13 @@ class Reconciler:
             )
             if _rv(stored) > _rv(self.bodies.get((namespace, name))):
                 self.bodies[(namespace, name)] = stored
-        # Events on transitions of Ready only (status or reason), once per transition.
-        previous = next(
-            (c for c in current_status.get("conditions") or [] if c.get("type") == api.CONDITION_READY), None
-        )
-        before = (str(previous.get("status")), str(previous.get("reason"))) if previous else ("", "")
-        after = (ready.status, ready.reason)
-        if before != after and self._events.get((namespace, name)) != after:
-            self._events[(namespace, name)] = after
-            type_ = "Normal" if ready.status == "True" else "Warning"
-            if ready.reason not in ("Creating", "Progressing") or ready.status == "True":
-                self._event_later(body, ready.reason, f"Ready={ready.status}: {ready.message}", type_)
+        if "conditions" not in patch:
+            return
+        events = plan.transition_events(current_status.get("conditions") or [], patch["conditions"])
+        if events and self._events.get((namespace, name)) != events:
+            self._events[(namespace, name)] = events  # the watch may not show our patch yet
+            for type_, reason, message in events:
+                self._event_later(body, reason, message, type_)
 
     async def _write_api_error(self, body: Mapping[str, Any], failures: int, error: str) -> None:
         """Write ``Ready=False ApiServerError`` when :func:`plan.api_error_state` says so (best effort).
@@ -322,7 +332,7 @@ class Reconciler:
                 return
             generation = int((current.get("metadata") or {}).get("generation") or 0)
             desired = {"conditions": plan.ready_conditions(current_status, ready, self.clock(), generation)}
-            await self._write_status(current, current_status, desired, ready)
+            await self._write_status(current, current_status, desired)
 
         try:
             await self.kube.retry_on_conflict(isvc_path(*key), body, write)
@@ -336,9 +346,9 @@ class Reconciler:
         generation = int((body.get("metadata") or {}).get("generation") or 0)
         desired = {
             "observedGeneration": generation,
-            "conditions": plan.ready_conditions(current_status, ready, self.clock(), generation),
+            "conditions": plan.fault_conditions(current_status, ready, self.clock(), generation),
         }
-        await self._write_status(body, current_status, desired, ready)
+        await self._write_status(body, current_status, desired)
 
     async def _delete_unwanted(self, body: Mapping[str, Any], lookup: Lookup, kind: str) -> None:
         """Delete the owned object of ``kind`` that the spec no longer wants (its builder gave ``None``:

@@ -31,6 +31,7 @@ NAMESPACED = {
     ("", "persistentvolumeclaims", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    ("apps", "replicasets", "list"),
     ("", "events", "create"),
 }
 CRD_SCAN = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}

@@ -58,7 +58,16 @@ def test_desired_replicas_never_fights_the_autoscaler() -> None:
 
 
 def _deployment(*conds: dict[str, str], ready: int = 0, replicas: int = 1) -> dict[str, Any]:
-    return {"status": {"conditions": list(conds), "readyReplicas": ready, "replicas": replicas}}
+    """A Deployment of 1 replica whose controller has seen its template; ``ready`` pods of it are ready."""
+    status = {
+        "conditions": list(conds),
+        "readyReplicas": ready,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "availableReplicas": ready,
+        "observedGeneration": 1,
+    }
+    return {"metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": status}
 
 
 def test_ready_state_from_deployment_conditions() -> None:
@@ -144,7 +153,7 @@ def test_pod_problems_surface_while_unavailable() -> None:
 
 
 def test_status_keeps_transition_time_and_other_conditions() -> None:
-    isvc = _isvc()
+    isvc = _isvc(autoscaling={"enabled": True})
     ready = plan.ReadyState("False", "MinimumReplicasUnavailable", "m")
     other = {"type": "AutoscalingActive", "status": "True", "reason": "X", "message": ""}
     previous = {
@@ -155,9 +164,14 @@ def test_status_keeps_transition_time_and_other_conditions() -> None:
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
     current = {"conditions": [previous, other]}
-    desired = plan.desired_status(isvc, _deployment(), ready, current, now="2026-02-02T00:00:00Z")
+    desired = plan.desired_status(
+        isvc, _deployment(), plan.Health(ready), current, now="2026-02-02T00:00:00Z"
+    )
     assert desired["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert other in desired["conditions"]
+    off = plan.desired_status(_isvc(), _deployment(), plan.Health(ready), current, now="T")
+    assert [c["type"] for c in off["conditions"]] == ["Ready", "Serving"]  # AutoscalingActive removed
+    assert off["observed"] is None  # a merge patch's None deletes the autoscaler's observed signals
     assert desired["batchTimeout"] == "5ms"
     assert desired["url"] == "http://m.ns.svc.cluster.local:8080"
     assert plan.status_patch(desired, desired) == {}
