@@ -3,10 +3,12 @@
 Routes (``{v}`` forms are what ``tritonclient.http`` uses when given a model version; this server
 serves version ``1`` of its one model):
 
-- ``GET /v2/health/live``: 200 while the process runs.
-- ``GET /v2/health/ready``: 200 once the model is loaded and warmed up, 503 before and while draining.
+- ``GET /v2/health/live``: 200 ``{"live": true}`` while the process runs.
+- ``GET /v2/health/ready``: 200 ``{"ready": true}`` once the model is loaded and warmed up, 503
+  ``{"ready": false, "error": ...}`` before and while draining (the bodies of KServe's model server).
 - ``GET /v2``: server metadata. ``GET /v2/models/{name}[/versions/{v}]``: model metadata.
-- ``GET /v2/models/{name}[/versions/{v}]/ready``: 200 ready, 503 not (yet) ready, 404 unknown model.
+- ``GET /v2/models/{name}[/versions/{v}]/ready``: 200 ``{"name": ..., "ready": true}``, 503 not (yet)
+  ready, 404 unknown model.
 - ``POST /v2/models/{name}[/versions/{v}]/infer``: inference (JSON or binary tensor data).
 - ``GET /metrics``: Prometheus text format (``kubeinfer.runtime.metrics``).
 
@@ -54,6 +56,10 @@ MODEL_VERSION = "1"
 #: HTTP body limit relative to ``limits.max_request_bytes`` (JSON encodes numbers in several bytes).
 BODY_LIMIT_FACTOR = 4
 _JSON = "application/json"
+# Health bodies as KServe's model server answers them (its Python SDK's is_server_live/ready read them;
+# tritonclient reads only the status code).
+_LIVE = encode_json({"live": True})
+_READY = encode_json({"ready": True})
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -315,13 +321,15 @@ class RuntimeServer:
 
     # ----- routes ----------------------------------------------------------------------------------
     async def live(self, request: Request) -> Response:
-        return Response(b"", 200)
+        """200 ``{"live": true}`` while the process runs."""
+        return Response(_LIVE, 200, media_type=_JSON)
 
     async def ready_route(self, request: Request) -> Response:
+        """200 ``{"ready": true}``; 503 ``{"ready": false, "error": why}`` while loading or shutting down."""
         if self.ready:
-            return Response(b"", 200)
-        stopping = self.draining or self.stopping
-        return error_response(503, "shutting down" if stopping else "model loading or warming up")
+            return Response(_READY, 200, media_type=_JSON)
+        why = "shutting down" if self.draining or self.stopping else "model loading or warming up"
+        return Response(encode_json({"ready": False, "error": why}), 503, media_type=_JSON)
 
     async def server_metadata(self, request: Request) -> Response:
         doc = {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": ["binary_tensor_data"]}
@@ -343,9 +351,10 @@ class RuntimeServer:
         return Response(encode_json(model_metadata_doc(model)), 200, media_type=_JSON)
 
     async def model_ready(self, request: Request) -> Response:
+        """200 ``{"name": model, "ready": true}``; 503 not (yet) ready; 404 unknown model or version."""
         self._check_model(request)
         if self.ready:
-            return Response(b"", 200)
+            return Response(encode_json({"name": self.model_name, "ready": True}), 200, media_type=_JSON)
         raise HTTPError(f"model '{self.model_name}' is not ready", 503)
 
     async def metrics_route(self, request: Request) -> Response:

@@ -71,12 +71,18 @@ async def test_not_ready_until_attached_then_infers_binary_and_json(served) -> N
     server, model, client = served
     assert (await client.get("/v2/health/live")).status_code == 200
     assert (await client.get("/v2/health/ready")).status_code == 503
+    # the bodies of KServe's model server (its SDK's is_server_live/ready parse them)
+    assert (await client.get("/v2/health/live")).json() == {"live": True}
+    not_ready = (await client.get("/v2/health/ready")).json()
+    assert not_ready["ready"] is False and "loading" in not_ready["error"]
     body, headers = triton_body(np.ones((1, 2), np.float32))
     r = await client.post("/v2/models/fake/infer", content=body, headers=headers)
     assert r.status_code == 503 and "not ready" in r.json()["error"]
     server.attach(model)
     assert (await client.get("/v2/health/ready")).status_code == 200
     assert (await client.get("/v2/models/fake/ready")).status_code == 200
+    assert (await client.get("/v2/health/ready")).json() == {"ready": True}
+    assert (await client.get("/v2/models/fake/ready")).json() == {"name": "fake", "ready": True}
     meta = (await client.get("/v2/models/fake")).json()
     assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}]
     x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
@@ -88,6 +94,7 @@ async def test_not_ready_until_attached_then_infers_binary_and_json(served) -> N
         np.testing.assert_array_equal(parse(r).as_numpy("y"), 2 * x)
     server.announce_shutdown()  # SIGTERM with a shutdown delay: not ready, still serving
     assert (await client.get("/v2/health/ready")).status_code == 503
+    assert (await client.get("/v2/health/ready")).json() == {"ready": False, "error": "shutting down"}
     body, headers = triton_body(x)
     assert (await client.post("/v2/models/fake/infer", content=body, headers=headers)).status_code == 200
     gz = gzip.compress(triton_body(x, binary=False, outputs=["y"])[0])
