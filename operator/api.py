@@ -149,6 +149,14 @@ class _Status(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
+def _if_durations(rule: str, *fields: str) -> str:
+    """The CEL ``rule`` guarded so that it runs only once every duration field in ``fields`` (names
+    under ``self``) matched :data:`DURATION_PATTERN`: a bad value then gets the pattern's error alone,
+    not also CEL's "type conversion error from 'string' to 'google.protobuf.Duration'"."""
+    guard = " && ".join(f"self.{f}.matches(r'{DURATION_PATTERN}')" for f in fields)
+    return f"!({guard}) || ({rule})"
+
+
 def _cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> JsonDict:
     """One ``x-kubernetes-validations`` entry (``fieldPath``/``reason`` need Kubernetes >= 1.28)."""
     out: JsonDict = {"rule": rule, "message": message}
@@ -276,7 +284,7 @@ class BatchingSpec(_Spec):
                     "FieldValueInvalid",
                 ),
                 _cel(
-                    "duration(self.maxQueueDelay) <= duration('10s')",
+                    _if_durations("duration(self.maxQueueDelay) <= duration('10s')", "maxQueueDelay"),
                     "spec.batching.maxQueueDelay must be at most 10s",
                     ".maxQueueDelay",
                     "FieldValueInvalid",
@@ -374,13 +382,13 @@ class BatchTimeoutBounds(_Spec):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "duration(self.min) <= duration(self.max)",
+                    _if_durations("duration(self.min) <= duration(self.max)", "min", "max"),
                     "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max",
                     ".min",
                     "FieldValueInvalid",
                 ),
                 _cel(
-                    "duration(self.max) <= duration('10s')",
+                    _if_durations("duration(self.max) <= duration('10s')", "max"),
                     "spec.autoscaling.batchTimeout.max must be at most 10s",
                     ".max",
                     "FieldValueInvalid",
@@ -428,13 +436,13 @@ class AutoscalingSpec(_Spec):
                     "FieldValueInvalid",
                 ),
                 _cel(
-                    "duration(self.targetP99) > duration('0s')",
+                    _if_durations("duration(self.targetP99) > duration('0s')", "targetP99"),
                     "spec.autoscaling.targetP99 must be greater than 0",
                     ".targetP99",
                     "FieldValueInvalid",
                 ),
                 _cel(
-                    "duration(self.window) > duration('0s')",
+                    _if_durations("duration(self.window) > duration('0s')", "window"),
                     "spec.autoscaling.window must be greater than 0 (a PromQL range)",
                     ".window",
                     "FieldValueInvalid",

@@ -71,3 +71,39 @@ def test_valid_quantities_are_accepted(cluster: Cluster, crds: None, namespace: 
         "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+#: Bad durations that CEL rules also read: each must get the pattern's error alone, not also CEL's
+#: "type conversion error from 'string' to 'google.protobuf.Duration'" from a rule parsing it.
+ONE_ERROR: list[tuple[str, dict[str, Any], str]] = [
+    ("spaced-queue-delay", {"batching": {"maxQueueDelay": "5 ms"}}, "spec.batching.maxQueueDelay"),
+    ("unitless-target", {"autoscaling": {"targetP99": "200"}}, "spec.autoscaling.targetP99"),
+    ("spaced-window", {"autoscaling": {"window": "1 m"}}, "spec.autoscaling.window"),
+    (
+        "bad-timeout-max",
+        {"autoscaling": {"batchTimeout": {"max": "50 ms"}}},
+        "spec.autoscaling.batchTimeout.max",
+    ),
+    (
+        "bad-timeout-min",
+        {"autoscaling": {"batchTimeout": {"min": "ms"}}},
+        "spec.autoscaling.batchTimeout.min",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "spec_patch, field", [(p, f) for _, p, f in ONE_ERROR], ids=[i for i, _, _ in ONE_ERROR]
+)
+def test_bad_duration_gets_one_error(
+    cluster: Cluster, crds: None, namespace: str, spec_patch: dict[str, Any], field: str
+) -> None:
+    manifest = _merge(BASE, {"spec": spec_patch})
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+    assert result.returncode != 0, f"accepted: {manifest}"
+    assert field in result.stderr and "should match" in result.stderr, result.stderr
+    assert "type conversion error" not in result.stderr, result.stderr
+    # one error: kubectl lists several as "* field: ..." bullets, one without
+    assert "\n* " not in result.stderr and not result.stderr.lstrip().startswith("* "), result.stderr
