@@ -27,8 +27,15 @@ Policy (``plan_batch``, pure, unit-tested without threads):
 
 Per request: ``timeout`` (microseconds, Triton semantics) is enforced while queued by a timer on the
 event loop: when it expires before the request's batch is taken, the request fails with 504. Once a
-batch is taken it runs to completion. The queue holds at most ``max_queue_size`` requests; beyond it
-submission fails at once with 429 and a ``Retry-After`` hint.
+batch is taken it runs to completion.
+
+Load shedding (``Batcher._admit``): the queue holds at most ``max_queue_size`` requests, and a level
+with a limit in ``priority_queue_sizes`` (Triton's per-priority queue policy) at most that many. When
+the whole queue is full, an arrival of a higher priority than the lowest queued one displaces the
+newest request of the lowest queued level, which fails with 429; otherwise (its own level full, or
+nothing of a lower priority queued) the arrival fails at once with 429. Both carry a ``Retry-After``
+hint, and ``kubeinfer_shed_requests_total{priority, reason}`` counts them, so a tier is only shed
+after every lower tier.
 
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``.
 
@@ -46,7 +53,7 @@ import itertools
 import logging
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -70,6 +77,8 @@ class BatchSettings:
         priority_levels: valid ``priority`` values are 1..priority_levels (1 highest); 0 = default.
         default_priority_level: level of requests that give no priority (or 0).
         preferred_batch_sizes: rows counts dispatched at once when reached (see ``plan_batch``).
+        priority_queue_sizes: level -> queued requests beyond which an arrival at that level gets 429
+            (levels not in it: only ``max_queue_size``).
     """
 
     max_batch_size: int = 32
@@ -78,6 +87,7 @@ class BatchSettings:
     priority_levels: int = 2
     default_priority_level: int = 2
     preferred_batch_sizes: tuple[int, ...] = ()
+    priority_queue_sizes: Mapping[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: BatchingConfig) -> BatchSettings:
@@ -89,6 +99,7 @@ class BatchSettings:
             priority_levels=cfg.priority_levels,
             default_priority_level=cfg.default_priority_level,
             preferred_batch_sizes=tuple(cfg.preferred_batch_sizes),
+            priority_queue_sizes=dict(cfg.priority_queue_sizes),
         )
 
 
@@ -334,7 +345,7 @@ class Batcher:
         level = self.priority_level(priority)
         _check_timeout(timeout_us)
         rows = self._rows(inputs)
-        self._admit()
+        self._admit(level)
         loop = asyncio.get_running_loop()
         req = QueuedRequest(
             inputs=inputs,
@@ -370,17 +381,32 @@ class Batcher:
             )
         return rows
 
-    def _admit(self) -> None:
-        """Raise ``ServingError`` 429 (with ``Retry-After``) when the queue is full."""
+    def _admit(self, level: int) -> None:
+        """Make room for an arrival at ``level`` or refuse it (see "Load shedding" in the module
+        docstring). Raises ``ServingError`` 429 with ``Retry-After`` when it is refused."""
         s = self._settings
-        if self._queued >= s.max_queue_size:
-            retry = max(1, math.ceil(s.max_queue_delay_seconds + 0.5))
-            raise ServingError(
-                f"queue full ({self._queued} requests queued, max_queue_size {s.max_queue_size}); "
-                "retry later",
-                429,
-                {"Retry-After": str(retry)},
-            )
+        queued_here = len(self._levels.get(level, ()))
+        level_limit = s.priority_queue_sizes.get(level)
+        if level_limit is not None and queued_here >= level_limit:
+            self._shed(level, "refused")
+            raise self._queue_full(f"{queued_here} requests queued at priority {level}, limit {level_limit}")
+        if self._queued < s.max_queue_size:
+            return
+        lowest = max((lv for lv, reqs in self._levels.items() if reqs), default=None)
+        if lowest is None or lowest <= level:
+            self._shed(level, "refused")
+            raise self._queue_full(f"{self._queued} requests queued, max_queue_size {s.max_queue_size}")
+        victim = next(reversed(self._levels[lowest].values()))  # the newest of the lowest level
+        self._remove(victim)
+        self._shed(lowest, "displaced")
+        victim.fail(self._queue_full(f"displaced by a request of priority {level}"))
+
+    def _queue_full(self, why: str) -> ServingError:
+        retry = max(1, math.ceil(self._settings.max_queue_delay_seconds + 0.5))
+        return ServingError(f"queue full ({why}); retry later", 429, {"Retry-After": str(retry)})
+
+    def _shed(self, level: int, reason: str) -> None:
+        self.metrics.shed_requests.labels(self.metrics.model, str(level), reason).inc()
 
     def _remove(self, req: QueuedRequest) -> bool:
         level = self._levels.get(req.level)

@@ -106,11 +106,22 @@ class BatchingConfig(_Strict):
     default_priority_level: int = Field(
         default=2, ge=1, le=16, description="Level of requests without a priority (or priority 0)."
     )
+    priority_queue_sizes: dict[int, int] = Field(
+        default_factory=dict,
+        description="Priority level -> queued requests beyond which an arrival at that level gets 429 "
+        "(Triton's per-priority max_queue_size); levels not listed: only max_queue_size.",
+    )
 
     @model_validator(mode="after")
     def _default_level_in_range(self) -> BatchingConfig:
         if self.default_priority_level > self.priority_levels:
             raise ValueError("batching.default_priority_level must be <= batching.priority_levels")
+        for level, size in self.priority_queue_sizes.items():
+            if not 1 <= level <= self.priority_levels or size < 1:
+                raise ValueError(
+                    "batching.priority_queue_sizes: levels must be within 1..priority_levels and sizes >= 1, "
+                    f"got {level}: {size}"
+                )
         return self
 
 
@@ -167,6 +178,8 @@ class RuntimeConfig(_Strict):
     def to_yaml(self) -> str:
         """Render as the YAML text the runtime reads (keys sorted, stable for golden files)."""
         data: dict[str, Any] = self.model_dump(mode="json")
+        if not self.batching.priority_queue_sizes:  # optional: unset, the file reads as before it existed
+            del data["batching"]["priority_queue_sizes"]
         return yaml.safe_dump(data, sort_keys=True)
 
     @classmethod

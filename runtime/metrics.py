@@ -22,6 +22,9 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   ``kubeinfer_quantization_cosine_mean_ratio`` and ``kubeinfer_quantization_retrieval_agreement_ratio``
   (set when the model reports them).
 - ``kubeinfer_config_reload_errors_total`` counter: config-file changes rejected by the watcher.
+- ``kubeinfer_shed_requests_total{priority, reason}`` counter: requests answered 429 because the queue
+  was full, by priority level (1 highest): ``refused`` at arrival, or ``displaced`` from the queue by an
+  arrival of a higher priority.
 """
 
 from __future__ import annotations
@@ -226,6 +229,13 @@ class RuntimeMetrics:
             labels,
             registry=r,
         ).labels(model)
+        self.shed_requests = Counter(
+            "kubeinfer_shed_requests",
+            "Requests answered 429 because the queue was full, by priority level and reason "
+            "(refused at arrival, displaced by a higher priority).",
+            ["model", "priority", "reason"],
+            registry=r,
+        )
         self.busy = BusyTracker(executors)
         self.device_utilization.set_function(self.busy.ratio)
 
