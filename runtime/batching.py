@@ -17,6 +17,13 @@ Policy (``plan_batch``, pure, unit-tested without threads):
   ``max_queue_delay_seconds``; requests of another key therefore never wait much longer than their
   own delay plus the batches ahead of them. With ``max_queue_delay_seconds == 0`` an idle executor
   takes whatever is queued at once.
+- Early dispatch (no request can arrive in time): an idle executor does not wait out the delay when,
+  at the moment a request arrives or a batch finishes, the expected time to the next arrival
+  (``arrival_gap``: the mean gap between the submissions of the last ``ARRIVAL_WINDOW_SECONDS``;
+  arrivals treated as memoryless) reaches past the moment the batch would be due, so at low load a
+  lone request starts at once instead of after ``max_queue_delay_seconds``. A burst (several arrivals
+  in the window) still waits for its delay, and so does everything in the first window after
+  ``start`` (no estimate yet).
 - Preferred batch sizes (Triton's ``preferred_batch_size``): a prefix with exactly a preferred rows
   count also counts as full (the largest such prefix is taken).
 - A batch is taken when an executor is idle (fewer batches in flight than executors) and one trigger
@@ -48,6 +55,7 @@ failing request by bisection.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -139,6 +147,7 @@ def plan_batch(
     executors: int,
     draining: bool = False,
     preferred_batch_sizes: Sequence[int] = (),
+    arrival_gap: float | None = None,
 ) -> Plan:
     """Decide which requests form the next batch (pure; see the module docstring for the rules).
 
@@ -153,6 +162,9 @@ def plan_batch(
         preferred_batch_sizes: rows counts that count as full (Triton's ``preferred_batch_size``): when a
             prefix of the queue has exactly one of these rows counts, the largest such prefix is taken
             at once, without waiting for ``max_batch_size`` rows or the delay.
+        arrival_gap: expected seconds from ``now`` to the next arrival (None: unknown). An idle
+            executor takes a batch that is neither full nor due at once when ``now + arrival_gap`` is
+            at or past the moment it would be due (no other request is expected in time to join it).
     """
     if not ordered or oldest_enqueued is None:
         return Plan(0, None)
@@ -179,6 +191,8 @@ def plan_batch(
             picked, full = picked[:preferred_take], True
     due_at = oldest_enqueued + max_queue_delay_seconds
     due = draining or max_queue_delay_seconds <= 0 or now >= due_at
+    if arrival_gap is not None and now + arrival_gap >= due_at:
+        due = True  # nobody is expected in time to share the batch: waiting only adds latency
     if in_flight < executors:
         if full or due:
             return Plan(len(picked), None, full, tuple(picked))
@@ -187,6 +201,9 @@ def plan_batch(
         return Plan(len(picked), None, full, tuple(picked))
     return Plan(0, None)
 
+
+#: Seconds of submissions the arrival-rate estimate of the early dispatch counts (``arrival_gap``).
+ARRIVAL_WINDOW_SECONDS = 1.0
 
 #: How far (in multiples of ``max_batch_size + 1`` requests per priority level) the dispatcher looks
 #: past requests of other batch keys for ones that share the head's key; bounds the per-dispatch cost.
@@ -221,6 +238,9 @@ class Batcher:
         self._check(settings)
         self._settings = settings
         self._levels: dict[int, dict[int, QueuedRequest]] = {}
+        self._arrivals: collections.deque[float] = collections.deque()  # submission times, loop clock
+        self._judge_early = False  # an arrival or a finished batch since the dispatcher last planned
+        self._started_at: float | None = None
         self._queued = 0
         self._in_flight = 0
         self._accepting = True
@@ -271,7 +291,9 @@ class Batcher:
     def start(self) -> None:
         """Start the dispatcher task on the running loop."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._dispatch(), name="kubeinfer-dispatch")
+            loop = asyncio.get_running_loop()
+            self._started_at = loop.time()
+            self._task = loop.create_task(self._dispatch(), name="kubeinfer-dispatch")
 
     @property
     def accepting(self) -> bool:
@@ -347,11 +369,14 @@ class Batcher:
         rows = self._rows(inputs)
         self._admit(level)
         loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._arrivals.append(now)
+        self._judge_early = True
         req = QueuedRequest(
             inputs=inputs,
             rows=rows,
             level=level,
-            enqueued=loop.time(),
+            enqueued=now,
             future=loop.create_future(),
             key=self.model.batch_key(inputs),
         )
@@ -475,22 +500,37 @@ class Batcher:
                 log.exception("batch dispatcher failed; restarting it")
                 await asyncio.sleep(0.01)
 
+    def arrival_gap(self, now: float) -> float | None:
+        """Mean gap (seconds) between the submissions of the last ``ARRIVAL_WINDOW_SECONDS`` before
+        ``now`` (event-loop time): the expected time to the next arrival; the whole window when there
+        was at most one. None (unknown) until the dispatcher has run for a whole window."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0] < now - ARRIVAL_WINDOW_SECONDS:
+            arrivals.popleft()
+        if self._started_at is None or now - self._started_at < ARRIVAL_WINDOW_SECONDS:
+            return None
+        return ARRIVAL_WINDOW_SECONDS / max(1, len(arrivals))
+
     async def _dispatch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            # early dispatch is judged when a request arrives or a batch finishes, not as time passes
+            early, self._judge_early = self._judge_early, False
             self._changed.clear()
             ordered, oldest = self._ordered()
             s = self._settings
+            now = loop.time()
             plan = plan_batch(
                 ordered,
                 oldest,
                 max_batch_size=s.max_batch_size,
                 max_queue_delay_seconds=s.max_queue_delay_seconds,
-                now=loop.time(),
+                now=now,
                 in_flight=self._in_flight,
                 executors=self.executors,
                 draining=self._draining,
                 preferred_batch_sizes=s.preferred_batch_sizes,
+                arrival_gap=self.arrival_gap(now) if early else None,
             )
             if plan.take:
                 self._take([ordered[i] for i in plan.picked])
@@ -517,6 +557,7 @@ class Batcher:
         finally:
             self._in_flight -= 1
             self._check_idle()
+            self._judge_early = True
             self._changed.set()
 
 

@@ -64,6 +64,17 @@ def test_policy_delay_zero_takes_at_once_when_idle() -> None:
     )
 
 
+def test_policy_early_dispatch_when_no_arrival_is_expected_in_time() -> None:
+    one = [Item(1, 0.0)]
+    p = plan(one, max_queue_delay_seconds=0.01, now=0.0, arrival_gap=0.02)  # next arrival after due
+    assert (p.take, p.full) == (1, False)
+    p = plan(one, max_queue_delay_seconds=0.01, now=0.0, arrival_gap=0.005)  # one may join: wait
+    assert (p.take, p.wake_at) == (0, pytest.approx(0.01))
+    assert plan(one, max_queue_delay_seconds=0.01, now=0.0, arrival_gap=None).take == 0  # unknown: wait
+    # a busy executor takes only full batches, expected arrivals or not
+    assert plan(one, max_queue_delay_seconds=0.01, now=0.0, arrival_gap=1.0, in_flight=1).take == 0
+
+
 def test_policy_full_batch_is_prepared_ahead_but_bounded() -> None:
     full = [Item(1, 0.0)] * 4
     assert plan(full, in_flight=1).take == 4  # preprocessing overlaps the running batch
@@ -133,6 +144,26 @@ async def test_delay_trigger_waits_max_queue_delay_for_more_rows() -> None:
     waited = time.monotonic() - t0
     assert model.batches == [3]
     assert 0.07 <= waited < 1.0
+    b.close()
+
+
+async def test_lone_request_at_low_load_skips_the_delay_but_a_burst_waits() -> None:
+    from kubeinfer.runtime.batching import ARRIVAL_WINDOW_SECONDS
+
+    model = FakeModel()
+    b = await make(model, max_batch_size=64, max_queue_delay_seconds=0.5)
+    assert ARRIVAL_WINDOW_SECONDS == 1.0
+    t0 = time.monotonic()
+    await b.infer(rows(0))  # within the first window: no estimate yet, the delay applies
+    assert time.monotonic() - t0 >= 0.45
+    await asyncio.sleep(1.05)  # a window with no arrival: the next one is not expected within 0.5 s
+    t0 = time.monotonic()
+    await b.infer(rows(1))
+    assert time.monotonic() - t0 < 0.25
+    t0 = time.monotonic()  # 6 more at once: 7 a second expected, so the batch waits for more rows
+    await asyncio.gather(*(b.infer(rows(i)) for i in range(6)))
+    assert time.monotonic() - t0 >= 0.45
+    assert model.batches == [1, 1, 6]
     b.close()
 
 
