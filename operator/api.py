@@ -45,6 +45,8 @@ AUTOSCALER_FIELD_MANAGER = "kubeinfer-autoscaler"
 DEFAULT_IMAGE = f"ghcr.io/kubeinfer/runtime:{__version__}"
 #: Port of the runtime's Open Inference Protocol v2 endpoint and of its ``/metrics``.
 RUNTIME_PORT = 8080
+#: Default port of the runtime's gRPC service (``spec.server.grpcPort``).
+RUNTIME_GRPC_PORT = 8081
 #: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.
 DEFAULT_MODEL_NAME = "minilm"
 
@@ -489,6 +491,36 @@ class EnvVar(_Spec):
     )
 
 
+class ServerSpec(_Spec):
+    """The runtime's front ends: REST on 8080 (fixed), the Open Inference Protocol's gRPC service."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"self.grpcPort != {RUNTIME_PORT}",
+                    f"spec.server.grpcPort must differ from the REST port {RUNTIME_PORT}",
+                    ".grpcPort",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+    grpc_port: int = Field(
+        default=RUNTIME_GRPC_PORT,
+        ge=1024,
+        le=65535,
+        description="Port of the gRPC service (inference.GRPCInferenceService) on the pods and the Service.",
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ServerSpec:
+        if self.grpc_port == RUNTIME_PORT:
+            raise ValueError(f"spec.server.grpcPort must differ from the REST port {RUNTIME_PORT}")
+        return self
+
+
 class RuntimeSpec(_Spec):
     """The runtime container: image, device, extra env and args."""
 
@@ -543,6 +575,7 @@ class InferenceServiceSpec(_Spec):
     replicas: int = Field(default=1, ge=0, le=1000, description="Replicas when autoscaling is off.")
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
 
     @model_validator(mode="after")
     def _rules(self) -> InferenceServiceSpec:

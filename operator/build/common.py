@@ -10,6 +10,8 @@ from kubeinfer.operator import api
 
 #: Runtime container's port name (Service targetPort, Prometheus scrape).
 PORT_NAME = "http"
+#: Name of the runtime's gRPC port on the container and the Service.
+GRPC_PORT_NAME = "grpc"
 #: Where a ``pvc://<claim>/<path>`` claim is mounted (read-only) in the runtime container.
 PVC_MOUNT_ROOT = "/mnt/pvc"
 #: Annotation on owned objects: hash of the last applied desired object (compare-before-patch).

@@ -60,7 +60,10 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         ),
         warmup=WarmupConfig(enabled=spec.warmup.enabled, steps=spec.warmup.steps),
         server=ServerConfig(
-            host="0.0.0.0", port=api.RUNTIME_PORT, shutdown_delay_seconds=SHUTDOWN_DELAY_SECONDS
+            host="0.0.0.0",
+            port=api.RUNTIME_PORT,
+            grpc_port=spec.server.grpc_port,
+            shutdown_delay_seconds=SHUTDOWN_DELAY_SECONDS,
         ),
         device=spec.runtime.device,
     )

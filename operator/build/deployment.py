@@ -8,6 +8,7 @@ from typing import Any
 from kubeinfer.operator import api
 from kubeinfer.operator.build.common import (
     CONFIG_HASH_ANNOTATION,
+    GRPC_PORT_NAME,
     PORT_NAME,
     PVC_MOUNT_ROOT,
     labels,
@@ -118,7 +119,10 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
         "image": spec.runtime.image,
         "command": ["kubeinfer-runtime"],
         "args": ["serve", "--config", DEFAULT_CONFIG_PATH, *spec.runtime.args],
-        "ports": [{"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"},
+            {"name": GRPC_PORT_NAME, "containerPort": spec.server.grpc_port, "protocol": "TCP"},
+        ],
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "securityContext": CONTAINER_SECURITY_CONTEXT,

@@ -5,11 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build.common import PORT_NAME, metadata, selector_labels, with_applied_hash
+from kubeinfer.operator.build.common import (
+    GRPC_PORT_NAME,
+    PORT_NAME,
+    metadata,
+    selector_labels,
+    with_applied_hash,
+)
 
 
 def build_service(isvc: api.InferenceService) -> dict[str, Any]:
-    """A ClusterIP Service ``<isvc>`` on port 8080 (name ``http``) selecting the runtime pods."""
+    """A ClusterIP Service ``<isvc>`` selecting the runtime pods: REST on port 8080 (name ``http``) and
+    gRPC on ``spec.server.grpcPort`` (name ``grpc``, default 8081; ``appProtocol: kubernetes.io/h2c``)."""
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -18,7 +25,14 @@ def build_service(isvc: api.InferenceService) -> dict[str, Any]:
             "type": "ClusterIP",
             "selector": selector_labels(isvc),
             "ports": [
-                {"name": PORT_NAME, "port": api.RUNTIME_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
+                {"name": PORT_NAME, "port": api.RUNTIME_PORT, "targetPort": PORT_NAME, "protocol": "TCP"},
+                {
+                    "name": GRPC_PORT_NAME,
+                    "port": isvc.spec.server.grpc_port,
+                    "targetPort": GRPC_PORT_NAME,
+                    "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c",
+                },
             ],
         },
     }

@@ -36,6 +36,7 @@ def test_defaults_and_camel_case() -> None:
         "preferredBatchSizes": [],
     }
     assert spec.served_model_name("x") == "minilm"
+    assert dumped["server"] == {"grpcPort": 8081}
     assert api.InferenceServiceSpec.from_k8s({"model": {"uri": "/m"}}).served_model_name("x") == "x"
 
 
@@ -52,6 +53,8 @@ INVALID = [
     ({"batching": {"maxBatchSize": 8, "preferredBatchSizes": [16]}}, "preferredBatchSizes"),
     ({"quantization": {"mode": "int4"}}, "mode"),
     ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H100-80GB-HBM3"}}, "gpuProduct"),
+    ({"server": {"grpcPort": 8080}}, "grpcPort"),
+    ({"server": {"grpcPort": 80}}, "grpcPort"),
 ]
 
 
