@@ -24,6 +24,10 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(data)
 
 
+def _errors_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
+
+
 def _configure_logging(settings: Settings) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if settings.log_format == "json":
@@ -34,6 +38,11 @@ def _configure_logging(settings: Settings) -> None:
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # urllib3 (under the Prometheus client) logs each retry of a failed request at WARNING, for every
+    # service on every tick, with the URL-encoded query; the autoscaler logs an outage once per
+    # service instead, and the full error at DEBUG (kubeinfer.operator.autoscale.signals). A filter,
+    # not a level: kubernetes_asyncio's Configuration() sets the "urllib3" logger's level itself.
+    logging.getLogger("urllib3.connectionpool").addFilter(_errors_only)
     if root.level > logging.DEBUG:  # kopf logs every handler run at INFO: keep only its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 

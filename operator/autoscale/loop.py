@@ -58,6 +58,8 @@ from kubeinfer.runtime.config import CONFIG_FILE
 
 logger = logging.getLogger("kubeinfer.operator.autoscale")
 
+#: Upper bound of the back-off between reads of one service's signals while Prometheus is unavailable, s.
+SIGNAL_RETRY_MAX_SECONDS = 300.0
 #: Condition reason when signals are known and the loop acts.
 ACTIVE = "Active"
 #: Condition reason when the InferenceService has no Deployment yet.
@@ -138,8 +140,15 @@ def condition_after(
 
 @dataclass
 class _Memory:
+    """In-memory state of one InferenceService: the policy's, the last status patch, and the
+    signal problem of the last read (``None``: readable) with its back-off: ``failures`` reads in a
+    row found Prometheus unavailable, the next read not before ``retry_at`` (monotonic seconds)."""
+
     state: State
     last_patch: dict[str, Any] = field(default_factory=dict)
+    signal_problem: str | None = None
+    failures: int = 0
+    retry_at: float = 0.0
 
 
 @dataclass
@@ -240,6 +249,8 @@ class Autoscaler:
             await self._patch_status(isvc, body, mem, {}, "False", NO_DEPLOYMENT, "no Deployment yet", when)
             return TickResult(None, NO_DEPLOYMENT)
 
+        if now < mem.retry_at:  # Prometheus was unavailable: wait out the back-off, read nothing
+            return TickResult(None, mem.signal_problem or ACTIVE)
         window_s = api.parse_duration(spec.window)
         queries = sig.default_queries(ns, name, prom_duration(window_s), spec.queries.model_dump())
         if self._signals is None:
@@ -248,6 +259,7 @@ class Autoscaler:
         # policy.check_observation both when reading and when deciding.
         policy = policy_from_spec(spec, stale_after_seconds=window_s)
         reading = await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds)
+        self._note_reading(isvc, mem, reading, now)
 
         dstatus = deployment.get("status") or {}
         current = Current(
@@ -309,6 +321,36 @@ class Autoscaler:
                 api.object_reference(body), reason="Autoscaled", message=decision.reason
             )
         return result
+
+    def _note_reading(
+        self, isvc: api.InferenceService, mem: _Memory, reading: sig.Reading, now: float
+    ) -> None:
+        """Log a signal problem once, on its transition (WARNING for a fault of Prometheus or of a
+        query, INFO for missing or unusable values, INFO when the signals are readable again; the
+        full error is at DEBUG in ``signals``), and back off while Prometheus is unavailable:
+        ``interval · 2^(n-1)`` after the n-th failed read in a row, at most
+        :data:`SIGNAL_RETRY_MAX_SECONDS`."""
+        reason = reading.condition_reason
+        if reason == sig.PROMETHEUS_UNAVAILABLE:
+            mem.failures += 1
+            delay = min(self.interval_seconds * 2.0 ** min(mem.failures - 1, 20), SIGNAL_RETRY_MAX_SECONDS)
+            mem.retry_at = now + delay
+        else:
+            mem.failures, mem.retry_at = 0, 0.0
+        if reason != mem.signal_problem:
+            where = f"autoscale {isvc.namespace}/{isvc.name}"
+            if reason is None:
+                logger.info("%s: signals readable again", where)
+            elif reason in (sig.PROMETHEUS_UNAVAILABLE, sig.QUERY_ERROR):
+                logger.warning(
+                    "%s: %s: %s; retrying with back-off, holding replicas and batch timeout",
+                    where,
+                    reason,
+                    reading.observation.unknown_reason,
+                )
+            else:
+                logger.info("%s: %s: %s", where, reason, reading.observation.unknown_reason)
+        mem.signal_problem = reason
 
     async def _patch_status(
         self,

@@ -28,6 +28,7 @@ service is idle (see ``policy.Observation.idle``).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ from kubeinfer.operator.settings import Settings
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
+
+logger = logging.getLogger("kubeinfer.operator.autoscale.signals")
 
 __all__ = [
     "PrometheusConfig",
@@ -192,11 +195,23 @@ def _scalar(result: Sequence[Mapping[str, Any]], what: str, promql: str) -> floa
     if not result:
         return None
     if len(result) > 1:
-        raise SignalError(QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1: {promql}")
+        logger.debug("%s: %d series from %s", what, len(result), promql)
+        raise SignalError(QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1")
     try:
         return float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise SignalError(QUERY_ERROR, f"{what}: unexpected result {result[0]!r}: {promql}") from exc
+        logger.debug("%s: unexpected result %r from %s", what, result[0], promql)
+        raise SignalError(QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}") from exc
+
+
+def _ask(query: QueryFn, promql: str, what: str) -> float | None:
+    """``_scalar(query(promql))``; a failed query's message is prefixed with the signal's name
+    (``what``), not its PromQL (the full text is logged at DEBUG by ``PrometheusSignals.query``)."""
+    try:
+        result = query(promql)
+    except SignalError as exc:
+        raise SignalError(exc.reason, f"{what}: {exc}") from exc
+    return _scalar(result, what, promql)
 
 
 def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -> Reading:
@@ -215,18 +230,16 @@ def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -
     try:
         util: float | None = None
         for q in queries.gpu_utilization:
-            util = _scalar(query(q), "GPU utilization", q)
+            util = _ask(query, q, "GPU utilization")
             if util is not None:
                 break
         raw = Observation(
-            request_rate=_scalar(query(queries.request_rate), "request rate", queries.request_rate),
-            sample_age_seconds=_scalar(query(queries.sample_age), "sample age", queries.sample_age),
+            request_rate=_ask(query, queries.request_rate, "request rate"),
+            sample_age_seconds=_ask(query, queries.sample_age, "sample age"),
             gpu_utilization=util,
-            p99_seconds=_scalar(query(queries.p99), "P99", queries.p99),
-            queue_size=_scalar(query(queries.queue_size), "queue size", queries.queue_size),
-            inflight_requests=(
-                _scalar(query(queries.inflight), "in flight", queries.inflight) if queries.inflight else None
-            ),
+            p99_seconds=_ask(query, queries.p99, "P99"),
+            queue_size=_ask(query, queries.queue_size, "queue size"),
+            inflight_requests=_ask(query, queries.inflight, "in flight") if queries.inflight else None,
         )
     except SignalError as exc:
         return Reading(Observation.unknown(str(exc)), exc.reason)
@@ -285,12 +298,13 @@ class PrometheusSignals:
                 if isinstance(status, int) and 400 <= status < 500 and status != 429
                 else PROMETHEUS_UNAVAILABLE
             )
-            raise SignalError(
-                reason, f"Prometheus answered HTTP {status} for {promql}: {str(exc)[:300]}"
-            ) from exc
+            logger.debug("Prometheus answered HTTP %s for %s: %s", status, promql, exc)
+            raise SignalError(reason, f"Prometheus answered HTTP {status}: {str(exc)[:200]}") from exc
         except (requests.RequestException, ValueError) as exc:
+            # the exception's text carries the URL-encoded query: DEBUG only, the condition gets its kind
+            logger.debug("Prometheus unavailable at %s for %s: %s", self.config.url, promql, exc)
             raise SignalError(
-                PROMETHEUS_UNAVAILABLE, f"Prometheus unavailable at {self.config.url}: {exc}"
+                PROMETHEUS_UNAVAILABLE, f"Prometheus unavailable at {self.config.url} ({type(exc).__name__})"
             ) from exc
         if not isinstance(result, list):
             raise SignalError(QUERY_ERROR, f"unexpected answer to {promql}: {result!r}"[:300])

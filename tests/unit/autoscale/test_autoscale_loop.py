@@ -192,3 +192,39 @@ async def test_autoscale_loop_hold_kind_shows_in_the_condition_once_per_transiti
     # Prometheus answered, but no request completed while some are queued: False, says why.
     assert len(await tick(Observation(None, 0.5, 0.0, 4.0, 1.0))) == 1
     assert condition()[:2] == ("False", "UnusableSignals") and "4 are queued" in condition()[2]
+
+
+async def test_autoscale_loop_prometheus_outage_logs_once_and_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, rec, canned = scaler()  # ticks every 15 s on the monotonic clock; interval 15 s
+    reads: list[float] = []
+    read = canned.read
+
+    def counting_read(queries: Any, window_seconds: float) -> Reading:
+        reads.append(1.0)
+        return read(queries, window_seconds)
+
+    canned.read = counting_read  # type: ignore[method-assign]
+    canned.reading = Reading(Observation.unknown("P99: Prometheus unavailable at x"), "PrometheusUnavailable")
+    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    with caplog.at_level("INFO", logger="kubeinfer.operator.autoscale"):
+        for _ in range(16):  # 16 ticks, 0..225 s: reads at 0, 15, 45, 105, 225 s (15 · 2^n back-off)
+            await a.tick(body(status), DEPLOYMENT, None)
+            for call in rec.calls:
+                status.update(call[1].get("status") or {})
+            rec.calls.clear()
+    assert len(reads) == 5
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "PrometheusUnavailable" in warnings[0].getMessage()
+    # Prometheus is back: the next read (after the back-off) says so once, at INFO, and reads resume
+    canned.reading = Reading(Observation(0.2, 0.5, 5.0, 1.0, 1.0), None)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="kubeinfer.operator.autoscale"):
+        for _ in range(30):  # 240..675 s: the back-off ends at 465 s (225 + 240)
+            await a.tick(body(status), DEPLOYMENT, None)
+    assert [r.getMessage() for r in caplog.records if "readable again" in r.getMessage()] == [
+        "autoscale ns/svc: signals readable again"
+    ]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(reads) == 5 + 15  # 465, 480, ... 675 s: every tick reads again
