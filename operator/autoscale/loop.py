@@ -59,7 +59,7 @@ from kubeinfer.runtime.config import CONFIG_FILE
 logger = logging.getLogger("kubeinfer.operator.autoscale")
 
 #: Upper bound of the back-off between reads of one service's signals while Prometheus is unavailable, s.
-SIGNAL_RETRY_MAX_SECONDS = 300.0
+SIGNAL_RETRY_MAX_SECONDS = 120.0
 #: Condition reason when signals are known and the loop acts.
 ACTIVE = "Active"
 #: Condition reason when the InferenceService has no Deployment yet.
