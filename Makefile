@@ -6,13 +6,13 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help setup test test-unit test-integration test-e2e lint crds cluster-up cluster-down demo run \
+.PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-operator bench-autoscaler clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
 
-setup: ## idempotent: .venv + package, Debian packages (prometheus, runc, CNI, buildah...), Kubernetes, containerd, CoreDNS and helm binaries (hack/setup.sh)
+setup: ## idempotent: .venv from the lock (requirements/lock.txt) + package, Debian packages (prometheus, runc, CNI, buildah...), Kubernetes, containerd, CoreDNS and helm binaries (hack/setup.sh)
 	@bash hack/setup.sh
 
 test: images ## setup and images, then the unit, integration and end-to-end (real node) tests
@@ -40,6 +40,10 @@ lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime
 	cd .cache/lintroot && ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer
 	cd .cache/lintroot && ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml
+
+lock: ## rewrite the lock, requirements/*.txt, from pyproject.toml's ranges (uv pip compile; pins kept); UPGRADE=1: newest allowed, UPGRADE=NAME: that package
+	@bash hack/setup.sh --python-only
+	$(PY) hack/lock.py $(if $(filter 1,$(UPGRADE)),--upgrade,$(if $(UPGRADE),--upgrade-package $(UPGRADE)))
 
 crds: ## regenerate crds/ and charts/kubeinfer/crds/ from the pydantic models
 	$(PY) -m kubeinfer.operator.crdgen

@@ -24,8 +24,10 @@ args and the hash of its base image; for base and pause, their recipe. The hash 
 ``--layers`` cache then keeps a source change from reinstalling the dependencies (their layer comes
 first). Downloads: the Dockerfiles' pip cache mount (``RUN --mount=type=cache``, kept by buildah
 under /var/tmp/buildah-cache/) serves a rebuild where pip's HTTP cache works; this machine's proxy
-strips Cache-Control, so pip caches nothing there, and the pinned wheels are also downloaded once
-into .cache/images/wheels/ (a wheelhouse the build's pip prefers to the index). The build's RUN steps
+strips Cache-Control, so pip caches nothing there, and the wheels of the requirement files the
+Dockerfiles install (requirements/operator.txt, requirements/runtime.txt: the lock, see hack/lock.py)
+are also downloaded once into .cache/images/wheels/ (a wheelhouse: when it holds them all, the build's
+pip installs from it alone, with no index). The build's RUN steps
 get the host's pip settings (index, CA bundle) by bind mounts, so nothing of the host is in a layer.
 
 CLI::
@@ -60,7 +62,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -70,10 +71,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = ROOT / ".cache" / "images"
 LOG_DIR = ROOT / ".cache" / "logs"
-#: Wheels of the Dockerfiles' pinned requirements, downloaded once on the host and offered to pip in
-#: the build (find-links). pip's own HTTP cache (the Dockerfiles' cache mount) stores nothing on
-#: machines whose proxy strips Cache-Control, as here, so without this a rebuild of the runtime's
-#: dependency layer would download torch and its CUDA libraries (~3 GB) again.
+#: Wheels of the Dockerfiles' requirement files (the lock), downloaded once on the host and offered to
+#: pip in the build (find-links; the only source when it holds them all). pip's own HTTP cache (the
+#: Dockerfiles' cache mount) stores nothing on machines whose proxy strips Cache-Control, as here, so
+#: without this a rebuild of the runtime's dependency layer would download torch and its CUDA
+#: libraries (~3 GB) again.
 WHEELHOUSE = CACHE_DIR / "wheels"
 
 HASH_LABEL = "io.kubeinfer.inputs-hash"
@@ -370,10 +372,10 @@ def dockerfile_inputs(
 
 
 def pinned_requirements(dockerfile_text: str) -> list[str]:
-    """The ``"name==version"`` requirements of a Dockerfile's ``pip install`` commands, in order.
+    """The quoted ``"name==version"`` requirements of a Dockerfile's ``pip install`` commands, in order.
 
-    Only quoted, exactly pinned requirements are taken (how the Dockerfiles write them); used to
-    fill the local wheelhouse before a build (see ``prefetch_wheels``).
+    Our Dockerfiles have none (they install the lock's requirement files, ``requirement_files``); a
+    unit test uses this to make sure no version is written in a Dockerfile.
     """
     reqs: list[str] = []
     for instruction, args in dockerfile_instructions(dockerfile_text):
@@ -382,6 +384,25 @@ def pinned_requirements(dockerfile_text: str) -> list[str]:
                 if req not in reqs:
                     reqs.append(req)
     return reqs
+
+
+def requirement_files(dockerfile_text: str) -> list[str]:
+    """The files a Dockerfile's ``pip install`` commands read with ``-r``/``--requirement``, in order.
+
+    Paths as written; our Dockerfiles COPY each to the same relative path under their WORKDIR, so it
+    is also the file's path in the build context (``prefetch_wheels`` reads it there).
+    """
+    files: list[str] = []
+    for instruction, args in dockerfile_instructions(dockerfile_text):
+        if instruction != "RUN":
+            continue
+        for command in re.split(r"&&|\|\||;", args):
+            if "pip install" not in command:
+                continue
+            for path in re.findall(r"(?:^|\s)(?:-r|--requirement)(?:\s+|=)(\S+)", command):
+                if path not in files:
+                    files.append(path)
+    return files
 
 
 def needs_build(wanted_hash: str, existing_hash: str | None, *, force: bool = False) -> bool:
@@ -683,33 +704,35 @@ def _host_python() -> str:
 
 
 def prefetch_wheels(image: Image, say: Callable[[str], None], context: Path = ROOT) -> bool:
-    """Download the wheels of ``image``'s pinned requirements (and theirs) into WHEELHOUSE.
+    """Download the wheels of ``image``'s requirement files (the lock's, with their hashes) into WHEELHOUSE.
 
     Uses the host's pip (the .venv's), whose Python (3.11, glibc 2.36) picks the same wheels as the
-    Debian base. Files already there are not downloaded again; a stamp per requirement list skips
+    Debian base, in hash-checking mode (a file in the wheelhouse that is not the locked one fails).
+    Files already there are not downloaded again; a stamp (the hash of the requirement files) skips
     even the index look-ups. Returns whether the wheelhouse holds all of them; a failure is only
     reported (the build then downloads from the index by itself).
     """
     assert image.dockerfile is not None
-    reqs = pinned_requirements((context / image.dockerfile).read_text())
-    if not reqs:
+    files = [context / f for f in requirement_files((context / image.dockerfile).read_text())]
+    if not files:
         return False
-    # `pip install .` builds the kubeinfer wheel with these (pyproject's build-system.requires)
-    reqs += tomllib.loads((context / "pyproject.toml").read_text())["build-system"]["requires"]
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
     stamp = WHEELHOUSE / f".{image.name}.requirements"
-    if stamp.exists() and stamp.read_text() == "\n".join(reqs):
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest:
         return True
     before = sum(p.stat().st_size for p in WHEELHOUSE.iterdir())
     t0 = time.monotonic()
-    say(f"  pip download {len(reqs)} pinned requirements (and theirs) -> {WHEELHOUSE.relative_to(ROOT)}")
+    names = ", ".join(str(f.relative_to(context)) for f in files)
+    say(f"  pip download {names} -> {WHEELHOUSE.relative_to(ROOT)}")
     cmd = [_host_python(), "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-           "--only-binary", ":all:", "-d", str(WHEELHOUSE), *reqs]  # fmt: skip
+           "--require-hashes", "--only-binary", ":all:", "-d", str(WHEELHOUSE),
+           *(a for f in files for a in ("-r", str(f)))]  # fmt: skip
     res = subprocess.run(["nice", "-n", "10", *cmd], text=True, capture_output=True)
     if res.returncode != 0:
         say(f"  warning: pip download failed, the build downloads instead: {res.stderr.strip()[-500:]}")
         return False
-    stamp.write_text("\n".join(reqs))
+    stamp.write_text(digest)
     after = sum(p.stat().st_size for p in WHEELHOUSE.iterdir())
     say(f"  wheelhouse: +{human(after - before)} in {time.monotonic() - t0:.0f} s ({human(after)} in all)")
     return True

@@ -2,11 +2,14 @@
 # hack/setup.sh — idempotent developer/CI setup for kubeinfer (called by `make setup`).
 #
 #   bash hack/setup.sh                 all steps
-#   bash hack/setup.sh --python-only   step 1 only (.venv + package with test extras), for `make lint`
+#   bash hack/setup.sh --python-only   step 1 only (.venv from the lock + the package), for `make lint`
 #   bash hack/setup.sh --binaries-only steps 4-7 only (Go toolchain check + the Go-built binaries)
 #
 # Steps:
-#   1. Python >= 3.11, .venv, `pip install -e '.[test]'` when pyproject.toml changed (stamp).
+#   1. Python >= 3.11, .venv: the lock, requirements/lock.txt (`pip install --require-hashes`: every
+#      dependency and test tool at its locked version, each file checked against its sha256), then
+#      kubeinfer itself (`pip install --no-deps --no-build-isolation -e .`), when pyproject.toml or the
+#      lock changed (stamp). `make lock` (hack/lock.py) rewrites the lock from pyproject.toml's ranges.
 #   2. Debian's prometheus (/usr/bin/prometheus) via apt-get when absent; no service left running.
 #   3. Debian packages the node needs (runc, CNI plugins, buildah, debootstrap, iptables, nftables,
 #      conntrack) via apt-get when one of their commands is absent (hack/setup-node.sh).
@@ -57,7 +60,7 @@ SUDO=""
 
 # ---------------------------------------------------------------- 1. python
 setup_python() {
-  step 1 "python: .venv and the kubeinfer package with test extras"
+  step 1 "python: .venv from requirements/lock.txt and the kubeinfer package"
   local py=""
   for cand in python3.13 python3.12 python3.11 python3; do
     if command -v "$cand" >/dev/null 2>&1 \
@@ -72,16 +75,20 @@ setup_python() {
   fi
   .venv/bin/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
     || die ".venv has Python < 3.11: remove .venv and re-run"
-  local want; want="$(hash_of pyproject.toml)"
+  local want; want="$(hash_of pyproject.toml requirements/lock.txt)"
   if [ "$(cat "$STAMPS/python" 2>/dev/null || true)" != "$want" ] \
       || ! .venv/bin/python -c 'import kubeinfer' 2>/dev/null; then
-    echo "  pip install -e '.[test]'"
     # -P: without it the repository root is sys.path[0] and its operator/ shadows the stdlib module
     # in a venv that has no kubeinfer yet (pip then fails at import time on a fresh clone).
-    .venv/bin/python -P -m pip install --disable-pip-version-check -q -e '.[test]'
+    # Packages the lock does not name are left alone (pip installs, it does not sync).
+    echo "  pip install --require-hashes -r requirements/lock.txt"
+    .venv/bin/python -P -m pip install --disable-pip-version-check -q --require-hashes --only-binary :all: \
+      -r requirements/lock.txt
+    echo "  pip install --no-deps --no-build-isolation -e ."
+    .venv/bin/python -P -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
     echo "$want" > "$STAMPS/python"
   else
-    echo "  up to date (pyproject.toml unchanged)"
+    echo "  up to date (pyproject.toml and requirements/lock.txt unchanged)"
   fi
 }
 

@@ -1,0 +1,130 @@
+"""The dependency lock (hack/lock.py, requirements/): pyproject.toml's ranges, lock.txt, the image
+files and the Dockerfiles agree; and the check fails when one of them does not."""
+
+from __future__ import annotations
+
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from hack import images, lock
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _copy_tree(tmp_path: Path) -> Path:
+    """The files ``lock.problems`` reads, copied under ``tmp_path`` (to break them there)."""
+    for rel in ("pyproject.toml", "requirements", *lock.IMAGES.values()):
+        src, dst = ROOT / rel, tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy(src, dst)
+    return tmp_path
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_lock_pyproject_images_and_dockerfiles_agree() -> None:
+    assert lock.problems() == []
+
+
+def test_lock_pins_every_dependency_with_hashes_for_the_images_python() -> None:
+    pins = lock.parse_lock(lock.LOCK.read_text())
+    for name in ("torch", "kopf", "pydantic", "pytest", "uv", "setuptools"):
+        assert name in pins and pins[name].hashes
+    runtime = lock.parse_lock(lock.image_file("runtime").read_text())
+    operator = lock.parse_lock(lock.image_file("operator").read_text())
+    assert {"torch", "transformers", "tokenizers", "numpy"} <= set(runtime)
+    assert "torch" not in operator and "kopf" in operator  # the operator image stays small
+    assert "pytest" not in runtime and "pytest" not in operator  # test tools only in the dev lock
+
+
+def test_venv_has_the_locked_versions() -> None:
+    """The tests run against the lock: each locked package this venv has is at the locked version
+    (`make setup` installs the lock; a stale venv is refreshed when the lock changes)."""
+    checked = []
+    for name, pin in lock.parse_lock(lock.LOCK.read_text()).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        assert installed == pin.version, f"the venv has {name} {installed}, the lock {pin.version}"
+        checked.append(name)
+    if "torch" not in checked:
+        pytest.skip("torch is not installed in this environment")
+    assert {"torch", "transformers", "tokenizers", "numpy", "kopf"} <= set(checked)
+
+
+def test_image_file_with_another_version_or_hash_fails(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    path = root / "requirements" / "operator.txt"
+    pin = lock.parse_lock(path.read_text())["kopf"]
+    _replace(path, f"kopf=={pin.version}", "kopf==0.0.1")
+    assert any("operator.txt: kopf==0.0.1 differs" in p and "(version)" in p for p in lock.problems(root))
+    _replace(path, "kopf==0.0.1", f"kopf=={pin.version}")
+    _replace(path, sorted(pin.hashes)[0], "0" * 64)
+    assert any("operator.txt: kopf" in p and "(hashes)" in p for p in lock.problems(root))
+
+
+def test_dependency_missing_from_the_lock_or_outside_its_range_fails(tmp_path: Path) -> None:
+    root = _copy_tree(tmp_path)
+    _replace(root / "pyproject.toml", '"kopf>=1.37"', '"kopf>=99"')
+    _replace(root / "pyproject.toml", '"msgspec>=0.18",', '"msgspec>=0.18",\n  "left-pad>=1",')
+    found = lock.problems(root)
+    assert any("kopf==" in p and "outside pyproject.toml's 'kopf>=99'" in p for p in found)
+    assert any("left-pad" in p and "is not locked" in p for p in found)
+    assert any("left-pad is in no image" in p for p in found)
+
+
+def test_dockerfile_with_its_own_pin_or_without_the_lock_fails() -> None:
+    text = (ROOT / "runtime" / "Dockerfile").read_text()
+    assert lock.dockerfile_problems("runtime", text) == []
+    pinned = text.replace("-r requirements/runtime.txt", '-r requirements/runtime.txt "torch==2.0.0"')
+    assert any("installs something other than" in p for p in lock.dockerfile_problems("runtime", pinned))
+    bare = text.replace(
+        "--require-hashes --only-binary :all: -r requirements/runtime.txt", '"torch==2.15.0" "numpy==2.4.6"'
+    )
+    found = lock.dockerfile_problems("runtime", bare)
+    assert any("no `pip install --require-hashes -r requirements/runtime.txt`" in p for p in found)
+    assert images.pinned_requirements(bare) == ["torch==2.15.0", "numpy==2.4.6"]
+    unhashed = text.replace("--require-hashes ", "")
+    assert lock.dockerfile_problems("runtime", unhashed) != []
+    other = text.replace("-r requirements/runtime.txt", "-r requirements/operator.txt")
+    assert lock.dockerfile_problems("runtime", other) != []
+    index = text.replace("--no-deps --no-build-isolation .", "--no-deps --no-build-isolation . kopf")
+    assert any("installs something other than" in p for p in lock.dockerfile_problems("runtime", index))
+
+
+def test_parse_lock_refuses_unpinned_or_unhashed_lines() -> None:
+    ok = (
+        "a-b==1.0 \\\n    --hash=sha256:"
+        + "a" * 64
+        + "\n    # via x\nC_d[e]==2 --hash=sha256:"
+        + "b" * 64
+        + "\n"
+    )
+    assert lock.parse_lock(ok) == {
+        "a-b": lock.Pin("1.0", frozenset({"a" * 64})),
+        "c-d": lock.Pin("2", frozenset({"b" * 64})),
+    }
+    with pytest.raises(ValueError, match="not a pinned"):
+        lock.parse_lock("torch>=2\n")
+    with pytest.raises(ValueError, match="no --hash"):
+        lock.parse_lock("torch==2.15.0\n")
+    assert lock.parse_in("# c\nPyYAML  # yaml\ntritonclient[grpc]\n\n") == ["pyyaml", "tritonclient"]
+
+
+def test_runtime_image_command_reads_the_operators_config_path() -> None:
+    from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH
+
+    cmd = [args for instruction, args in images.dockerfile_instructions(
+        (ROOT / "runtime" / "Dockerfile").read_text()) if instruction == "CMD"]  # fmt: skip
+    assert cmd == [f'["serve", "--config", "{DEFAULT_CONFIG_PATH}"]']
