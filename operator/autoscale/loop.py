@@ -5,7 +5,7 @@ Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
 
 - ``spec.autoscaling.enabled: false`` → nothing is read or written (and the in-memory policy state of
   that InferenceService is dropped).
-- Signals: ``signals.PrometheusSignals`` (blocking, run in a worker thread) with the default queries
+- Signals: ``prometheus.PrometheusSignals`` (blocking, run in a worker thread) with the default queries
   or the spec's ``autoscaling.queries`` overrides, over ``autoscaling.window``.
 - Decision: ``policy.decide`` with the spec's tunables (``policy_from_spec``).
 - Actuation, only when the decision changes something:
@@ -43,6 +43,7 @@ from typing import Any
 
 import pydantic
 from kubeinfer.operator import api, k8s, rfc3339
+from kubeinfer.operator.autoscale import prometheus
 from kubeinfer.operator.autoscale import signals as sig
 from kubeinfer.operator.autoscale.policy import (
     Current,
@@ -162,7 +163,7 @@ class TickResult:
     applied_configmap: bool = False
 
 
-SignalsFactory = Callable[[], sig.PrometheusSignals]
+SignalsFactory = Callable[[], prometheus.PrometheusSignals]
 
 
 @dataclass
@@ -178,7 +179,7 @@ class Autoscaler:
     interval_seconds: float = 15.0
     monotonic: Callable[[], float] = time.monotonic
     wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
-    _signals: sig.PrometheusSignals | None = None
+    _signals: prometheus.PrometheusSignals | None = None
     _memory: dict[tuple[str, str], _Memory] = field(default_factory=dict)
 
     def forget(self, namespace: str, name: str) -> None:
@@ -409,10 +410,10 @@ def for_memo(memo: Any, kube: k8s.Kube, settings: Any) -> Autoscaler:
     """
     scaler = getattr(memo, "autoscaler", None)
     if not isinstance(scaler, Autoscaler):
-        config = sig.PrometheusConfig.from_settings(settings)
+        config = prometheus.PrometheusConfig.from_settings(settings)
         scaler = Autoscaler(
             kube=kube,
-            signals_factory=lambda: sig.PrometheusSignals(config),
+            signals_factory=lambda: prometheus.PrometheusSignals(config),
             interval_seconds=float(getattr(settings, "autoscale_interval_seconds", 15.0)),
         )
         memo.autoscaler = scaler

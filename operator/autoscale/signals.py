@@ -16,6 +16,9 @@ Each can be overridden per InferenceService (``spec.autoscaling.queries``); an o
 placeholders ``{namespace}``, ``{name}`` and ``{window}`` (replaced textually, so PromQL braces need
 no escaping).
 
+Pure: no I/O here (an import-linter contract). ``read_signals`` takes the query function; the HTTP
+client that answers it, ``PrometheusSignals``, and its ``PrometheusConfig`` are in ``prometheus.py``.
+
 Nothing is ever read as zero when it is not there: a query error or Prometheus down
 (``PrometheusUnavailable``, ``QueryError``, decided here) and an empty result, NaN, +Inf, a negative
 value or samples older than ``stale_after_seconds`` (``MetricsMissing``, ``InvalidMetrics``,
@@ -29,13 +32,10 @@ service is idle (see ``policy.Observation.idle``).
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
-import requests
 from kubeinfer.operator.autoscale.policy import (
     INVALID_METRICS,
     METRICS_MISSING,
@@ -46,16 +46,10 @@ from kubeinfer.operator.autoscale.policy import (
     Problem,
     check_observation,
 )
-from kubeinfer.operator.settings import Settings
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from urllib3.util.retry import Retry
 
 logger = logging.getLogger("kubeinfer.operator.autoscale.signals")
 
 __all__ = [
-    "PrometheusConfig",
-    "PrometheusSignals",
     "Queries",
     "Reading",
     "SignalError",
@@ -76,42 +70,6 @@ class SignalError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class PrometheusConfig:
-    """How to reach Prometheus.
-
-    Attributes:
-        url: base URL, e.g. ``http://prometheus.monitoring:9090``.
-        bearer_token_file: a file whose content is sent as ``Authorization: Bearer <token>`` (re-read on
-            every client creation, so a rotated service-account token is picked up).
-        ca_file: PEM bundle to verify the server's certificate; ``None`` = the system's.
-        insecure_skip_verify: do not verify TLS certificates (testing only).
-        timeout_seconds: per-query HTTP timeout, seconds.
-    """
-
-    url: str
-    bearer_token_file: str | None = None
-    ca_file: str | None = None
-    insecure_skip_verify: bool = False
-    timeout_seconds: float = 5.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> PrometheusConfig:
-        """Build from the operator settings (env ``KUBEINFER_PROMETHEUS_*``, flags ``--prometheus-*``).
-
-        Raises ``ValueError`` when ``prometheus_url`` is empty.
-        """
-        if not settings.prometheus_url:
-            raise ValueError("operator settings: prometheus_url (KUBEINFER_PROMETHEUS_URL) is empty")
-        return cls(
-            url=settings.prometheus_url.rstrip("/"),
-            bearer_token_file=settings.prometheus_bearer_token_file or None,
-            ca_file=settings.prometheus_ca_file or None,
-            insecure_skip_verify=settings.prometheus_insecure_skip_verify,
-            timeout_seconds=settings.prometheus_timeout_seconds,
-        )
 
 
 @dataclass(frozen=True)
@@ -247,69 +205,3 @@ def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -
     if isinstance(checked, Problem):
         return Reading(Observation.unknown(checked.message), checked.reason)
     return Reading(checked, None)
-
-
-class PrometheusSignals:
-    """Reads signals from a real Prometheus through ``prometheus_api_client.PrometheusConnect``.
-
-    Blocking (``requests``): call it from a worker thread in async code. One instance per
-    ``PrometheusConfig``; it keeps an HTTP session.
-    """
-
-    def __init__(
-        self, config: PrometheusConfig, session_factory: Callable[[], requests.Session] | None = None
-    ):
-        self.config = config
-        session = (session_factory or requests.Session)()
-        session.verify = False if config.insecure_skip_verify else (config.ca_file or True)
-        headers: dict[str, str] = {}
-        if config.bearer_token_file:
-            token = Path(config.bearer_token_file).read_text(encoding="utf-8").strip()
-            headers["Authorization"] = f"Bearer {token}"
-        # The client raises one exception type for every non-200 answer, the status only in its text:
-        # a response hook records the status of the last answer this thread received instead.
-        self._last_status = threading.local()
-        session.hooks["response"].append(self._record_status)
-        self._client = PrometheusConnect(
-            url=config.url,
-            headers=headers or None,
-            retry=Retry(total=1, backoff_factor=0, status_forcelist=(502, 503, 504)),
-            session=session,
-            timeout=config.timeout_seconds,
-        )
-
-    def close(self) -> None:
-        """Release the HTTP session."""
-        self._client.close()
-
-    def _record_status(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
-        self._last_status.code = response.status_code
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        """One instant query. Raises ``SignalError`` (PrometheusUnavailable or QueryError)."""
-        self._last_status.code = None
-        try:
-            result = self._client.custom_query(promql)
-        except PrometheusApiClientException as exc:
-            status = self._last_status.code
-            # 4xx but 429: the query is at fault (bad PromQL, 422 execution error); else Prometheus is.
-            reason = (
-                QUERY_ERROR
-                if isinstance(status, int) and 400 <= status < 500 and status != 429
-                else PROMETHEUS_UNAVAILABLE
-            )
-            logger.debug("Prometheus answered HTTP %s for %s: %s", status, promql, exc)
-            raise SignalError(reason, f"Prometheus answered HTTP {status}: {str(exc)[:200]}") from exc
-        except (requests.RequestException, ValueError) as exc:
-            # the exception's text carries the URL-encoded query: DEBUG only, the condition gets its kind
-            logger.debug("Prometheus unavailable at %s for %s: %s", self.config.url, promql, exc)
-            raise SignalError(
-                PROMETHEUS_UNAVAILABLE, f"Prometheus unavailable at {self.config.url} ({type(exc).__name__})"
-            ) from exc
-        if not isinstance(result, list):
-            raise SignalError(QUERY_ERROR, f"unexpected answer to {promql}: {result!r}"[:300])
-        return result
-
-    def read(self, queries: Queries, stale_after_seconds: float) -> Reading:
-        """``read_signals`` against this Prometheus."""
-        return read_signals(self.query, queries, stale_after_seconds)

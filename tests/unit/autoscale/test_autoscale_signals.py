@@ -13,11 +13,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 from kubeinfer.operator.autoscale import signals
-from kubeinfer.operator.autoscale.signals import (
-    PrometheusConfig,
-    PrometheusSignals,
-    default_queries,
-)
+from kubeinfer.operator.autoscale.prometheus import PrometheusConfig, PrometheusSignals
+from kubeinfer.operator.autoscale.signals import default_queries
 from kubeinfer.operator.settings import Settings
 
 Answer = Callable[[str], tuple[int, Any]]
