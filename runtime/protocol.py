@@ -129,39 +129,68 @@ def serialize_bytes(array: np.ndarray) -> bytes:
 
 
 def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
-    count = _elements(shape)
     if not isinstance(data, list):
         raise ProtocolError(
             f"input tensor '{name}': 'data' must be a (flat or nested) list, got {type(data).__name__}",
             tensor=name,
         )
     if datatype == "BYTES":
-        flat = _flatten(data)
-        if len(flat) != count:
-            raise ProtocolError(
-                f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}",
-                tensor=name,
-            )
-        out = np.empty(count, dtype=object)
-        for i, item in enumerate(flat):
-            if not isinstance(item, str):
-                raise ProtocolError(
-                    f"input tensor '{name}': BYTES data in JSON must be strings, "
-                    f"element {i} is {type(item).__name__}",
-                    tensor=name,
-                )
-            out[i] = item.encode("utf-8")
-        return out.reshape(shape)
+        return _from_json_text(name, shape, data)
     try:
         arr = np.asarray(data)
     except ValueError as exc:
         raise ProtocolError(
             f"input tensor '{name}': 'data' is a ragged nested list ({exc})", tensor=name
         ) from None
+    count = _elements(shape)
     if arr.size != count:
         raise ProtocolError(
             f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {arr.size}", tensor=name
         )
+    _check_json_kind(name, datatype, arr)
+    target = NUMPY_DTYPES[datatype]
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is checked below
+            out = arr.astype(target, casting="unsafe").reshape(shape)
+    except (OverflowError, ValueError) as exc:
+        raise ProtocolError(
+            f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", tensor=name
+        ) from None
+    if datatype in ("FP16", "BF16", "FP32", "FP64") and out.size:
+        # JSON has no inf/NaN: a non-finite value here is one the datatype cannot hold (1e300 as FP32,
+        # 70000 as FP16) that the cast turned into inf, or a JSON number beyond float64 (1e400)
+        finite = np.isfinite(out.astype(np.float64)).reshape(-1)
+        if not finite.all():
+            bad = arr.reshape(-1)[int(np.argmin(finite))]
+            raise ProtocolError(
+                f"input tensor '{name}': value {bad} is out of range for {datatype}", tensor=name
+            )
+    return out
+
+
+def _from_json_text(name: str, shape: list[int], data: list[Any]) -> np.ndarray:
+    """A BYTES tensor from JSON strings (UTF-8 encoded)."""
+    count = _elements(shape)
+    flat = _flatten(data)
+    if len(flat) != count:
+        raise ProtocolError(
+            f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}",
+            tensor=name,
+        )
+    out = np.empty(count, dtype=object)
+    for i, item in enumerate(flat):
+        if not isinstance(item, str):
+            raise ProtocolError(
+                f"input tensor '{name}': BYTES data in JSON must be strings, "
+                f"element {i} is {type(item).__name__}",
+                tensor=name,
+            )
+        out[i] = item.encode("utf-8")
+    return out.reshape(shape)
+
+
+def _check_json_kind(name: str, datatype: str, arr: np.ndarray) -> None:
+    """JSON values of the kind the datatype holds (true/false, integers, numbers), integers in range."""
     kind = arr.dtype.kind if arr.size else None
     if datatype == "BOOL":
         ok = kind in (None, "b")
@@ -185,23 +214,6 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
                 f"({info.min}..{info.max})",
                 tensor=name,
             )
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is checked below
-            out = arr.astype(target, casting="unsafe").reshape(shape)
-    except (OverflowError, ValueError) as exc:
-        raise ProtocolError(
-            f"input tensor '{name}': cannot convert 'data' to {datatype}: {exc}", tensor=name
-        ) from None
-    if datatype in ("FP16", "BF16", "FP32", "FP64") and out.size:
-        # JSON has no inf/NaN: a non-finite value here is one the datatype cannot hold (1e300 as FP32,
-        # 70000 as FP16) that the cast turned into inf, or a JSON number beyond float64 (1e400)
-        finite = np.isfinite(out.astype(np.float64)).reshape(-1)
-        if not finite.all():
-            bad = arr.reshape(-1)[int(np.argmin(finite))]
-            raise ProtocolError(
-                f"input tensor '{name}': value {bad} is out of range for {datatype}", tensor=name
-            )
-    return out
 
 
 def _expect(datatype: str) -> str:
@@ -256,11 +268,40 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     """
     if header_length is None:
         header_length = len(body)
-    if not 0 <= header_length <= len(body):
-        raise ProtocolError(
-            f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes"
-        )
     view = memoryview(body)
+    doc, params = _header(view, header_length)
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("request must have a non-empty 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    pos = header_length
+    for i, raw in enumerate(raw_inputs):
+        name, array, pos = _input(i, raw, view, pos, inputs)
+        inputs[name] = array
+    if pos != len(body):
+        raise ProtocolError(f"request body has {len(body) - pos} bytes after the last input's binary data")
+    raw_outputs = doc.get("outputs") or []
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError("request 'outputs' must be a list")
+    outputs = dict(_output(i, raw) for i, raw in enumerate(raw_outputs))
+    rid = doc.get("id")
+    return InferRequest(
+        id=None if rid is None else str(rid),
+        inputs=inputs,
+        outputs=outputs,
+        binary_data_output=bool(params.get("binary_data_output", False)),
+        priority=params.get("priority"),
+        timeout_us=params.get("timeout"),
+        parameters=params,
+    )
+
+
+def _header(view: memoryview, header_length: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request's JSON object (the first ``header_length`` bytes) and its ``parameters``."""
+    if not 0 <= header_length <= len(view):
+        raise ProtocolError(
+            f"Inference-Header-Content-Length {header_length} is outside the body of {len(view)} bytes"
+        )
     try:
         doc = _JSON_DECODER.decode(view[:header_length])
     except msgspec.DecodeError as exc:
@@ -272,79 +313,67 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise ProtocolError("request 'parameters' must be a JSON object")
-    raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise ProtocolError("request must have a non-empty 'inputs' list")
-    inputs: dict[str, np.ndarray] = {}
-    pos = header_length
-    for i, raw in enumerate(raw_inputs):
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
-        name: str = raw["name"]
-        if name in inputs:
-            raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
-        datatype = raw.get("datatype")
-        if datatype not in NUMPY_DTYPES:
+    return doc, params
+
+
+def _input(
+    i: int, raw: Any, view: memoryview, pos: int, seen: Mapping[str, np.ndarray]
+) -> tuple[str, np.ndarray, int]:
+    """Decode ``inputs[i]``; its binary data (if any) starts at ``pos`` of the body.
+
+    Returns (name, array, the position after its binary data)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
+    name: str = raw["name"]
+    if name in seen:
+        raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
+    datatype = raw.get("datatype")
+    if datatype not in NUMPY_DTYPES:
+        raise ProtocolError(
+            f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
+            tensor=name,
+        )
+    shape = _shape(raw.get("shape"), name)
+    tparams = raw.get("parameters") or {}
+    if not isinstance(tparams, dict):
+        raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", tensor=name)
+    if "shared_memory_region" in tparams:
+        raise ProtocolError(
+            f"input tensor '{name}': shared memory is not supported by this server", tensor=name
+        )
+    size = tparams.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ProtocolError(
-                f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
+                f"input tensor '{name}': binary_data_size must be a non-negative integer", tensor=name
+            )
+        if pos + size > len(view):
+            raise ProtocolError(
+                f"input tensor '{name}': binary_data_size {size} runs past the end of the body "
+                f"({len(view) - pos} bytes left; is Inference-Header-Content-Length set?)",
                 tensor=name,
             )
-        shape = _shape(raw.get("shape"), name)
-        tparams = raw.get("parameters") or {}
-        if not isinstance(tparams, dict):
-            raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", tensor=name)
-        if "shared_memory_region" in tparams:
-            raise ProtocolError(
-                f"input tensor '{name}': shared memory is not supported by this server", tensor=name
-            )
-        size = tparams.get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ProtocolError(
-                    f"input tensor '{name}': binary_data_size must be a non-negative integer", tensor=name
-                )
-            if pos + size > len(body):
-                raise ProtocolError(
-                    f"input tensor '{name}': binary_data_size {size} runs past the end of the body "
-                    f"({len(body) - pos} bytes left; is Inference-Header-Content-Length set?)",
-                    tensor=name,
-                )
-            inputs[name] = _from_binary(name, datatype, shape, view[pos : pos + size])
-            pos += size
-        elif "data" in raw:
-            inputs[name] = _from_json_data(name, datatype, shape, raw["data"])
-        else:
-            raise ProtocolError(
-                f"input tensor '{name}' has neither 'data' nor parameters.binary_data_size", tensor=name
-            )
-    if pos != len(body):
-        raise ProtocolError(f"request body has {len(body) - pos} bytes after the last input's binary data")
-    outputs: dict[str, bool | None] = {}
-    raw_outputs = doc.get("outputs") or []
-    if not isinstance(raw_outputs, list):
-        raise ProtocolError("request 'outputs' must be a list")
-    for i, raw in enumerate(raw_outputs):
-        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-            raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
-        oparams = raw.get("parameters") or {}
-        if not isinstance(oparams, dict):
-            raise ProtocolError(f"output '{raw['name']}': 'parameters' must be an object")
-        if "shared_memory_region" in oparams:
-            raise ProtocolError(f"output '{raw['name']}': shared memory is not supported by this server")
-        if oparams.get("classification"):
-            raise ProtocolError(f"output '{raw['name']}': the classification extension is not supported")
-        flag = oparams.get("binary_data")
-        outputs[raw["name"]] = None if flag is None else bool(flag)
-    rid = doc.get("id")
-    return InferRequest(
-        id=None if rid is None else str(rid),
-        inputs=inputs,
-        outputs=outputs,
-        binary_data_output=bool(params.get("binary_data_output", False)),
-        priority=params.get("priority"),
-        timeout_us=params.get("timeout"),
-        parameters=params,
+        return name, _from_binary(name, datatype, shape, view[pos : pos + size]), pos + size
+    if "data" in raw:
+        return name, _from_json_data(name, datatype, shape, raw["data"]), pos
+    raise ProtocolError(
+        f"input tensor '{name}' has neither 'data' nor parameters.binary_data_size", tensor=name
     )
+
+
+def _output(i: int, raw: Any) -> tuple[str, bool | None]:
+    """``outputs[i]``: (name, its ``binary_data`` flag or None)."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
+    oparams = raw.get("parameters") or {}
+    if not isinstance(oparams, dict):
+        raise ProtocolError(f"output '{raw['name']}': 'parameters' must be an object")
+    if "shared_memory_region" in oparams:
+        raise ProtocolError(f"output '{raw['name']}': shared memory is not supported by this server")
+    if oparams.get("classification"):
+        raise ProtocolError(f"output '{raw['name']}': the classification extension is not supported")
+    flag = oparams.get("binary_data")
+    return raw["name"], None if flag is None else bool(flag)
 
 
 def _json_data(array: np.ndarray, datatype: str) -> list[Any]:
