@@ -296,12 +296,22 @@ def grpc_payloads(model: str, sentences: list[str]) -> list[bytes]:
         inp.shape.append(1)
         req.outputs.add().name = "embedding"
         raw = serialize_byte_tensor(np.array([text.encode()], dtype=object))
-        req.raw_input_contents.append(raw.tobytes() if hasattr(raw, "tobytes") else bytes(raw))
+        req.raw_input_contents.append(raw.item() if raw.size else b"")  # a 0-d object array of the bytes
         out.append(req.SerializeToString())
     return out
 
 
 # --- load -----------------------------------------------------------------------------------------
+
+
+def main_thread_cpu(proc: Any) -> float:
+    """CPU seconds (user + system) of a process's main thread: the event loop, where the front end
+    runs (HTTP, gRPC, decoding, validation, the batcher's queue, encoding, metrics); the other threads
+    run tokenization and the model (executors) and grpc's own threads."""
+    for thread in proc.threads():
+        if thread.id == proc.pid:
+            return float(thread.user_time + thread.system_time)
+    return 0.0
 
 
 async def run_rate(
@@ -334,6 +344,7 @@ async def run_rate(
             errors[status] += 1
 
     t_server0 = sum(proc.cpu_times()[:2])
+    t_main0 = main_thread_cpu(proc)
     t_client0 = time.process_time()
     start = loop.time() + 0.02
     tasks = []
@@ -345,6 +356,7 @@ async def run_rate(
         tasks.append(loop.create_task(one(i, at)))
     await asyncio.gather(*tasks)
     server_cpu = sum(proc.cpu_times()[:2]) - t_server0
+    main_cpu = main_thread_cpu(proc) - t_main0
     client_cpu = time.process_time() - t_client0
     n, ok = len(arrivals), len(latencies)
     lat = np.array(latencies) if latencies else np.array([float("inf")])
@@ -356,6 +368,7 @@ async def run_rate(
         "p50_seconds": float(np.percentile(lat, 50)),
         "p99_seconds": float(np.percentile(lat, 99)),
         "server_cpu_us_per_request": server_cpu / max(ok, 1) * 1e6,
+        "main_thread_cpu_us_per_request": main_cpu / max(ok, 1) * 1e6,
         "client_cpu_us_per_request": client_cpu / max(n, 1) * 1e6,
         "meets_slo": bool(np.percentile(lat, 99) <= SLO_P99_SECONDS and ok >= 0.99 * n),
     }
@@ -372,6 +385,14 @@ async def find_max_rate(
     """Rising rates until two fail, then ``args.refine`` bisection rounds; the figures of the best."""
     points: list[dict[str, Any]] = []
     await run_rate(call, payloads, min(start_rate, 100.0), 0.5, args.seed, pid)  # connections, caches
+    # every server and encoding at the same rate too: CPU per request depends on the rate (batch sizes,
+    # idle overheads), so the ratios to the floor are taken at this one
+    ref = await run_rate(call, payloads, args.ref_rate, args.step_seconds, args.seed, pid)
+    cpu, main_cpu = ref["server_cpu_us_per_request"], ref["main_thread_cpu_us_per_request"]
+    progress(
+        f"{label:>14} {args.ref_rate:7.0f}/s (reference rate): server {cpu:5.0f} µs/req "
+        f"(main thread {main_cpu:4.0f}), P99 {ref['p99_seconds'] * 1e3:.1f} ms"
+    )
 
     async def measure(rate: float, note: str) -> bool:
         point = await run_rate(call, payloads, rate, args.step_seconds, args.seed + len(points), pid)
@@ -379,7 +400,8 @@ async def find_max_rate(
         progress(
             f"{label:>14} {rate:7.0f}/s{note}: P50 {point['p50_seconds'] * 1e3:6.1f} ms, P99 "
             f"{point['p99_seconds'] * 1e3:7.1f} ms, errors {sum(point['errors'].values())}, server "
-            f"{point['server_cpu_us_per_request']:5.0f} µs/req, client "
+            f"{point['server_cpu_us_per_request']:5.0f} µs/req (main thread "
+            f"{point['main_thread_cpu_us_per_request']:4.0f}), client "
             f"{point['client_cpu_us_per_request']:4.0f} µs/req{'' if point['meets_slo'] else '  (over SLO)'}"
         )
         return bool(point["meets_slo"])
@@ -402,8 +424,13 @@ async def find_max_rate(
     best = max((p for p in points if p["meets_slo"]), key=lambda p: p["offered_rps"], default=None)
     return {
         "cpu_us_per_request": best["server_cpu_us_per_request"] if best else None,
+        "main_thread_cpu_us_per_request": best["main_thread_cpu_us_per_request"] if best else None,
         "max_slo_rps": best["offered_rps"] if best else 0.0,
         "client_cpu_us_per_request": best["client_cpu_us_per_request"] if best else None,
+        "ref_rate_rps": args.ref_rate,
+        "cpu_us_per_request_at_ref_rate": ref["server_cpu_us_per_request"],
+        "main_thread_cpu_us_per_request_at_ref_rate": ref["main_thread_cpu_us_per_request"],
+        "ref_point": ref,
         "points": points,
     }
 
@@ -549,9 +576,11 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         payloads = request_payloads("127.0.0.1", floor.port, "floor", "json", sentences)
         figures = await find_max_rate("floor", client.call, payloads, floor.pid, args, args.start_rate)
         client.close()
-    result["floor"] = {"cpu_us_per_request": figures["cpu_us_per_request"], "max_rps": figures["max_slo_rps"],
-                       "client_cpu_us_per_request": figures["client_cpu_us_per_request"],
-                       "points": figures["points"]}  # fmt: skip
+    result["floor"] = {
+        "cpu_us_per_request": figures["cpu_us_per_request"],
+        "max_rps": figures["max_slo_rps"],
+        **{k: v for k, v in figures.items() if k not in ("cpu_us_per_request", "max_slo_rps")},
+    }
 
     models: list[tuple[str, RuntimeConfig, float]] = []
     if "tiny" in args.models:
@@ -577,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-rate", type=float, default=300.0, help="first rate (tiny, floor), /s")
     parser.add_argument("--rate-factor", type=float, default=1.5)
     parser.add_argument("--max-rate", type=float, default=20000.0)
+    parser.add_argument("--ref-rate", type=float, default=300.0, help="the common rate for CPU ratios, /s")
     parser.add_argument("--step-seconds", type=float, default=2.0)
     parser.add_argument("--refine", type=int, default=2)
     parser.add_argument("--profile-seconds", type=float, default=6.0)
@@ -606,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
             if one and one["cpu_us_per_request"] and floor["cpu_us_per_request"]:
                 ratio = one["cpu_us_per_request"] / floor["cpu_us_per_request"]
                 ratios[f"{name}_{enc}_cpu_over_floor"] = ratio
+            if one:
+                at_ref = one["cpu_us_per_request_at_ref_rate"] / floor["cpu_us_per_request_at_ref_rate"]
+                ratios[f"{name}_{enc}_cpu_over_floor_at_ref_rate"] = at_ref
     result = {
         **figures,
         "ratios": ratios,

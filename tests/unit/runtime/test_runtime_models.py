@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.models import InputError, load_model
 from kubeinfer.runtime.models.base import batch_buckets, shape_matches, tensor_nbytes
@@ -132,6 +133,25 @@ def test_padding_is_to_the_longest_row_in_this_batch(tiny: TextEmbeddingModel) -
     assert both.sequence_length == 10  # 8 words + 2 special tokens, not max_sequence_length
     assert both.rows == 2
     assert both.tensors["attention_mask"][0].sum().item() == 4
+
+
+def test_batch_tokenization_matches_the_hugging_face_call(tiny_dir: Path) -> None:
+    """The one-call ``encode_batch`` path gives the tensors of ``tokenizer(texts, padding="longest",
+    truncation=True, max_length=...)``: truncation, padding, special tokens, non-ASCII, empty text."""
+    cfg = tiny_hf_config(tiny_dir, model={"name": "t", "source": str(tiny_dir), "max_sequence_length": 16})
+    model = load_model(cfg)
+    assert isinstance(model, TextEmbeddingModel) and model._batch_encoder is not None
+    texts = ["A man is playing a guitar.", "", "héllo wörld ✓ 日本語", "word " * 40, "short"]
+    fast = model.tokenize(texts)
+    expected = model.tokenizer(texts, padding="longest", truncation=True, max_length=16, return_tensors="pt")
+    assert set(fast.tensors) == {"input_ids", "attention_mask", "token_type_ids"}
+    for name, tensor in fast.tensors.items():
+        assert tensor.dtype == torch.int64
+        assert torch.equal(tensor, expected[name]), name
+    assert fast.sequence_length == 16  # the long row is truncated, the others padded to it
+    single = model.tokenize(["short"])
+    alone = model.tokenizer(["short"], return_tensors="pt")["input_ids"]
+    assert torch.equal(single.tensors["input_ids"], alone)
 
 
 def test_execute_rows_in_order_unit_norm_and_padding_invariant(tiny: TextEmbeddingModel) -> None:
