@@ -40,29 +40,37 @@ def _type(s: dict[str, Any]) -> str:
     return str(t)
 
 
-def _validation(s: dict[str, Any]) -> str:
-    parts = []
-    if "enum" in s:
-        parts.append(" | ".join(f"`{v}`" for v in s["enum"]))
-    lo, hi = s.get("minimum"), s.get("maximum")
+def _range(lo: Any, hi: Any) -> str | None:
     if lo is not None and hi is not None:
-        parts.append(f"{lo}..{hi}")
-    elif lo is not None:
-        parts.append(f">= {lo}")
-    elif hi is not None:
-        parts.append(f"<= {hi}")
-    if s.get("pattern") and s["pattern"] != DURATION_PATTERN:
-        parts.append(f"pattern `{s['pattern']}`")
+        return f"{lo}..{hi}"
+    if lo is not None:
+        return f">= {lo}"
+    if hi is not None:
+        return f"<= {hi}"
+    return None
+
+
+def _pattern(s: dict[str, Any]) -> str | None:
     if s.get("pattern") == DURATION_PATTERN:
-        parts.append("Go duration (`10ms`, `1.5s`, `5m`)")
+        return "Go duration (`10ms`, `1.5s`, `5m`)"
+    return f"pattern `{s['pattern']}`" if s.get("pattern") else None
+
+
+def _items_range(s: dict[str, Any]) -> str | None:
+    it = s.get("items") if "items" in s else None
+    if it is None or it.get("type") not in ("integer", "number") or not ("minimum" in it or "maximum" in it):
+        return None
+    return f"items {it.get('minimum', '')}..{it.get('maximum', '')}"
+
+
+def _validation(s: dict[str, Any]) -> str:
+    parts = [" | ".join(f"`{v}`" for v in s["enum"])] if "enum" in s else []
+    parts += [p for p in (_range(s.get("minimum"), s.get("maximum")), _pattern(s)) if p]
     for k, label in (("minLength", "min length"), ("minItems", "min items"), ("maxItems", "max items")):
         if k in s:
             parts.append(f"{label} {s[k]}")
-    if "items" in s and s["items"].get("type") in ("integer", "number"):
-        it = s["items"]
-        if "minimum" in it or "maximum" in it:
-            parts.append(f"items {it.get('minimum', '')}..{it.get('maximum', '')}")
-    return "; ".join(parts)
+    items = _items_range(s)
+    return "; ".join([*parts, items] if items else parts)
 
 
 def _default(s: dict[str, Any]) -> str:
