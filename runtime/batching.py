@@ -168,6 +168,25 @@ def plan_batch(
     """
     if not ordered or oldest_enqueued is None:
         return Plan(0, None)
+    picked, full = _pick(ordered, max_batch_size, preferred_batch_sizes)
+    due_at = oldest_enqueued + max_queue_delay_seconds
+    due = draining or max_queue_delay_seconds <= 0 or now >= due_at
+    if arrival_gap is not None and now + arrival_gap >= due_at:
+        due = True  # nobody is expected in time to share the batch: waiting only adds latency
+    if in_flight < executors:
+        if full or due:
+            return Plan(len(picked), None, full, tuple(picked))
+        return Plan(0, due_at)
+    if in_flight < 2 * executors and full:
+        return Plan(len(picked), None, full, tuple(picked))
+    return Plan(0, None)
+
+
+def _pick(
+    ordered: Sequence[Queued], max_batch_size: int, preferred_batch_sizes: Sequence[int]
+) -> tuple[list[int], bool]:
+    """The positions of the next batch in ``ordered`` (the head's key, in order, what fits; a head
+    larger than ``max_batch_size`` alone) and whether it is full (size or preferred-size trigger)."""
     key = ordered[0].key
     rows = 0
     picked: list[int] = []
@@ -184,22 +203,11 @@ def plan_batch(
         if rows in preferred_batch_sizes:
             preferred_take = len(picked)
     if not picked:  # the first request alone is larger than max_batch_size: it runs alone
-        picked, full = [0], True
-    else:
-        full = rows >= max_batch_size or blocked
-        if not full and preferred_take:
-            picked, full = picked[:preferred_take], True
-    due_at = oldest_enqueued + max_queue_delay_seconds
-    due = draining or max_queue_delay_seconds <= 0 or now >= due_at
-    if arrival_gap is not None and now + arrival_gap >= due_at:
-        due = True  # nobody is expected in time to share the batch: waiting only adds latency
-    if in_flight < executors:
-        if full or due:
-            return Plan(len(picked), None, full, tuple(picked))
-        return Plan(0, due_at)
-    if in_flight < 2 * executors and full:
-        return Plan(len(picked), None, full, tuple(picked))
-    return Plan(0, None)
+        return [0], True
+    full = rows >= max_batch_size or blocked
+    if not full and preferred_take:
+        return picked[:preferred_take], True
+    return picked, full
 
 
 #: Seconds of submissions the arrival-rate estimate of the early dispatch counts (``arrival_gap``).

@@ -55,30 +55,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Command-line flag (argparse attribute) -> the config field it overrides: (section, key); section
+#: None for a top-level field. A new flag that overrides the file gets a row here.
+FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
+    "model": ("model", "source"),
+    "quantization": ("quantization", "mode"),
+    "max_batch_size": ("batching", "max_batch_size"),
+    "max_queue_delay": ("batching", "max_queue_delay_seconds"),
+    "port": ("server", "port"),
+    "grpc_port": ("server", "grpc_port"),
+    "host": ("server", "host"),
+    "device": (None, "device"),
+    "executors": (None, "executors"),
+}
+
+
 def overrides_from(args: argparse.Namespace) -> Callable[[RuntimeConfig], RuntimeConfig]:
-    """A function applying the command-line flags to a config (validated again: bad values raise
-    ``pydantic.ValidationError`` naming the field)."""
+    """A function applying the command-line flags (``FLAG_FIELDS``) to a config (validated again: bad
+    values raise ``pydantic.ValidationError`` naming the field)."""
 
     def apply(cfg: RuntimeConfig) -> RuntimeConfig:
         data = cfg.model_dump()
-        if args.model is not None:
-            data["model"]["source"] = args.model
-        if args.quantization is not None:
-            data["quantization"]["mode"] = args.quantization
-        if args.max_batch_size is not None:
-            data["batching"]["max_batch_size"] = args.max_batch_size
-        if args.max_queue_delay is not None:
-            data["batching"]["max_queue_delay_seconds"] = args.max_queue_delay
-        if args.port is not None:
-            data["server"]["port"] = args.port
-        if args.grpc_port is not None:
-            data["server"]["grpc_port"] = args.grpc_port
-        if args.host is not None:
-            data["server"]["host"] = args.host
-        if args.device is not None:
-            data["device"] = args.device
-        if args.executors is not None:
-            data["executors"] = args.executors
+        for flag, (section, key) in FLAG_FIELDS.items():
+            value = getattr(args, flag)
+            if value is not None:
+                (data if section is None else data[section])[key] = value
         return RuntimeConfig.model_validate(data)
 
     return apply

@@ -101,3 +101,38 @@ def test_cli_flags_override_and_are_validated() -> None:
     assert cfg.batching.max_queue_delay_seconds == 0.002 and cfg.server.port == 0
     with pytest.raises(pydantic.ValidationError, match="max_batch_size"):
         load_config(build_parser().parse_args(["serve", "--max-batch-size", "0"]))
+
+
+def test_every_serve_flag_overrides_its_config_field() -> None:
+    from kubeinfer.runtime.cli import FLAG_FIELDS
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    flags = {a.dest for a in serve._actions if a.dest not in ("help", "config", "log_level")}
+    assert flags == set(FLAG_FIELDS)
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--model",
+            "/m",
+            "--quantization",
+            "bf16",
+            "--max-batch-size",
+            "7",
+            "--max-queue-delay",
+            "0.25",
+            "--port",
+            "9",
+            "--grpc-port",
+            "10",
+            "--host",
+            "::1",
+            "--device",
+            "cpu",
+            "--executors",
+            "3",
+        ]
+    )
+    cfg = load_config(args)
+    assert (cfg.model.source, cfg.quantization.mode, cfg.device, cfg.executors) == ("/m", "bf16", "cpu", 3)
+    assert (cfg.batching.max_batch_size, cfg.batching.max_queue_delay_seconds) == (7, 0.25)
+    assert (cfg.server.port, cfg.server.grpc_port, cfg.server.host) == (9, 10, "::1")
