@@ -70,8 +70,9 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def _structural(node: dict[str, Any], *, with_defaults: bool) -> dict[str, Any]:
-    """Convert one resolved JSON-schema node into a structural-schema node."""
+def _flatten(node: dict[str, Any], *, with_defaults: bool) -> dict[str, Any]:
+    """One node's own keywords in structural form: ``anyOf [X, null]`` -> X, ``const`` -> ``enum``,
+    defaults dropped when ``None`` or not wanted, only the keywords in ``_KEEP``."""
     node = dict(node)
     any_of = node.pop("anyOf", None)
     if any_of is not None:
@@ -86,6 +87,12 @@ def _structural(node: dict[str, Any], *, with_defaults: bool) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
     if "enum" in out and "type" not in out:
         out["type"] = "string"
+    return out
+
+
+def _structural(node: dict[str, Any], *, with_defaults: bool) -> dict[str, Any]:
+    """Convert one resolved JSON-schema node into a structural-schema node."""
+    out = _flatten(node, with_defaults=with_defaults)
     if "properties" in out:
         out["type"] = "object"
         out["properties"] = {
