@@ -193,54 +193,14 @@ def start(
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     workdir = workdir.resolve()
     bin_dir = bin_dir.resolve()
-    check_binaries(bin_dir, ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"))
-    if node:
-        check_binaries(bin_dir, ("kube-scheduler",))
-        nodes.preflight(workdir, bin_dir)
-        podnetwork.check_tools()
-        stale = nodes.stale_elsewhere(workdir)
-        if stale is not None:  # a killed run's pods, shims and mounts would share the bridge and IPs
-            say(f"a node recorded in {stale} was not stopped (its processes are gone): cleaning it up")
-            nodes.stop(Path(stale), None, bin_dir=bin_dir, say=say)
-            podnetwork.down(Path(stale) / "node" / "net", say)
-    old = _load_state(workdir)
+    _preflight(workdir, bin_dir, node, say)
+    old = _running_or_cleaned(workdir, node, say)
     if old is not None:
-        if is_healthy(old) and old.node == node:
-            say(f"cluster already running in {workdir}")
-            return old
-        say(f"stale cluster state in {workdir}: cleaning up")
-        stop(workdir, log=say)
-    elif workdir.exists() and any(workdir.iterdir()):
-        _remove_data(workdir, say)
+        return old
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     cni_conf_dir = podnetwork.up(workdir / "node" / "net", say) if node else None
-    bind_ip = podnetwork.NODE_IP if node else "127.0.0.1"
-    last_error: ClusterError | None = None
-    for attempt in range(3):
-        try:
-            cp = controlplane.start(
-                workdir,
-                bin_dir=bin_dir,
-                bind_ip=bind_ip,
-                extra_leaves=node_leaves(podnetwork.NODE_IP) if node else (),
-                with_node=node,
-                timeout=timeout,
-                die_with_parent=die_with_parent,
-                say=say,
-            )
-            break
-        except controlplane.PortTaken as e:
-            last_error = e
-            say(f"a port was taken ({e}); retrying with new ports (attempt {attempt + 2}/3)")
-        except BaseException:  # Ctrl-C too: the bridge and guard table are not recorded anywhere
-            if node:
-                podnetwork.down(workdir / "node" / "net", say)
-            raise
-    else:
-        if node:
-            podnetwork.down(workdir / "node" / "net", say)
-        raise ClusterError(f"could not start the control plane: {last_error}")
+    cp = _start_control_plane(workdir, bin_dir, node, timeout, die_with_parent, say)
     info = _info(workdir, bin_dir, cp, None)
     _save(info)
     if node:
@@ -256,6 +216,70 @@ def start(
         _save(info)
     say(f"cluster ready after {time.monotonic() - t0:.1f}s; kubeconfig: {info.kubeconfig}")
     return info
+
+
+def _preflight(workdir: Path, bin_dir: Path, node: bool, say: Any) -> None:
+    """The binaries and tools ``start`` needs; with ``node``, a node recorded elsewhere whose
+    processes are gone is cleaned up first (a killed run's pods, shims and mounts would share the
+    bridge and its addresses)."""
+    check_binaries(bin_dir, ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"))
+    if not node:
+        return
+    check_binaries(bin_dir, ("kube-scheduler",))
+    nodes.preflight(workdir, bin_dir)
+    podnetwork.check_tools()
+    stale = nodes.stale_elsewhere(workdir)
+    if stale is not None:
+        say(f"a node recorded in {stale} was not stopped (its processes are gone): cleaning it up")
+        nodes.stop(Path(stale), None, bin_dir=bin_dir, say=say)
+        podnetwork.down(Path(stale) / "node" / "net", say)
+
+
+def _running_or_cleaned(workdir: Path, node: bool, say: Any) -> ClusterInfo | None:
+    """The healthy cluster of the same kind recorded in ``workdir`` (None: there is none, and a
+    stale one or leftover data has been removed)."""
+    old = _load_state(workdir)
+    if old is not None:
+        if is_healthy(old) and old.node == node:
+            say(f"cluster already running in {workdir}")
+            return old
+        say(f"stale cluster state in {workdir}: cleaning up")
+        stop(workdir, log=say)
+    elif workdir.exists() and any(workdir.iterdir()):
+        _remove_data(workdir, say)
+    return None
+
+
+def _start_control_plane(
+    workdir: Path, bin_dir: Path, node: bool, timeout: float, die_with_parent: bool, say: Any
+) -> ControlPlane:
+    """``controlplane.start`` on the node address (loopback without a node), with new ports when
+    one was taken (3 attempts). On failure (Ctrl-C too) the pod network goes down: its bridge and
+    guard table are not recorded anywhere yet."""
+    bind_ip = podnetwork.NODE_IP if node else "127.0.0.1"
+    last_error: ClusterError | None = None
+    for attempt in range(3):
+        try:
+            return controlplane.start(
+                workdir,
+                bin_dir=bin_dir,
+                bind_ip=bind_ip,
+                extra_leaves=node_leaves(podnetwork.NODE_IP) if node else (),
+                with_node=node,
+                timeout=timeout,
+                die_with_parent=die_with_parent,
+                say=say,
+            )
+        except controlplane.PortTaken as e:
+            last_error = e
+            say(f"a port was taken ({e}); retrying with new ports (attempt {attempt + 2}/3)")
+        except BaseException:
+            if node:
+                podnetwork.down(workdir / "node" / "net", say)
+            raise
+    if node:
+        podnetwork.down(workdir / "node" / "net", say)
+    raise ClusterError(f"could not start the control plane: {last_error}")
 
 
 def _start_node(
