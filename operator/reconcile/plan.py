@@ -6,8 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import yaml
 from kubeinfer.operator import api
 from kubeinfer.operator.build.common import APPLIED_HASH_ANNOTATION, selector_string
+from kubeinfer.runtime.config import CONFIG_FILE
 
 Action = Literal["create", "update", "revert", "none"]
 
@@ -535,14 +537,51 @@ EXPECTED_NOT_READY_REASONS = frozenset({"Creating", "Progressing"})
 Event = tuple[str, str, str]
 
 
+def _batch_timeout_of(configmap: Mapping[str, Any] | None) -> float | None:
+    """``batching.max_queue_delay_seconds`` of a runtime ConfigMap (``None`` if absent or unreadable)."""
+    text = ((configmap or {}).get("data") or {}).get(CONFIG_FILE)
+    try:
+        value = (yaml.safe_load(text or "") or {}).get("batching", {}).get("max_queue_delay_seconds")
+        return float(value) if value is not None else None
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def update_events(
+    desired: Mapping[str, Any], current: Mapping[str, Any] | None, isvc: api.InferenceService
+) -> list[Event]:
+    """Normal Events for an update of an owned object from ``current`` to ``desired``: a Deployment
+    whose pod template changes ``RolloutStarted``; one whose replicas alone change ``Scaled``
+    (``spec.replicas`` with autoscaling off or clamped into its bounds; the autoscaler posts its own
+    ``Autoscaled``); a ConfigMap whose batch timeout changes, with autoscaling off,
+    ``BatchTimeoutChanged`` (the runtime reloads it without a restart)."""
+    if current is None:
+        return []
+    if desired.get("kind") == "Deployment":
+        want, have = desired.get("spec") or {}, current.get("spec") or {}
+        if not is_subset(want.get("template") or {}, have.get("template") or {}):
+            return [
+                ("Normal", "RolloutStarted", f"rolling out a new pod template (generation {isvc.generation})")
+            ]
+        if "replicas" in want and want["replicas"] != have.get("replicas"):
+            return [("Normal", "Scaled", f"replicas {have.get('replicas')} → {want['replicas']}")]
+    if desired.get("kind") == "ConfigMap" and not isvc.spec.autoscaling.enabled:
+        old, new = _batch_timeout_of(current), _batch_timeout_of(desired)
+        if old is not None and new is not None and old != new:
+            message = f"batch timeout {api.format_duration(old)} → {api.format_duration(new)}"
+            return [("Normal", "BatchTimeoutChanged", message)]
+    return []
+
+
 def transition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[Event]:
     """The Events for the change of ``status.conditions`` from ``before`` to ``after``.
 
-    Normal for expected transitions: ``RolloutStarted`` when Reconciling turns true (with the
-    counts), ``RolloutFinished`` when Ready turns true as it ends, else the Ready reason when Ready
-    turns true (e.g. a fault cleared). Warning only for faults: Ready turning false, or changing
-    reason while false, with a reason not in :data:`EXPECTED_NOT_READY_REASONS`. Nothing when the
-    conditions did not change in status or reason (a new message alone, e.g. new counts).
+    Normal for expected transitions: ``RolloutFinished`` when Ready turns true as a rollout
+    (Reconciling) ends, else the Ready reason when Ready turns true (e.g. a fault cleared); the
+    start of a rollout or a scale is the apply's Event (:func:`update_events`). Warning only for
+    faults: Ready turning false, or changing reason while false, with a reason not in
+    :data:`EXPECTED_NOT_READY_REASONS`. Nothing when the conditions did not change in status or
+    reason (a new message alone, e.g. new counts).
     """
     old, new = (
         conditions_of({"status": {"conditions": before}}),
@@ -555,8 +594,6 @@ def transition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mappi
 
     events: list[Event] = []
     rec_before, rec_after = key(old, api.CONDITION_RECONCILING)[0], key(new, api.CONDITION_RECONCILING)[0]
-    if rec_after == "True" and rec_before != "True":
-        events.append(("Normal", "RolloutStarted", str(new[api.CONDITION_RECONCILING].get("message", ""))))
     ready = new.get(api.CONDITION_READY)
     if ready is None or key(old, api.CONDITION_READY) == key(new, api.CONDITION_READY):
         return events

@@ -251,6 +251,10 @@ class Reconciler:
                 self._event_later(
                     body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning"
                 )
+            elif action == "update":
+                before = currents[desired.index(obj)]
+                for type_, reason, message in plan.update_events(obj, before, isvc):
+                    self._event_later(body, reason, message, type_)
         if created:
             self._event_later(body, "Created", "created " + ", ".join(created))
         for kind in (k for k, obj in built.items() if obj is None):

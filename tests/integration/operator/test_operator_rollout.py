@@ -208,7 +208,7 @@ def test_rollout_ready_false_during_true_after_and_broken_update_keeps_serving(
     )
     start_events = _events(cluster, ns, name)
     assert [e for e in start_events if e[0] == "Warning"] == [], start_events
-    assert ("Normal", "Created") in start_events and ("Normal", "RolloutStarted") in start_events
+    assert ("Normal", "Created") in start_events
 
     # a spec change that rolls the pods: the old pod keeps serving, the new one is not ready yet
     cluster.kubectl(
@@ -236,6 +236,7 @@ def test_rollout_ready_false_during_true_after_and_broken_update_keeps_serving(
     assert argocd_health(mid)["status"] == "Progressing"
     assert all(c["observedGeneration"] == generation + 1 for c in mid["status"]["conditions"])
 
+    assert ("Normal", "RolloutStarted") in _events(cluster, ns, name)
     # the new pod becomes ready: the old one goes, Ready=True, Reconciling removed
     done = _wait_healthy(cluster, ns, name)
     assert done["status"]["updatedReady"] == "1/1" and _cond(done, "Reconciling") is None
@@ -285,6 +286,32 @@ def test_rollout_ready_false_during_true_after_and_broken_update_keeps_serving(
     )
     warnings = [e for e in _events(cluster, ns, name) if e[0] == "Warning"]
     assert warnings == [("Warning", "ImagePullBackOff")], warnings
+
+
+def test_scale_and_batch_timeout_changes_are_normal_events(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns, name = op_namespace, "scaleevents"
+    cluster.apply(_manifest(name, batching={"maxQueueDelay": "5ms"}), "-n", ns)
+    _wait_healthy(cluster, ns, name)
+    cluster.kubectl(
+        "patch",
+        "kisvc",
+        name,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"replicas":2,"batching":{"maxQueueDelay":"9ms"}}}',
+    )
+    wait_until(
+        lambda: {("Normal", "Scaled"), ("Normal", "BatchTimeoutChanged")} <= set(_events(cluster, ns, name)),
+        timeout=30,
+        message="Scaled and BatchTimeoutChanged Events",
+    )
+    done = _wait_healthy(cluster, ns, name)
+    assert done["status"]["updatedReady"] == "2/2" and done["status"]["replicas"] == 2
+    assert [e for e in _events(cluster, ns, name) if e[0] == "Warning"] == []
 
 
 def test_autoscaling_condition_and_observed_removed_when_turned_off(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubeinfer.operator import api
+from kubeinfer.operator.build import build_configmap, build_deployment
 from kubeinfer.operator.reconcile import plan
 
 AVAILABLE = {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}
@@ -123,8 +125,9 @@ def test_events_normal_for_a_healthy_start_and_rollout_warning_for_faults() -> N
         return plan.conditions_for({"conditions": before}, h, "T", 1, autoscaling=False)
 
     creating = conds(plan.health(None, missing_pvcs=[], error=None, namespace="ns"), [])
-    start = plan.transition_events([], creating)
-    assert start == [("Normal", "RolloutStarted", "waiting for the Deployment to be created")]
+    assert (
+        plan.transition_events([], creating) == []
+    )  # Progressing/Creating: no Event (Created is the apply's)
     pending = conds(health(deployment(replicas=1, updated=1, ready=0)), creating)
     assert plan.transition_events(creating, pending) == []  # still rolling out: nothing new
     done = conds(health(deployment(replicas=1, updated=1, ready=1)), pending)
@@ -132,17 +135,37 @@ def test_events_normal_for_a_healthy_start_and_rollout_warning_for_faults() -> N
         ("Normal", "RolloutFinished", "Ready=True: 1/1 replicas ready")
     ]
     rolling = conds(health(deployment(replicas=2, updated=1, ready=1)), done)
-    events = plan.transition_events(done, rolling)
-    assert [(t, r) for t, r, _ in events] == [("Normal", "RolloutStarted")]
-    assert "0/1 replicas updated and ready" in events[0][2]
+    assert plan.transition_events(done, rolling) == []  # Ready True -> Progressing: expected
     rs = [replicaset("1", "old", 1), replicaset("2", "new", 0)]
     broken = conds(
         health(deployment(replicas=2, updated=1, ready=1), [pod("b", "new", "ErrImagePull")], rs), rolling
     )
     assert [(t, r) for t, r, _ in plan.transition_events(rolling, broken)] == [("Warning", "ErrImagePull")]
-    every = [
-        e
-        for b, a in ((creating, pending), (pending, done), (done, rolling))
-        for e in plan.transition_events(b, a)
+    fixed = conds(health(deployment(replicas=1, updated=1, ready=1)), broken)
+    assert [(t, r) for t, r, _ in plan.transition_events(broken, fixed)] == [
+        ("Normal", "MinimumReplicasAvailable")
     ]
-    assert all(t == "Normal" for t, _, _ in every)
+
+
+def _isvc(**spec: Any) -> api.InferenceService:
+    base: dict[str, Any] = {"resources": {"gpus": 0}, "runtime": {"device": "cpu"}, **spec}
+    return api.InferenceService.from_body(
+        {"metadata": {"name": "m", "namespace": "ns", "generation": 3}, "spec": base}
+    )
+
+
+def test_update_events_tell_a_rollout_from_a_scale_and_a_batch_timeout_change() -> None:
+    isvc = _isvc()
+    dep = build_deployment(isvc, replicas=1)
+    assert plan.update_events(build_deployment(isvc, replicas=3), dep, isvc) == [
+        ("Normal", "Scaled", "replicas 1 → 3")
+    ]
+    other = _isvc(model={"uri": "/models/v2"})
+    events = plan.update_events(build_deployment(other, replicas=1), dep, other)
+    assert [(t, r) for t, r, _ in events] == [("Normal", "RolloutStarted")] and "generation 3" in events[0][2]
+    assert plan.update_events(dep, dep, isvc) == []
+    cm = plan.update_events(build_configmap(isvc, 0.009), build_configmap(isvc, 0.005), isvc)
+    assert cm == [("Normal", "BatchTimeoutChanged", "batch timeout 5ms → 9ms")]
+    auto = _isvc(autoscaling={"enabled": True})  # the autoscaler posts Autoscaled for its own changes
+    assert plan.update_events(build_configmap(auto, 0.009), build_configmap(auto, 0.005), auto) == []
+    assert plan.update_events(dep, None, isvc) == []  # a creation: the Created Event
