@@ -605,6 +605,22 @@ def stop(workdir: Path, node: Node | None, *, bin_dir: Path, say: Say) -> None:
             procs.terminate(pids.get(name, -1), times.get(name))
         say(f"a node runs in {other}: only this work directory's processes were stopped")
         return
+    _stop_pods_and_daemons(paths, pids, times, bin_dir, say)
+    _unmount_under((paths.root, IMAGE_STORE))
+    _remove_kubepods_cgroups()
+    _restore_host(paths, node.sysctls if node else {})
+    for sub in ("containerd-state", "runc", "kubelet", "pod-logs", "net"):
+        shutil.rmtree(paths.root / sub, ignore_errors=True)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(MACHINE_RECORD.read_text()).get("workdir") == str(workdir):
+            MACHINE_RECORD.unlink()
+
+
+def _stop_pods_and_daemons(
+    paths: NodePaths, pids: dict[str, int], times: dict[str, int], bin_dir: Path, say: Say
+) -> None:
+    """Every pod sandbox (crictl, while containerd runs), then CoreDNS, kube-proxy and containerd,
+    then the shims and container processes left over."""
     if procs.is_ours(pids.get("containerd", -1), times.get("containerd")):
         crictl = [str(bin_dir / "crictl"), "--runtime-endpoint", paths.endpoint, "--timeout", "30s"]
         procs.run([*crictl, "rmp", "--all", "--force"], check=False, timeout=120)
@@ -614,23 +630,21 @@ def stop(workdir: Path, node: Node | None, *, bin_dir: Path, say: Say) -> None:
     killed = _kill_container_processes(paths)
     if killed:
         say(f"killed {killed} leftover shim/container processes")
-    _unmount_under((paths.root, IMAGE_STORE))
-    _remove_kubepods_cgroups()
+
+
+def _restore_host(paths: NodePaths, sysctls: dict[str, str]) -> None:
+    """kube-proxy's nftables tables and the kubelet's iptables chains removed (keeping the tables
+    that existed before the node started), the kernel settings the kubelet changed put back."""
     for family in ("ip", "ip6"):
         procs.run(["nft", "delete", "table", family, "kube-proxy"], check=False)
     tables_before = None
     with contextlib.suppress(OSError, ValueError):
         tables_before = list(json.loads((paths.root / TABLES_BEFORE).read_text()))
     _remove_kube_iptables_chains(tables_before)
-    for key, value in (node.sysctls if node else {}).items():
+    for key, value in sysctls.items():
         if value and _read_sysctl(key) != value:
             with contextlib.suppress(OSError):
                 Path("/proc/sys", key).write_text(value)
-    for sub in ("containerd-state", "runc", "kubelet", "pod-logs", "net"):
-        shutil.rmtree(paths.root / sub, ignore_errors=True)
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(MACHINE_RECORD.read_text()).get("workdir") == str(workdir):
-            MACHINE_RECORD.unlink()
 
 
 def _kill_container_processes(paths: NodePaths) -> int:
