@@ -1,27 +1,32 @@
-"""Seeded discrete-event simulation of the autoscaler against HPA-style baselines (issue 4).
+"""Seeded discrete-event simulation of the autoscaler against HPA-style baselines (issues 4 and 10).
 
-    .venv/bin/python bench/autoscaler_sim.py [--seed N] [--repeats R] [--horizon S] [--out PATH]
+    .venv/bin/python bench/autoscaler_sim.py                       # every CSV in bench/traces/
+    .venv/bin/python bench/autoscaler_sim.py --trace FILE.csv      # one trace (repeatable)
+    .venv/bin/python bench/autoscaler_sim.py --traces DIR --out results.json
+    .venv/bin/python bench/autoscaler_sim.py --write-traces bench/traces   # regenerate the built-ins
 
 Model (what is simulated, and what is not):
 
-- Arrivals: Poisson with a per-second rate lambda(t) from one of four traces: ``step`` (x4 at 25 % of
-  the horizon), ``ramp`` (up, then hold), ``diurnal`` (one sine period over the horizon), ``mmpp``
-  (bursty on/off, a two-state Markov-modulated Poisson process). Rates are in units of the sustainable
-  per-replica rate ``mu`` (below), so the trace shapes do not depend on a and c. Every controller sees
-  the same arrivals (same seed).
+- Arrivals: Poisson with a per-second rate lambda(t) read from a trace CSV (``seconds,requests_per_second``,
+  any step; see ``read_trace``). The built-in traces (``BUILTIN``, written to ``bench/traces/`` by
+  ``--write-traces``, their construction in ``bench/traces/README.md``) are shaped in units of the
+  sustainable per-replica rate ``mu`` (below) and written in requests/s. Every controller sees the same
+  arrivals (same seed); each seed draws new arrivals from the same rates. An optional third column
+  (``high_priority_share``) is read and reported but the simulated batcher is FIFO: priorities are not
+  simulated.
 - Service: each replica runs one batch at a time taking s(b) = a + c*b seconds for b rows, b <= B.
-  a and c come from ``bench/results/runtime.json`` (keys ``service_time_a_seconds`` and
-  ``service_time_c_seconds``, or ``fit.a_seconds``/``fit.c_seconds``) when present, else the defaults
-  below. The replicas share one FIFO queue (an ideal least-loaded balancer): a replica that is free takes
-  the oldest request and fires the batch when B requests are there or the oldest has waited the batch
-  timeout (the runtime's max queue delay), whichever is first.
+  a and c come from ``bench/results/runtime.json`` (``a_seconds``, ``c_seconds``, ``max_batch_size``)
+  when present, else the defaults below. The replicas share one FIFO queue (an ideal least-loaded
+  balancer): a replica that is free takes the oldest request and fires the batch when B requests are there
+  or the oldest has waited the batch timeout (the runtime's max queue delay), whichever is first.
 - New replicas serve after a cold start (model load + warmup); they cost replica-seconds from creation.
   Removed replicas finish their batch and stop.
-- Metrics reach the controller through a 15 s scrape: P99 is computed from histogram buckets (the
-  runtime's ``DURATION_BUCKETS``) over a 60 s window as Prometheus' ``histogram_quantile`` does (linear
-  interpolation inside the bucket holding the rank); GPU utilization is the busy fraction of the ready
-  replicas over the last scrape interval (what DCGM's ``DCGM_FI_DEV_GPU_UTIL`` reports); request rate is
-  completions per second over the window; queue size is the instantaneous queue.
+- Metrics reach the controller every 15 s: P99 is computed from histogram buckets (the runtime's
+  ``DURATION_BUCKETS``) over a 60 s window as Prometheus' ``histogram_quantile`` does; GPU utilization
+  is the busy fraction of the ready replicas over the last 15 s (``DCGM_FI_DEV_GPU_UTIL``); request rate
+  is completions per second over the window; arrival rate is arrivals per second over the last 30 s
+  (what ``rate(kubeinfer_requests_total[30s]) + deriv(kubeinfer_inflight_requests[30s])`` gives); queue
+  size and requests in flight are instantaneous; s(b)'s a and c and B are what the runtime exports.
 - Controllers act every 15 s: ``kubeinfer`` (``kubeinfer.operator.autoscale.policy.decide``, unchanged,
   with the InferenceService API's default tunables), ``hpa_gpu`` (HPA on GPU utilization: target 70 %,
   tolerance 0.1, 300 s scale-down stabilization, scale-up limited to max(100 %, 4 pods) per sync),
@@ -31,29 +36,31 @@ Model (what is simulated, and what is not):
 
 Figures per trace and controller: ``slo_attainment`` (share of requests with latency <= target),
 ``window_attainment`` (share of 1-minute windows with traffic whose exact P99 <= target),
-``replica_seconds``, ``scaling_actions`` (replica-count changes), ``recovery_seconds`` (the longest run
-of consecutive 15 s windows whose exact P99 is over target: for ``step`` the time to recover after the
-step). With ``--repeats R`` > 1 (default 3) each figure is the median over R seeds.
+``replica_seconds``, ``scaling_actions`` (replica-count changes), ``recovery_seconds`` (time to
+recover: the longest run of consecutive 15 s windows whose exact P99 is over target),
+``direction_changes_per_hour`` (a scale-up followed by a scale-down or the reverse, per hour of trace:
+flapping). Each figure is the median over ``--repeats`` seeds (default 3).
 
-Beside ``traces`` (the five controllers, shaped as issue 4 asks), the JSON carries ``variants``: the
-same figures for kubeinfer's policy with the batch-timeout lever off (``kubeinfer_replicas_only``,
-the value of tuning the timeout) and with a 600 s stabilization window
-(``kubeinfer_stabilization_600s``), and with the drained-backlog rule fed the queue size instead of
-the requests in flight (``kubeinfer_drained_on_queue``); ``config`` (a, c, target, seeds) and
-``summary`` (the targets).
+Beside ``traces`` the JSON carries ``variants`` (kubeinfer's policy with a part switched off, per trace),
+``faults`` (Prometheus down, or answering NaN, in the middle of a trace: actions while the signal is
+missing must be 0, and the controller acts again once it returns), ``config``, ``tuned_on`` (the traces
+the policy's tunables were chosen on; the others are held out) and ``summary`` (the issue-10 targets
+per trace, with every miss stated). ``bench/results/autoscaler.md`` gets the same table as printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import csv
 import heapq
+import itertools
 import json
 import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -69,27 +76,15 @@ except ImportError:  # pragma: no cover - the runtime's metrics module is part o
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_RESULTS = ROOT / "bench" / "results" / "runtime.json"
 DEFAULT_OUT = ROOT / "bench" / "results" / "autoscaler.json"
+TRACES_DIR = ROOT / "bench" / "traces"
 
 #: Default batch service-time model s(b) = a + c*b when runtime.json is absent: a MiniLM-sized
 #: encoder on a modest GPU (fixed launch/transfer overhead 15 ms, 1.5 ms per row).
 DEFAULT_A_SECONDS = 0.015
 DEFAULT_C_SECONDS = 0.0015
 CONTROLLERS = ("kubeinfer", "hpa_gpu", "hpa_p99", "fixed", "oracle")
-#: Variants of kubeinfer's policy reported beside the main table (``variants`` in the JSON): the
-#: batch-timeout lever switched off (replicas only: its bounds pinned to the start value), a 600 s
-#: scale-down stabilization window instead of the HPA's 300 s default, and the drained-backlog rule fed
-#: the queue size instead of the requests in flight.
-VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
-    "kubeinfer_replicas_only": lambda cfg: {
-        "batch_timeout_min_seconds": cfg.initial_timeout,
-        "batch_timeout_max_seconds": cfg.initial_timeout,
-    },
-    "kubeinfer_stabilization_600s": lambda cfg: {"scale_down_stabilization_seconds": 600.0},
-    # The drained-backlog rule on the queue alone (what the policy read before it read the requests in
-    # flight): the queue leaves out requests executing in batches.
-    "kubeinfer_drained_on_queue": lambda cfg: {"drained_signal": "queue"},
-}
-TRACES = ("step", "ramp", "diurnal", "mmpp")
+#: The traces kubeinfer's tunables were chosen on (issue 4's four); every other trace is held out.
+TUNED_ON = ("step", "ramp", "diurnal", "mmpp")
 
 
 @dataclass(frozen=True)
@@ -102,6 +97,7 @@ class SimConfig:
     cold_start: float = 30.0
     sync: float = 15.0
     window: float = 60.0
+    arrival_window: float = 30.0
     horizon: float = 1200.0
     initial_timeout: float = 0.005
     timeout_bounds: tuple[float, float] = (0.001, 0.05)
@@ -137,27 +133,172 @@ class SimConfig:
 # traces
 
 
-def trace_rates(name: str, cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
-    """Rate per second, requests/s, for each second of the horizon (float64, shape (horizon,))."""
-    n = int(cfg.horizon)
+@dataclass(frozen=True)
+class Trace:
+    """A request-rate trace on a 1 s grid.
+
+    Attributes:
+        name: the CSV file's stem.
+        rates: requests/s for each second, float64, shape (horizon,).
+        high_priority_share: the optional third column on the same grid, or ``None``.
+    """
+
+    name: str
+    rates: np.ndarray
+    high_priority_share: np.ndarray | None = None
+
+
+def _step(n: int, rng: np.random.Generator) -> np.ndarray:
     t = np.arange(n, dtype=np.float64)
-    mu = cfg.mu
-    if name == "step":
-        return np.where(t < 0.25 * n, 0.8 * mu, 3.2 * mu)
-    if name == "ramp":
-        return np.minimum(0.5 * mu + (5.0 - 0.5) * mu * t / (0.6 * n), 5.0 * mu)
-    if name == "diurnal":
-        return mu * (2.75 - 2.25 * np.cos(2 * np.pi * t / n))
-    if name == "mmpp":
-        out = np.empty(n)
-        high, i = False, 0
-        while i < n:
-            stay = max(1, int(rng.exponential(45.0 if high else 90.0)))
-            out[i : i + stay] = 4.0 * mu if high else 0.8 * mu
-            i += stay
-            high = not high
-        return out
-    raise ValueError(f"unknown trace {name!r}; expected one of {TRACES}")
+    return np.where(t < 0.25 * n, 0.8, 3.2)
+
+
+def _ramp(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    return np.minimum(0.5 + (5.0 - 0.5) * t / (0.6 * n), 5.0)
+
+
+def _diurnal(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    return 2.75 - 2.25 * np.cos(2 * np.pi * t / n)
+
+
+def _mmpp(n: int, rng: np.random.Generator) -> np.ndarray:
+    out = np.empty(n)
+    high, i = False, 0
+    while i < n:
+        stay = max(1, int(rng.exponential(45.0 if high else 90.0)))
+        out[i : i + stay] = 4.0 if high else 0.8
+        i += stay
+        high = not high
+    return out
+
+
+def _flash_crowd(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    base, peak, start, rise, tau = 0.6, 4.8, 120.0, 10.0, 75.0
+    up = base + (peak - base) * np.clip((t - start) / rise, 0.0, 1.0)
+    decay = base + (peak - base) * np.exp(-(t - start - rise) / tau)
+    return np.where(t < start + rise, up, decay)
+
+
+def _slow_ramp(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    phi, sigma = 0.97, 0.1  # AR(1) log-noise: 10 % standard deviation, ~30 s correlation
+    noise = np.empty(n)
+    x = 0.0
+    for i, e in enumerate(rng.standard_normal(n)):
+        x = phi * x + math.sqrt(1 - phi * phi) * sigma * e
+        noise[i] = x
+    return (0.5 + 4.5 * t / n) * np.exp(noise)
+
+
+def _sawtooth(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    period = 300.0  # the stabilization window of the HPA and of kubeinfer
+    return 1.0 + 3.0 * (t % period) / period
+
+
+def _compressed_day(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    hour = 24.0 * t / n
+    shape = 0.4 + 2.6 * np.exp(-(((hour - 10.5) / 2.5) ** 2)) + 2.2 * np.exp(-(((hour - 19.5) / 2.0) ** 2))
+    bursts = np.ones(n)
+    at = 0.0
+    while True:
+        at += rng.exponential(200.0)
+        if at >= n:
+            break
+        length = int(rng.uniform(20.0, 40.0))
+        bursts[int(at) : int(at) + length] *= 1.8
+    return shape * bursts
+
+
+#: Built-in traces: generator (shape in units of mu), horizon in seconds. Construction in words:
+#: bench/traces/README.md. MMPP, slow_ramp and compressed_day draw from a generator seeded per trace.
+BUILTIN: dict[str, tuple[Callable[[int, np.random.Generator], np.ndarray], int]] = {
+    "step": (_step, 1200),
+    "ramp": (_ramp, 1200),
+    "diurnal": (_diurnal, 1200),
+    "mmpp": (_mmpp, 1200),
+    "flash_crowd": (_flash_crowd, 900),
+    "slow_ramp": (_slow_ramp, 3600),
+    "sawtooth": (_sawtooth, 1800),
+    "compressed_day": (_compressed_day, 2400),
+}
+
+
+def trace_rates(name: str, cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
+    """A built-in shape over ``cfg.horizon`` seconds in requests/s (float64, shape (horizon,))."""
+    if name not in BUILTIN:
+        raise ValueError(f"unknown trace {name!r}; expected one of {tuple(BUILTIN)}")
+    return cfg.mu * BUILTIN[name][0](int(cfg.horizon), rng)
+
+
+def builtin_trace(name: str, mu: float) -> Trace:
+    """A built-in trace in requests/s (its shape times ``mu``), from a generator seeded by its name."""
+    make, n = BUILTIN[name]
+    rng = np.random.default_rng([sum(name.encode()), len(name)])
+    return Trace(name, np.round(mu * make(n, rng), 1))
+
+
+def write_trace(trace: Trace, path: Path) -> None:
+    """Write ``seconds,requests_per_second`` rows, one per second."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["seconds", "requests_per_second"])
+        w.writerows((i, f"{r:.1f}") for i, r in enumerate(trace.rates))
+
+
+def _on_grid(times: np.ndarray, values: np.ndarray, end: float) -> np.ndarray:
+    """Piecewise-constant ``values`` (from each time to the next, the last until ``end``) averaged over
+    each 1 s of the grid ``[0, ceil(end))`` (a second past ``end`` counts as 0 there)."""
+    horizon = max(1, math.ceil(end))
+    edges = np.append(times, end)
+    area = np.concatenate([[0.0], np.cumsum(values * np.diff(edges))])
+    grid = np.arange(horizon + 1, dtype=np.float64)
+    return np.diff(np.interp(grid, edges, area))
+
+
+def read_trace(path: Path) -> Trace:
+    """Read a trace CSV: ``seconds,requests_per_second[,high_priority_share]`` with a header row.
+
+    Rows give the rate from their time to the next row's (any step, not necessarily regular); the last
+    row lasts as long as the step before it. Rates are averaged onto a 1 s grid.
+
+    Raises:
+        ValueError: naming the file and row, when a row does not parse, times do not increase, a rate
+            is negative, or there are fewer than two rows.
+    """
+    rows: list[list[float]] = []
+    with path.open(newline="") as f:
+        for k, row in enumerate(csv.reader(f), start=1):
+            if not row or row[0].strip().startswith("#") or (k == 1 and not _is_number(row[0])):
+                continue
+            try:
+                rows.append([float(x) for x in row])
+            except ValueError as exc:
+                raise ValueError(f"{path}:{k}: not a number: {row!r}") from exc
+    if len(rows) < 2:
+        raise ValueError(f"{path}: needs at least two rows of seconds,requests_per_second")
+    data = np.array([r[:2] for r in rows])
+    times, rates = data[:, 0] - data[0, 0], data[:, 1]
+    if (np.diff(times) <= 0).any() or (rates < 0).any() or not np.isfinite(data).all():
+        raise ValueError(f"{path}: seconds must increase and rates be finite and >= 0")
+    end = float(times[-1] + (times[-1] - times[-2]))
+    share = None
+    if all(len(r) >= 3 for r in rows):
+        share = _on_grid(times, np.array([r[2] for r in rows]), end)
+    return Trace(path.stem, _on_grid(times, rates, end), share)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def poisson_arrivals(rates: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -195,7 +336,7 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
 
 @dataclass(frozen=True)
 class Metrics:
-    """One scrape as a controller sees it. NaN = no data."""
+    """One scrape as a controller sees it. NaN = no data; ``down``: Prometheus did not answer."""
 
     p99: float
     utilization: float
@@ -203,6 +344,12 @@ class Metrics:
     queue: float
     ready: int
     inflight: float = math.nan
+    arrival_rate: float = math.nan
+    down: bool = False
+
+
+#: A fault: (start, end, kind) with kind ``"down"`` (no answer) or ``"nan"`` (every value NaN).
+Fault = tuple[float, float, str]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -220,6 +367,7 @@ class Result:
     replica_seconds: float
     scaling_actions: int
     timeout_changes: int
+    actions_at: list[float] = field(default_factory=list)
 
     @property
     def latency(self) -> np.ndarray:
@@ -236,12 +384,77 @@ class _Replica:
 
 
 @dataclass
+class _Fleet:
+    """The replicas and the batches they run over one arrival sequence (one shared FIFO queue)."""
+
+    cfg: SimConfig
+    arrivals: list[float]
+    busy: np.ndarray
+    ready_secs: np.ndarray
+    done: np.ndarray
+    head: int = 0
+    reps: dict[int, _Replica] = field(default_factory=dict)
+    heap: list[tuple[float, int]] = field(default_factory=list)
+    next_id: int = 0
+
+    def add(self, k: int, ready_at: float) -> None:
+        for _ in range(k):
+            self.reps[self.next_id] = _Replica(ready_at)
+            heapq.heappush(self.heap, (ready_at, self.next_id))
+            self.next_id += 1
+
+    def remove(self, k: int) -> None:
+        """Pending (not yet ready) replicas go first, newest first; then ready ones."""
+        alive = sorted((r.ready_at, i) for i, r in self.reps.items() if not r.removed)
+        for _, i in reversed(alive[-k:] if k else []):
+            self.reps[i].removed = True
+
+    def alive(self) -> int:
+        return sum(1 for r in self.reps.values() if not r.removed)
+
+    def ready(self, t: float) -> int:
+        return sum(1 for r in self.reps.values() if not r.removed and r.ready_at <= t)
+
+    def account_ready(self, t: float) -> None:
+        """Ready replica-seconds per second of [t, t + sync) (the utilization's denominator)."""
+        end = t + self.cfg.sync
+        for r in self.reps.values():
+            if not r.removed:
+                lo = max(r.ready_at, t)
+                for sec in range(int(lo), int(end)):
+                    self.ready_secs[sec] += min(1.0, end - sec, sec + 1 - lo)
+
+    def process(self, until: float, timeout: float) -> None:
+        """Run every batch that starts before ``until``."""
+        arr, n_req, B = self.arrivals, len(self.arrivals), self.cfg.max_batch
+        heap, reps = self.heap, self.reps
+        while heap and self.head < n_req:
+            free_at, rid = heap[0]
+            if reps[rid].removed:
+                heapq.heappop(heap)
+                continue
+            head = self.head
+            full_t = arr[head + B - 1] if head + B - 1 < n_req else math.inf
+            start = max(free_at, min(arr[head] + timeout, full_t))
+            if start >= until:
+                return
+            heapq.heappop(heap)
+            hi = bisect.bisect_right(arr, start, head, min(n_req, head + B))
+            s = self.cfg.a + self.cfg.c * (hi - head)
+            self.done[head:hi] = start + s
+            self.head = hi
+            self.busy[int(start)] += s
+            heapq.heappush(heap, (start + s, rid))
+
+
+@dataclass
 class Simulator:
-    """Runs one controller over one arrival sequence."""
+    """Runs one controller over one arrival sequence; ``fault`` blanks the metrics for a while."""
 
     cfg: SimConfig
     arrivals: np.ndarray
     initial_replicas: int
+    fault: Fault | None = None
     busy: np.ndarray = field(init=False)
     ready_secs: np.ndarray = field(init=False)
 
@@ -253,108 +466,45 @@ class Simulator:
     def run(self, controller: Controller, progress: Callable[[str], None] | None = None) -> Result:
         cfg, arr = self.cfg, self.arrivals
         arr_list: list[float] = arr.tolist()
-        n_req = len(arr_list)
-        done = np.full(n_req, np.nan)
-        head = 0
-        reps: dict[int, _Replica] = {}
-        heap: list[tuple[float, int]] = []
-        next_id = 0
-
-        def add(k: int, ready_at: float) -> None:
-            nonlocal next_id
-            for _ in range(k):
-                reps[next_id] = _Replica(ready_at)
-                heapq.heappush(heap, (ready_at, next_id))
-                next_id += 1
-
-        def remove(k: int, now: float) -> None:
-            # Pending (not yet ready) replicas go first, newest first; then ready ones.
-            alive = sorted((r.ready_at, i) for i, r in reps.items() if not r.removed)
-            for _, i in reversed(alive[-k:] if k else []):
-                reps[i].removed = True
-
-        def alive_count() -> int:
-            return sum(1 for r in reps.values() if not r.removed)
-
-        add(self.initial_replicas, 0.0)
+        fleet = _Fleet(cfg, arr_list, self.busy, self.ready_secs, np.full(len(arr_list), np.nan))
+        fleet.add(self.initial_replicas, 0.0)
         timeout = cfg.initial_timeout
-        bounds = np.asarray(cfg.buckets)
         head_at: list[int] = []
-        replicas_traj: list[int] = []
-        timeouts_traj: list[float] = []
-        replica_seconds = 0.0
-        actions = 0
-        t_changes = 0
-        a, c, B = cfg.a, cfg.c, cfg.max_batch
-
-        def process(until: float) -> None:
-            nonlocal head
-            while heap and head < n_req:
-                f, rid = heap[0]
-                if reps[rid].removed:
-                    heapq.heappop(heap)
-                    continue
-                first = arr_list[head]
-                full_idx = head + B - 1
-                full_t = arr_list[full_idx] if full_idx < n_req else math.inf
-                start = max(f, min(first + timeout, full_t))
-                if start >= until:
-                    return
-                heapq.heappop(heap)
-                hi = bisect.bisect_right(arr_list, start, head, min(n_req, head + B))
-                count = hi - head
-                s = a + c * count
-                end = start + s
-                done[head:hi] = end
-                head = hi
-                sec = int(start)
-                self.busy[sec] += s
-                heapq.heappush(heap, (end, rid))
-
-        steps = int(cfg.horizon / cfg.sync)
-        for k in range(steps):
+        res = Result(arr, fleet.done, [], [], 0.0, 0, 0)
+        for k in range(int(cfg.horizon / cfg.sync)):
             t = k * cfg.sync
-            head_at.append(head)
-            m = self._scrape(t, arr, done, head, head_at, bounds, arr_list)
-            m = replace(m, ready=sum(1 for r in reps.values() if not r.removed and r.ready_at <= t))
-            provisioned = alive_count()
+            head_at.append(fleet.head)
+            m = replace(self._scrape(t, fleet, head_at, arr_list), ready=fleet.ready(t))
+            provisioned = fleet.alive()
             want, new_timeout = controller(t, m, provisioned, timeout) if k > 0 else (provisioned, timeout)
             want = min(max(want, cfg.min_replicas), cfg.max_replicas)
             if want > provisioned:
-                add(want - provisioned, t + cfg.cold_start)
+                fleet.add(want - provisioned, t + cfg.cold_start)
             elif want < provisioned:
-                remove(provisioned - want, t)
+                fleet.remove(provisioned - want)
             if want != provisioned:
-                actions += 1
+                res.scaling_actions += 1
+                res.actions_at.append(t)
             if not math.isclose(new_timeout, timeout):
-                t_changes += 1
+                res.timeout_changes += 1
             timeout = new_timeout
-            replicas_traj.append(want)
-            timeouts_traj.append(timeout)
-            replica_seconds += want * cfg.sync
-            for r in reps.values():
-                if not r.removed:
-                    lo = max(r.ready_at, t)
-                    for sec in range(int(lo), int(t + cfg.sync)):
-                        self.ready_secs[sec] += min(1.0, t + cfg.sync - sec, sec + 1 - lo)
-            process(t + cfg.sync)
+            res.replicas.append(want)
+            res.timeouts.append(timeout)
+            res.replica_seconds += want * cfg.sync
+            fleet.account_ready(t)
+            fleet.process(t + cfg.sync, timeout)
             if progress is not None and k % 20 == 0:
                 progress(f"t={t:.0f}s replicas={want} timeout={timeout * 1000:.1f}ms")
-        process(math.inf)
-        assert head == n_req and not np.isnan(done).any(), "every request must complete"
-        return Result(arr, done, replicas_traj, timeouts_traj, replica_seconds, actions, t_changes)
+        fleet.process(math.inf, timeout)
+        assert fleet.head == len(arr_list) and not np.isnan(fleet.done).any(), "every request must complete"
+        return res
 
-    def _scrape(
-        self,
-        t: float,
-        arr: np.ndarray,
-        done: np.ndarray,
-        head: int,
-        head_at: list[int],
-        bounds: np.ndarray,
-        arr_list: list[float],
-    ) -> Metrics:
-        cfg = self.cfg
+    def _scrape(self, t: float, fleet: _Fleet, head_at: list[int], arr_list: list[float]) -> Metrics:
+        if self.fault is not None and self.fault[0] <= t < self.fault[1]:
+            nan = math.nan
+            return Metrics(nan, nan, nan, nan, 0, nan, nan, down=self.fault[2] == "down")
+        cfg, arr, done, head = self.cfg, self.arrivals, fleet.done, fleet.head
+        bounds = np.asarray(cfg.buckets)
         back = int(cfg.window / cfg.sync) + 2
         lo = head_at[max(0, len(head_at) - 1 - back)]
         d = done[lo:head]
@@ -362,11 +512,11 @@ class Simulator:
         lat = d[mask] - arr[lo:head][mask]
         counts = np.bincount(np.searchsorted(bounds, lat, side="left"), minlength=len(bounds) + 1)
         p99 = histogram_quantile(0.99, bounds.tolist(), counts.tolist())
-        rate = float(mask.sum()) / cfg.window
         s0, s1 = int(max(0.0, t - cfg.sync)), int(t)
         ready = float(self.ready_secs[s0:s1].sum())
         util = float(self.busy[s0:s1].sum()) / ready if ready > 0 else math.nan
         arrived = bisect.bisect_right(arr_list, t)
+        since = bisect.bisect_right(arr_list, t - cfg.arrival_window)
         queue = float(arrived - head)
         # In flight = queued + executing (kubeinfer_inflight_requests): arrived and not yet answered.
         # Requests dispatched before ``lo`` finished more than a window ago.
@@ -374,9 +524,10 @@ class Simulator:
         return Metrics(
             p99=p99,
             utilization=min(1.0, util) if util == util else util,
-            rate=rate,
+            rate=float(mask.sum()) / cfg.window,
             queue=queue,
             inflight=inflight,
+            arrival_rate=(arrived - since) / min(cfg.arrival_window, max(t, cfg.sync)),
             ready=0,  # replaced by the instantaneous ready count in run()
         )
 
@@ -393,36 +544,36 @@ def kubeinfer_policy(cfg: SimConfig) -> Policy:
         target_p99_seconds=cfg.target_p99,
         batch_timeout_min_seconds=cfg.timeout_bounds[0],
         batch_timeout_max_seconds=cfg.timeout_bounds[1],
-        stale_after_seconds=2 * cfg.window,
+        stale_after_seconds=cfg.window,
     )
 
 
-def make_kubeinfer(cfg: SimConfig, drained_signal: str = "inflight", **overrides: Any) -> Controller:
-    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields).
+def observe(cfg: SimConfig, m: Metrics) -> Observation:
+    """The ``Observation`` the operator's reader would build from one scrape (values as read)."""
+    if m.down:
+        return Observation.unknown("Prometheus unavailable (simulated outage)")
+    return Observation(
+        p99_seconds=None if math.isnan(m.p99) and m.rate == 0 else m.p99,
+        gpu_utilization=m.utilization,
+        request_rate=m.rate,
+        queue_size=m.queue,
+        inflight_requests=m.inflight,
+        sample_age_seconds=0.0,
+        arrival_rate=m.arrival_rate,
+        service_time_a_seconds=cfg.a,
+        service_time_c_seconds=cfg.c,
+        max_batch_size=float(cfg.max_batch),
+    )
 
-    ``drained_signal``: what the observation's ``inflight_requests`` carries: ``"inflight"`` (queued +
-    executing, as ``kubeinfer_inflight_requests``) or ``"queue"`` (the queue alone, for comparison).
-    """
-    if drained_signal not in ("inflight", "queue"):
-        raise ValueError(f"drained_signal must be 'inflight' or 'queue', got {drained_signal!r}")
+
+def make_kubeinfer(cfg: SimConfig, **overrides: Any) -> Controller:
+    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields)."""
     policy = replace(kubeinfer_policy(cfg), **overrides)
     state = State()
 
     def tick(t: float, m: Metrics, n: int, timeout: float) -> tuple[int, float]:
         nonlocal state
-        p99 = None if math.isnan(m.p99) else m.p99
-        util = None if math.isnan(m.utilization) else m.utilization
-        obs = Observation(
-            p99_seconds=p99,
-            gpu_utilization=util,
-            request_rate=m.rate,
-            queue_size=m.queue,
-            inflight_requests=m.queue
-            if drained_signal == "queue"
-            else (None if math.isnan(m.inflight) else m.inflight),
-            sample_age_seconds=0.0,
-        )
-        d = decide(obs, Current(n, timeout, ready_replicas=m.ready), policy, state, t)
+        d = decide(observe(cfg, m), Current(n, timeout, ready_replicas=m.ready), policy, state, t)
         state = d.state
         return d.replicas, d.batch_timeout_seconds
 
@@ -481,12 +632,46 @@ def make_oracle(cfg: SimConfig, rates: np.ndarray) -> Controller:
     return tick
 
 
+#: kubeinfer's policy with a part switched off (``variants`` in the JSON): the control law before
+#: issue 10 (no SLO-capacity rule, no cold-start timeout), the cold-start timeout off, the
+#: batch-timeout lever off (its bounds pinned to the start value).
+VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
+    "kubeinfer_reactive": lambda cfg: {"capacity_rule": False, "cold_start_timeout": False},
+    "kubeinfer_no_cold_start_timeout": lambda cfg: {"cold_start_timeout": False},
+    "kubeinfer_replicas_only": lambda cfg: {
+        "batch_timeout_min_seconds": cfg.initial_timeout,
+        "batch_timeout_max_seconds": cfg.initial_timeout,
+        "cold_start_timeout": False,
+    },
+}
+
+
+def controller_for(name: str, cfg: SimConfig, rates: np.ndarray) -> Controller:
+    """A fresh controller by name (``CONTROLLERS`` or ``VARIANTS``)."""
+    if name in VARIANTS:
+        return make_kubeinfer(cfg, **VARIANTS[name](cfg))
+    makers: dict[str, Callable[[], Controller]] = {
+        "kubeinfer": lambda: make_kubeinfer(cfg),
+        "hpa_gpu": lambda: make_hpa(cfg, "gpu"),
+        "hpa_p99": lambda: make_hpa(cfg, "p99"),
+        "fixed": lambda: make_fixed(cfg, rates),
+        "oracle": lambda: make_oracle(cfg, rates),
+    }
+    return makers[name]()
+
+
 # --------------------------------------------------------------------------------------------------
 # figures
 
 
+def direction_changes(replicas: Sequence[int]) -> int:
+    """Scale-ups followed by a scale-down, or the reverse, along a replica trajectory."""
+    signs = [1 if b > a else -1 for a, b in itertools.pairwise(replicas) if b != a]
+    return sum(1 for a, b in itertools.pairwise(signs) if a != b)
+
+
 def figures(cfg: SimConfig, res: Result) -> dict[str, float]:
-    """The five figures of one run (see the module docstring)."""
+    """The figures of one run (see the module docstring)."""
     lat, arr = res.latency, res.arrivals
     target = cfg.target_p99
     slo = float((lat <= target).mean()) if lat.size else 1.0
@@ -511,6 +696,8 @@ def figures(cfg: SimConfig, res: Result) -> dict[str, float]:
         "replica_seconds": round(res.replica_seconds, 1),
         "scaling_actions": res.scaling_actions,
         "recovery_seconds": longest * cfg.sync,
+        "direction_changes_per_hour": round(direction_changes(res.replicas) * 3600.0 / cfg.horizon, 2),
+        "peak_replicas": max(res.replicas),
     }
 
 
@@ -531,67 +718,195 @@ def load_service_model() -> tuple[float, float, int | None, str]:
     return a, c, int(batch) if isinstance(batch, int) and batch > 0 else None, "bench/results/runtime.json"
 
 
-def run_all(cfg: SimConfig, seeds: Sequence[int], log: Callable[[str], None]) -> dict[str, Any]:
-    """Every trace x controller x seed; medians over seeds."""
-    names = (*CONTROLLERS, *VARIANTS)
-    overrides = {v: make(cfg) for v, make in VARIANTS.items()}
-    per: dict[str, dict[str, list[dict[str, float]]]] = {t: {c: [] for c in names} for t in TRACES}
+# --------------------------------------------------------------------------------------------------
+# runs
+
+
+def _arrivals(trace: Trace, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, sum(trace.name.encode())])
+    return poisson_arrivals(trace.rates, rng)
+
+
+def run_trace(
+    cfg: SimConfig, trace: Trace, names: Sequence[str], seeds: Iterable[int], log: Callable[[str], None]
+) -> dict[str, dict[str, float]]:
+    """Every controller in ``names`` over ``trace`` for each seed; medians over seeds."""
+    tcfg = replace(cfg, horizon=float(len(trace.rates)))
+    per: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for seed in seeds:
-        for trace in TRACES:
-            rng = np.random.default_rng([seed, TRACES.index(trace)])
-            rates = trace_rates(trace, cfg, rng)
-            arrivals = poisson_arrivals(rates, rng)
-            start_n = replicas_needed(cfg, float(rates[: int(cfg.cold_start)].max()))
-            makers: dict[str, Callable[[], Controller]] = {
-                "kubeinfer": lambda: make_kubeinfer(cfg),
-                "hpa_gpu": lambda: make_hpa(cfg, "gpu"),
-                "hpa_p99": lambda: make_hpa(cfg, "p99"),
-                "fixed": lambda rates=rates: make_fixed(cfg, rates),
-                "oracle": lambda rates=rates: make_oracle(cfg, rates),
-                **{v: (lambda kw=overrides[v]: make_kubeinfer(cfg, **kw)) for v in VARIANTS},
+        arrivals = _arrivals(trace, seed)
+        start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+        for name in names:
+            t0 = time.perf_counter()
+            init = replicas_needed(tcfg, float(trace.rates.max())) if name == "fixed" else start_n
+            res = Simulator(tcfg, arrivals, init).run(controller_for(name, tcfg, trace.rates))
+            fig = figures(tcfg, res)
+            per[name].append(fig)
+            log(
+                f"seed {seed} {trace.name:14s} {name:32s} slo {fig['slo_attainment']:.4f} "
+                f"rs {fig['replica_seconds']:8.0f} actions {fig['scaling_actions']:3d} "
+                f"recovery {fig['recovery_seconds']:5.0f}s flips/h {fig['direction_changes_per_hour']:5.1f} "
+                f"peak {fig['peak_replicas']} timeout-changes {res.timeout_changes} "
+                f"({len(arrivals)} req, {time.perf_counter() - t0:.1f}s)"
+            )
+    return {name: {k: statistics.median(f[k] for f in runs) for k in runs[0]} for name, runs in per.items()}
+
+
+#: Fault scenarios: on the diurnal trace's rising half, the metrics vanish for 150 s (t = 300..450).
+FAULTS: dict[str, tuple[str, Fault]] = {
+    "prometheus_down": ("diurnal", (300.0, 450.0, "down")),
+    "metrics_nan": ("diurnal", (300.0, 450.0, "nan")),
+}
+
+
+def run_faults(cfg: SimConfig, traces: dict[str, Trace], seed: int) -> dict[str, Any]:
+    """Each fault scenario for kubeinfer and hpa_gpu: actions while the signal is missing (must be 0),
+    seconds from its return to the first action, and the run's figures."""
+    out: dict[str, Any] = {}
+    for scenario, (trace_name, fault) in FAULTS.items():
+        trace = traces.get(trace_name) or builtin_trace(trace_name, cfg.mu)
+        tcfg = replace(cfg, horizon=float(len(trace.rates)))
+        arrivals = _arrivals(trace, seed)
+        start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+        rows: dict[str, Any] = {"trace": trace_name, "from_seconds": fault[0], "to_seconds": fault[1]}
+        for name in ("kubeinfer", "hpa_gpu"):
+            res = Simulator(tcfg, arrivals, start_n, fault=fault).run(controller_for(name, tcfg, trace.rates))
+            during = [t for t in res.actions_at if fault[0] <= t < fault[1]]
+            after = [t for t in res.actions_at if t >= fault[1]]
+            rows[name] = {
+                **figures(tcfg, res),
+                "actions_while_missing": len(during),
+                "first_action_after_return_seconds": (after[0] - fault[1]) if after else None,
             }
-            for name in names:
-                t0 = time.perf_counter()
-                init = replicas_needed(cfg, float(rates.max())) if name == "fixed" else start_n
-                res = Simulator(cfg, arrivals, init).run(makers[name]())
-                fig = figures(cfg, res)
-                per[trace][name].append(fig)
-                log(
-                    f"seed {seed} {trace:8s} {name:28s} slo {fig['slo_attainment']:.4f} "
-                    f"win {fig['window_attainment']:.3f} rs {fig['replica_seconds']:8.0f} "
-                    f"actions {fig['scaling_actions']:3d} recovery {fig['recovery_seconds']:5.0f}s "
-                    f"peak {max(res.replicas)} timeout-changes {res.timeout_changes} "
-                    f"({len(arrivals)} req, {time.perf_counter() - t0:.1f}s)"
-                )
-
-    def medians(trace: str, name: str) -> dict[str, float]:
-        return {k: statistics.median(f[k] for f in per[trace][name]) for k in per[trace][name][0]}
-
-    out: dict[str, Any] = {"traces": {}, "variants": {}}
-    for trace in TRACES:
-        out["traces"][trace] = {name: medians(trace, name) for name in CONTROLLERS}
-    for variant in VARIANTS:
-        out["variants"][variant] = {trace: medians(trace, variant) for trace in TRACES}
+        out[scenario] = rows
     return out
 
 
+def summarize(traces: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
+    """Issue 10's targets per trace, and the misses in words with their figures."""
+    summary: dict[str, Any] = {}
+    for name, rows in traces.items():
+        k, h, o = rows["kubeinfer"], rows["hpa_gpu"], rows["oracle"]
+        vs_oracle = k["replica_seconds"] / o["replica_seconds"]
+        misses = []
+        if k["slo_attainment"] < h["slo_attainment"]:
+            misses.append(f"SLO {k['slo_attainment']:.4f} < HPA-on-GPU {h['slo_attainment']:.4f}")
+        if k["replica_seconds"] > h["replica_seconds"]:
+            misses.append(
+                f"replica-seconds {k['replica_seconds']:.0f} > HPA-on-GPU {h['replica_seconds']:.0f}"
+            )
+        if o["slo_attainment"] >= 0.99 and k["slo_attainment"] < 0.99:
+            misses.append(f"SLO {k['slo_attainment']:.4f} < 0.99 (oracle {o['slo_attainment']:.4f})")
+        if vs_oracle > 1.3:
+            misses.append(f"replica-seconds {vs_oracle:.2f}x the oracle's (> 1.3x)")
+        if k["direction_changes_per_hour"] > h["direction_changes_per_hour"]:
+            misses.append(
+                f"direction changes {k['direction_changes_per_hour']:.1f}/h > HPA-on-GPU "
+                f"{h['direction_changes_per_hour']:.1f}/h"
+            )
+        summary[name] = {
+            "tuned_on": name in TUNED_ON,
+            "kubeinfer_slo_ge_hpa_gpu": k["slo_attainment"] >= h["slo_attainment"],
+            "kubeinfer_replica_seconds_le_hpa_gpu": k["replica_seconds"] <= h["replica_seconds"],
+            "kubeinfer_slo_ge_99pct": k["slo_attainment"] >= 0.99,
+            "oracle_slo_ge_99pct": o["slo_attainment"] >= 0.99,
+            "kubeinfer_vs_hpa_gpu_replica_seconds": round(k["replica_seconds"] / h["replica_seconds"], 3),
+            "kubeinfer_vs_oracle_replica_seconds": round(vs_oracle, 3),
+            "misses": misses,
+        }
+    return summary
+
+
+def table(result: dict[str, Any]) -> str:
+    """The markdown table of ``result`` (per trace and controller), then the misses."""
+    head = (
+        "| trace | tuned on | controller | SLO attainment | replica-seconds | scaling actions "
+        "| time to recover (s) | direction changes/h |\n|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for name, rows in result["traces"].items():
+        tuned = "yes" if name in TUNED_ON else "no (held out)"
+        for ctl in CONTROLLERS:
+            f = rows[ctl]
+            lines.append(
+                f"| {name} | {tuned} | {ctl} | {f['slo_attainment']:.4f} | {f['replica_seconds']:.0f} "
+                f"| {f['scaling_actions']:.0f} | {f['recovery_seconds']:.0f} "
+                f"| {f['direction_changes_per_hour']:.1f} |"
+            )
+    lines.append("")
+    for name, s in result["summary"].items():
+        verdict = "; ".join(s["misses"]) if s["misses"] else "all targets met"
+        lines.append(
+            f"- {name}: kubeinfer/HPA-on-GPU replica-seconds "
+            f"{s['kubeinfer_vs_hpa_gpu_replica_seconds']:.3f}, kubeinfer/oracle "
+            f"{s['kubeinfer_vs_oracle_replica_seconds']:.3f}: {verdict}"
+        )
+    for scenario, rows in result.get("faults", {}).items():
+        k = rows["kubeinfer"]
+        lines.append(
+            f"- fault {scenario} ({rows['trace']}, t = {rows['from_seconds']:.0f}.."
+            f"{rows['to_seconds']:.0f} s): kubeinfer {k['actions_while_missing']} actions while missing, "
+            f"first action {k['first_action_after_return_seconds']} s after the signal returned, "
+            f"SLO {k['slo_attainment']:.4f}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def load_traces(args: argparse.Namespace, mu: float) -> dict[str, Trace]:
+    """The traces named on the command line (``--trace``, ``--traces``), else bench/traces/ (written
+    from ``BUILTIN`` first when that folder has no CSV)."""
+    files: list[Path] = list(args.trace or [])
+    for folder in args.traces or []:
+        files += sorted(Path(folder).glob("*.csv"))
+    if not files:
+        if not any(TRACES_DIR.glob("*.csv")):
+            for name in BUILTIN:
+                write_trace(builtin_trace(name, mu), TRACES_DIR / f"{name}.csv")
+        files = sorted(TRACES_DIR.glob("*.csv"))
+    traces = {p.stem: read_trace(p) for p in files}
+    # The tuned-on traces first, then the held-out ones, each in name order.
+    return dict(sorted(traces.items(), key=lambda kv: (kv[0] not in TUNED_ON, kv[0])))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, action="append", help="a trace CSV (repeatable)")
+    ap.add_argument("--traces", type=Path, action="append", help="a folder of trace CSVs (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="seeds seed..seed+R-1; figures are medians")
-    ap.add_argument("--horizon", type=float, default=1200.0, help="simulated seconds per run")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--no-variants", action="store_true", help="only the five controllers")
+    ap.add_argument("--no-faults", action="store_true", help="skip the Prometheus-fault scenarios")
+    ap.add_argument("--write-traces", type=Path, help="write the built-in traces as CSV there and exit")
     args = ap.parse_args(argv)
     a, c, batch, source = load_service_model()
-    cfg = SimConfig(a=a, c=c, horizon=args.horizon, max_batch=batch or SimConfig.max_batch)
+    cfg = SimConfig(a=a, c=c, max_batch=batch or SimConfig.max_batch)
+    if args.write_traces:
+        for name in BUILTIN:
+            write_trace(builtin_trace(name, cfg.mu), args.write_traces / f"{name}.csv")
+        print(f"wrote {len(BUILTIN)} traces to {args.write_traces} (mu {cfg.mu:.1f} req/s)")
+        return 0
     print(
         f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); B={cfg.max_batch}; "
         f"target P99 {cfg.target_p99 * 1000:.0f} ms; mu {cfg.mu:.1f} req/s/replica; "
-        f"cold start {cfg.cold_start:.0f}s; horizon {cfg.horizon:.0f}s",
+        f"cold start {cfg.cold_start:.0f}s",
         flush=True,
     )
     t0 = time.perf_counter()
-    result = run_all(cfg, range(args.seed, args.seed + args.repeats), lambda s: print(s, flush=True))
+    traces = load_traces(args, cfg.mu)
+    seeds = range(args.seed, args.seed + args.repeats)
+    names = (*CONTROLLERS, *(() if args.no_variants else VARIANTS))
+    runs = {
+        name: run_trace(cfg, tr, names, seeds, lambda s: print(s, flush=True)) for name, tr in traces.items()
+    }
+    result: dict[str, Any] = {
+        "traces": {t: {n: rows[n] for n in CONTROLLERS} for t, rows in runs.items()},
+        "variants": {v: {t: rows[v] for t, rows in runs.items()} for v in names if v in VARIANTS},
+        "tuned_on": [t for t in traces if t in TUNED_ON],
+        "held_out": [t for t in traces if t not in TUNED_ON],
+    }
+    if not args.no_faults:
+        result["faults"] = run_faults(cfg, traces, args.seed)
     result["config"] = {
         "service_time_a_seconds": a,
         "service_time_c_seconds": c,
@@ -602,22 +917,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cold_start_seconds": cfg.cold_start,
         "scrape_and_sync_seconds": cfg.sync,
         "query_window_seconds": cfg.window,
-        "horizon_seconds": cfg.horizon,
-        "seeds": list(range(args.seed, args.seed + args.repeats)),
+        "arrival_rate_window_seconds": cfg.arrival_window,
+        "horizon_seconds": {t: len(tr.rates) for t, tr in traces.items()},
+        "seeds": list(seeds),
+        "command": "bench/autoscaler_sim.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
-    summary = {}
-    for trace, rows in result["traces"].items():
-        k, h, o = rows["kubeinfer"], rows["hpa_gpu"], rows["oracle"]
-        summary[trace] = {
-            "kubeinfer_slo_ge_99pct": k["slo_attainment"] >= 0.99,
-            "kubeinfer_vs_hpa_gpu_replica_seconds": round(k["replica_seconds"] / h["replica_seconds"], 3),
-            "kubeinfer_vs_oracle_replica_seconds": round(k["replica_seconds"] / o["replica_seconds"], 3),
-        }
-    result["summary"] = summary
+    result["summary"] = summarize(result["traces"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(summary, indent=2))
-    print(f"wrote {args.out} in {time.perf_counter() - t0:.0f}s")
+    text = table(result)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')} in {time.perf_counter() - t0:.0f}s")
     return 0
 
 

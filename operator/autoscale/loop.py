@@ -253,7 +253,13 @@ class Autoscaler:
         if now < mem.retry_at:  # Prometheus was unavailable: wait out the back-off, read nothing
             return TickResult(None, mem.signal_problem or ACTIVE)
         window_s = api.parse_duration(spec.window)
-        queries = sig.default_queries(ns, name, prom_duration(window_s), spec.queries.model_dump())
+        queries = sig.default_queries(
+            ns,
+            name,
+            prom_duration(window_s),
+            spec.queries.model_dump(),
+            arrival_window=prom_duration(2 * self.interval_seconds),  # two scrapes: a recent rate
+        )
         if self._signals is None:
             self._signals = self.signals_factory()
         # Samples older than the query window are stale: the one threshold, applied by

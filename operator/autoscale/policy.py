@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 __all__ = [
     "DECIDE_REQUIRES",
@@ -105,6 +106,11 @@ class Observation:
         sample_age_seconds: age of the newest sample behind the signals, seconds.
         unknown_reason: set when the signals could not be read (Prometheus down, empty result,
             NaN, +Inf, stale samples, query error); the policy then holds. ``None`` when known.
+        arrival_rate: requests/s arriving over a short window (completions plus the growth of the
+            requests in flight); ``None`` when unknown (the capacity rule then uses ``request_rate``).
+        service_time_a_seconds, service_time_c_seconds: the runtime's batch service time
+            s(b) = a + c*b, seconds and seconds per row; ``None`` when unknown (no capacity rule).
+        max_batch_size: the runtime's max batch size in force, rows; ``None`` when unknown.
 
     Values are as read (NaN, +Inf and negatives included); ``check_observation`` is the one place that
     says whether they can be acted on.
@@ -117,6 +123,10 @@ class Observation:
     sample_age_seconds: float | None = None
     inflight_requests: float | None = None
     unknown_reason: str | None = None
+    arrival_rate: float | None = None
+    service_time_a_seconds: float | None = None
+    service_time_c_seconds: float | None = None
+    max_batch_size: float | None = None
 
     @classmethod
     def unknown(cls, reason: str) -> Observation:
@@ -152,6 +162,12 @@ class Problem:
 def _optional(value: float | None) -> float | None:
     """An optional signal: ``None`` when absent, NaN, infinite or negative (never read as zero)."""
     return value if _finite(value) and value is not None and value >= 0 else None
+
+
+def _positive(value: float | None) -> float | None:
+    """An optional signal that must be > 0 (a slope, a batch size): ``None`` otherwise."""
+    value = _optional(value)
+    return value if value is not None and value > 0 else None
 
 
 def _invalid(what: str, value: float) -> Problem | None:
@@ -204,7 +220,8 @@ def check_observation(
 
     Returns:
         A ``Problem``, or the observation cleaned for use: optional signals (queue size, requests in
-        flight) that are NaN, infinite or negative become ``None``, an idle service's P99 becomes
+        flight, arrival rate, s(b) intercept) that are NaN, infinite or negative, and a slope or max
+        batch size that is not > 0, become ``None``, an idle service's P99 becomes
         ``None``, GPU utilization is capped at 1 and a negative sample age (clock skew) becomes 0.
     """
     if observation.unknown_reason is not None:
@@ -213,6 +230,10 @@ def check_observation(
         observation,
         queue_size=_optional(observation.queue_size),
         inflight_requests=_optional(observation.inflight_requests),
+        arrival_rate=_optional(observation.arrival_rate),
+        service_time_a_seconds=_optional(observation.service_time_a_seconds),
+        service_time_c_seconds=_positive(observation.service_time_c_seconds),
+        max_batch_size=_positive(observation.max_batch_size),
     )
     for name in dict.fromkeys((*required, "gpu_utilization")):  # decide cannot act without it
         if getattr(obs, name) is None:
@@ -269,6 +290,12 @@ class Policy:
         window apart so an action's effect is visible before the next of the same kind.
         drained_wait_fraction 0.1, keep_in_band True: kubeinfer's choice, tuned with
         ``bench/autoscaler_sim.py`` (without them the simulated step trace overshoots to max replicas).
+        capacity_rule True, plan_utilization 0.8: the SLO-capacity rule (``slo_capacity``; module
+        docstring); 0.8 of the modeled capacity leaves room for Poisson bursts, tuned with
+        ``bench/autoscaler_sim.py`` on the step, ramp, diurnal and MMPP traces only.
+        cold_start_timeout True: while replicas it asked for are starting and the demand is over the
+        ready replicas' capacity, the batch timeout goes to the largest one at which a full batch still
+        meets the SLO (``cold_start_timeout``).
 
     Raises:
         ValueError: naming the field, when a value is out of range or bounds are inverted.
@@ -292,6 +319,13 @@ class Policy:
     stale_after_seconds: float = 120.0
     drained_wait_fraction: float = 0.1
     keep_in_band: bool = True
+    capacity_rule: bool = True
+    plan_utilization: float = 0.85
+    surge_factor: float = 4.0
+    surge_max_replicas: int = 3
+    drained_wait_model_fraction: float = 0.5
+    backlog_drain_seconds: float = 30.0
+    cold_start_timeout: bool = True
 
     def __post_init__(self) -> None:
         cooldowns = (
@@ -326,6 +360,11 @@ class Policy:
             ("timeout_increase_step_seconds", self.timeout_increase_step_seconds > 0, "must be > 0"),
             ("drained_wait_fraction", 0 <= self.drained_wait_fraction < 1, "must be in [0, 1)"),
             ("stale_after_seconds", self.stale_after_seconds > 0, "must be > 0"),
+            ("plan_utilization", 0 < self.plan_utilization <= 1, "must be in (0, 1]"),
+            ("surge_factor", self.surge_factor >= 1, "must be >= 1"),
+            ("surge_max_replicas", self.surge_max_replicas >= 0, "must be >= 0"),
+            ("drained_wait_model_fraction", 0 <= self.drained_wait_model_fraction < 1, "must be in [0, 1)"),
+            ("backlog_drain_seconds", self.backlog_drain_seconds > 0, "must be > 0"),
         )
         for name, ok, why in rules:
             if not ok:
@@ -420,6 +459,9 @@ class Tick:
         last_unready: ``now`` if some are starting, else the state's.
         up_since: the later of the last scale-up and the last tick with replicas starting.
         drained: why the backlog counts as drained (Little's law), or ``None``.
+        demand: requests/s to plan for (arrival rate, else completion rate), ``None`` if unknown.
+        capacity: requests/s one replica serves at the SLO (``slo_capacity``), ``None`` if unknown.
+        needed: replicas the capacity rule asks for (bounded), ``None`` when the rule does not apply.
     """
 
     obs: Observation
@@ -437,6 +479,9 @@ class Tick:
     last_unready: float | None
     up_since: float | None
     drained: str | None
+    demand: float | None = None
+    capacity: float | None = None
+    needed: int | None = None
 
     @classmethod
     def of(cls, obs: Observation, current: Current, policy: Policy, state: State, now: float) -> Tick:
@@ -447,6 +492,9 @@ class Tick:
         idle = obs.idle or obs.p99_seconds is None
         starting = 0 if current.ready_replicas is None else max(0, n - current.ready_replicas)
         last_unready = now if starting > 0 else state.last_unready
+        plan = _plan(obs, policy, timeout)
+        known = plan.get("needed") is not None
+        drained_fraction = policy.drained_wait_model_fraction if known else policy.drained_wait_fraction
         return cls(
             obs=obs,
             policy=policy,
@@ -462,7 +510,8 @@ class Tick:
             starting=starting,
             last_unready=last_unready,
             up_since=max((t for t in (state.last_scale_up, last_unready) if t is not None), default=None),
-            drained=_drained(obs, policy.drained_wait_fraction * policy.target_p99_seconds),
+            drained=_drained(obs, policy.target_p99_seconds * drained_fraction),
+            **plan,
         )
 
 
@@ -484,6 +533,56 @@ def _drained(obs: Observation, limit: float) -> str | None:
         f"backlog drained ({obs.inflight_requests:.0f} in flight at {obs.request_rate:.1f}/s: "
         f"{_ms(latency)} by Little's law), waiting for the window to catch up"
     )
+
+
+def slo_capacity(a: float, c: float, max_batch: int, target: float, timeout: float) -> tuple[int, float]:
+    """The batch size and throughput one replica sustains at a latency SLO (Nexus' batch bound).
+
+    A batching server whose batch of b rows takes s(b) = a + c*b seconds makes a request wait, at
+    worst, for the batch timeout, the batch in progress and its own batch: ``timeout + 2*s(b) <=
+    target`` (Shen et al., "Nexus: a GPU cluster engine for accelerating DNN-based video analysis",
+    SOSP 2019, section 4: worst-case latency of a saturated batch is twice its execution time). The
+    largest such b (at most ``max_batch``) sets the throughput b / s(b), the physical limit of a
+    batching server (Crankshaw et al., "Clipper", NSDI 2017).
+
+    Args:
+        a: fixed part of the batch service time, seconds. c: seconds per row (> 0).
+        max_batch: the runtime's max batch size, rows. target: the P99 objective, seconds.
+        timeout: the batch timeout (max queue delay) in force, seconds.
+
+    Returns:
+        ``(b, requests per second)``; ``(0, 0.0)`` when not even one row meets the target.
+    """
+    b = min(max_batch, math.floor(((target - timeout) / 2 - a) / c + 1e-9))
+    if b < 1:
+        return 0, 0.0
+    return b, b / (a + c * b)
+
+
+def cold_start_timeout(
+    a: float, c: float, max_batch: int, target: float, bounds: tuple[float, float]
+) -> float:
+    """The longest batch timeout at which a full batch still meets the SLO, ``target - 2*s(B)``, in
+    ``bounds`` (seconds): longer timeouts fill batches, and b / s(b) grows with b."""
+    return min(max(target - 2 * (a + c * max_batch), bounds[0]), bounds[1])
+
+
+def _plan(obs: Observation, policy: Policy, timeout: float) -> dict[str, Any]:
+    """``demand``, ``capacity`` and ``needed`` of a ``Tick`` (the SLO-capacity rule's inputs)."""
+    demand = max((r for r in (obs.arrival_rate, obs.request_rate) if r is not None), default=None)
+    a, c, batch = obs.service_time_a_seconds, obs.service_time_c_seconds, obs.max_batch_size
+    if not policy.capacity_rule or demand is None or a is None or c is None or batch is None:
+        return {"demand": demand}
+    # The requests in the service are drained within backlog_drain_seconds on top of the arrivals.
+    demand += (obs.inflight_requests or 0.0) / policy.backlog_drain_seconds
+    _, capacity = slo_capacity(a, c, int(batch), policy.target_p99_seconds, timeout)
+    if capacity <= 0:
+        return {"demand": demand, "capacity": 0.0}
+    wanted = math.ceil(demand / (policy.plan_utilization * capacity) - _EPS)
+    full = int(batch) / (a + c * int(batch))  # a replica's throughput at full batches, requests/s
+    surge = min(math.ceil(policy.surge_factor * demand / full - _EPS), policy.surge_max_replicas)
+    needed = min(max(wanted, surge, policy.min_replicas), policy.max_replicas)
+    return {"demand": demand, "capacity": capacity, "needed": needed}
 
 
 @dataclass(frozen=True)
@@ -555,6 +654,8 @@ def _over_target(t: Tick) -> Outcome:
     head = f"{t.p99_words} > target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
     if t.drained is not None:
         return _unchanged(t, f"{head}: {t.drained}", "BacklogDrained")
+    if t.busy and t.needed is not None:  # the demand is covered: one replica more, not the P99 ratio
+        return _with_scale_up(t, f"{head}, demand covered", (t.replicas + 1) / t.replicas)
     if t.busy:
         return _with_scale_up(t, head, max(t.ratio, t.utilization / p.gpu_high))
     if t.batch_timeout <= p.batch_timeout_min_seconds:
@@ -569,12 +670,45 @@ def _over_target(t: Tick) -> Outcome:
     )
 
 
+def _ahead_of_demand(t: Tick) -> Outcome:
+    """The SLO-capacity rule: the demand needs more replicas than are provisioned (those starting
+    included), so add them now, before the P99 over the query window shows the breach. No cooldown: the
+    count comes from the demand, not from a latency that still holds the past (``Tick.needed``)."""
+    needed = t.needed if t.needed is not None else t.replicas
+    head = (
+        f"demand {t.demand or 0:.0f}/s needs {needed} replicas at "
+        f"{t.policy.plan_utilization:.0%} of {t.capacity or 0:.0f}/s each"
+    )
+    out = _unchanged(t, f"{head}: {t.replicas} → {needed} replicas")
+    return replace(out, replicas=needed, recommendation=needed, last_scale_up=t.now)
+
+
+def _during_cold_start(t: Tick, out: Outcome) -> Outcome:
+    """While replicas are starting and the demand is over what the ready ones serve, lengthen the batch
+    timeout to ``cold_start_timeout``: fuller batches raise a replica's throughput b / s(b)."""
+    p, obs = t.policy, t.obs
+    ready = t.replicas - t.starting  # serving now; out.replicas - ready will be starting
+    a, c, batch = obs.service_time_a_seconds, obs.service_time_c_seconds, obs.max_batch_size
+    if not p.cold_start_timeout or a is None or c is None or batch is None or t.capacity is None:
+        return out
+    if out.replicas <= ready or (t.demand or 0.0) <= ready * t.capacity:
+        return out
+    bounds = (p.batch_timeout_min_seconds, p.batch_timeout_max_seconds)
+    longer = cold_start_timeout(a, c, int(batch), p.target_p99_seconds, bounds)
+    if longer <= out.batch_timeout + 1e-12:
+        return out
+    words = f"{out.words}; cold start: batch timeout {_ms(out.batch_timeout)} → {_ms(longer)}"
+    return replace(out, batch_timeout=longer, last_timeout_change=t.now, words=words)
+
+
 def _in_recommendation(t: Tick) -> int:
     """Fewest replicas whose projected utilization is near the band's middle and strictly under its top
     (the current count when the GPUs are busy or no fewer would do)."""
     p = t.policy
     if t.busy:
         return t.replicas
+    if t.needed is not None:  # the SLO-capacity rule knows the count
+        return min(t.needed, t.replicas)
     wanted = max(p.min_replicas, math.ceil(t.replicas * t.utilization / p.gpu_target - _EPS))
     if wanted < t.replicas and t.replicas * t.utilization / wanted < p.gpu_high:
         return wanted
@@ -617,7 +751,7 @@ def _under_target(t: Tick) -> Outcome:
     p = t.policy
     head = f"{t.p99_words} < target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
     parts: list[str] = []
-    if t.busy and p.keep_in_band:
+    if t.busy and p.keep_in_band and t.needed is None:  # the capacity rule plans the headroom itself
         out = _with_scale_up(t, head, t.utilization / p.gpu_high)
         parts.append(out.words.removeprefix(f"{head}: "))
     else:
@@ -708,12 +842,15 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
             current, replicas, timeout, f"{note}holding: {checked.message}", state, None, known=False
         )
     t = Tick.of(checked, current, policy, state, now)
-    if t.ratio > 1 + policy.tolerance + _EPS:
+    if t.needed is not None and t.needed > t.replicas:
+        out = _ahead_of_demand(t)
+    elif t.ratio > 1 + policy.tolerance + _EPS:
         out = _over_target(t)
     elif t.ratio < 1 - policy.tolerance - _EPS:
         out = _under_target(t)
     else:
         out = _hold(t)
+    out = _during_cold_start(t, out)
     window = policy.scale_down_stabilization_seconds
     next_state = State(
         last_scale_up=out.last_scale_up,

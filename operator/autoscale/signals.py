@@ -11,6 +11,14 @@ Default PromQL (``<sel>`` is ``namespace="<ns>",inferenceservice="<name>"``, ``<
 - requests in flight (queued + executing): ``sum(kubeinfer_inflight_requests{<sel>})``; the policy's
   drained-backlog rule reads it (Little's law), not the queue size, which leaves out requests executing
 - sample age, seconds: ``time() - max(timestamp(kubeinfer_queue_size{<sel>}))``
+- arrival rate, requests/s (optional, for the SLO-capacity rule):
+  ``sum(rate(kubeinfer_requests_total{<sel>}[30s])) + sum(deriv(kubeinfer_inflight_requests{<sel>}[30s]))``
+  (completions plus the growth of the requests in flight: the runtime counts responses, not arrivals)
+- s(b) = a + c*b and B (optional, for the SLO-capacity rule):
+  ``avg(kubeinfer_service_time_intercept_seconds{<sel>})``,
+  ``avg(kubeinfer_service_time_slope_seconds{<sel>})`` (the runtime's fit; without them the rule is
+  off and the reactive law decides) and
+  ``min(kubeinfer_max_batch_size{<sel>})``
 
 Each can be overridden per InferenceService (``spec.autoscaling.queries``); an override may use the
 placeholders ``{namespace}``, ``{name}`` and ``{window}`` (replaced textually, so PromQL braces need
@@ -84,6 +92,14 @@ class Queries:
     inflight: str = ""
     """Requests in flight (queued + executing); ``""`` = not queried (``Observation.inflight_requests``
     is then ``None``)."""
+    arrival_rate: str = ""
+    """Requests/s arriving over a short window; ``""`` = not queried."""
+    service_time_a: str = ""
+    """s(b)'s fixed part a, seconds; ``""`` = not queried."""
+    service_time_c: str = ""
+    """s(b)'s slope c, seconds per row; ``""`` = not queried."""
+    max_batch_size: str = ""
+    """The runtime's max batch size in force, rows; ``""`` = not queried."""
 
 
 def _selector(namespace: str, name: str) -> str:
@@ -94,7 +110,12 @@ def _selector(namespace: str, name: str) -> str:
 
 
 def default_queries(
-    namespace: str, name: str, window: str, overrides: Mapping[str, str] | None = None
+    namespace: str,
+    name: str,
+    window: str,
+    overrides: Mapping[str, str] | None = None,
+    *,
+    arrival_window: str = "30s",
 ) -> Queries:
     """The default queries for one InferenceService, with non-empty ``overrides`` substituted.
 
@@ -131,6 +152,14 @@ def default_queries(
         queue_size=fill(o["queue_size"]) if "queue_size" in o else f"sum(kubeinfer_queue_size{{{sel}}})",
         sample_age=f"time() - max(timestamp(kubeinfer_queue_size{{{sel}}}))",
         inflight=f"sum(kubeinfer_inflight_requests{{{sel}}})",
+        # Arrivals = completions + growth of the requests in flight (the runtime counts responses).
+        arrival_rate=(
+            f"sum(rate(kubeinfer_requests_total{{{sel}}}[{arrival_window}])) + "
+            f"sum(deriv(kubeinfer_inflight_requests{{{sel}}}[{arrival_window}]))"
+        ),
+        service_time_a=f"avg(kubeinfer_service_time_intercept_seconds{{{sel}}})",
+        service_time_c=f"avg(kubeinfer_service_time_slope_seconds{{{sel}}})",
+        max_batch_size=f"min(kubeinfer_max_batch_size{{{sel}}})",
     )
 
 
@@ -198,6 +227,16 @@ def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -
             p99_seconds=_ask(query, queries.p99, "P99"),
             queue_size=_ask(query, queries.queue_size, "queue size"),
             inflight_requests=_ask(query, queries.inflight, "in flight") if queries.inflight else None,
+            arrival_rate=_ask(query, queries.arrival_rate, "arrival rate") if queries.arrival_rate else None,
+            service_time_a_seconds=(
+                _ask(query, queries.service_time_a, "s(b) intercept") if queries.service_time_a else None
+            ),
+            service_time_c_seconds=(
+                _ask(query, queries.service_time_c, "s(b) slope") if queries.service_time_c else None
+            ),
+            max_batch_size=(
+                _ask(query, queries.max_batch_size, "max batch size") if queries.max_batch_size else None
+            ),
         )
     except SignalError as exc:
         return Reading(Observation.unknown(str(exc)), exc.reason)

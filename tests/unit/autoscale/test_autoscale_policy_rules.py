@@ -11,13 +11,18 @@ from kubeinfer.operator.autoscale.policy import (
     READER_REQUIRES,
     Current,
     Observation,
+    Policy,
     Problem,
     State,
     Tick,
+    _ahead_of_demand,
     _hold,
     _over_target,
     _under_target,
     check_observation,
+    cold_start_timeout,
+    decide,
+    slo_capacity,
 )
 
 from tests.unit.autoscale.test_autoscale_policy import POLICY, SETTLED
@@ -167,3 +172,145 @@ def test_hold_within_tolerance_changes_nothing() -> None:
     assert (out.replicas, out.batch_timeout, out.recommendation) == (3, 0.01, 3)
     assert out.holds == ("WithinTolerance",)
     assert (out.last_scale_up, out.last_timeout_change) == (-100.0, -50.0)
+
+
+# --- the SLO-capacity rule (what only kubeinfer sees: arrival rate, in-flight requests, s(b)) -------
+
+
+# s(b) = 4 ms + 0.75 ms * b, B = 32, target 120 ms: b* = 32, full-batch throughput 32 / 28 ms.
+A, C, B = 0.004, 0.00075, 32.0
+MODEL = Policy(
+    min_replicas=1,
+    max_replicas=12,
+    target_p99_seconds=0.12,
+    batch_timeout_min_seconds=0.001,
+    batch_timeout_max_seconds=0.05,
+    stale_after_seconds=60,
+)
+FULL = 32 / (A + C * 32)  # 1142.9 requests/s
+
+
+def seen(p99: float, gpu: float, arrivals: float, inflight: float = 0.0, **kw: float) -> Observation:
+    return Observation(
+        p99,
+        gpu,
+        request_rate=kw.pop("rate", arrivals),
+        queue_size=0.0,
+        inflight_requests=inflight,
+        arrival_rate=arrivals,
+        service_time_a_seconds=A,
+        service_time_c_seconds=C,
+        max_batch_size=B,
+        **kw,
+    )
+
+
+def test_slo_capacity_is_nexus_bound() -> None:
+    # timeout + 2 s(b) <= target: (0.12 - 0.005) / 2 = 57.5 ms → b <= 71 → B = 32 binds
+    assert slo_capacity(A, C, 32, 0.12, 0.005) == (32, pytest.approx(FULL))
+    # a tight target: (0.03 - 0.001) / 2 - 0.004 = 10.5 ms → b = 14
+    b, rate = slo_capacity(A, C, 32, 0.03, 0.001)
+    assert b == 14 and rate == pytest.approx(14 / (A + C * 14))
+    assert slo_capacity(A, C, 32, 0.008, 0.001) == (0, 0.0)  # not even one row meets it
+    # the longest timeout at which a full batch still meets 120 ms: 120 - 2 * 28 = 64 ms, bounded
+    assert cold_start_timeout(A, C, 32, 0.12, (0.001, 0.05)) == 0.05
+    assert cold_start_timeout(A, C, 32, 0.08, (0.001, 0.05)) == pytest.approx(0.024)
+
+
+def test_capacity_rule_scales_ahead_of_the_p99() -> None:
+    # P99 still fine (40 ms) but 3000/s arrive: 3000 / (0.85 x 1142.9) = 3.09 → 4 replicas now.
+    d = decide(seen(0.04, 0.5, 3000.0), Current(2, 0.02, ready_replicas=2), MODEL, SETTLED, 0.0)
+    assert d.replicas == 4 and "demand 3000/s needs 4 replicas" in d.reason
+    t = Tick.of(seen(0.04, 0.5, 3000.0), Current(2, 0.02, ready_replicas=2), MODEL, SETTLED, 0.0)
+    out = _ahead_of_demand(t)
+    assert (out.replicas, out.recommendation, out.last_scale_up) == (4, 4, 0.0)
+
+
+def test_capacity_rule_no_cooldown_and_counts_starting_replicas() -> None:
+    # Scaled up 10 s ago, 2 of 4 still starting: 4 cover 3000/s, nothing more; 5000/s needs 6 now.
+    state = replace(SETTLED, last_scale_up=-10.0)
+    held = decide(seen(0.04, 0.9, 3000.0), Current(4, 0.05, ready_replicas=2), MODEL, state, 0.0)
+    assert held.replicas == 4
+    more = decide(seen(0.04, 0.9, 5000.0), Current(4, 0.05, ready_replicas=2), MODEL, state, 0.0)
+    assert more.replicas == 6
+
+
+def test_capacity_rule_backlog_adds_demand() -> None:
+    # 1800/s arrive: 2 replicas (surge floor off). With 6000 requests in the service, drained over
+    # 30 s, the demand is 2000/s → 3.
+    policy = replace(MODEL, surge_factor=1.0)
+    assert decide(seen(0.04, 0.5, 1800.0), Current(1, 0.02), policy, SETTLED, 0.0).replicas == 2
+    d = decide(seen(2.0, 1.0, 1800.0, inflight=6000.0), Current(1, 0.02), policy, SETTLED, 0.0)
+    assert d.replicas == 3 and "demand 2000/s" in d.reason
+
+
+def test_capacity_rule_surge_floor() -> None:
+    # 700/s needs 1 replica at the SLO, but a small fleet keeps room for a x4 surge: 2800 / 1142.9 → 3.
+    t = tick_model(seen(0.04, 0.3, 700.0), Current(1, 0.02))
+    assert t.needed == 3
+    # the floor stops at surge_max_replicas (3): 2000/s x 4 would be 7
+    assert tick_model(seen(0.04, 0.3, 2000.0), Current(1, 0.02)).needed == 3
+    assert tick_model(seen(0.04, 0.3, 700.0), Current(1, 0.02), replace(MODEL, surge_factor=1.0)).needed == 1
+
+
+def test_capacity_rule_scale_in_goes_to_the_model_count() -> None:
+    # Calm for a whole window at 700/s with 6 replicas: scale in to the surge floor 3, not by utilization.
+    d = decide(seen(0.03, 0.1, 700.0), Current(6, 0.05), MODEL, SETTLED, 0.0)
+    assert d.replicas == 3
+
+
+def test_capacity_rule_over_target_busy_adds_one_not_the_ratio() -> None:
+    # P99 8x target, busy, demand covered by 4 replicas: +1 (the reactive law would go to 8).
+    obs = seen(1.0, 0.95, 3000.0, inflight=3000.0)
+    d = decide(obs, Current(4, 0.05, ready_replicas=4), MODEL, SETTLED, 0.0)
+    assert d.replicas == 5 and "demand covered" in d.reason
+    reactive = decide(
+        obs, Current(4, 0.05, ready_replicas=4), replace(MODEL, capacity_rule=False), SETTLED, 0.0
+    )
+    assert reactive.replicas == 8
+
+
+def test_capacity_rule_drained_backlog_uses_half_the_target() -> None:
+    # 100 in flight at 3000/s: 33 ms by Little's law < 60 ms (half of 120 ms): history, hold.
+    d = decide(
+        seen(1.0, 0.95, 3000.0, inflight=100.0), Current(4, 0.05, ready_replicas=4), MODEL, SETTLED, 0.0
+    )
+    assert d.replicas == 4 and d.hold == "BacklogDrained"
+
+
+def test_capacity_rule_keep_in_band_defers_to_the_model() -> None:
+    # Under target and GPUs over the band: the reactive law adds headroom, the capacity rule already
+    # planned it (4 replicas for 3000/s at 85 %), so nothing is added.
+    obs = seen(0.04, 0.9, 3000.0)
+    assert decide(obs, Current(4, 0.05), MODEL, SETTLED, 0.0).replicas == 4
+    assert decide(obs, Current(4, 0.05), replace(MODEL, capacity_rule=False), SETTLED, 0.0).replicas == 5
+
+
+def test_cold_start_lengthens_the_batch_timeout() -> None:
+    # 3000/s on 2 ready replicas (2286/s at full batches): add 2 and, while they start, lengthen
+    # the batch timeout to the longest at which a full batch meets the SLO (bounded at 50 ms).
+    d = decide(seen(0.04, 0.9, 3000.0), Current(2, 0.005, ready_replicas=2), MODEL, SETTLED, 0.0)
+    assert d.replicas == 4 and d.batch_timeout_seconds == 0.05 and "cold start" in d.reason
+    off = replace(MODEL, cold_start_timeout=False)
+    assert (
+        decide(
+            seen(0.04, 0.9, 3000.0), Current(2, 0.005, ready_replicas=2), off, SETTLED, 0.0
+        ).batch_timeout_seconds
+        == 0.005
+    )
+    # ready capacity enough: no lengthening
+    d = decide(seen(0.04, 0.3, 1500.0), Current(2, 0.005, ready_replicas=2), MODEL, SETTLED, 0.0)
+    assert d.batch_timeout_seconds < 0.05
+
+
+def test_capacity_rule_off_without_s_of_b() -> None:
+    # Without the runtime's s(b) the rule cannot count: the reactive law decides (in the band: hold).
+    obs = replace(seen(0.12, 0.5, 3000.0), service_time_c_seconds=None)
+    d = decide(obs, Current(2, 0.02), MODEL, SETTLED, 0.0)
+    assert d.replicas == 2 and d.hold == "WithinTolerance"
+
+
+def tick_model(obs: Observation, current: Current, policy: Policy = MODEL) -> Tick:
+    checked = check_observation(obs, policy.stale_after_seconds)
+    assert isinstance(checked, Observation)
+    return Tick.of(checked, current, policy, SETTLED, 0.0)

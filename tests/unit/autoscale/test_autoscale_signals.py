@@ -204,6 +204,31 @@ def test_autoscale_signals_http_errors(prom: tuple[FakeProm, str], status: int, 
     assert r.condition_reason == reason and r.observation.unknown_reason
 
 
+def test_autoscale_signals_capacity_inputs(prom: tuple[FakeProm, str]) -> None:
+    # Without the runtime's s(b) gauges the capacity inputs are None (the rule is off), never 0.
+    fake, url = prom
+    o = read(url).observation
+    assert (o.service_time_a_seconds, o.service_time_c_seconds, o.max_batch_size) == (None, None, None)
+    assert QUERIES.arrival_rate.startswith("sum(rate(kubeinfer_requests_total{")
+    assert "deriv(kubeinfer_inflight_requests{" in QUERIES.arrival_rate
+    fake.values = {
+        "deriv(": "14.0",  # the fake answers the whole arrival-rate query with this value
+        "kubeinfer_service_time_intercept_seconds": "0.004",
+        "kubeinfer_service_time_slope_seconds": "0.00075",
+        "kubeinfer_max_batch_size": "32",
+        **fake.values,
+    }
+    o = read(url).observation
+    assert (o.arrival_rate, o.service_time_a_seconds, o.service_time_c_seconds, o.max_batch_size) == (
+        14.0,
+        0.004,
+        0.00075,
+        32.0,
+    )
+    fake.values["kubeinfer_service_time_slope_seconds"] = "0"  # a slope of 0 is not a model
+    assert read(url).observation.service_time_c_seconds is None
+
+
 def test_autoscale_signals_http_status_comes_from_the_response(prom: tuple[FakeProm, str]) -> None:
     # The status is the one the HTTP answer carried, not a search of the exception's text.
     fake, url = prom

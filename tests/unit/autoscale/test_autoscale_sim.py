@@ -64,6 +64,8 @@ def test_autoscale_sim_conserves_requests_and_respects_physics() -> None:
         "replica_seconds",
         "scaling_actions",
         "recovery_seconds",
+        "direction_changes_per_hour",
+        "peak_replicas",
     }
     assert 0.0 <= fig["slo_attainment"] <= 1.0
 
@@ -86,3 +88,61 @@ def test_autoscale_sim_scrape_p99_tracks_exact_p99() -> None:
     mask = (res.done > t - cfg.window) & (res.done <= t)
     exact = float(np.quantile(res.latency[mask], 0.99))
     assert p99 == pytest.approx(exact, rel=0.1)
+
+
+def test_autoscale_sim_read_trace_any_step(tmp_path: Path) -> None:
+    # 100/s for 0.5 s, 300/s for 2 s, 50/s for 2 s (the last row lasts as long as the step before it)
+    path = tmp_path / "odd.csv"
+    path.write_text("seconds,requests_per_second\n0,100\n0.5,300\n2.5,50\n")
+    trace = sim.read_trace(path)
+    assert trace.name == "odd" and trace.high_priority_share is None
+    # averaged over each second; the last second is half covered
+    assert np.allclose(trace.rates, [200.0, 300.0, 175.0, 50.0, 25.0])
+    # the integral (requests per run) is kept: 50 + 600 + 100 = 750
+    assert trace.rates.sum() == pytest.approx(750.0)
+
+
+def test_autoscale_sim_read_trace_priority_column_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text("seconds,requests_per_second,high_priority_share\n0,10,0.25\n1,20,0.5\n")
+    trace = sim.read_trace(path)
+    assert np.allclose(trace.rates, [10.0, 20.0]) and np.allclose(trace.high_priority_share, [0.25, 0.5])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("seconds,requests_per_second\n0,10\n0,20\n")
+    with pytest.raises(ValueError, match="increase"):
+        sim.read_trace(bad)
+    bad.write_text("seconds,requests_per_second\n0,10\n1,x\n")
+    with pytest.raises(ValueError, match=r"bad\.csv:3"):
+        sim.read_trace(bad)
+
+
+def test_autoscale_sim_builtin_traces_round_trip(tmp_path: Path) -> None:
+    for name in sim.BUILTIN:
+        trace = sim.builtin_trace(name, 100.0)
+        sim.write_trace(trace, tmp_path / f"{name}.csv")
+        back = sim.read_trace(tmp_path / f"{name}.csv")
+        assert np.allclose(back.rates, trace.rates) and len(back.rates) == sim.BUILTIN[name][1]
+    # the checked-in CSVs are the built-ins written at the runtime's mu (regenerate: --write-traces)
+    stored = sorted(p.stem for p in sim.TRACES_DIR.glob("*.csv"))
+    assert stored == sorted(sim.BUILTIN)
+
+
+def test_autoscale_sim_direction_changes() -> None:
+    assert sim.direction_changes([1, 1, 2, 3, 3, 2, 2, 4, 1]) == 3  # up, down, up, down
+    assert sim.direction_changes([1, 2, 3, 4]) == 0
+    assert sim.direction_changes([]) == 0
+
+
+@pytest.mark.parametrize("kind", ["down", "nan"])
+def test_autoscale_sim_fault_holds_then_recovers(kind: str) -> None:
+    # Load goes x4 while Prometheus is down (or answers NaN): no action while the signal is missing;
+    # once it returns, kubeinfer scales out.
+    cfg = sim.SimConfig(horizon=300.0)
+    rates = np.where(np.arange(300) < 100, 1.0 * cfg.mu, 4.0 * cfg.mu)
+    arrivals = sim.poisson_arrivals(rates, np.random.default_rng(5))
+    fault = (90.0, 180.0, kind)
+    res = sim.Simulator(cfg, arrivals, 2, fault=fault).run(sim.make_kubeinfer(cfg))
+    assert [t for t in res.actions_at if 90.0 <= t < 180.0] == []
+    assert res.replicas[int(90 / cfg.sync)] == res.replicas[int(165 / cfg.sync)]
+    after = [t for t in res.actions_at if t >= 180.0]
+    assert after and after[0] <= 195.0 and max(res.replicas) > res.replicas[int(165 / cfg.sync)]
