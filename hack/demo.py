@@ -46,6 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,56 @@ def pod_state(pod: dict[str, Any]) -> str:
     if "terminated" in state:
         return f"container terminated ({state['terminated'].get('reason')})"
     return str(st.get("phase", "?"))
+
+
+class _Load:
+    """The burst's requests: ``one`` POSTs a text on its thread's client (``Connection: close``: a new
+    connection each, which kube-proxy balances) and counts the answer in ``stats``; a request whose
+    send time is LATE_SECONDS past is dropped (counted ``late``), so a busy client does not pile up."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stats = {"sent": 0, "ok": 0, "rejected": 0, "errors": 0, "late": 0}
+        self.latencies: deque[float] = deque(maxlen=5000)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def count_sent(self) -> None:
+        with self._lock:
+            self.stats["sent"] += 1
+
+    def one(self, text: bytes, scheduled: float) -> None:
+        if time.monotonic() - scheduled > LATE_SECONDS:  # the client fell behind: drop, do not pile up
+            with self._lock:
+                self.stats["late"] += 1
+            return
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(timeout=10, headers={"Connection": "close"})
+        body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text.decode()]}]}
+        t = time.monotonic()
+        try:
+            code = client.post(self.url, json=body).status_code
+        except httpx.HTTPError:
+            code = -1
+        dt = time.monotonic() - t
+        with self._lock:
+            if code == 200:
+                self.stats["ok"] += 1
+                self.latencies.append(dt)
+            elif code == 429:
+                self.stats["rejected"] += 1
+            else:
+                self.stats["errors"] += 1
+
+
+@dataclass
+class _Ticks:
+    """The burst's table clock: its start, the next row's time, and the counters at the last row."""
+
+    start: float
+    next_print: float
+    last: dict[str, float]
 
 
 class Demo:
@@ -496,14 +547,7 @@ class Demo:
             "and the batch timeout",
         )
         assert self.prom is not None
-        burst_rate = self.args.burst_rate
-        if burst_rate is None:
-            capacity = self.capacity()
-            burst_rate = max(2 * self.args.base_rate, round(BURST_FACTOR * capacity))
-            say(
-                f"  one replica (500m CPU) serves about {capacity:.0f} requests/s of ~100-token texts "
-                f"(4 s closed-loop probe); the burst offers {BURST_FACTOR}x that: {burst_rate:.0f}/s"
-            )
+        burst_rate = self._burst_rate()
         self.summary["burst_rate"] = burst_rate
         say(
             f"  every request opens its own connection to {self.url}: kube-proxy balances connections,\n"
@@ -514,38 +558,8 @@ class Demo:
             ("burst", burst_rate, self.args.burst_seconds),
             ("cool", self.args.base_rate, self.args.cool_seconds),
         ]
-        texts = [t.encode() for t in LOAD_TEXTS]
-        url = f"http://{self.url}/v2/models/minilm/infer"
-        stats = {"sent": 0, "ok": 0, "rejected": 0, "errors": 0, "late": 0}
-        self.summary["stats"] = stats
-        lock = threading.Lock()
-        latencies: deque[float] = deque(maxlen=5000)
-        local = threading.local()
-
-        def one(text: bytes, scheduled: float) -> None:
-            if time.monotonic() - scheduled > LATE_SECONDS:  # the client fell behind: drop, do not pile up
-                with lock:
-                    stats["late"] += 1
-                return
-            client = getattr(local, "client", None)
-            if client is None:
-                client = local.client = httpx.Client(timeout=10, headers={"Connection": "close"})
-            body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text.decode()]}]}
-            t = time.monotonic()
-            try:
-                code = client.post(url, json=body).status_code
-            except httpx.HTTPError:
-                code = -1
-            dt = time.monotonic() - t
-            with lock:
-                if code == 200:
-                    stats["ok"] += 1
-                    latencies.append(dt)
-                elif code == 429:
-                    stats["rejected"] += 1
-                else:
-                    stats["errors"] += 1
-
+        load = _Load(f"http://{self.url}/v2/models/minilm/infer")
+        self.summary["stats"] = load.stats
         p99_query = (
             "histogram_quantile(0.99, sum by (le) (rate(kubeinfer_request_duration_seconds_bucket"
             f'{{namespace="{NAMESPACE}",inferenceservice="{ISVC}"}}[10s])))'
@@ -555,43 +569,68 @@ class Demo:
             f"  {'t':>5} {'phase':<6} {'offered/s':>9} {'ok/s':>6} {'429':>4} {'late':>4} {'P99':>8} "
             f"{'ready/want':>10} {'timeout':>8} {'in pods':>8}  autoscaler"
         )
-        history: list[dict[str, Any]] = []
-        self.summary["history"] = history
+        self.summary["history"] = []
         self.summary["initial_ready"] = len([p for p in self.runtime_pods() if "Ready on" in pod_state(p)])
         with ThreadPoolExecutor(max_workers=256) as pool:
             t_start = time.monotonic()
             self.summary["t_start"] = t_start
-            next_print = t_start + self.args.print_every
-            last = {"t": t_start, "sent": 0, "ok": 0}
+            ticks = _Ticks(t_start, t_start + self.args.print_every, {"t": t_start, "sent": 0, "ok": 0})
             for name, rate, seconds in phases:
-                phase_end = time.monotonic() + seconds
-                hard_end = phase_end + (BURST_EXTENSION_SECONDS if name == "burst" else 0.0)
-                extended = False
-                interval = 1.0 / rate
-                next_send = time.monotonic()
-                k = 0
-                while True:
-                    now = time.monotonic()
-                    if now >= phase_end:
-                        if now >= hard_end or "added_ready_t" in self.summary:
-                            break
-                        if not extended:
-                            extended = True
-                            say(f"  (burst goes on until the pod the autoscaler adds is Ready, at most "
-                                f"{BURST_EXTENSION_SECONDS:.0f}s more)")  # fmt: skip
-                    if now >= next_send:
-                        pool.submit(one, texts[k % len(texts)], now)
-                        k += 1
-                        with lock:
-                            stats["sent"] += 1
-                        next_send += interval
-                        if now - next_send > 1.0:  # fell behind (machine busy): do not catch up in a burst
-                            next_send = now
-                    if now >= next_print:
-                        row = self._observe(p99_query, stats, last, now - t_start, name)
-                        history.append(row)
-                        next_print += self.args.print_every
-                    time.sleep(max(0.0, min(next_send, next_print) - time.monotonic()))
+                self._offer(pool, load, ticks, p99_query, name, rate, seconds)
+
+    def _burst_rate(self) -> float:
+        """``--burst-rate``, else BURST_FACTOR x one replica's measured capacity (at least twice the base)."""
+        if self.args.burst_rate is not None:
+            return float(self.args.burst_rate)
+        capacity = self.capacity()
+        burst_rate = max(2 * self.args.base_rate, round(BURST_FACTOR * capacity))
+        say(
+            f"  one replica (500m CPU) serves about {capacity:.0f} requests/s of ~100-token texts "
+            f"(4 s closed-loop probe); the burst offers {BURST_FACTOR}x that: {burst_rate:.0f}/s"
+        )
+        return float(burst_rate)
+
+    def _offer(
+        self,
+        pool: ThreadPoolExecutor,
+        load: _Load,
+        ticks: _Ticks,
+        p99_query: str,
+        name: str,
+        rate: float,
+        seconds: float,
+    ) -> None:
+        """One phase: ``rate`` requests/s for ``seconds`` (the burst goes on, at most
+        BURST_EXTENSION_SECONDS more, until the pod the autoscaler adds is Ready), a table row every
+        ``--print-every`` seconds."""
+        texts = [t.encode() for t in LOAD_TEXTS]
+        phase_end = time.monotonic() + seconds
+        hard_end = phase_end + (BURST_EXTENSION_SECONDS if name == "burst" else 0.0)
+        extended = False
+        interval = 1.0 / rate
+        next_send = time.monotonic()
+        k = 0
+        while True:
+            now = time.monotonic()
+            if now >= phase_end:
+                if now >= hard_end or "added_ready_t" in self.summary:
+                    break
+                if not extended:
+                    extended = True
+                    say(f"  (burst goes on until the pod the autoscaler adds is Ready, at most "
+                        f"{BURST_EXTENSION_SECONDS:.0f}s more)")  # fmt: skip
+            if now >= next_send:
+                pool.submit(load.one, texts[k % len(texts)], now)
+                k += 1
+                load.count_sent()
+                next_send += interval
+                if now - next_send > 1.0:  # fell behind (machine busy): do not catch up in a burst
+                    next_send = now
+            if now >= ticks.next_print:
+                row = self._observe(p99_query, load.stats, ticks.last, now - ticks.start, name)
+                self.summary["history"].append(row)
+                ticks.next_print += self.args.print_every
+            time.sleep(max(0.0, min(next_send, ticks.next_print) - time.monotonic()))
 
     def _observe(
         self, p99_query: str, stats: dict[str, int], last: dict[str, float], t: float, phase: str
@@ -606,7 +645,27 @@ class Demo:
             p99 = self.prom.query_value(p99_query)
         except Exception:
             p99 = None
-        # what the runtime pods apply (hot-reloaded from the ConfigMap volume), as they export it
+        in_pods = self._queue_delay_in_pods()
+        ready, want, replicas, bt, reason = self._service_state()
+        p99_txt = "n/a" if p99 is None or math.isnan(p99) else f"{p99 * 1000:.0f}ms"
+        say(
+            f"  {t:5.0f} {phase:<6} {offered:9.1f} {ok_rate:6.1f} {stats['rejected']:4d} {stats['late']:4d} "
+            f"{p99_txt:>8} {replicas:>10} {bt:>8} {in_pods:>8}  {reason}"
+        )
+        self._note_scaling(t, ready, want)
+        return {
+            "t": t,
+            "phase": phase,
+            "offered": offered,
+            "ok_rate": ok_rate,
+            "p99": p99,
+            "replicas": replicas,
+            "batch_timeout": bt,
+        }
+
+    def _queue_delay_in_pods(self) -> str:
+        """What the runtime pods apply (hot-reloaded from the ConfigMap volume), as they export it."""
+        assert self.prom is not None
         sel = f'namespace="{NAMESPACE}",inferenceservice="{ISVC}"'
         try:
             lo = self.prom.query_value(f"min(kubeinfer_max_queue_delay_seconds{{{sel}}})")
@@ -614,21 +673,23 @@ class Demo:
         except Exception:
             lo = hi = None
         if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
-            in_pods = "n/a"
-        elif abs(hi - lo) < 1e-9:
-            in_pods = f"{hi * 1000:.3g}ms"
-        else:
-            in_pods = f"{lo * 1000:.2g}-{hi * 1000:.2g}ms"
+            return "n/a"
+        if abs(hi - lo) < 1e-9:
+            return f"{hi * 1000:.3g}ms"
+        return f"{lo * 1000:.2g}-{hi * 1000:.2g}ms"
+
+    def _service_state(self) -> tuple[int | None, int | None, str, str, str]:
+        """``(ready, wanted replicas, "ready/want", batch timeout, reason)`` from the Deployment and
+        the InferenceService's status; the reason reads "<signals>: <action>" and the table shows a
+        new decision's action once, or why the autoscaler holds."""
         ready = want = None
         try:
             dep = self.get("deployment", ISVC, "-n", NAMESPACE)
             ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
             want = int(dep["spec"].get("replicas") or 0)
-            replicas = f"{ready}/{want}"
             isvc = self.get("inferenceservice", ISVC, "-n", NAMESPACE)
             st = isvc.get("status") or {}
             bt = st.get("batchTimeout") or isvc["spec"]["batching"].get("maxQueueDelay", "?")
-            # the reason reads "<signals>: <action>"; the table shows a new decision's action once
             decision = st.get("lastDecision") or {}
             reason = ""
             if decision.get("time") and decision.get("time") != self.summary.get("last_decision_time"):
@@ -641,12 +702,11 @@ class Demo:
                 unknown = (st.get("observed") or {}).get("unknownReason") or active.get("message") or ""
                 reason = f"holding ({active.get('reason')}: {unknown[:70]})"
         except Exception as e:
-            replicas, bt, reason = "?", "?", f"({type(e).__name__})"
-        p99_txt = "n/a" if p99 is None or math.isnan(p99) else f"{p99 * 1000:.0f}ms"
-        say(
-            f"  {t:5.0f} {phase:<6} {offered:9.1f} {ok_rate:6.1f} {stats['rejected']:4d} {stats['late']:4d} "
-            f"{p99_txt:>8} {replicas:>10} {bt:>8} {in_pods:>8}  {reason}"
-        )
+            return ready, want, "?", "?", f"({type(e).__name__})"
+        return ready, want, f"{ready}/{want}", bt, reason
+
+    def _note_scaling(self, t: float, ready: int | None, want: int | None) -> None:
+        """Record when the autoscaler first raised replicas and when the pod it added was Ready."""
         initial = self.summary.get("initial_ready", 1)
         if want is not None and want > initial and "scale_up_t" not in self.summary:
             self.summary["scale_up_t"] = t
@@ -656,15 +716,18 @@ class Demo:
             say(f"  -> the pod the autoscaler added is Ready ({since:.0f}s after it raised replicas):")
             with contextlib.suppress(Exception):
                 say(indented(self.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide"), "     "))
-        return {
-            "t": t,
-            "phase": phase,
-            "offered": offered,
-            "ok_rate": ok_rate,
-            "p99": p99,
-            "replicas": replicas,
-            "batch_timeout": bt,
-        }
+
+    def _scaling_summary(self) -> str:
+        """When the autoscaler raised replicas and when the pod it added was Ready (or that it did not)."""
+        if "scale_up_t" not in self.summary:
+            return "the autoscaler did not add a replica during the burst (see the table's reasons)"
+        up = self.summary["scale_up_t"]
+        if "added_ready_t" not in self.summary:
+            return f"the autoscaler raised replicas at t={up:.0f}s; its pod was not Ready in time"
+        return (
+            f"the autoscaler raised replicas at t={up:.0f}s; the new pod was Ready at "
+            f"t={self.summary['added_ready_t']:.0f}s (pod start, model load, quantization, warmup)"
+        )
 
     def report(self) -> None:
         self.show("get", "pods", "-n", NAMESPACE, "-o", "wide")
@@ -708,17 +771,7 @@ class Demo:
             say(f"  - first runtime pod Ready {self.summary['first_ready_s']:.0f}s after kubectl apply")
         if replicas:
             say(f"  - replicas: started {replicas[0]}, peaked at {max(replicas)}, ended {replicas[-1]}")
-        if "scale_up_t" in self.summary:
-            up = self.summary["scale_up_t"]
-            if "added_ready_t" in self.summary:
-                say(
-                    f"  - the autoscaler raised replicas at t={up:.0f}s; the new pod was Ready at "
-                    f"t={self.summary['added_ready_t']:.0f}s (pod start, model load, quantization, warmup)"
-                )
-            else:
-                say(f"  - the autoscaler raised replicas at t={up:.0f}s; its pod was not Ready in time")
-        else:
-            say("  - the autoscaler did not add a replica during the burst (see the table's reasons)")
+        say(f"  - {self._scaling_summary()}")
         for ph, vals in p99s.items():
             if vals:
                 say(
@@ -758,23 +811,40 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    workdir: Path = args.workdir.resolve()
-    if (workdir / "cluster").exists():
-        stop(workdir / "cluster", log=lambda _m: None)  # a previous demo killed hard
-    if workdir.exists():
-        shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = _fresh_workdir(args.workdir.resolve())
 
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_signal)
     demo = Demo(workdir, args)
-    rc = 0
     say(
         "kubeinfer demo: an InferenceService on a one-node Kubernetes cluster, a real model in real pods, "
         "real load, the autoscaler acting"
     )
+    try:
+        rc = _run(demo, args.keep, workdir)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+        demo.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if rc == 0:
+        shutil.rmtree(workdir / "cluster", ignore_errors=True)
+    return rc
+
+
+def _fresh_workdir(workdir: Path) -> Path:
+    """``workdir``, emptied: a previous demo's cluster (killed hard) stopped first."""
+    if (workdir / "cluster").exists():
+        stop(workdir / "cluster", log=lambda _m: None)
+    if workdir.exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def _run(demo: Demo, keep: bool, workdir: Path) -> int:
+    """The demo's steps; the exit status (2: no node possible here, 130: interrupted, 1: failed)."""
     try:
         demo.start_platform()
         demo.apply_example()
@@ -782,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.paraphrases()
         demo.burst()
         demo.report()
-        if args.keep:
+        if keep:
             assert demo.cluster is not None and demo.prom is not None
             say(f"\n--keep: everything is running.\n  export KUBECONFIG={demo.cluster.kubeconfig}")
             say(f"  the Service: http://{demo.url}   Prometheus: {demo.prom.url}")
@@ -792,22 +862,16 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3600)
     except CannotRun as e:
         say(f"\nthe demo needs a one-node cluster, which cannot run on this machine:\n  {e}")
-        rc = 2
+        return 2
     except KeyboardInterrupt:
         say("\ninterrupted")
-        rc = 130
+        return 130
     except Exception as e:
         say(f"\ndemo failed: {type(e).__name__}: {e}")
         demo.diagnose()
         say(f"logs under {workdir}")
-        rc = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
-        demo.close()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if rc == 0:
-        shutil.rmtree(workdir / "cluster", ignore_errors=True)
-    return rc
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
