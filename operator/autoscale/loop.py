@@ -139,6 +139,38 @@ def condition_after(
     )
 
 
+def decision_status(decision: Decision, observation: Observation, when: str) -> dict[str, Any]:
+    """The ``status`` fields a decision writes (camelCase): ``lastDecision`` and ``observed`` when it
+    changes something, ``batchTimeout`` when it changes the timeout; ``{}`` otherwise."""
+    patch: dict[str, Any] = {}
+    if decision.changed:
+        patch["lastDecision"] = {
+            "time": when,
+            "replicas": decision.replicas,
+            "batchTimeout": api.format_duration(decision.batch_timeout_seconds),
+            "reason": decision.reason,
+        }
+        patch["observed"] = observed_status(observation, when)
+    if decision.timeout_changed:
+        patch["batchTimeout"] = api.format_duration(decision.batch_timeout_seconds)
+    return patch
+
+
+def condition_of(reading: sig.Reading, decision: Decision) -> tuple[str, str, str]:
+    """``AutoscalingActive`` as ``(status, reason, message)``: False with the signal problem, or
+    UnusableSignals when the policy cannot act on the values; True with the kind of hold, else Active.
+
+    Written when the kind of hold changes (:func:`condition_after` compares status and reason only),
+    never per tick for new numbers in the message: a steady resync writes nothing."""
+    if reading.condition_reason is not None:
+        return "False", reading.condition_reason, reading.observation.unknown_reason or "unknown signals"
+    if not decision.known:
+        return "False", UNUSABLE_SIGNALS, decision.reason
+    if decision.hold is not None:
+        return "True", decision.hold, decision.reason
+    return "True", ACTIVE, f"last decision: {decision.reason}"
+
+
 @dataclass
 class _Memory:
     """In-memory state of one InferenceService: the policy's, the last status patch, and the
@@ -278,32 +310,8 @@ class Autoscaler:
         mem.state = decision.state
         result = TickResult(decision, reading.condition_reason or ACTIVE)
 
-        patch: dict[str, Any] = {}
-        if decision.changed:
-            patch["lastDecision"] = {
-                "time": when,
-                "replicas": decision.replicas,
-                "batchTimeout": api.format_duration(decision.batch_timeout_seconds),
-                "reason": decision.reason,
-            }
-            patch["observed"] = observed_status(reading.observation, when)
-        if decision.timeout_changed:
-            patch["batchTimeout"] = api.format_duration(decision.batch_timeout_seconds)
-
-        if reading.condition_reason is None and not decision.known:
-            cond = ("False", UNUSABLE_SIGNALS, decision.reason)
-        elif reading.condition_reason is None and decision.hold is not None:
-            # Written when the kind of hold changes (condition_after compares status and reason only),
-            # never per tick for new numbers in the message: a steady resync writes nothing.
-            cond = ("True", decision.hold, decision.reason)
-        elif reading.condition_reason is None:
-            cond = ("True", ACTIVE, f"last decision: {decision.reason}")
-        else:
-            cond = (
-                "False",
-                reading.condition_reason,
-                reading.observation.unknown_reason or "unknown signals",
-            )
+        patch = decision_status(decision, reading.observation, when)
+        cond = condition_of(reading, decision)
         result.wrote_status = await self._patch_status(
             isvc, body, mem, patch, *cond, when, reading.observation
         )

@@ -218,7 +218,6 @@ class Reconciler:
             await self._write_invalid(body, current_status, f"invalid spec: {message}")
             return
 
-        error: str | None = None
         deployment = self._current(lookup, "Deployment", namespace, name)
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
@@ -231,38 +230,54 @@ class Reconciler:
             *(apply_if_changed(self.kube, o, c) for o, c in zip(desired, currents, strict=True)),
             return_exceptions=True,
         )
-        created: list[str] = []
-        for obj, outcome in zip(desired, outcomes, strict=True):
-            kind, obj_name = obj["kind"], obj["metadata"]["name"]
-            if isinstance(outcome, k8s.PermanentError):
-                error = f"{kind} {obj_name}: {outcome}"
-                continue
-            if isinstance(outcome, BaseException):
-                raise outcome
-            action, stored = outcome
-            if stored is None:
-                continue
-            self._applied[(kind, namespace, obj_name)] = stored
-            if kind == "Deployment":
+        errors: list[str] = []
+        for obj, current, outcome in zip(desired, currents, outcomes, strict=True):
+            stored = self._record_apply(body, isvc, obj, current, outcome, errors)
+            if stored is not None and obj["kind"] == "Deployment":
                 deployment = stored
-            if action == "create":
-                created.append(f"{kind} {obj_name}")
-            elif action == "revert":
-                self._event_later(
-                    body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning"
-                )
-            elif action == "update":
-                before = currents[desired.index(obj)]
-                for type_, reason, message in plan.update_events(obj, before, isvc):
-                    self._event_later(body, reason, message, type_)
+        created = [
+            f"{o['kind']} {o['metadata']['name']}"
+            for o, out in zip(desired, outcomes, strict=True)
+            if isinstance(out, tuple) and out[0] == "create" and out[1] is not None
+        ]
         if created:
             self._event_later(body, "Created", "created " + ", ".join(created))
         for kind in (k for k, obj in built.items() if obj is None):
             await self._delete_unwanted(body, lookup, kind)
 
+        error = errors[-1] if errors else None
         state = await self._observe(isvc, deployment, error)
         desired_status = plan.desired_status(isvc, deployment, state, current_status, self.clock())
         await self._write_status(body, current_status, desired_status)
+
+    def _record_apply(
+        self,
+        body: Mapping[str, Any],
+        isvc: api.InferenceService,
+        obj: dict[str, Any],
+        current: Mapping[str, Any] | None,
+        outcome: tuple[plan.Action, dict[str, Any] | None] | BaseException,
+        errors: list[str],
+    ) -> dict[str, Any] | None:
+        """Remember one apply's response and post its Events (DriftReverted; the update's, see
+        :func:`plan.update_events`). Returns the stored object (``None``: nothing was sent, or it
+        failed). A permanent error is appended to ``errors``; any other exception is raised."""
+        kind, obj_name = obj["kind"], obj["metadata"]["name"]
+        if isinstance(outcome, k8s.PermanentError):
+            errors.append(f"{kind} {obj_name}: {outcome}")
+            return None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        action, stored = outcome
+        if stored is None:
+            return None
+        self._applied[(kind, isvc.namespace, obj_name)] = stored
+        if action == "revert":
+            self._event_later(body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning")
+        elif action == "update":
+            for type_, reason, message in plan.update_events(obj, current, isvc):
+                self._event_later(body, reason, message, type_)
+        return stored
 
     async def _observe(
         self, isvc: api.InferenceService, deployment: Mapping[str, Any] | None, error: str | None

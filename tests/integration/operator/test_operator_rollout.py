@@ -243,8 +243,12 @@ def test_rollout_ready_false_during_true_after_and_broken_update_keeps_serving(
     wait_until(lambda: _pods(cluster, ns, name).__len__() == 1, timeout=30, message="old pod gone")
     assert kstatus(_isvc(cluster, ns, name)) == "Current"
 
-    # a broken update: the new pod cannot pull its image. Ready=False with the pull error within
-    # seconds (not after progressDeadlineSeconds), Serving stays true (the old pod serves)
+    _check_broken_update(cluster, ns, name)
+
+
+def _check_broken_update(cluster: Cluster, ns: str, name: str) -> None:
+    """A broken update: the new pod cannot pull its image. Ready=False with the pull error within
+    seconds (not after progressDeadlineSeconds), Serving stays true (the old pod serves)."""
     old_pods = {p["metadata"]["name"] for p in _pods(cluster, ns, name)}
     bad_image = "registry.invalid/kubeinfer-runtime:missing"
     cluster.kubectl(
