@@ -183,60 +183,8 @@ def run(kubeconfig: Path, kubectl_bin: Path, n: int, resync: float, workdir: Pat
         ) as op:
             op.wait_ready()
             log(f"operator up (pid {op.proc.pid if op.proc else '?'}), namespace {ns}")
-            api0 = kubectl("get", "--raw", "/metrics")
-            own0 = operator_writes(op.metrics_text())
-            pid = op.proc.pid if op.proc else 0
-            cpu0 = cpu_seconds(pid)
-            t0 = time.monotonic()
-            t_applied, count = asyncio.run(create_and_wait(kubeconfig, ns, n, deadline_s=600))
-            elapsed = time.monotonic() - t0
-            cpu_create = cpu_seconds(pid) - cpu0
-            log(f"created {n} InferenceServices in {t_applied:.2f}s (16 concurrent POSTs)")
-            log(
-                f"operator CPU until all Deployments exist: {cpu_create:.2f}s "
-                f"({1000 * cpu_create / n:.1f} ms per IS)"
-            )
-            log(f"{count}/{n} Deployments exist after {elapsed:.2f}s -> {n / elapsed:.1f} IS/s")
-            lag = deployment_lag_seconds(kubectl, ns)
-            log(
-                f"Deployment created after its InferenceService: "
-                f"median {lag[len(lag) // 2]:.0f}s, max {lag[-1]:.0f}s"
-            )
-            # wait until every status is written and the operator is quiet
-            quiet_deadline = time.monotonic() + 300
-            last = -1
-            while time.monotonic() < quiet_deadline:
-                items = json.loads(kubectl("get", "kisvc", "-n", ns, "-o", "json"))["items"]
-                with_status = sum(1 for i in items if (i.get("status") or {}).get("conditions"))
-                writes = operator_writes(op.metrics_text())
-                if with_status >= n and writes == last:
-                    break
-                last = writes
-                time.sleep(2.0)
-            api1 = kubectl("get", "--raw", "/metrics")
-            own1 = operator_writes(op.metrics_text())
-            create_writes = (own1 - own0) + (kopf_isvc_patches(api1) - kopf_isvc_patches(api0))
-            log(f"writes on create: {create_writes} ({create_writes / n:.2f} per IS)")
-
-            settle_deadline = time.monotonic() + 120  # other namespaces' deletions are writes too
-            while time.monotonic() < settle_deadline and "Terminating" in kubectl(
-                "get", "namespaces", "--no-headers"
-            ):
-                time.sleep(1.0)
-            time.sleep(3.0)
-            m0 = kubectl("get", "--raw", "/metrics")
-            w0, r0, own0 = api_write_counts(m0, WATCHED, NOT_DELETE), op.reconciles(), op.own_writes()
-            log(f"steady state: watching {2 * resync:.0f}s of resyncs")
-            time.sleep(2 * resync + 1.0)
-            m1 = kubectl("get", "--raw", "/metrics")
-            w1, r1, own1 = api_write_counts(m1, WATCHED, NOT_DELETE), op.reconciles(), op.own_writes()
-            b0, b1 = write_breakdown(m0), write_breakdown(m1)
-            for key in sorted(b1):
-                if b1[key] != b0.get(key, 0.0):
-                    log(f"  resync-window writes: {key}: {b1[key] - b0.get(key, 0.0):.0f}")
-            resyncs = r1 - r0
-            resync_writes = (w1 - w0) + int(own1 - own0)  # API server (no DELETE) + the operator's own
-            log(f"resync: {resyncs:.0f} reconciles, {w1 - w0} API writes, {own1 - own0:.0f} by the operator")
+            created = _measure_create(kubectl, kubeconfig, op, ns, n)
+            resyncs, resync_writes = _measure_resync(kubectl, op, resync)
             rss = op.peak_rss_bytes()
             log(f"operator peak RSS {rss / 2**20:.1f} MiB")
             # delete while the operator runs: it releases its finalizers, owner references GC the rest
@@ -250,22 +198,89 @@ def run(kubeconfig: Path, kubectl_bin: Path, n: int, resync: float, workdir: Pat
         while time.monotonic() < gone_deadline and ns in kubectl("get", "namespaces", "--no-headers"):
             time.sleep(2.0)
     return {
-        "crs": n,
-        "crs_per_second": round(n / elapsed, 2),
-        "seconds_until_all_deployments": round(elapsed, 3),
-        "create_requests_seconds": round(t_applied, 3),
-        "deployments_seen": count,
-        "operator_cpu_seconds_per_cr_until_deployments": round(cpu_create / n, 4),
+        **created,
         "host_load_average_1m": os.getloadavg()[0],
         "peak_rss_bytes": rss,
-        "writes_per_create": round(create_writes / n, 3),
-        "writes_on_create_total": create_writes,
         "writes_per_resync": round(resync_writes / resyncs, 4) if resyncs else None,
         "resync_reconciles_observed": int(resyncs),
         "resync_writes_total": resync_writes,
         "resync_seconds": resync,
         "targets": {"crs_per_second": 20, "peak_rss_bytes": 250 * 10**6, "writes_per_resync": 0},
     }
+
+
+def _measure_create(
+    kubectl: Kubectl, kubeconfig: Path, op: OperatorProcess, ns: str, n: int
+) -> dict[str, Any]:
+    """Create ``n`` InferenceServices and wait for their Deployments, then until every status is
+    written and the operator is quiet: throughput, operator CPU, and the writes it took."""
+    api0 = kubectl("get", "--raw", "/metrics")
+    own0 = operator_writes(op.metrics_text())
+    pid = op.proc.pid if op.proc else 0
+    cpu0 = cpu_seconds(pid)
+    t0 = time.monotonic()
+    t_applied, count = asyncio.run(create_and_wait(kubeconfig, ns, n, deadline_s=600))
+    elapsed = time.monotonic() - t0
+    cpu_create = cpu_seconds(pid) - cpu0
+    log(f"created {n} InferenceServices in {t_applied:.2f}s (16 concurrent POSTs)")
+    log(
+        f"operator CPU until all Deployments exist: {cpu_create:.2f}s ({1000 * cpu_create / n:.1f} ms per IS)"
+    )
+    log(f"{count}/{n} Deployments exist after {elapsed:.2f}s -> {n / elapsed:.1f} IS/s")
+    lag = deployment_lag_seconds(kubectl, ns)
+    log(
+        f"Deployment created after its InferenceService: median {lag[len(lag) // 2]:.0f}s, max {lag[-1]:.0f}s"
+    )
+    # wait until every status is written and the operator is quiet
+    quiet_deadline = time.monotonic() + 300
+    last = -1
+    while time.monotonic() < quiet_deadline:
+        items = json.loads(kubectl("get", "kisvc", "-n", ns, "-o", "json"))["items"]
+        with_status = sum(1 for i in items if (i.get("status") or {}).get("conditions"))
+        writes = operator_writes(op.metrics_text())
+        if with_status >= n and writes == last:
+            break
+        last = writes
+        time.sleep(2.0)
+    api1 = kubectl("get", "--raw", "/metrics")
+    own1 = operator_writes(op.metrics_text())
+    create_writes = (own1 - own0) + (kopf_isvc_patches(api1) - kopf_isvc_patches(api0))
+    log(f"writes on create: {create_writes} ({create_writes / n:.2f} per IS)")
+    return {
+        "crs": n,
+        "crs_per_second": round(n / elapsed, 2),
+        "seconds_until_all_deployments": round(elapsed, 3),
+        "create_requests_seconds": round(t_applied, 3),
+        "deployments_seen": count,
+        "operator_cpu_seconds_per_cr_until_deployments": round(cpu_create / n, 4),
+        "writes_per_create": round(create_writes / n, 3),
+        "writes_on_create_total": create_writes,
+    }
+
+
+def _measure_resync(kubectl: Kubectl, op: OperatorProcess, resync: float) -> tuple[float, int]:
+    """Two resync periods of a settled namespace: ``(reconciles, writes)``, the writes being the API
+    server's (no DELETE) plus the operator's own."""
+    settle_deadline = time.monotonic() + 120  # other namespaces' deletions are writes too
+    while time.monotonic() < settle_deadline and "Terminating" in kubectl(
+        "get", "namespaces", "--no-headers"
+    ):
+        time.sleep(1.0)
+    time.sleep(3.0)
+    m0 = kubectl("get", "--raw", "/metrics")
+    w0, r0, own0 = api_write_counts(m0, WATCHED, NOT_DELETE), op.reconciles(), op.own_writes()
+    log(f"steady state: watching {2 * resync:.0f}s of resyncs")
+    time.sleep(2 * resync + 1.0)
+    m1 = kubectl("get", "--raw", "/metrics")
+    w1, r1, own1 = api_write_counts(m1, WATCHED, NOT_DELETE), op.reconciles(), op.own_writes()
+    b0, b1 = write_breakdown(m0), write_breakdown(m1)
+    for key in sorted(b1):
+        if b1[key] != b0.get(key, 0.0):
+            log(f"  resync-window writes: {key}: {b1[key] - b0.get(key, 0.0):.0f}")
+    resyncs = r1 - r0
+    resync_writes = (w1 - w0) + int(own1 - own0)  # API server (no DELETE) + the operator's own
+    log(f"resync: {resyncs:.0f} reconciles, {w1 - w0} API writes, {own1 - own0:.0f} by the operator")
+    return resyncs, resync_writes
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
