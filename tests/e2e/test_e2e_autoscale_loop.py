@@ -144,119 +144,142 @@ def _ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
 
+class _Service:
+    """Reads of the InferenceService under test, its Deployment, pods and Prometheus targets."""
+
+    def __init__(self, cluster: Cluster, namespace: str, prometheus: PrometheusServer) -> None:
+        self.cluster, self.namespace, self.prometheus = cluster, namespace, prometheus
+
+    def ready_targets(self) -> list[str]:
+        """``<pod IP>:8080`` of the Ready runtime pods."""
+        pods = runtime_pods(self.cluster, self.namespace, NAME)
+        return [f"{p['status']['podIP']}:8080" for p in pods if _ready(p)]
+
+    def isvc(self) -> dict[str, Any]:
+        obj: dict[str, Any] = self.cluster.get_json(
+            "inferenceservices.kubeinfer.io", NAME, "-n", self.namespace
+        )
+        return obj
+
+    def replicas(self) -> int:
+        return int(self.cluster.get_json("deployment", NAME, "-n", self.namespace)["spec"]["replicas"])
+
+    def batch_timeout(self) -> float | None:
+        text = (self.isvc().get("status") or {}).get("batchTimeout")
+        return parse_duration(text) if text else None
+
+    def decision_time(self) -> Any:
+        return (self.isvc()["status"].get("lastDecision") or {}).get("time")
+
+    def condition(self) -> tuple[str, str]:
+        for c in (self.isvc().get("status") or {}).get("conditions") or []:
+            if c.get("type") == "AutoscalingActive":
+                return str(c.get("status")), str(c.get("reason"))
+        return "", ""
+
+    def scraped(self, target: str) -> bool:
+        return any(
+            t["labels"].get("instance") == target
+            and t["health"] == "up"
+            and t["labels"].get("inferenceservice") == NAME
+            for t in self.prometheus.active_targets()
+        )
+
+    def url(self) -> str:
+        svc = self.cluster.get_json("service", NAME, "-n", self.namespace)
+        port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
+        return f"{svc['spec']['clusterIP']}:{port}"
+
+
+def _batch_timeout_falls(s: _Service, url: str, target: str) -> None:
+    """Phase 1: P99 over target with idle executors: the batch timeout falls, the running pod applies it."""
+    with Load(url, rate=3.0):
+        wait_until(
+            lambda: (s.batch_timeout() or 1.0) < 0.4, timeout=120, message="status.batchTimeout below 400ms"
+        )
+        wait_until(
+            lambda: (gauge(target, "kubeinfer_max_queue_delay_seconds") or 1.0) < 0.4,
+            timeout=90,
+            message="the running pod's max queue delay below 400ms (ConfigMap volume update)",
+        )
+    assert s.replicas() == 1
+    reason = (s.isvc()["status"].get("lastDecision") or {}).get("reason", "")
+    assert "batch timeout" in reason, reason
+    (pod,) = runtime_pods(s.cluster, s.namespace, NAME)
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+def _saturated_scales_up(s: _Service, url: str) -> float:
+    """Phase 2: saturated, replicas rise and the new pod turns Ready. Returns the batch timeout then."""
+    with Load(url, concurrency=8) as probe:
+        time.sleep(3.0)
+        capacity = probe.ok / 3.0
+    clients = min(MAX_QUEUE // 2, max(16, math.ceil(SATURATION * TARGET_P99 * capacity)))
+    print(f"one replica completes {capacity:.0f} requests/s (closed loop, 3 s); {clients} clients")
+    with Load(url, concurrency=clients):
+        wait_until(
+            lambda: s.replicas() >= 2,
+            timeout=120,
+            message=f"scale-up to 2 replicas ({clients} clients, capacity {capacity:.0f}/s)",
+        )
+        wait_until(
+            lambda: len(s.ready_targets()) == 2, timeout=300, interval=2.0, message="a second ready pod"
+        )
+    timeout_after_load = s.batch_timeout()
+    assert timeout_after_load is not None
+    return timeout_after_load
+
+
+def _prometheus_outage_holds(s: _Service) -> Any:
+    """Phase 4: Prometheus stopped, nothing changes and the condition says why; phase 5: it is
+    started again (whatever happens). Returns the last decision's time before the outage."""
+    s.prometheus.stop()
+    try:
+        wait_until(
+            lambda: s.condition() == ("False", "PrometheusUnavailable"),
+            timeout=45,
+            message="AutoscalingActive=False PrometheusUnavailable",
+        )
+        held = (s.replicas(), s.batch_timeout(), s.decision_time())
+        time.sleep(12)  # two ticks of the operator (5 s)
+        assert (s.replicas(), s.batch_timeout(), s.decision_time()) == held
+    finally:
+        # 5. Prometheus back: control resumes.
+        s.prometheus.start()
+    return held[2]
+
+
 def test_autoscale_closes_the_loop(
     cluster: Cluster,
     operator_release: str,
     node_prometheus: PrometheusServer,
     namespace: str,
 ) -> None:
-    prometheus = node_prometheus
-
-    def ready_targets() -> list[str]:
-        """``<pod IP>:8080`` of the Ready runtime pods."""
-        return [f"{p['status']['podIP']}:8080" for p in runtime_pods(cluster, namespace, NAME) if _ready(p)]
-
-    def isvc() -> dict[str, Any]:
-        obj: dict[str, Any] = cluster.get_json("inferenceservices.kubeinfer.io", NAME, "-n", namespace)
-        return obj
-
-    def replicas() -> int:
-        return int(cluster.get_json("deployment", NAME, "-n", namespace)["spec"]["replicas"])
-
-    def batch_timeout() -> float | None:
-        text = (isvc().get("status") or {}).get("batchTimeout")
-        return parse_duration(text) if text else None
-
-    def condition() -> tuple[str, str]:
-        for c in (isvc().get("status") or {}).get("conditions") or []:
-            if c.get("type") == "AutoscalingActive":
-                return str(c.get("status")), str(c.get("reason"))
-        return "", ""
-
-    def scraped(target: str) -> bool:
-        return any(
-            t["labels"].get("instance") == target
-            and t["health"] == "up"
-            and t["labels"].get("inferenceservice") == NAME
-            for t in prometheus.active_targets()
-        )
-
+    s = _Service(cluster, namespace, node_prometheus)
     cluster.apply(isvc_manifest(namespace))
     try:
-        targets = wait_until(ready_targets, timeout=240, interval=1.0, message="one ready runtime pod")
+        targets = wait_until(s.ready_targets, timeout=240, interval=1.0, message="one ready runtime pod")
         assert len(targets) == 1
-        wait_until(lambda: scraped(targets[0]), timeout=60, interval=1.0, message=f"{targets[0]} scraped")
+        wait_until(lambda: s.scraped(targets[0]), timeout=60, interval=1.0, message=f"{targets[0]} scraped")
         assert gauge(targets[0], "kubeinfer_max_queue_delay_seconds") == pytest.approx(0.4)
-        svc = cluster.get_json("service", NAME, "-n", namespace)
-        port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
-        url = f"{svc['spec']['clusterIP']}:{port}"
+        url = s.url()
 
-        # 1. P99 over target with idle executors: the batch timeout falls, the running pod applies it.
-        with Load(url, rate=3.0):
-            wait_until(
-                lambda: (batch_timeout() or 1.0) < 0.4,
-                timeout=120,
-                message="status.batchTimeout below 400ms",
-            )
-            wait_until(
-                lambda: (gauge(targets[0], "kubeinfer_max_queue_delay_seconds") or 1.0) < 0.4,
-                timeout=90,
-                message="the running pod's max queue delay below 400ms (ConfigMap volume update)",
-            )
-        assert replicas() == 1
-        reason = (isvc()["status"].get("lastDecision") or {}).get("reason", "")
-        assert "batch timeout" in reason, reason
-        (pod,) = runtime_pods(cluster, namespace, NAME)
-        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
-
-        # 2. Saturated: replicas rise, and the new pod turns Ready.
-        with Load(url, concurrency=8) as probe:
-            time.sleep(3.0)
-            capacity = probe.ok / 3.0
-        clients = min(MAX_QUEUE // 2, max(16, math.ceil(SATURATION * TARGET_P99 * capacity)))
-        print(f"one replica completes {capacity:.0f} requests/s (closed loop, 3 s); {clients} clients")
-        with Load(url, concurrency=clients):
-            wait_until(
-                lambda: replicas() >= 2,
-                timeout=120,
-                message=f"scale-up to 2 replicas ({clients} clients, capacity {capacity:.0f}/s)",
-            )
-            wait_until(
-                lambda: len(ready_targets()) == 2, timeout=300, interval=2.0, message="a second ready pod"
-            )
-        timeout_after_load = batch_timeout()
-        assert timeout_after_load is not None
+        _batch_timeout_falls(s, url, targets[0])  # 1.
+        timeout_after_load = _saturated_scales_up(s, url)  # 2.
 
         # 3. Load gone: after the stabilization window replicas fall, the timeout grows back.
-        wait_until(lambda: replicas() == 1, timeout=120, message="scale-in to 1 replica")
+        wait_until(lambda: s.replicas() == 1, timeout=120, message="scale-in to 1 replica")
         wait_until(
-            lambda: (batch_timeout() or 0.0) > timeout_after_load,
+            lambda: (s.batch_timeout() or 0.0) > timeout_after_load,
             timeout=90,
             message="the batch timeout growing back",
         )
 
-        # 4. Prometheus stopped: nothing changes, the condition says why.
-        prometheus.stop()
-        try:
-            wait_until(
-                lambda: condition() == ("False", "PrometheusUnavailable"),
-                timeout=45,
-                message="AutoscalingActive=False PrometheusUnavailable",
-            )
-            held = (replicas(), batch_timeout(), (isvc()["status"].get("lastDecision") or {}).get("time"))
-            time.sleep(12)  # two ticks of the operator (5 s)
-            assert (
-                replicas(),
-                batch_timeout(),
-                (isvc()["status"].get("lastDecision") or {}).get("time"),
-            ) == held
-        finally:
-            # 5. Prometheus back: control resumes.
-            prometheus.start()
+        held_time = _prometheus_outage_holds(s)  # 4. and 5.
         # True with reason Active (a tick that acts) or the kind of hold (e.g. BatchTimeoutCoolingDown).
-        wait_until(lambda: condition()[0] == "True", timeout=90, message="AutoscalingActive=True")
+        wait_until(lambda: s.condition()[0] == "True", timeout=90, message="AutoscalingActive=True")
         wait_until(
-            lambda: (isvc()["status"].get("lastDecision") or {}).get("time") != held[2],
+            lambda: s.decision_time() != held_time,
             timeout=90,
             message="a new decision after Prometheus came back",
         )
@@ -267,9 +290,9 @@ def test_autoscale_closes_the_loop(
                 "logs", "-n", OPERATOR_NAMESPACE, f"deployment/{RELEASE}", "--tail=80", check=False
             ).stdout
             print(log)
-            print(f"isvc status: {isvc().get('status')}")
+            print(f"isvc status: {s.isvc().get('status')}")
             print(cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout)
         raise
     finally:
-        if not prometheus.running:
-            prometheus.start()
+        if not node_prometheus.running:
+            node_prometheus.start()
