@@ -380,10 +380,15 @@ class Autoscaler:
         observation: Observation | None = None,
     ) -> bool:
         """Merge-patch ``status`` with ``patch`` plus the condition when it changes. Returns True if
-        a request was sent. A 409 (someone else wrote status) re-reads the object and retries once."""
+        a request was sent. A 409 (someone else wrote status) re-reads the object and retries once,
+        unless its generation moved (the decision was for the old spec)."""
         path = k8s.resource_path(api.API_VERSION, api.PLURAL, isvc.namespace, isvc.name)
 
         async def write(current: Mapping[str, Any]) -> bool:
+            if int((current.get("metadata") or {}).get("generation") or 0) != isvc.generation:
+                # the spec moved since this tick read it (autoscaling turned off, say: the operator
+                # removed AutoscalingActive): a decision for the old spec writes nothing
+                return False
             status: Mapping[str, Any] = current.get("status") or {}
             full = dict(patch)
             conditions = condition_after(

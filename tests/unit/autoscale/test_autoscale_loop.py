@@ -228,3 +228,28 @@ async def test_autoscale_loop_prometheus_outage_logs_once_and_backs_off(
     ]
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(reads) == 5 + 23  # 345, 360, ... 675 s: every tick reads again
+
+
+async def test_autoscale_loop_status_write_dropped_when_the_spec_moved_meanwhile() -> None:
+    """A tick decided on generation 1; its status patch meets a 409 and the re-read object is at
+    generation 2 (autoscaling turned off, say, and AutoscalingActive removed by the operator): the
+    decision for the old spec writes nothing."""
+    a, rec, _ = scaler()
+    newer = body(enabled=False)
+    newer["metadata"]["generation"] = 2
+    attempts: list[dict[str, Any]] = []
+
+    async def conflict(
+        path: str, patch: dict[str, Any], *, field_manager: str, subresource: str | None = None
+    ) -> dict[str, Any]:
+        attempts.append(patch)
+        raise k8s.TransientError("conflict", status=409)
+
+    async def get(path: str) -> dict[str, Any] | None:
+        return newer
+
+    rec.patch_merge = conflict  # type: ignore[method-assign]
+    rec.get = get  # type: ignore[method-assign]
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert r is not None and not r.wrote_status
+    assert len(attempts) == 1  # the first attempt only: no second write on the newer generation
