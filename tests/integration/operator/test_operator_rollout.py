@@ -12,7 +12,6 @@ the README's Argo CD health check (Lua, run with lupa) on these objects in each 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeinfer.operator import api
+from kubeinfer.operator import api, rfc3339
 
 from tests.support.cluster import Cluster, wait_until
 from tests.support.operator_proc import OperatorProcess
@@ -58,13 +57,9 @@ def _set_pod_status(cluster: Cluster, ns: str, pod: str, status: dict[str, Any])
     )
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _mark_ready(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:
     """What a kubelet reports for a started runtime container whose readiness probe passes."""
-    now = _now()
+    now = rfc3339.now()
     image = pod["spec"]["containers"][0]["image"]
     _set_pod_status(
         cluster,
