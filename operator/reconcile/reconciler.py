@@ -84,6 +84,7 @@ class Reconciler:
     _events: dict[tuple[str, str], list[plan.Event]] = field(default_factory=dict)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
+    _replicasets_refused: bool = False
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the memory of a deleted InferenceService."""
@@ -279,6 +280,20 @@ class Reconciler:
                 self._event_later(body, reason, message, type_)
         return stored
 
+    async def _replicasets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The runtime's ReplicaSets; ``[]`` when the API refuses the list (an older chart's RBAC
+        without ``replicasets: list``: the counts are then derived from the Deployment alone and every
+        pod's problem counts, logged once)."""
+        try:
+            return await self.kube.list(k8s.REPLICASET.path(namespace), label_selector=selector)
+        except k8s.PermanentError as exc:
+            if not self._replicasets_refused:
+                logger.warning(
+                    "listing ReplicaSets refused, rollout counts from the Deployment only: %s", exc
+                )
+            self._replicasets_refused = True
+            return []
+
     async def _observe(
         self, isvc: api.InferenceService, deployment: Mapping[str, Any] | None, error: str | None
     ) -> plan.Health:
@@ -294,7 +309,7 @@ class Reconciler:
         if deployment is not None and not missing and not plan.rollout_of(deployment).complete:
             selector = selector_string(isvc)
             replicasets, pods = await asyncio.gather(
-                self.kube.list(k8s.REPLICASET.path(namespace), label_selector=selector),
+                self._replicasets(namespace, selector),
                 self.kube.list(k8s.POD.path(namespace), label_selector=selector),
             )
         return plan.health(

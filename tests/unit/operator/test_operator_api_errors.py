@@ -179,3 +179,45 @@ async def test_persistent_api_error_is_shown_once_and_cleared_on_success() -> No
         assert _ready(kube)["reason"] == "ApiServerError" and len(kube.status_patches) == 3
     finally:
         rec.forget("ns", "m")
+
+
+class NoReplicaSetsKube(FakeKube):
+    """An older chart's RBAC: listing ReplicaSets is forbidden."""
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        if "/replicasets" in path:
+            raise k8s.PermanentError(f"GET {path}: 403 forbidden", status=403)
+        return []
+
+
+@pytest.mark.timeout(10)
+async def test_forbidden_replicaset_list_still_writes_status(caplog: pytest.LogCaptureFixture) -> None:
+    isvc: dict[str, Any] = {
+        "apiVersion": "kubeinfer.io/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "m", "namespace": "ns", "uid": "u", "generation": 1, "resourceVersion": "5"},
+        "spec": {"resources": {"gpus": 0}, "runtime": {"device": "cpu"}},
+    }
+    kube = NoReplicaSetsKube(copy.deepcopy(isvc))
+    kube.failing = False
+    rec = Reconciler(kube=kube, clock=lambda: "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    rolling = {  # mid-rollout: the reconcile lists ReplicaSets and pods
+        "metadata": {"name": "m", "generation": 2, "resourceVersion": "9"},
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1, "readyReplicas": 1},
+    }
+
+    def lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return rolling if kind == "Deployment" else None
+
+    try:
+        for _ in range(2):
+            await rec.reconcile(copy.deepcopy(kube.isvc), lookup)
+        ready = _ready(kube)
+        assert (ready["status"], ready["reason"]) == ("False", "Progressing")
+        assert kube.isvc["status"]["updatedReady"] == "0/1"  # from the Deployment's counts alone
+        refused = [r for r in caplog.records if "listing ReplicaSets refused" in r.getMessage()]
+        assert len(refused) == 1
+    finally:
+        await asyncio.gather(*rec._background)
+        rec.forget("ns", "m")
