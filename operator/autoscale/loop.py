@@ -55,6 +55,7 @@ from kubeinfer.operator.autoscale.policy import (
     restore_state,
 )
 from kubeinfer.operator.build.configmap import build_configmap
+from kubeinfer.operator.settings import Settings
 from kubeinfer.runtime.config import CONFIG_FILE
 
 logger = logging.getLogger("kubeinfer.operator.autoscale")
@@ -421,11 +422,11 @@ class Autoscaler:
         return bool(await self.kube.retry_on_conflict(path, body, write))
 
 
-def for_memo(memo: Any, kube: k8s.Kube, settings: Any) -> Autoscaler:
+def for_memo(memo: Any, kube: k8s.Kube, settings: Settings) -> Autoscaler:
     """The operator's ``Autoscaler``, created on first use and kept in the kopf memo (attribute
     ``autoscaler``, as ``handlers`` keeps ``reconciler``).
 
-    ``settings``: the operator settings (``prometheus_*`` fields, ``autoscale_interval_seconds``).
+    ``settings``: the operator settings (``prometheus_*``, ``autoscale_interval_seconds``).
     """
     scaler = getattr(memo, "autoscaler", None)
     if not isinstance(scaler, Autoscaler):
@@ -433,7 +434,7 @@ def for_memo(memo: Any, kube: k8s.Kube, settings: Any) -> Autoscaler:
         scaler = Autoscaler(
             kube=kube,
             signals_factory=lambda: prometheus.PrometheusSignals(config),
-            interval_seconds=float(getattr(settings, "autoscale_interval_seconds", 15.0)),
+            interval_seconds=settings.autoscale_interval_seconds,
         )
         memo.autoscaler = scaler
     return scaler
