@@ -88,7 +88,7 @@ def parse_lock(text: str) -> dict[str, Pin]:
     pins: dict[str, Pin] = {}
     joined = re.sub(r"\\\n", " ", text)
     for raw in joined.splitlines():
-        line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith("--hash") else raw.strip()
+        line = raw.split("#", 1)[0].strip()  # a hash is "--hash=sha256:...": no "#" in it
         if not line:
             continue
         m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._\-]*)(\[[^\]]*\])?==(\S+)(.*)$", line)
