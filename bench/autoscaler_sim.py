@@ -842,13 +842,14 @@ def table(result: dict[str, Any]) -> str:
             f"{s['kubeinfer_vs_oracle_replica_seconds']:.3f}: {verdict}"
         )
     for scenario, rows in result.get("faults", {}).items():
-        k = rows["kubeinfer"]
-        lines.append(
-            f"- fault {scenario} ({rows['trace']}, t = {rows['from_seconds']:.0f}.."
-            f"{rows['to_seconds']:.0f} s): kubeinfer {k['actions_while_missing']} actions while missing, "
-            f"first action {k['first_action_after_return_seconds']} s after the signal returned, "
-            f"SLO {k['slo_attainment']:.4f}"
-        )
+        for ctl in ("kubeinfer", "hpa_gpu"):
+            f = rows[ctl]
+            lines.append(
+                f"- fault {scenario} ({rows['trace']}, t = {rows['from_seconds']:.0f}.."
+                f"{rows['to_seconds']:.0f} s): {ctl} {f['actions_while_missing']} actions while missing, "
+                f"first action {f['first_action_after_return_seconds']} s after the signal returned, "
+                f"SLO {f['slo_attainment']:.4f}, replica-seconds {f['replica_seconds']:.0f}"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,28 @@
 ``decide`` keeps the P99 latency at or under ``Policy.target_p99_seconds`` with the fewest replicas,
 using two levers: the replica count and the batch timeout (the runtime's max queue delay).
 
+**The SLO-capacity rule** (``capacity_rule``, when the observation carries the arrival rate and the
+runtime's batch service time s(b) = a + c*b with its max batch size B): what only kubeinfer sees lets
+it count the replicas a demand needs instead of waiting for the P99 over the query window to show a
+breach. One replica meets the SLO with batches of b rows while ``timeout + 2*s(b) <= target`` (a
+request waits at most the batch timeout, the batch in progress and its own batch: Nexus' worst case,
+Shen et al., SOSP 2019), so it serves ``b/s(b)`` requests/s (the physical limit of a batching server;
+Clipper, Crankshaw et al., NSDI 2017; ``slo_capacity``). The demand is the arrival rate (or the
+completion rate if higher) plus the requests in flight drained over ``backlog_drain_seconds`` (Little's
+law, L = λW). ``needed = ceil(demand / (plan_utilization * b/s(b)))``, at least enough full-batch
+capacity for a ``surge_factor`` surge while the fleet is small (up to ``surge_max_replicas``: a cold
+start is longer than a burst takes to build a backlog). More than provisioned (starting replicas
+count): scale out now, no cooldown (``_ahead_of_demand``; proactive provisioning from a demand model
+as in MArk, Zhang et al., USENIX ATC 2019, and predictive scaling in Autopilot, Rzadca et al.,
+EuroSys 2020). While replicas it asked for start and the demand is over what the ready ones serve,
+the batch timeout goes to the longest at which a full batch still meets the SLO
+(``cold_start_timeout``: fuller batches raise b/s(b)). Scale-in goes to ``needed`` after the
+stabilization window. P99 over target with the demand covered adds one replica, not the P99 ratio (the
+window still holds the past), and a backlog whose Little's-law wait is under half the target counts as
+drained. Without s(b) the reactive law below decides, unchanged; it is also the rule's fallback.
+
+The reactive law:
+
 - P99 over target while the GPUs are busy (utilization at or above ``gpu_high``): scale out in
   proportion to the overload on the binding signal, the HPA ratio
   ``ceil(replicas * max(p99 / target, utilization / gpu_high))`` (Kubernetes HPA algorithm,
