@@ -22,6 +22,7 @@ import pytest
 from kubeinfer.operator import api, rfc3339
 
 from tests.support.cluster import Cluster, wait_until
+from tests.support.kstatus import compute as kstatus_compute
 from tests.support.operator_proc import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -122,18 +123,10 @@ def _ready_all_pods(cluster: Cluster, ns: str, name: str) -> None:
 
 
 def kstatus(obj: dict[str, Any]) -> str:
-    """kstatus's generic reading of a custom resource (sigs.k8s.io/cli-utils/pkg/kstatus/status):
-    InProgress while ``status.observedGeneration`` lags ``metadata.generation`` or Reconciling is
-    True, Failed while Stalled is True, else Current."""
-    status = obj.get("status") or {}
-    if status.get("observedGeneration") != obj["metadata"]["generation"]:
-        return "InProgress"
-    reconciling, stalled = _cond(obj, "Reconciling"), _cond(obj, "Stalled")
-    if reconciling is not None and reconciling["status"] == "True":
-        return "InProgress"
-    if stalled is not None and stalled["status"] == "True":
-        return "Failed"
-    return "Current"
+    """kstatus's reading of the object (the real sigs.k8s.io/cli-utils/pkg/kstatus/status.Compute,
+    as Flux reads it): InProgress while ``status.observedGeneration`` lags or Reconciling is True,
+    Failed while Stalled is True, else Current."""
+    return kstatus_compute(obj)[0]
 
 
 def argocd_health_script() -> str:
