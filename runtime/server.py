@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import threading
 import time
@@ -60,6 +61,8 @@ _JSON = "application/json"
 # tritonclient reads only the status code).
 _LIVE = encode_json({"live": True})
 _READY = encode_json({"ready": True})
+#: The infer routes, matched before (instead of through) Starlette's middleware and router.
+_INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -136,7 +139,9 @@ class RuntimeServer:
             Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
             Route("/metrics", self.metrics_route, methods=["GET"]),
         ]
-        self.app = Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
+        self._router = Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
+        #: The ASGI app uvicorn serves: ``POST .../infer`` straight to ``infer``, the rest to Starlette.
+        self.app: Callable[..., Any] = self._asgi
 
     # ----- life cycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,6 +153,7 @@ class RuntimeServer:
         self._uvicorn = _Uvicorn(
             uvicorn.Config(
                 self.app,
+                interface="asgi3",  # self.app is a bound coroutine method: uvicorn's guess would be ASGI2
                 lifespan="off",
                 log_level=logging.WARNING,
                 access_log=False,
@@ -361,6 +367,21 @@ class RuntimeServer:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(self.metrics.exposition(), 200, media_type=CONTENT_TYPE_LATEST)
+
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The infer routes skip Starlette's middleware stack and its route-by-route matching (the
+        per-request cost of the HTTP front end, issue 13 item 2); same handler, same error bodies."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                scope["path_params"] = {k: v for k, v in match.groupdict().items() if v is not None}
+                try:
+                    response = await self.infer(Request(scope, receive))
+                except InferenceError as exc:
+                    response = error_response(exc.status, exc.message, exc.headers)
+                await response(scope, receive, send)
+                return
+        await self._router(scope, receive, send)
 
     async def infer(self, request: Request) -> Response:
         """``POST .../infer``: decode, queue, encode; every outcome counted in the metrics."""
