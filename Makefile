@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
-        bench bench-runtime bench-operator bench-autoscaler clean images
+        bench bench-runtime bench-frontend bench-operator bench-autoscaler clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -63,8 +63,11 @@ run: ## run the operator locally against $$KUBECONFIG
 demo: setup ## the main job, end to end, on a one-node cluster (real pods; root) with the bundled model
 	@$(PY) hack/demo.py
 
-bench-runtime: setup ## runtime benchmark -> bench/results/runtime.json
+bench-runtime: setup ## runtime benchmark, MiniLM fp32 and int8-dynamic -> bench/results/runtime.json
 	$(PY) bench/runtime_bench.py
+
+bench-frontend: setup ## front-end CPU per request and max rate (REST JSON/binary, gRPC; floor) -> bench/results/frontend.json
+	$(PY) bench/frontend_bench.py
 
 bench-operator: setup ## operator benchmark -> bench/results/operator.json
 	$(PY) bench/operator_bench.py
@@ -72,7 +75,7 @@ bench-operator: setup ## operator benchmark -> bench/results/operator.json
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
-bench: bench-runtime bench-operator bench-autoscaler ## all benchmarks
+bench: bench-runtime bench-frontend bench-operator bench-autoscaler ## all benchmarks
 
 clean: cluster-down ## remove the venv and build cache
 	rm -rf .venv .cache
