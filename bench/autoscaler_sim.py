@@ -24,8 +24,9 @@ Model (what is simulated, and what is not):
 - Metrics reach the controller every 15 s: P99 is computed from histogram buckets (the runtime's
   ``DURATION_BUCKETS``) over a 60 s window as Prometheus' ``histogram_quantile`` does; GPU utilization
   is the busy fraction of the ready replicas over the last 15 s (``DCGM_FI_DEV_GPU_UTIL``); request rate
-  is completions per second over the window; arrival rate is arrivals per second over the last 30 s
-  (what ``rate(kubeinfer_requests_total[30s]) + deriv(kubeinfer_inflight_requests[30s])`` gives); queue
+  is completions per second over the window; arrival rate is arrivals per second over the last 15 s
+  (one scrape interval: what ``irate(kubeinfer_requests_total[30s]) + deriv(kubeinfer_inflight_requests
+  [30s])`` gives, completions plus the growth of the requests in flight); queue
   size and requests in flight are instantaneous; s(b)'s a and c and B are what the runtime exports.
 - Controllers act every 15 s: ``kubeinfer`` (``kubeinfer.operator.autoscale.policy.decide``, unchanged,
   with the InferenceService API's default tunables), ``hpa_gpu`` (HPA on GPU utilization: target 70 %,
@@ -97,7 +98,7 @@ class SimConfig:
     cold_start: float = 30.0
     sync: float = 15.0
     window: float = 60.0
-    arrival_window: float = 30.0
+    arrival_window: float = 15.0
     horizon: float = 1200.0
     initial_timeout: float = 0.005
     timeout_bounds: tuple[float, float] = (0.001, 0.05)

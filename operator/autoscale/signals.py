@@ -12,8 +12,9 @@ Default PromQL (``<sel>`` is ``namespace="<ns>",inferenceservice="<name>"``, ``<
   drained-backlog rule reads it (Little's law), not the queue size, which leaves out requests executing
 - sample age, seconds: ``time() - max(timestamp(kubeinfer_queue_size{<sel>}))``
 - arrival rate, requests/s (optional, for the SLO-capacity rule):
-  ``sum(rate(kubeinfer_requests_total{<sel>}[30s])) + sum(deriv(kubeinfer_inflight_requests{<sel>}[30s]))``
-  (completions plus the growth of the requests in flight: the runtime counts responses, not arrivals)
+  ``sum(irate(kubeinfer_requests_total{<sel>}[30s])) + sum(deriv(kubeinfer_inflight_requests{<sel>}[30s]))``
+  (completions over the last two samples plus the growth of the requests in flight: the runtime counts
+  responses, not arrivals; the window is two autoscaler intervals)
 - s(b) = a + c*b and B (optional, for the SLO-capacity rule):
   ``avg(kubeinfer_service_time_intercept_seconds{<sel>})``,
   ``avg(kubeinfer_service_time_slope_seconds{<sel>})`` (the runtime's fit; without them the rule is
@@ -154,7 +155,7 @@ def default_queries(
         inflight=f"sum(kubeinfer_inflight_requests{{{sel}}})",
         # Arrivals = completions + growth of the requests in flight (the runtime counts responses).
         arrival_rate=(
-            f"sum(rate(kubeinfer_requests_total{{{sel}}}[{arrival_window}])) + "
+            f"sum(irate(kubeinfer_requests_total{{{sel}}}[{arrival_window}])) + "
             f"sum(deriv(kubeinfer_inflight_requests{{{sel}}}[{arrival_window}]))"
         ),
         service_time_a=f"avg(kubeinfer_service_time_intercept_seconds{{{sel}}})",

@@ -245,10 +245,13 @@ def test_capacity_rule_backlog_adds_demand() -> None:
 
 
 def test_capacity_rule_surge_floor() -> None:
-    # 700/s needs 1 replica at the SLO, but a small fleet keeps room for a x4 surge: 2800 / 1142.9 → 3.
+    # 700/s needs 1 replica at the SLO, but a small fleet keeps room for a x5 surge: 3500 / 1142.9 → 4,
+    # at most surge_max_replicas (3).
     t = tick_model(seen(0.04, 0.3, 700.0), Current(1, 0.02))
     assert t.needed == 3
-    # the floor stops at surge_max_replicas (3): 2000/s x 4 would be 7
+    # below the cap the floor is the surge itself: 400/s x 5 = 2000/s → 2 replicas
+    assert tick_model(seen(0.04, 0.3, 400.0), Current(1, 0.02)).needed == 2
+    # the floor stops at surge_max_replicas (3): 2000/s x 5 would be 9
     assert tick_model(seen(0.04, 0.3, 2000.0), Current(1, 0.02)).needed == 3
     assert tick_model(seen(0.04, 0.3, 700.0), Current(1, 0.02), replace(MODEL, surge_factor=1.0)).needed == 1
 

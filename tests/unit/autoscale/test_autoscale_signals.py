@@ -209,7 +209,7 @@ def test_autoscale_signals_capacity_inputs(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
     o = read(url).observation
     assert (o.service_time_a_seconds, o.service_time_c_seconds, o.max_batch_size) == (None, None, None)
-    assert QUERIES.arrival_rate.startswith("sum(rate(kubeinfer_requests_total{")
+    assert QUERIES.arrival_rate.startswith("sum(irate(kubeinfer_requests_total{")
     assert "deriv(kubeinfer_inflight_requests{" in QUERIES.arrival_rate
     fake.values = {
         "deriv(": "14.0",  # the fake answers the whole arrival-rate query with this value
