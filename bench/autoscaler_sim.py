@@ -78,6 +78,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_RESULTS = ROOT / "bench" / "results" / "runtime.json"
 DEFAULT_OUT = ROOT / "bench" / "results" / "autoscaler.json"
 TRACES_DIR = ROOT / "bench" / "traces"
+#: In a trace folder: the service model its traces were shaped for (``write_service_model``).
+SERVICE_MODEL_FILE = "service_model.json"
 
 #: Default batch service-time model s(b) = a + c*b when runtime.json is absent: a MiniLM-sized
 #: encoder on a modest GPU (fixed launch/transfer overhead 15 ms, 1.5 ms per row).
@@ -707,21 +709,33 @@ def figures(cfg: SimConfig, res: Result) -> dict[str, float]:
     }
 
 
-def load_service_model() -> tuple[float, float, int | None, str]:
-    """(a, c, max batch size or None, source) from bench/results/runtime.json, else the defaults.
+def load_service_model(path: Path = RUNTIME_RESULTS) -> tuple[float, float, int | None, str]:
+    """(a, c, max batch size or None, source) from ``path``, else the defaults.
 
-    runtime.json (bench/runtime_bench.py) carries ``a_seconds``, ``c_seconds`` and ``max_batch_size``
-    at the top level.
+    ``path`` is bench/results/runtime.json (bench/runtime_bench.py) or a trace folder's
+    ``service_model.json`` (written by ``--write-traces``); both carry ``a_seconds``, ``c_seconds`` and
+    ``max_batch_size`` at the top level.
     """
+    name = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
     try:
-        data = json.loads(RUNTIME_RESULTS.read_text())
+        data = json.loads(path.read_text())
         a, c = float(data["a_seconds"]), float(data["c_seconds"])
     except (OSError, ValueError, KeyError, TypeError):
-        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, None, "defaults (no a/c fit in runtime.json)"
+        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, None, f"defaults (no a/c fit in {name})"
     if not (a > 0 and c > 0):
-        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, None, f"defaults (runtime.json fit a={a}, c={c} not > 0)"
+        return DEFAULT_A_SECONDS, DEFAULT_C_SECONDS, None, f"defaults ({name} fit a={a}, c={c} not > 0)"
     batch = data.get("max_batch_size")
-    return a, c, int(batch) if isinstance(batch, int) and batch > 0 else None, "bench/results/runtime.json"
+    return a, c, int(batch) if isinstance(batch, int) and batch > 0 else None, name
+
+
+def write_service_model(cfg: SimConfig, source: str, folder: Path) -> Path:
+    """``folder/service_model.json``: the s(b) and B the folder's traces were shaped for (their rates are
+    in units of this model's mu), so a later change of runtime.json does not change what they mean."""
+    path = folder / SERVICE_MODEL_FILE
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"a_seconds": cfg.a, "c_seconds": cfg.c, "max_batch_size": cfg.max_batch, "mu": round(cfg.mu, 3)}
+    path.write_text(json.dumps({**data, "source": source}, indent=2, sort_keys=True) + "\n")
+    return path
 
 
 # --------------------------------------------------------------------------------------------------
@@ -885,12 +899,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-variants", action="store_true", help="only the five controllers")
     ap.add_argument("--no-faults", action="store_true", help="skip the Prometheus-fault scenarios")
     ap.add_argument("--write-traces", type=Path, help="write the built-in traces as CSV there and exit")
+    ap.add_argument(
+        "--service-model",
+        type=Path,
+        help="JSON with a_seconds, c_seconds, max_batch_size (default: bench/traces/service_model.json "
+        "when running the built-in traces, else bench/results/runtime.json)",
+    )
     args = ap.parse_args(argv)
-    a, c, batch, source = load_service_model()
+    builtin_model = TRACES_DIR / SERVICE_MODEL_FILE
+    default_model = (
+        builtin_model
+        if not (args.trace or args.traces or args.write_traces) and builtin_model.exists()
+        else RUNTIME_RESULTS
+    )
+    a, c, batch, source = load_service_model(args.service_model or default_model)
     cfg = SimConfig(a=a, c=c, max_batch=batch or SimConfig.max_batch)
     if args.write_traces:
         for name in BUILTIN:
             write_trace(builtin_trace(name, cfg.mu), args.write_traces / f"{name}.csv")
+        write_service_model(cfg, source, args.write_traces)
         print(f"wrote {len(BUILTIN)} traces to {args.write_traces} (mu {cfg.mu:.1f} req/s)")
         return 0
     print(

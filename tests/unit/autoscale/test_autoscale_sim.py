@@ -146,3 +146,17 @@ def test_autoscale_sim_fault_holds_then_recovers(kind: str) -> None:
     assert res.replicas[int(90 / cfg.sync)] == res.replicas[int(165 / cfg.sync)]
     after = [t for t in res.actions_at if t >= 180.0]
     assert after and after[0] <= 195.0 and max(res.replicas) > res.replicas[int(165 / cfg.sync)]
+
+
+def test_autoscale_sim_traces_keep_their_service_model(tmp_path: Path) -> None:
+    # The built-in traces are in units of the mu they were written for: their folder records that s(b),
+    # and it reproduces the checked-in CSVs (a newer runtime.json does not change what they mean).
+    a, c, batch, source = sim.load_service_model(sim.TRACES_DIR / sim.SERVICE_MODEL_FILE)
+    assert source == "bench/traces/service_model.json" and batch == 32
+    cfg = sim.SimConfig(a=a, c=c, max_batch=batch)
+    for name in sim.BUILTIN:
+        stored = sim.read_trace(sim.TRACES_DIR / f"{name}.csv")
+        assert np.allclose(stored.rates, sim.builtin_trace(name, cfg.mu).rates), name
+    path = sim.write_service_model(cfg, "test", tmp_path)
+    assert sim.load_service_model(path)[:3] == (a, c, batch)
+    assert sim.load_service_model(tmp_path / "absent.json")[3].startswith("defaults")
