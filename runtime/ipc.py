@@ -1,0 +1,322 @@
+"""Front-end processes <-> the model process: messages over ZeroMQ (pyzmq), for ``server.httpWorkers``.
+
+With ``server.http_workers`` > 1 the HTTP front-end processes (``kubeinfer.runtime.frontend``) parse and
+validate v2 requests and hand the decoded tensors to the one model process (``RuntimeServer``), which
+owns the device, the batcher and its priority queue. Transport: a ZeroMQ ROUTER socket in the model
+process (``ModelEndpoint``), one DEALER socket per front end (``ModelClient``), on an ``ipc://`` path
+(a Unix socket) in a private temporary directory. Calls are matched to replies by ``Header.id``, so
+one front end has any number of requests in flight on its one socket.
+
+A message is a multipart ZeroMQ message: frame 0 is a small JSON header (msgspec, ``Header``), frames
+1.. are the raw bytes of the tensors the header lists (``Header.tensors``: name, protocol datatype,
+shape, in frame order). Numeric tensors go as their C-contiguous little-endian buffer (sent with
+``copy=False``: pyzmq copies below its ``copy_threshold``, 64 KiB, and hands larger buffers to libzmq
+without a copy; on receipt ``np.frombuffer`` reads the frame in place). BYTES tensors go in the binary
+tensor extension's layout (each element a 4-byte little-endian length, then the bytes;
+``protocol.serialize_bytes``).
+
+Operations (``Header.op``), front end -> model process:
+
+- ``infer``: tensors, ``priority`` and ``timeout_us`` as the request sent them (the batcher validates
+  them), ``received`` (``time.monotonic()`` when the front end got the request; CLOCK_MONOTONIC is one
+  clock for every process of the machine): the request's deadline travels with it
+  (``remaining_timeout_us``). Reply: the output tensors, or ``error``.
+- ``status``: reply ``info`` = ``{"ready": bool, "reason": str, "metadata": model metadata or None}``.
+- ``metrics``: reply frame 1 = the Prometheus exposition of the model process (one ``/metrics`` for the
+  pod: the front ends proxy it).
+- ``count``: a response the front end gave itself (bad request, unknown model): ``code``, ``seconds``;
+  no reply. ``hello``: a new front end is listening (``pid``); no reply.
+
+Errors (``Header.error``) carry an ``InferenceError``'s class name, status, message and headers, and
+``raise_error`` raises the same class on the front end, so the HTTP answer is the same as in one
+process. Sources: the ZeroMQ guide (ROUTER/DEALER, "Asynchronous Client/Server Pattern"), pyzmq's
+"Serializing messages" and zero-copy notes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+from kubeinfer.runtime.dtypes import DATATYPES, datatype_of
+from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
+from kubeinfer.runtime.protocol import deserialize_bytes, serialize_bytes
+
+log = logging.getLogger("kubeinfer.runtime.ipc")
+
+#: The error classes a reply may name (``ErrorInfo.kind``).
+ERROR_KINDS: dict[str, type[InferenceError]] = {
+    cls.__name__: cls for cls in (InferenceError, ProtocolError, InputError, ServingError, HTTPError)
+}
+
+#: (name, protocol datatype, shape) of one tensor frame.
+TensorSpec = tuple[str, str, list[int]]
+#: What a frame may be on the way out: bytes, a numpy array or a received ``zmq.Frame``.
+Buffer = Any
+
+
+class ErrorInfo(msgspec.Struct):
+    """An ``InferenceError`` on the wire: class name, HTTP status, message, response headers."""
+
+    kind: str
+    status: int
+    message: str
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Header(msgspec.Struct, omit_defaults=True):
+    """Frame 0 of every message (JSON). Fields unused by an operation keep their defaults and are not
+    sent. ``id`` matches a reply to its call (0 for messages without a reply)."""
+
+    op: str = ""
+    id: int = 0
+    tensors: list[TensorSpec] = msgspec.field(default_factory=list)
+    priority: Any = None
+    timeout_us: Any = None
+    received: float = 0.0
+    error: ErrorInfo | None = None
+    info: dict[str, Any] | None = None
+    code: int = 0
+    seconds: float = 0.0
+    pid: int = 0
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Header)
+
+
+def encode_header(header: Header) -> bytes:
+    """JSON bytes of ``header``."""
+    return _ENCODER.encode(header)
+
+
+def decode_header(frame: Buffer) -> Header:
+    """Parse frame 0. Raises ``msgspec.DecodeError`` (a ``ValueError``) on a malformed header."""
+    return _DECODER.decode(_view(frame))
+
+
+def _view(frame: Buffer) -> memoryview:
+    return frame.buffer if isinstance(frame, zmq.Frame) else memoryview(frame)
+
+
+def encode_tensors(tensors: Mapping[str, np.ndarray]) -> tuple[list[TensorSpec], list[Buffer]]:
+    """Specs and frames of ``tensors`` (name -> array of a protocol datatype; BYTES as object arrays).
+
+    Numeric arrays are sent as themselves (C-contiguous, little-endian: a copy only if they are not
+    already), BYTES as one length-prefixed buffer. Raises ``ValueError`` for an array of no protocol
+    datatype."""
+    specs: list[TensorSpec] = []
+    frames: list[Buffer] = []
+    for name, array in tensors.items():
+        datatype = datatype_of(array)
+        specs.append((name, datatype, list(array.shape)))
+        if datatype == "BYTES":
+            frames.append(serialize_bytes(array))
+        else:
+            dtype = array.dtype if array.dtype.itemsize == 1 else array.dtype.newbyteorder("<")
+            # as bytes: a buffer numpy can export whatever the dtype (ml_dtypes' bfloat16 cannot)
+            frames.append(np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8))
+    return specs, frames
+
+
+def decode_tensors(specs: Sequence[TensorSpec], frames: Sequence[Buffer]) -> dict[str, np.ndarray]:
+    """The arrays of ``specs``, read in place from ``frames`` (numeric: ``np.frombuffer``, no copy).
+
+    Raises ``ProtocolError`` if the number of frames or a frame's size does not match its spec."""
+    if len(specs) != len(frames):
+        raise ProtocolError(f"ipc: {len(specs)} tensors declared, {len(frames)} frames sent")
+    out: dict[str, np.ndarray] = {}
+    for (name, datatype, shape), frame in zip(specs, frames, strict=True):
+        view = _view(frame)
+        count = int(np.prod(shape, dtype=np.int64))
+        if datatype == "BYTES":
+            out[name] = deserialize_bytes(view, count, name).reshape(shape)
+            continue
+        info = DATATYPES.get(datatype)
+        if info is None:
+            raise ProtocolError(f"ipc: tensor '{name}' has unknown datatype {datatype!r}")
+        dtype = info.numpy
+        if len(view) != count * dtype.itemsize:
+            raise ProtocolError(
+                f"ipc: tensor '{name}' {datatype}{shape} needs {count * dtype.itemsize} bytes, "
+                f"frame has {len(view)}"
+            )
+        out[name] = np.frombuffer(view, dtype=dtype).reshape(shape)
+    return out
+
+
+def error_info(exc: InferenceError) -> ErrorInfo:
+    """``exc`` on the wire."""
+    kind = type(exc).__name__ if type(exc).__name__ in ERROR_KINDS else "InferenceError"
+    return ErrorInfo(kind=kind, status=exc.status, message=exc.message, headers=dict(exc.headers))
+
+
+def raise_error(info: ErrorInfo) -> None:
+    """Raise the ``InferenceError`` subclass ``info`` names, with its status, message and headers."""
+    cls = ERROR_KINDS.get(info.kind, InferenceError)
+    raise cls(info.message, info.status, info.headers)
+
+
+def remaining_timeout_us(timeout_us: Any, received: float, now: float) -> Any:
+    """The queue timeout left to a request received at ``received`` (monotonic seconds) by ``now``.
+
+    A positive integer ``timeout_us`` (Triton's ``timeout`` parameter, microseconds) shrinks by the
+    time the request spent in the front end and the IPC, at least 1 us; any other value (None, 0, a bad
+    value the batcher will refuse with 400) is returned unchanged.
+
+    Raises:
+        ServingError: 504 when the whole timeout passed before the request reached the queue.
+    """
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0 or not received:
+        return timeout_us
+    left = timeout_us - int((now - received) * 1e6)
+    if left <= 0:
+        raise ServingError(
+            f"request timed out after {(now - received) * 1e3:.1f} ms before it reached the queue "
+            "(timeout parameter)",
+            504,
+        )
+    return left
+
+
+def _socket(ctx: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)  # no message limit: the batcher's queue bounds what is in flight
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
+
+
+class ModelClient:
+    """A front end's connection to the model process (DEALER): calls with replies, and one-way messages.
+
+    Args:
+        address: the model process's ``ipc://`` address.
+
+    ``start`` connects and starts the reply reader (on the running loop); ``close`` fails every pending
+    call with ``ServingError`` 503.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._ctx = zmq.asyncio.Context()
+        self._sock = _socket(self._ctx, zmq.DEALER)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[tuple[Header, list[zmq.Frame]]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect and start reading replies."""
+        self._sock.connect(self.address)
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def call(self, header: Header, frames: Sequence[Buffer] = ()) -> tuple[Header, list[zmq.Frame]]:
+        """Send ``header`` (its ``id`` is set here) and ``frames``; wait for the reply (header, frames).
+
+        Raises ``ServingError`` 503 if the client is closed meanwhile."""
+        header.id = next(self._ids)
+        future: asyncio.Future[tuple[Header, list[zmq.Frame]]] = asyncio.get_running_loop().create_future()
+        self._pending[header.id] = future
+        try:
+            await self._sock.send_multipart([encode_header(header), *frames], copy=False)
+            return await future
+        finally:
+            self._pending.pop(header.id, None)
+
+    async def send(self, header: Header) -> None:
+        """Send a one-way message (``count``, ``hello``)."""
+        await self._sock.send_multipart([encode_header(header)])
+
+    async def _read(self) -> None:
+        while True:
+            parts = await self._sock.recv_multipart(copy=False)
+            try:
+                header = decode_header(parts[0])
+            except ValueError:
+                log.error("ipc: dropped a reply with a malformed header")
+                continue
+            future = self._pending.get(header.id)
+            if future is not None and not future.done():
+                future.set_result((header, list(parts[1:])))
+
+    async def close(self) -> None:
+        """Stop reading, fail pending calls (503), close the socket."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ServingError("model process connection closed", 503))
+        self._sock.close(0)
+        self._ctx.term()
+
+
+#: The model process's handler: (request header, tensor frames) -> (reply header, frames), or None for a
+#: one-way message. It must not raise for a request's own fault (reply with ``Header.error``).
+Handler = Callable[[Header, list[zmq.Frame]], Awaitable[tuple[Header, Sequence[Buffer]] | None]]
+
+
+class ModelEndpoint:
+    """The model process's side (ROUTER): every message from a front end runs ``handler`` in its own task;
+    the reply goes back to the front end that sent it (to none if that front end is gone: ZeroMQ's
+    ROUTER drops it).
+
+    Args:
+        address: ``ipc://PATH`` to bind.
+        handler: see ``Handler``.
+    """
+
+    def __init__(self, address: str, handler: Handler) -> None:
+        self.address = address
+        self._handler = handler
+        self._ctx = zmq.asyncio.Context()
+        self._sock = _socket(self._ctx, zmq.ROUTER)
+        self._sock.bind(address)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Receive and dispatch until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            parts = await self._sock.recv_multipart(copy=False)
+            if len(parts) < 2:
+                continue
+            task = loop.create_task(self._serve(parts[0].bytes, parts[1], list(parts[2:])))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, peer: bytes, head: zmq.Frame, frames: list[zmq.Frame]) -> None:
+        try:
+            header = decode_header(head)
+        except ValueError:
+            log.error("ipc: dropped a message with a malformed header")
+            return
+        try:
+            reply = await self._handler(header, frames)
+        except InferenceError as exc:
+            reply = (Header(op="reply", id=header.id, error=error_info(exc)), [])
+        except Exception as exc:  # the model process never dies on a request
+            log.exception("ipc: handler failed on %s", header.op)
+            err = ServingError(f"internal error: {type(exc).__name__}: {exc}", 500)
+            reply = (Header(op="reply", id=header.id, error=error_info(err)), [])
+        if reply is None:
+            return
+        out, out_frames = reply
+        out.id = header.id
+        await self._sock.send_multipart([peer, encode_header(out), *out_frames], copy=False)
+
+    def close(self) -> None:
+        """Cancel running handlers and close the socket."""
+        for task in list(self._tasks):
+            task.cancel()
+        self._sock.close(0)
+        self._ctx.term()
