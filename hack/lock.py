@@ -12,6 +12,9 @@ installed, compiled by ``uv pip compile`` with a sha256 hash for every file:
   from the names in ``requirements/IMAGE.in`` with lock.txt as constraints, so every version is
   the lock's. tests/unit/hack/test_lock.py fails when an image file, a Dockerfile or the venv
   disagrees with the lock.
+- ``requirements/kserve-client.txt``: a test client that cannot share the lock (``TOOLS``), compiled on
+  its own from ``requirements/kserve-client.in``; ``make setup`` installs it with ``--require-hashes``
+  into its own venv, ``.cache/kserve-client``.
 
 The target is the images' platform: CPython 3.11 on x86_64 Linux (glibc >= 2.28), the Debian bookworm
 base and the development machines. torch is PyPI's wheel (``torch-X-cp311-cp311-manylinux_2_28_x86_64``,
@@ -45,6 +48,12 @@ REQUIREMENTS = ROOT / "requirements"
 LOCK = REQUIREMENTS / "lock.txt"
 #: The images and the requirement files they install (requirements/IMAGE.txt from IMAGE.in).
 IMAGES: Mapping[str, str] = {"operator": "operator/Dockerfile", "runtime": "runtime/Dockerfile"}
+#: Test clients whose pins conflict with the lock, each with its own venv ``.cache/NAME`` that ``make setup``
+#: installs from ``requirements/NAME.txt`` (compiled on its own from ``requirements/NAME.in``), and why.
+TOOLS: Mapping[str, str] = {
+    "kserve-client": "the KServe Python SDK (tests/support/kserve_client.py): kserve 0.21 pins psutil<6 and "
+    "python-dateutil<3, the lock has psutil 7 and kubernetes 37 (python-dateutil>=3)",
+}
 #: The platform every file is compiled for (the images' Python; Debian bookworm has glibc 2.36).
 PYTHON_VERSION = "3.11"
 PYTHON_PLATFORM = "x86_64-manylinux_2_28"
@@ -53,6 +62,7 @@ EXTRAS = ("test",)
 __all__ = [
     "IMAGES",
     "LOCK",
+    "TOOLS",
     "Pin",
     "compile_all",
     "image_file",
@@ -142,7 +152,8 @@ def problems(root: Path = ROOT) -> list[str]:
       ``dependencies`` entry is in some image;
     - each ``IMAGE.txt`` pin is lock.txt's pin: same version, same hashes; and it pins every
       ``IMAGE.in`` name;
-    - each Dockerfile installs only ``requirements/IMAGE.txt`` and kubeinfer itself (``dockerfile_problems``).
+    - each Dockerfile installs only ``requirements/IMAGE.txt`` and kubeinfer itself (``dockerfile_problems``);
+    - each ``TOOLS`` file ``NAME.txt`` pins every ``NAME.in`` name (with hashes: ``parse_lock``).
     """
     deps, build = declared((root / "pyproject.toml").read_text())
     locked = parse_lock((root / LOCK.relative_to(ROOT)).read_text())
@@ -159,6 +170,14 @@ def problems(root: Path = ROOT) -> list[str]:
         compiled = parse_lock((root / image_file(image).relative_to(ROOT)).read_text())
         out += _image_problems(image, names, compiled, locked)
         out += dockerfile_problems(image, (root / dockerfile).read_text())
+    for tool in TOOLS:
+        names = parse_in((root / image_file(tool, ".in").relative_to(ROOT)).read_text())
+        compiled = parse_lock((root / image_file(tool).relative_to(ROOT)).read_text())
+        out += [
+            f"{tool}.txt: {name} (in {tool}.in) is not pinned: run `make lock`"
+            for name in names
+            if name not in compiled
+        ]
     runtime_deps = _runtime_dependencies((root / "pyproject.toml").read_text())
     out += [
         f"pyproject.toml dependency {name} is in no image's requirements/IMAGE.in"
@@ -283,7 +302,8 @@ def _compile(args: Sequence[str], output: Path, upgrade: Iterable[str], stdin: s
 
 
 def compile_all(*, upgrade: bool = False, upgrade_packages: Sequence[str] = ()) -> None:
-    """Write lock.txt from pyproject.toml, then each IMAGE.txt from IMAGE.in constrained by lock.txt.
+    """Write lock.txt from pyproject.toml, then each IMAGE.txt from IMAGE.in constrained by lock.txt,
+    then each ``TOOLS`` file NAME.txt from NAME.in alone.
 
     Pins already in the files are kept unless ``upgrade`` (all) or ``upgrade_packages`` (those)
     says otherwise. Needs the package index (uv reads the versions and hashes there). Raises
@@ -301,6 +321,9 @@ def compile_all(*, upgrade: bool = False, upgrade_packages: Sequence[str] = ()) 
         in_file = image_file(image, ".in").relative_to(ROOT)
         # upgrades come from the lock: the image files only follow it
         _compile([str(in_file), "-c", str(LOCK.relative_to(ROOT))], image_file(image), ["--upgrade"])
+    for tool in TOOLS:
+        # on its own: these pins conflict with the lock's (TOOLS says why)
+        _compile([str(image_file(tool, ".in").relative_to(ROOT))], image_file(tool), flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,6 +21,9 @@
 #      ctr, crictl, coredns (hack/setup-node.sh).
 #   7. Prometheus with kubernetes_sd from hack/prometheus/go.mod into .cache/bin/prometheus (the node's
 #      Prometheus: Debian's package is built without kubernetes_sd) (hack/setup-node.sh).
+#   8. Test clients that cannot share .venv (their pins conflict with the lock; hack/lock.py TOOLS):
+#      .cache/kserve-client, the KServe Python SDK, from requirements/kserve-client.txt
+#      (`pip install --require-hashes`), when that file or .venv's Python changed (stamp).
 #   Steps 5 to 7 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
 #   local main package, its build flags) or it is missing: one stamp per binary.
 #
@@ -44,7 +47,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--python-only|--binaries-only]" >&2; exit 2 ;;
 esac
 
-TOTAL=7
+TOTAL=8
 T0=$(date +%s)
 # One setup at a time per checkout (several engineers/CI steps may call `make setup` at once).
 exec 9>"$CACHE/setup.lock"
@@ -90,6 +93,32 @@ setup_python() {
   else
     echo "  up to date (pyproject.toml and requirements/lock.txt unchanged)"
   fi
+}
+
+# ---------------------------------------------------------------- 8. test client venvs
+# One venv per client in .cache/NAME, from requirements/NAME.txt (every file pinned and hashed; `make
+# lock` compiles it alone from NAME.in). Rebuilt from scratch (--clear) when the file or .venv's
+# Python changed, so a half-built venv from an interrupted run is never taken as done.
+TOOL_ENVS=(kserve-client)
+setup_tool_envs() {
+  step 8 "test clients: .cache/kserve-client (KServe Python SDK) from requirements/kserve-client.txt"
+  local name dir want s
+  for name in "${TOOL_ENVS[@]}"; do
+    dir="$CACHE/$name"
+    want="$( { cat "requirements/$name.txt"; .venv/bin/python -VV; } | sha256sum | cut -c1-16)"
+    if [ -x "$dir/bin/python" ] && [ "$(cat "$STAMPS/$name" 2>/dev/null || true)" = "$want" ]; then
+      echo "  $name: up to date (requirements/$name.txt unchanged)"
+      continue
+    fi
+    s=$(date +%s)
+    echo "  $name: python -m venv --clear .cache/$name; pip install --require-hashes -r requirements/$name.txt"
+    rm -f "$STAMPS/$name"
+    .venv/bin/python -P -m venv --clear "$dir"
+    "$dir/bin/python" -P -m pip install --disable-pip-version-check -q --require-hashes --only-binary :all: \
+      -r "requirements/$name.txt" || die "pip install -r requirements/$name.txt into .cache/$name failed"
+    echo "$want" > "$STAMPS/$name"
+    echo "  $name: installed in $(( $(date +%s) - s ))s"
+  done
 }
 
 # ---------------------------------------------------------------- apt (steps 2 and 3)
@@ -272,6 +301,6 @@ case "$MODE" in
   python) setup_python ;;
   binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus ;;
   all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries
-       setup_node_prometheus ;;
+       setup_node_prometheus; setup_tool_envs ;;
 esac
 echo "[setup] done in $(( $(date +%s) - T0 ))s"

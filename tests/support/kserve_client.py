@@ -2,9 +2,10 @@
 
 The ``kserve`` package cannot share the project's environment: kserve 0.21.0 pins ``psutil<6`` and
 ``python-dateutil<3`` while the lock has psutil 7.2.2 and kubernetes 37.0.2 (which needs
-python-dateutil>=3). ``tests/integration/runtime/test_runtime_kserve_client.py`` builds that
-environment (``ensure_kserve_python``) and runs this file in it as a script; it imports nothing of
-kubeinfer.
+python-dateutil>=3). ``make setup`` builds that environment, ``.cache/kserve-client``, from
+``requirements/kserve-client.txt`` (hack/setup.sh step 8);
+``tests/integration/runtime/test_runtime_kserve_client.py`` runs this file in it as a script; it imports
+nothing of kubeinfer.
 
 Usage: ``python kserve_client.py HTTP_URL GRPC_ADDRESS MODEL TEXT...``. Prints one JSON object:
 ``rest``/``grpc`` health answers (``live``, ``ready``, ``model_ready``) and the output ``embedding``
@@ -18,6 +19,7 @@ import json
 import sys
 from typing import Any
 
+#: The version requirements/kserve-client.in pins (tests/unit/hack/test_lock.py checks they agree).
 KSERVE_VERSION = "0.21.0"
 
 

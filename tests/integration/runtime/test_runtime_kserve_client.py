@@ -3,8 +3,9 @@ against a real ``kubeinfer-runtime`` process on the tiny BERT, beside tritonclie
 parses ``{"live": true}`` / ``{"ready": true}``; an empty body raised a JSON decode error), JSON and
 binary REST infer, gRPC infer; the embeddings equal tritonclient's.
 
-kserve runs in its own virtual environment (``.cache/kserve-client``, built on first use from the
-package index; see ``tests/support/kserve_client.py`` for why it cannot share the project's).
+kserve runs in its own virtual environment, ``.cache/kserve-client``, that ``make setup`` builds from
+``requirements/kserve-client.txt`` (hack/setup.sh step 8; see ``tests/support/kserve_client.py`` for why
+it cannot share the project's). The test fails, naming ``make setup``, when that environment is missing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,29 +33,30 @@ MODEL = "tiny"
 TEXTS = ["A man is playing a guitar on stage.", "The new movie is awesome.", "ünïcode text"]
 
 
-def ensure_kserve_python() -> Path:
-    """The Python of an environment with ``kserve==KSERVE_VERSION``, built under ``.cache`` if absent.
+def kserve_python() -> Path:
+    """The Python of the environment ``make setup`` built with ``kserve==KSERVE_VERSION``
+    (``.cache/kserve-client``), or ``$KUBEINFER_KSERVE_PYTHON``.
 
-    Fails the test with pip's output when it cannot be built (no package index reachable)."""
+    Fails the test, naming ``make setup``, when that Python is missing or has another kserve version:
+    the test neither builds the environment nor skips."""
     given = os.environ.get("KUBEINFER_KSERVE_PYTHON")
-    if given:
-        return Path(given)
-    python = KSERVE_VENV / "bin" / "python"
-    marker = KSERVE_VENV / f"kserve-{kserve_client.KSERVE_VERSION}.ok"
-    if marker.exists():
-        return python
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(KSERVE_VENV)],
-        [str(python), "-m", "pip", "install", "-q", f"kserve=={kserve_client.KSERVE_VERSION}"],
-    ]
-    for step in steps:
-        # cwd: not the repository root, whose operator/ would shadow the standard library's for -m
-        done = subprocess.run(step, capture_output=True, text=True, timeout=900, cwd="/", check=False)
-        if done.returncode != 0:
-            pytest.fail(
-                f"building the kserve environment failed: {step}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-            )
-    marker.touch()
+    python = Path(given) if given else KSERVE_VENV / "bin" / "python"
+    where = "$KUBEINFER_KSERVE_PYTHON" if given else ".cache/kserve-client"
+    if not python.exists():
+        pytest.fail(f"{python} ({where}) is missing: run `make setup` (step 8 builds .cache/kserve-client)")
+    done = subprocess.run(
+        [str(python), "-P", "-c", "import importlib.metadata as m; print(m.version('kserve'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    version = done.stdout.strip()
+    if done.returncode != 0 or version != kserve_client.KSERVE_VERSION:
+        pytest.fail(
+            f"{where} has kserve {version or 'not installed'} ({done.stderr.strip()[-500:]}), the test wants "
+            f"{kserve_client.KSERVE_VERSION}: run `make setup` (requirements/kserve-client.txt)"
+        )
     return python
 
 
@@ -69,7 +70,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
 
 
 def test_kserve_sdk_rest_and_grpc_match_tritonclient(runtime: RuntimeProcess, tmp_path: Path) -> None:
-    python = ensure_kserve_python()
+    python = kserve_python()
     model = MODEL
     done = subprocess.run(
         [str(python), kserve_client.__file__, runtime.url, runtime.grpc_address, model, *TEXTS],

@@ -63,6 +63,22 @@ def test_venv_has_the_locked_versions() -> None:
     assert {"torch", "transformers", "tokenizers", "numpy", "kopf"} <= set(checked)
 
 
+def test_tool_environments_are_pinned_with_hashes_apart_from_the_lock(tmp_path: Path) -> None:
+    """requirements/kserve-client.txt (``make setup`` step 8's venv) pins kserve at the version the
+    client script asks for, with hashes, and its conflicting pins stay out of the lock."""
+    from tests.support import kserve_client
+
+    pins = lock.parse_lock(lock.image_file("kserve-client").read_text())
+    assert lock.parse_in(lock.image_file("kserve-client", ".in").read_text()) == ["kserve"]
+    assert pins["kserve"].version == kserve_client.KSERVE_VERSION and pins["kserve"].hashes
+    assert pins["psutil"].version != lock.parse_lock(lock.LOCK.read_text())["psutil"].version
+    root = _copy_tree(tmp_path)
+    path = root / "requirements" / "kserve-client.txt"
+    _replace(path, f"kserve=={pins['kserve'].version}", "kserve-other==1")
+    found = lock.problems(root)
+    assert any("kserve-client.txt: kserve (in kserve-client.in) is not pinned" in p for p in found)
+
+
 def test_image_file_with_another_version_or_hash_fails(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
     path = root / "requirements" / "operator.txt"
