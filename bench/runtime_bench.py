@@ -41,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -283,97 +284,150 @@ def config_name(batch: int, delay: float) -> str:
     return "unbatched" if batch == 1 else f"batched_delay_{delay * 1000:g}ms"
 
 
-# engineer D's file, still to be split: the complexity exemption below is temporary (issue 12 item 5)
-async def load_phase(rt: Any, base: Any, args: argparse.Namespace) -> dict[str, Any]:  # noqa: C901, PLR0915
-    """Low-load runs, then the interleaved rising-rate sweep, for every configuration."""
+@dataclass
+class _Load:
+    """What the steps of the load phase share: the runtime, its base config, the arguments, the client
+    session, the infer URL, the request bodies, the phase's start (monotonic s) and the result."""
+
+    rt: Any
+    base: Any
+    args: argparse.Namespace
+    session: Any
+    url: str
+    bodies: list[bytes]
+    started: float
+    result: dict[str, Any]
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    async def run(self, batch: int, delay: float, rate: float, seed: int) -> dict[str, Any]:
+        """Switch to (batch, delay), then one sweep point at ``rate`` with its SLO verdict."""
+        await asyncio.to_thread(apply_config, self.rt, self.base, batch, delay)
+        point: dict[str, Any] = await run_rate(
+            self.session, self.url, self.bodies, rate, self.args.step_seconds, seed
+        )
+        point["meets_slo"] = meets_slo(point)
+        return point
+
+
+def _point_line(name: str, rate: float, point: dict[str, Any]) -> str:
+    return (
+        f"{name:>24} {rate:7.1f}/s → {point['throughput_rps']:7.1f}/s, P50 "
+        f"{point['p50_seconds'] * 1000:7.1f} ms, P99 {point['p99_seconds'] * 1000:7.1f} ms, "
+        f"errors {point['errors']:.0f}"
+    )
+
+
+async def _client_floor(load: _Load) -> None:
+    """Client floor: 100 sequential ``GET /v2/health/live`` round trips, median."""
+    rtts = []
+    for _ in range(100):
+        t0 = time.perf_counter()
+        async with load.session.get(f"{load.rt.url}/v2/health/live") as response:
+            await response.read()
+        rtts.append(time.perf_counter() - t0)
+    load.result["client_live_rtt_median_seconds"] = statistics.median(rtts)
+    progress(f"client: GET /v2/health/live median round trip {statistics.median(rtts) * 1000:.2f} ms")
+
+
+async def _low_load(load: _Load, configs: list[tuple[int, float]]) -> None:
+    """Each configuration: a short settling run (not recorded), then the low-load run."""
+    args = load.args
+    for batch, delay in configs:
+        name = config_name(batch, delay)
+        await asyncio.to_thread(apply_config, load.rt, load.base, batch, delay)
+        await run_rate(load.session, load.url, load.bodies, 20.0, 1.0, args.seed)  # settle (not recorded)
+        point = await run_rate(
+            load.session, load.url, load.bodies, args.low_rate, args.low_seconds, args.seed + 1
+        )
+        load.result["low_load"][name] = point
+        progress(
+            f"{name:>24} low load {args.low_rate:g}/s: P50 {point['p50_seconds'] * 1000:.1f} ms, "
+            f"P99 {point['p99_seconds'] * 1000:.1f} ms, errors {point['errors']:.0f}"
+        )
+        load.result["configs"][name] = {
+            "max_batch_size": batch,
+            "max_queue_delay_seconds": delay,
+            "points": [],
+        }
+
+
+async def _sweep(load: _Load, configs: list[tuple[int, float]]) -> None:
+    """Rising rates (×rate_factor a step), configurations interleaved rate by rate; a configuration
+    leaves after two rates over the SLO; stops at ``--budget``."""
+    args = load.args
+    active = {config_name(b, d): (b, d) for b, d in configs}
+    misses = dict.fromkeys(active, 0)
+    rate = args.start_rate
+    step = 0
+    while active and load.elapsed() < args.budget:
+        for name, (batch, delay) in list(active.items()):
+            point = await load.run(batch, delay, rate, args.seed + 100 + step)
+            load.result["configs"][name]["points"].append(point)
+            progress(
+                f"{_point_line(name, rate, point)}, "
+                f"client {point['client_cpu_seconds_per_request'] * 1e6:.0f} µs/req"
+            )
+            misses[name] = 0 if point["meets_slo"] else misses[name] + 1
+            if misses[name] >= 2:
+                del active[name]
+            if load.elapsed() > args.budget:
+                break
+        rate *= args.rate_factor
+        step += 1
+    load.result["budget_exhausted"] = bool(active)
+
+
+async def _refine(load: _Load) -> None:
+    """The rising sweep resolves the max SLO rate only to a factor rate_factor. Each configuration
+    gets the same bisection (geometric midpoints between its highest passing rate and the next rate
+    up), interleaved, so the ratios are not quantized by the coarse grid."""
+    args = load.args
+    configs = load.result["configs"]
+    bounds = {}
+    for name, cfg in configs.items():
+        lo = max_slo_rate(cfg["points"])
+        if lo > 0:
+            bounds[name] = [lo, lo * args.rate_factor]
+    for round_ in range(args.refine):
+        for name, (lo, hi) in list(bounds.items()):
+            if load.elapsed() > args.budget + args.refine_budget:
+                break
+            mid = (lo * hi) ** 0.5
+            batch, delay = configs[name]["max_batch_size"], configs[name]["max_queue_delay_seconds"]
+            point = await load.run(batch, delay, mid, args.seed + 500 + round_)
+            point["refinement"] = True
+            configs[name]["points"].append(point)
+            bounds[name] = [mid, hi] if point["meets_slo"] else [lo, mid]
+            progress(f"{_point_line(name, mid, point)} (refinement {round_ + 1})")
+
+
+async def load_phase(rt: Any, base: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Low-load runs, then the interleaved rising-rate sweep, then its refinement, for every
+    configuration: batching off and ``max_batch`` with each of ``--delays``."""
     import aiohttp
 
     configs = [(1, 0.0)] + [(args.max_batch, d) for d in args.delays]
-    url = f"{rt.url}/v2/models/{MODEL}/infer"
-    bodies = request_bodies(args.seed)
     connector = aiohttp.TCPConnector(limit=1024, force_close=False)
     timeout = aiohttp.ClientTimeout(total=10.0)
     headers = {"Content-Type": "application/json"}
-    result: dict[str, Any] = {"configs": {}, "low_load": {}}
-    started = time.monotonic()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-        # Client floor: sequential GET /v2/health/live round trips.
-        rtts = []
-        for _ in range(100):
-            t0 = time.perf_counter()
-            async with session.get(f"{rt.url}/v2/health/live") as response:
-                await response.read()
-            rtts.append(time.perf_counter() - t0)
-        result["client_live_rtt_median_seconds"] = statistics.median(rtts)
-        progress(f"client: GET /v2/health/live median round trip {statistics.median(rtts) * 1000:.2f} ms")
-        for batch, delay in configs:
-            name = config_name(batch, delay)
-            await asyncio.to_thread(apply_config, rt, base, batch, delay)
-            await run_rate(session, url, bodies, 20.0, 1.0, args.seed)  # settle (not recorded)
-            point = await run_rate(session, url, bodies, args.low_rate, args.low_seconds, args.seed + 1)
-            result["low_load"][name] = point
-            progress(
-                f"{name:>24} low load {args.low_rate:g}/s: P50 {point['p50_seconds'] * 1000:.1f} ms, "
-                f"P99 {point['p99_seconds'] * 1000:.1f} ms, errors {point['errors']:.0f}"
-            )
-            result["configs"][name] = {
-                "max_batch_size": batch,
-                "max_queue_delay_seconds": delay,
-                "points": [],
-            }
-        active = {config_name(b, d): (b, d) for b, d in configs}
-        misses = dict.fromkeys(active, 0)
-        rate = args.start_rate
-        step = 0
-        while active and time.monotonic() - started < args.budget:
-            for name, (batch, delay) in list(active.items()):
-                await asyncio.to_thread(apply_config, rt, base, batch, delay)
-                point = await run_rate(session, url, bodies, rate, args.step_seconds, args.seed + 100 + step)
-                point["meets_slo"] = meets_slo(point)
-                result["configs"][name]["points"].append(point)
-                progress(
-                    f"{name:>24} {rate:7.1f}/s → {point['throughput_rps']:7.1f}/s, P50 "
-                    f"{point['p50_seconds'] * 1000:7.1f} ms, P99 {point['p99_seconds'] * 1000:7.1f} ms, "
-                    f"errors {point['errors']:.0f}, "
-                    f"client {point['client_cpu_seconds_per_request'] * 1e6:.0f} µs/req"
-                )
-                misses[name] = 0 if point["meets_slo"] else misses[name] + 1
-                if misses[name] >= 2:
-                    del active[name]
-                if time.monotonic() - started > args.budget:
-                    break
-            rate *= args.rate_factor
-            step += 1
-        result["budget_exhausted"] = bool(active)
-        # Refinement: the rising sweep resolves the max SLO rate only to a factor rate_factor. Each
-        # configuration gets the same bisection (geometric midpoints between its highest passing rate
-        # and the next rate up), interleaved, so the ratios are not quantized by the coarse grid.
-        bounds = {}
-        for name, cfg in result["configs"].items():
-            lo = max_slo_rate(cfg["points"])
-            if lo > 0:
-                bounds[name] = [lo, lo * args.rate_factor]
-        for round_ in range(args.refine):
-            for name, (lo, hi) in list(bounds.items()):
-                if time.monotonic() - started > args.budget + args.refine_budget:
-                    break
-                batch, delay = (
-                    result["configs"][name]["max_batch_size"],
-                    result["configs"][name]["max_queue_delay_seconds"],
-                )
-                mid = (lo * hi) ** 0.5
-                await asyncio.to_thread(apply_config, rt, base, batch, delay)
-                point = await run_rate(session, url, bodies, mid, args.step_seconds, args.seed + 500 + round_)
-                point["meets_slo"] = meets_slo(point)
-                point["refinement"] = True
-                result["configs"][name]["points"].append(point)
-                bounds[name] = [mid, hi] if point["meets_slo"] else [lo, mid]
-                progress(
-                    f"{name:>24} {mid:7.1f}/s → {point['throughput_rps']:7.1f}/s, P50 "
-                    f"{point['p50_seconds'] * 1000:7.1f} ms, P99 {point['p99_seconds'] * 1000:7.1f} ms, "
-                    f"errors {point['errors']:.0f} (refinement {round_ + 1})"
-                )
-    return result
+        load = _Load(
+            rt=rt,
+            base=base,
+            args=args,
+            session=session,
+            url=f"{rt.url}/v2/models/{MODEL}/infer",
+            bodies=request_bodies(args.seed),
+            started=time.monotonic(),
+            result={"configs": {}, "low_load": {}},
+        )
+        await _client_floor(load)
+        await _low_load(load, configs)
+        await _sweep(load, configs)
+        await _refine(load)
+    return load.result
 
 
 def max_slo_rate(points: list[dict[str, Any]]) -> float:
