@@ -41,7 +41,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -284,19 +283,24 @@ def config_name(batch: int, delay: float) -> str:
     return "unbatched" if batch == 1 else f"batched_delay_{delay * 1000:g}ms"
 
 
-@dataclass
 class _Load:
     """What the steps of the load phase share: the runtime, its base config, the arguments, the client
-    session, the infer URL, the request bodies, the phase's start (monotonic s) and the result."""
+    session, the infer URL, the request bodies, the phase's start (monotonic s) and the result.
 
-    rt: Any
-    base: Any
-    args: argparse.Namespace
-    session: Any
-    url: str
-    bodies: list[bytes]
-    started: float
-    result: dict[str, Any]
+    (A plain class, not a dataclass: tests load this script with ``spec_from_file_location`` and no
+    ``sys.modules`` entry, where ``@dataclass`` cannot resolve the module.)"""
+
+    def __init__(
+        self, rt: Any, base: Any, args: argparse.Namespace, session: Any, url: str, bodies: list[bytes]
+    ) -> None:
+        self.rt = rt
+        self.base = base
+        self.args = args
+        self.session = session
+        self.url = url
+        self.bodies = bodies
+        self.started = time.monotonic()
+        self.result: dict[str, Any] = {"configs": {}, "low_load": {}}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -420,8 +424,6 @@ async def load_phase(rt: Any, base: Any, args: argparse.Namespace) -> dict[str, 
             session=session,
             url=f"{rt.url}/v2/models/{MODEL}/infer",
             bodies=request_bodies(args.seed),
-            started=time.monotonic(),
-            result={"configs": {}, "low_load": {}},
         )
         await _client_floor(load)
         await _low_load(load, configs)
