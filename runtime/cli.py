@@ -1,7 +1,8 @@
 """``kubeinfer-runtime``: the runtime's command line.
 
 ``kubeinfer-runtime serve [--config PATH] [--model SRC] [--quantization Q] [--max-batch-size N]
-[--max-queue-delay SECONDS] [--port P] [--grpc-port P] [--host H] [--device auto|cpu|cuda] [--executors N]``
+[--max-queue-delay SECONDS] [--port P] [--grpc-port P] [--host H] [--device auto|cpu|cuda] [--executors N]
+[--http-workers N]``
 
 Flags override the file (also on every hot reload of the file's ``batching`` section). Without a model
 source the bundled all-MiniLM-L6-v2 is served. The process listens at once (``/v2/health/live`` is 200,
@@ -13,6 +14,11 @@ SIGTERM/SIGINT: readiness turns false; after ``server.shutdown_delay_seconds`` (
 seconds in a cluster so that endpoints stop routing here before requests are refused) new infer requests
 get 503, queued and running requests finish (at most ``server.drain_timeout_seconds``), then the HTTP
 server closes and the process exits 0. A second signal exits at once.
+
+``--http-workers N`` (``server.http_workers``) > 1: N HTTP front-end processes share the port
+(``SO_REUSEPORT``; ``kubeinfer.runtime.frontend``) and hand decoded tensors to this process, which keeps
+the model, the batcher, gRPC and the config watcher, restarts a front end that dies, and on SIGTERM
+drains first, then stops the front ends (``kubeinfer.runtime.frontend_pool``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"])
     serve.add_argument("--executors", type=int, help="executor threads (model instances)")
+    serve.add_argument(
+        "--http-workers",
+        type=int,
+        help="HTTP front-end processes in front of the model process (server.http_workers; 1 = one process)",
+    )
     serve.add_argument("--log-level", default=os.environ.get("KUBEINFER_LOG_LEVEL", "INFO"))
     return parser
 
@@ -67,6 +78,7 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "host": ("server", "host"),
     "device": (None, "device"),
     "executors": (None, "executors"),
+    "http_workers": ("server", "http_workers"),
 }
 
 

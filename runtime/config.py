@@ -151,6 +151,13 @@ class ServerConfig(_Strict):
         le=65535,
         description="Open Inference Protocol gRPC port (inference.GRPCInferenceService); 0 = any free port.",
     )
+    http_workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="HTTP front-end processes sharing the port (SO_REUSEPORT) in front of the one model "
+        "process; 1 = one process serves HTTP itself. The operator picks it from the CPU request.",
+    )
     drain_timeout_seconds: float = Field(
         default=30.0, ge=0.0, description="SIGTERM: longest wait for queued and running requests."
     )
@@ -180,6 +187,8 @@ class RuntimeConfig(_Strict):
         data: dict[str, Any] = self.model_dump(mode="json")
         if not self.batching.priority_queue_sizes:  # optional: unset, the file reads as before it existed
             del data["batching"]["priority_queue_sizes"]
+        if self.server.http_workers == 1:  # optional too: one process, the file reads as before
+            del data["server"]["http_workers"]
         return yaml.safe_dump(data, sort_keys=True)
 
     @classmethod

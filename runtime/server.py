@@ -25,13 +25,14 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvicorn
 from kubeinfer.runtime.batching import Batcher, BatchSettings
@@ -47,6 +48,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kubeinfer import __version__
+
+if TYPE_CHECKING:
+    from kubeinfer.runtime.frontend_pool import FrontEndPool
 
 log = logging.getLogger("kubeinfer.runtime.server")
 T = TypeVar("T")
@@ -127,6 +131,8 @@ class RuntimeServer:
         self._failed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grpc: Any = None
+        self._pool: FrontEndPool | None = None
+        self._signalled = False
         routes = [
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready_route, methods=["GET"]),
@@ -147,21 +153,11 @@ class RuntimeServer:
     async def start(self) -> None:
         """Listen on ``server.host:port`` (``self.port`` is the real port, also for port 0), start the
         HTTP server, the model load and, with ``config_path``, the config-file watcher."""
-        sock = listen_socket(self.cfg.server.host, self.cfg.server.port)
-        self.host, self.port = sock.getsockname()[:2]
         loop = self._loop = asyncio.get_running_loop()
-        self._uvicorn = _Uvicorn(
-            uvicorn.Config(
-                self.app,
-                interface="asgi3",  # self.app is a bound coroutine method: uvicorn's guess would be ASGI2
-                lifespan="off",
-                log_level=logging.WARNING,
-                access_log=False,
-                timeout_graceful_shutdown=5,
-                timeout_keep_alive=30,
-            ),
-            on_signal=self.stop,
-        )
+        if self.cfg.server.http_workers > 1:
+            serving = await self._start_frontends(loop)
+        else:
+            serving = self._start_uvicorn()
         self._tasks.append(loop.create_task(self._load()))
         if self._config_path:
             watcher = ConfigWatcher(
@@ -178,7 +174,60 @@ class RuntimeServer:
         await self._grpc.start()
         log.info("grpc listening on %s:%d", self.host, grpc_port)
         log.info("listening on http://%s:%d", self.host, self.port)
-        self._serving = loop.create_task(self._uvicorn.serve(sockets=[sock]))
+        self._serving = loop.create_task(serving)
+
+    def _start_uvicorn(self) -> Coroutine[Any, Any, None]:
+        """One process: uvicorn serves ``self.app`` here (``server.http_workers`` 1)."""
+        sock = listen_socket(self.cfg.server.host, self.cfg.server.port)
+        self.host, self.port = sock.getsockname()[:2]
+        self._uvicorn = _Uvicorn(
+            uvicorn.Config(
+                self.app,
+                interface="asgi3",  # self.app is a bound coroutine method: uvicorn's guess would be ASGI2
+                lifespan="off",
+                log_level=logging.WARNING,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+                timeout_keep_alive=30,
+            ),
+            on_signal=self.stop,
+        )
+        return self._uvicorn.serve(sockets=[sock])
+
+    async def _start_frontends(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
+        """``server.http_workers`` > 1: front-end processes serve HTTP (``kubeinfer.runtime.frontend_pool``);
+        this process handles SIGTERM/SIGINT itself (as ``_Uvicorn.handle_exit`` does)."""
+        from kubeinfer.runtime.frontend_pool import FrontEndPool
+
+        pool = self._pool = FrontEndPool(self, self.cfg.server.http_workers)
+        self.port = await pool.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        return self._until_frontends_stopped(pool)
+
+    @staticmethod
+    async def _until_frontends_stopped(pool: FrontEndPool) -> None:
+        await pool.done.wait()
+
+    def _on_signal(self, sig: int) -> None:
+        if self._signalled:
+            log.warning("second signal %s: exiting without waiting", sig)
+            self._close_http(force=True)
+            return
+        self._signalled = True
+        log.info("signal %s: draining (not ready, new requests 503)", sig)
+        self.stop()
+
+    def _close_http(self, force: bool = False) -> None:
+        """Close the HTTP side: uvicorn (one process) or the front-end processes (after the drain)."""
+        if self._pool is not None:
+            if force:
+                self._pool.kill()
+            else:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._pool.stop()))
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            self._uvicorn.force_exit = force
 
     async def wait(self) -> int:
         """Wait until the HTTP server closed (after ``stop``, or a failed model load), then stop the
@@ -223,8 +272,7 @@ class RuntimeServer:
             time.monotonic() - t0,
             "" if complete else f" (timeout {server.drain_timeout_seconds} s: requests still pending)",
         )
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
+        self._close_http()
 
     async def _load(self) -> None:
         """Load and warm up the model in daemon threads, then ``attach`` it (ready); on failure exit 1."""
@@ -250,9 +298,7 @@ class RuntimeServer:
         except BaseException:
             log.exception("model load failed; exiting")
             self._failed = True
-            if self._uvicorn is not None:
-                self._uvicorn.should_exit = True
-                self._uvicorn.force_exit = True
+            self._close_http(force=True)
 
     async def _load_model(self) -> ServableModel:
         from kubeinfer.runtime.models import load_model
@@ -294,6 +340,15 @@ class RuntimeServer:
     def ready(self) -> bool:
         """Model loaded and warmed up, and not shutting down."""
         return self.batcher is not None and not self.draining and not self.stopping
+
+    def status_info(self) -> dict[str, Any]:
+        """``{"ready": bool, "reason": why not ready or None, "metadata": model metadata or None}``
+        (what the front-end processes ask, ``kubeinfer.runtime.ipc``)."""
+        reason = None
+        if not self.ready:
+            reason = "shutting down" if self.draining or self.stopping else "model loading or warming up"
+        metadata = model_metadata_doc(self.model) if self.model is not None else None
+        return {"ready": self.ready, "reason": reason, "metadata": metadata}
 
     def announce_shutdown(self) -> None:
         """Readiness turns false; infer requests are still served (until ``drain``)."""
@@ -342,12 +397,7 @@ class RuntimeServer:
         return Response(encode_json(doc), 200, media_type=_JSON)
 
     def _check_model(self, request: Request) -> None:
-        name = request.path_params["name"]
-        if name != self.model_name:
-            raise HTTPError(f"unknown model '{name}'; this server serves '{self.model_name}'", 404)
-        version = request.path_params.get("version")
-        if version not in (None, "", MODEL_VERSION):
-            raise HTTPError(f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404)
+        check_model(request, self.model_name)
 
     async def model_metadata(self, request: Request) -> Response:
         self._check_model(request)
@@ -431,41 +481,61 @@ class RuntimeServer:
 
     @staticmethod
     def _header_length(request: Request) -> int | None:
-        raw = request.headers.get("inference-header-content-length")
-        if raw is None:
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            raise HTTPError(f"Inference-Header-Content-Length must be an integer, got {raw!r}", 400) from None
+        return request_header_length(request)
 
     async def _read_body(self, request: Request) -> bytes:
-        limit = BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise HTTPError(f"request body of {declared} bytes is over the limit of {limit} bytes", 413)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPError(f"request body is over the limit of {limit} bytes", 413)
-            chunks.append(chunk)
-        body = b"".join(chunks)
-        encoding = request.headers.get("content-encoding", "identity").lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding not in ("gzip", "deflate"):
-            raise HTTPError(f"unsupported Content-Encoding '{encoding}'; use gzip, deflate or none", 400)
-        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-        decomp = zlib.decompressobj(wbits)
-        try:
-            out = decomp.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise HTTPError(f"request body is not valid {encoding} data: {exc}", 400) from None
-        if len(out) > limit or decomp.unconsumed_tail:
-            raise HTTPError(f"decompressed request body is over the limit of {limit} bytes", 413)
-        return out
+        return await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
+
+
+def check_model(request: Request, model_name: str) -> None:
+    """Raise ``HTTPError`` 404 unless the request's path names ``model_name`` (and version 1 or none)."""
+    name = request.path_params["name"]
+    if name != model_name:
+        raise HTTPError(f"unknown model '{name}'; this server serves '{model_name}'", 404)
+    version = request.path_params.get("version")
+    if version not in (None, "", MODEL_VERSION):
+        raise HTTPError(f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404)
+
+
+def request_header_length(request: Request) -> int | None:
+    """``Inference-Header-Content-Length`` as an int, None without it; ``HTTPError`` 400 if not an int."""
+    raw = request.headers.get("inference-header-content-length")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise HTTPError(f"Inference-Header-Content-Length must be an integer, got {raw!r}", 400) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed (gzip, deflate); ``HTTPError`` 413 over ``limit`` bytes (sent or
+    decompressed), 400 for an unknown Content-Encoding or corrupt compressed data."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(f"request body of {declared} bytes is over the limit of {limit} bytes", 413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(f"request body is over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise HTTPError(f"unsupported Content-Encoding '{encoding}'; use gzip, deflate or none", 400)
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    decomp = zlib.decompressobj(wbits)
+    try:
+        out = decomp.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise HTTPError(f"request body is not valid {encoding} data: {exc}", 400) from None
+    if len(out) > limit or decomp.unconsumed_tail:
+        raise HTTPError(f"decompressed request body is over the limit of {limit} bytes", 413)
+    return out
 
 
 def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
@@ -479,14 +549,17 @@ def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
     }
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A non-blocking listening TCP socket on ``host:port`` (IPv6 when ``host`` has a colon).
+def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A non-blocking listening TCP socket on ``host:port`` (IPv6 when ``host`` has a colon); with
+    ``reuse_port``, ``SO_REUSEPORT`` (the front-end processes of ``server.http_workers`` share the port).
 
     Accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's head and body in two
     writes, and with Nagle the body waits for the client's delayed ACK (~40 ms per response).
     Raises ``OSError`` if the address is taken."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)

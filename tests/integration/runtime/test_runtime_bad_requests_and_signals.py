@@ -1,6 +1,6 @@
 """Adversarial runtime checks on the tiny BERT (fast to load): bad requests mixed into a concurrent
 batch of good ones, SIGTERM with requests queued behind a long batch timeout, SIGKILL and restart of
-the same ``RuntimeProcess``."""
+the same ``RuntimeProcess``; each with one process and with ``server.http_workers`` 2."""
 
 from __future__ import annotations
 
@@ -30,13 +30,15 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_hf_dir(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.fixture
-def runtime(tiny_dir: Path) -> Iterator[RuntimeProcess]:
-    # a long batch timeout keeps requests queued: a batch runs when 8 rows wait or after 0.4 s
+@pytest.fixture(params=[1, 2], ids=["http_workers=1", "http_workers=2"])
+def runtime(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeProcess]:
+    # a long batch timeout keeps requests queued: a batch runs when 8 rows wait or after 0.4 s; every test
+    # runs on one process and on two HTTP front-end processes in front of the model process
     cfg = tiny_hf_config(
         tiny_dir,
         batching={"max_batch_size": 8, "max_queue_delay_seconds": 0.4},
         limits={"max_text_tokens": 32},
+        server={"http_workers": request.param},
     )
     with RuntimeProcess(cfg, ready_timeout=60) as rt:
         yield rt

@@ -1,0 +1,205 @@
+"""``server.http_workers`` 2 on the tiny BERT: a front-end process killed under load is started again,
+only the requests on its connections fail, every other request succeeds, and ``/metrics`` (proxied by
+whichever front end answers) counts for the whole pod. The batching, drain and reload tests run with
+two front ends too (``test_runtime_bad_requests_and_signals.py``, ``test_runtime_serve.py``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import tritonclient.http as httpclient
+
+from tests.support.runtime_proc import RuntimeProcess
+from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
+
+pytestmark = pytest.mark.timeout(300)
+
+INFER = "/v2/models/tiny/infer"
+_STARTED = re.compile(r"front end (\d+) started \(pid (\d+)\)")
+
+
+def _row(text: str) -> dict[str, object]:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
+    cfg = tiny_hf_config(
+        tiny_hf_dir(tmp_path_factory.mktemp("tiny")),
+        batching={"max_batch_size": 8, "max_queue_delay_seconds": 0.005},
+        limits={"max_text_tokens": 32},
+        server={"http_workers": 2},
+    )
+    with RuntimeProcess(cfg, ready_timeout=90) as rt:
+        yield rt
+
+
+def _frontends(rt: RuntimeProcess) -> dict[int, int]:
+    """slot -> pid of the last front end started in it."""
+    return {int(m.group(1)): int(m.group(2)) for m in _STARTED.finditer(rt.log_text())}
+
+
+def _served_by(pid: int, port: int) -> int:
+    return sum(
+        1
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.laddr and c.laddr.port == port and c.raddr
+    )
+
+
+def test_two_front_ends_share_the_port_and_tritonclient_works_unchanged(runtime: RuntimeProcess) -> None:
+    pids = _frontends(runtime)
+    assert sorted(pids) == [0, 1] and all(psutil.pid_exists(p) for p in pids.values())
+    assert {p.pid for p in psutil.Process(runtime.pid).children()} == set(pids.values())
+    client = httpclient.InferenceServerClient(runtime.address, concurrency=16)
+    texts = [f"sentence number {i}" for i in range(32)]
+    for binary in (True, False):
+        futures = []
+        for t in texts:
+            inp = httpclient.InferInput("text", [1], "BYTES")
+            inp.set_data_from_numpy(np.array([t.encode()], dtype=object), binary_data=binary)
+            out = [httpclient.InferRequestedOutput("embedding", binary_data=binary)]
+            futures.append(client.async_infer("tiny", [inp], outputs=out))
+        results = [f.get_result().as_numpy("embedding") for f in futures]
+        assert all(r is not None and r.shape == (1, 32) for r in results)
+        assert len({tuple(np.round(r[0, :4], 5)) for r in results}) == 32  # each request got its own row
+    client.close()
+    # 16 kept-alive connections: the kernel spreads them over both front ends
+    conns = [httpx.Client(base_url=runtime.url, timeout=30) for _ in range(16)]
+    for c in conns:
+        assert c.get("/v2/health/ready").status_code == 200
+    assert all(_served_by(pid, runtime.port) > 0 for pid in pids.values()), "one front end got nothing"
+    for c in conns:
+        c.close()
+
+
+class _Load:
+    """``clients`` threads, each posting one-row requests on its own kept-alive connection until
+    ``stop``; a lost connection is counted and replaced by a new one."""
+
+    def __init__(self, rt: RuntimeProcess, clients: int) -> None:
+        self.rt = rt
+        self.outcomes: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(i,)) for i in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def served(self) -> int:
+        with self.lock:
+            return self.outcomes["200"]
+
+    def _loop(self, i: int) -> None:
+        c = httpx.Client(base_url=self.rt.url, timeout=30)
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            try:
+                r = c.post(INFER, json=_row(f"client {i} request {n}"))
+                ok = r.status_code == 200 and r.json()["outputs"][0]["shape"] == [1, 32]
+                outcome = "200" if ok else f"{r.status_code}: {r.text[:100]}"
+            except httpx.TransportError:  # the connection was on the killed front end
+                outcome = "connection lost"
+                c.close()
+                c = httpx.Client(base_url=self.rt.url, timeout=30)
+            with self.lock:
+                self.outcomes[outcome] += 1
+        c.close()
+
+    def stop(self) -> Counter[str]:
+        self._stop.set()
+        for t in self.threads:
+            t.join(30)
+        return self.outcomes
+
+
+def _wait_until_it_serves(rt: RuntimeProcess, pid: int) -> None:
+    """Fresh connections all succeed, until some land on front end ``pid``."""
+    deadline = time.monotonic() + 20
+    while True:
+        conns = [httpx.Client(base_url=rt.url, timeout=30) for _ in range(16)]
+        rs = [c.post(INFER, json=_row(f"after restart {i}")) for i, c in enumerate(conns)]
+        assert [r.status_code for r in rs] == [200] * 16, [r.text for r in rs]
+        landed = _served_by(pid, rt.port)
+        for c in conns:
+            c.close()
+        if landed:
+            return
+        assert time.monotonic() < deadline, "no connection reached the restarted front end"
+        time.sleep(0.5)
+
+
+def test_a_killed_front_end_is_restarted_and_only_its_requests_fail(runtime: RuntimeProcess) -> None:
+    before = _frontends(runtime)
+    victim = before[0]
+    load = _Load(runtime, clients=12)
+    time.sleep(1.5)
+    served_before_kill = load.served()
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while _frontends(runtime)[0] == victim:
+        assert time.monotonic() < deadline, runtime.tail()
+        time.sleep(0.1)
+    time.sleep(2.0)  # keep the load on while the new front end starts
+    outcomes = load.stop()
+    after = _frontends(runtime)
+    assert after[1] == before[1], "the other front end was restarted too"
+    assert after[0] != victim and psutil.pid_exists(after[0])
+    assert f"front end 0 (pid {victim}) exited" in runtime.log_text()
+    assert served_before_kill > 0 and outcomes["200"] > served_before_kill
+    failed = {k: v for k, v in outcomes.items() if k != "200"}
+    # only requests on the dead process's connections: at most one per client connection
+    assert set(failed) <= {"connection lost"} and failed.get("connection lost", 0) <= 12, outcomes
+    print(f"outcomes: {dict(outcomes)}")
+    _wait_until_it_serves(runtime, after[0])
+    assert runtime.get("/v2/health/ready")[0] == 200
+
+
+def test_metrics_are_one_view_of_the_pod(runtime: RuntimeProcess) -> None:
+    def count(code: int) -> float:
+        pattern = rf'^kubeinfer_requests_total\{{code="{code}",model="tiny"\}} ([0-9.e+]+)$'
+        m = re.search(pattern, runtime.metrics_text(), re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def ok_count() -> float:
+        return count(200)
+
+    def bad_count() -> float:
+        return count(400)
+
+    ok0, bad0 = ok_count(), bad_count()
+    conns = [httpx.Client(base_url=runtime.url, timeout=30) for _ in range(8)]  # over both front ends
+    for i, c in enumerate(conns):
+        assert c.post(INFER, json=_row(f"counted {i}")).status_code == 200
+        assert c.post(INFER, content=b'{"inputs": [').status_code == 400  # refused by the front end itself
+    # every front end answers /metrics with the same counts (the model process's)
+    views = {(ok_count(), bad_count()) for _ in range(8)}
+    assert views == {(ok0 + 8, bad0 + 8)}
+    for c in conns:
+        c.close()
+
+
+def test_sigterm_stops_every_front_end(tmp_path: Path) -> None:
+    cfg = tiny_hf_config(tiny_hf_dir(tmp_path / "tiny"), server={"http_workers": 2})
+    rt = RuntimeProcess(cfg, ready_timeout=90)
+    with rt:
+        pids = list(_frontends(rt).values())
+        code = rt.stop(timeout=60)
+        assert code == 0, rt.tail()
+    for pid in pids:
+        deadline = time.monotonic() + 5
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, f"front end {pid} outlived the model process"
+            time.sleep(0.1)
