@@ -122,6 +122,26 @@ QUANTITY_PATTERN = (
     r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
 )
 Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
+_SUFFIX_SCALE = {
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}  # fmt: skip
+#: Largest default of ``server.httpWorkers`` (``InferenceServiceSpec.http_workers_in_force``).
+MAX_DEFAULT_HTTP_WORKERS = 8
+
+
+def cpu_cores(quantity: str) -> float:
+    """A ``Quantity`` (``QUANTITY_PATTERN``) as a number: ``"500m"`` -> 0.5, ``"2"`` -> 2.0, ``"1e3"`` ->
+    1000.0 (for CPUs: cores). Raises ``ValueError`` for a string outside the pattern."""
+    match = re.fullmatch(QUANTITY_PATTERN, quantity)
+    if match is None:
+        raise ValueError(f"not a resource quantity: {quantity!r}")
+    suffix = match.group(3) or ""
+    number = quantity[: len(quantity) - len(suffix)]
+    if suffix[:1] in ("e", "E"):
+        return float(number) * 10.0 ** int(suffix[1:])
+    return float(number) * _SUFFIX_SCALE.get(suffix, 1.0)
+
 
 #: ``model.uri``: the bundled model, an absolute path in the image, or ``pvc://<claim>/<path>``.
 MODEL_URI_PATTERN = r"^(default|/.*|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+)$"
@@ -513,6 +533,14 @@ class ServerSpec(_Spec):
         le=65535,
         description="Port of the gRPC service (inference.GRPCInferenceService) on the pods and the Service.",
     )
+    http_workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="HTTP front-end processes per pod in front of the one model process (runtime "
+        "server.http_workers). Unset: one per 2 CPUs of resources.cpu, at most 8; 1 below 4 CPUs "
+        "(one process, no IPC).",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> ServerSpec:
@@ -609,6 +637,16 @@ class InferenceServiceSpec(_Spec):
         if self.quantization.calibration is not None:
             uris.append(self.quantization.calibration.uri)
         return sorted({p[0] for u in uris if (p := parse_pvc_uri(u)) is not None})
+
+    def http_workers_in_force(self) -> int:
+        """``server.httpWorkers``, else the default from the CPU request (``resources.cpu``, request and
+        limit): ``min(MAX_DEFAULT_HTTP_WORKERS, floor(cpus / 2))``, at least 1 -- a front end per two
+        CPUs, the other CPU of each pair left to the model process (batching, tokenization, the device's
+        host work). Below 4 CPUs (the default 2 included) that is 1: one process, as without the field.
+        """
+        if self.server.http_workers is not None:
+            return self.server.http_workers
+        return max(1, min(MAX_DEFAULT_HTTP_WORKERS, int(cpu_cores(self.resources.cpu) // 2)))
 
     def batch_timeout_in_force(self, status_batch_timeout: str | None) -> float:
         """The max queue delay the runtime should use, seconds.

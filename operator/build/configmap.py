@@ -63,6 +63,7 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
             host="0.0.0.0",
             port=api.RUNTIME_PORT,
             grpc_port=spec.server.grpc_port,
+            http_workers=spec.http_workers_in_force(),
             shutdown_delay_seconds=SHUTDOWN_DELAY_SECONDS,
         ),
         device=spec.runtime.device,
@@ -77,6 +78,8 @@ def config_hash(isvc: api.InferenceService) -> str:
     """
     data: dict[str, Any] = runtime_config(isvc, 0.0).model_dump(mode="json")
     data.pop("batching", None)
+    if data["server"]["http_workers"] == 1:  # one process: the hash of a pod from before the field
+        del data["server"]["http_workers"]
     digest: str = stable_hash(data)
     return digest
 
