@@ -41,20 +41,32 @@ PARAPHRASES = [
 UNRELATED = "Quantum chromodynamics describes the strong interaction."
 
 
-def base_config(**batching: object) -> RuntimeConfig:
+#: ``server.http_workers`` of the runtimes: one process, and two HTTP front-end processes in front of
+#: the model process (the batching, reload and drain tests run on both).
+HTTP_WORKERS = [pytest.param(1, id="http_workers=1"), pytest.param(2, id="http_workers=2")]
+
+
+def base_config(http_workers: int = 1, **batching: object) -> RuntimeConfig:
     return RuntimeConfig.model_validate(
         {
             "model": {"max_sequence_length": 64},
             "limits": {"max_text_tokens": 64},
             "batching": {"max_batch_size": 8, "max_queue_delay_seconds": 0.01, **batching},
+            "server": {"http_workers": http_workers},
             "device": "cpu",
         }
     )
 
 
+@pytest.fixture(scope="module", params=HTTP_WORKERS)
+def http_workers(request: pytest.FixtureRequest) -> int:
+    workers: int = request.param
+    return workers
+
+
 @pytest.fixture(scope="module")
-def runtime() -> Iterator[RuntimeProcess]:
-    with RuntimeProcess(base_config()) as rt:
+def runtime(http_workers: int) -> Iterator[RuntimeProcess]:
+    with RuntimeProcess(base_config(http_workers)) as rt:
         yield rt
 
 
@@ -197,7 +209,7 @@ def test_error_statuses(runtime: RuntimeProcess) -> None:
     pool.close()
 
 
-def test_hot_reload_429_and_invalid_config(runtime: RuntimeProcess) -> None:
+def test_hot_reload_429_and_invalid_config(runtime: RuntimeProcess, http_workers: int) -> None:
     def gauge(name: str) -> float:
         return metric(runtime.metrics_text(), f'{name}{{model="minilm"}}')
 
@@ -207,7 +219,9 @@ def test_hot_reload_429_and_invalid_config(runtime: RuntimeProcess) -> None:
             assert time.monotonic() < deadline, f"{name} stayed {gauge(name)}, expected {value}"
             time.sleep(0.2)
 
-    runtime.write_config(base_config(max_batch_size=4, max_queue_delay_seconds=0.05, max_queue_size=2))
+    runtime.write_config(
+        base_config(http_workers, max_batch_size=4, max_queue_delay_seconds=0.05, max_queue_size=2)
+    )
     wait_gauge("kubeinfer_max_batch_size", 4)
     assert gauge("kubeinfer_max_queue_delay_seconds") == 0.05
     # 429 with Retry-After once 2 requests are queued
@@ -231,18 +245,19 @@ def test_hot_reload_429_and_invalid_config(runtime: RuntimeProcess) -> None:
         time.sleep(0.2)
     assert gauge("kubeinfer_max_batch_size") == 4
     assert "batching.max_batch_size" in runtime.log_text()
-    runtime.write_config(base_config(max_batch_size=64))  # over the warmed maximum: refused
+    runtime.write_config(base_config(http_workers, max_batch_size=64))  # over the warmed maximum: refused
     deadline = time.monotonic() + 10
     while "over the warmed maximum" not in runtime.log_text():
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert gauge("kubeinfer_max_batch_size") == 4
-    runtime.write_config(base_config())
+    runtime.write_config(base_config(http_workers))
     wait_gauge("kubeinfer_max_batch_size", 8)
 
 
-def test_sigterm_under_load_loses_nothing() -> None:
-    rt = RuntimeProcess(base_config(max_queue_delay_seconds=0.02), wait_ready=False)
+@pytest.mark.parametrize("workers", HTTP_WORKERS)
+def test_sigterm_under_load_loses_nothing(workers: int) -> None:
+    rt = RuntimeProcess(base_config(workers, max_queue_delay_seconds=0.02), wait_ready=False)
     with rt:
         status, _, body = post(rt, "/v2/models/minilm/infer", b"{}")
         assert status == 503, body  # not ready yet: model loading
