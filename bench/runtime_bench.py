@@ -22,6 +22,18 @@
    configuration, as ratios to batching off and to X(B); low-load P99 − s(1). The client is aiohttp
    with keep-alive connections; its own overhead is reported (CPU seconds per request in the
    benchmark process, and the round trip of ``GET /v2/health/live``).
+4. Bound at the SLO (``ideal_slo_rate``): the highest Poisson rate at which an ideal batching server
+   with the measured s(b) (work-conserving, no front end, no noise) keeps P99 ≤ 100 ms, batched and
+   unbatched; the measured rates are also given as a fraction of it.
+5. Where the low-load latency goes (``low_load_breakdown``): each low-load request's latency minus
+   the in-process s(1) of its own sentence (measured back to back, and after an idle gap as a
+   low-load request finds the model), and the server's mean request, queue and compute times over
+   the run (/metrics); each sweep point also records the server's mean batch size and compute time.
+
+``--threads 1,2``: one runtime per torch intra-op thread count (``KUBEINFER_TORCH_THREADS``), all
+started before the load and interleaved with the others rate by rate, and s(b) for each count in
+interleaved rounds: the thread counts side by side in one run (``by_threads``; the top level is the
+runtime's default count's).
 
 Targets (issue 13 item 5, 2-core CPU): batched max SLO rate ≥ 3× batching off and ≥ 85 % of X(B),
 in fp32 (``none``) and ``int8-dynamic``; low-load P99 ≤ s(1) + 5 ms. Every mode in ``--quantization``
@@ -34,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -65,12 +78,38 @@ def progress(message: str) -> None:
 # --- 1. service time in process -------------------------------------------------------------------
 
 
-def measure_service_time(
-    quantization: str, max_batch: int, repeats: int, seed: int
-) -> tuple[list[dict[str, float]], str]:
-    """s(b) for b = 1..max_batch: median seconds of preprocess+execute on b random held-out sentences.
+def _timed_batch(model: Any, data: np.ndarray, threads: int) -> float:
+    """Seconds of ``preprocess`` + ``execute`` of one batch of texts with ``threads`` intra-op threads."""
+    import torch
 
-    Returns the rows ``{"batch_size", "service_seconds"}`` and the device string.
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model.execute(model.preprocess([{"text": data}]))
+    return time.perf_counter() - t0
+
+
+def measure_service_time(
+    quantization: str,
+    max_batch: int,
+    repeats: int,
+    seed: int,
+    threads: list[int],
+    low_sentences: list[str],
+    gap: float,
+) -> tuple[dict[int, list[dict[str, float]]], dict[Any, list[float]], str]:
+    """s(b) for b = 1..max_batch and each intra-op thread count in ``threads``: median seconds of
+    preprocess+execute on b random held-out sentences, the thread counts interleaved round by round
+    (``torch.set_num_threads`` before each batch) so the shared machine's noise hits them alike.
+
+    Also, per thread count, s(1) of each sentence of ``low_sentences`` (the low-load run's requests,
+    in order; median of 3), so the low-load latencies can be compared request by request with the
+    service time of their own sentence.
+
+    And once more with ``threads[0]``, one sentence at a time after an idle ``gap`` (seconds; the low-load
+    run's mean gap): key ``"spaced"``.
+
+    Returns ``({threads: rows {"batch_size", "service_seconds"}}, {threads or "spaced": [s(1) of each
+    low-load sentence, seconds]}, device)``.
     """
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models import load_model
@@ -82,7 +121,8 @@ def measure_service_time(
     model.warmup(max_batch, 1)
     sentences = [s.encode() for s in heldout_sentences()]
     rng = np.random.default_rng(seed)
-    times: dict[int, list[float]] = {b: [] for b in range(1, max_batch + 1)}
+    times: dict[int, dict[int, list[float]]] = {t: {b: [] for b in range(1, max_batch + 1)} for t in threads}
+
     # Rounds over all b in a shuffled order: noise from the shared machine spreads over every b
     # instead of distorting whichever b ran during a busy moment.
     for _ in range(repeats):
@@ -90,19 +130,41 @@ def measure_service_time(
             pick = rng.choice(len(sentences), size=b, replace=True)
             data = np.empty(b, dtype=object)
             data[:] = [sentences[i] for i in pick]
-            t0 = time.perf_counter()
-            model.execute(model.preprocess([{"text": data}]))
-            times[b].append(time.perf_counter() - t0)
-    rows = []
-    for b in range(1, max_batch + 1):
-        s = statistics.median(times[b])
-        rows.append({"batch_size": b, "service_seconds": s})
-        if b in (1, 2, 4, 8, 16, 32) or b == max_batch:
-            progress(f"  s({b}) = {s * 1000:.2f} ms  ({b / s:.0f} rows/s)")
+            for t in threads:
+                times[t][b].append(_timed_batch(model, data, t))
+    rows: dict[int, list[dict[str, float]]] = {}
+    for t in threads:
+        rows[t] = [
+            {"batch_size": b, "service_seconds": statistics.median(times[t][b])}
+            for b in range(1, max_batch + 1)
+        ]
+        shown = ", ".join(
+            f"s({r['batch_size']}) {r['service_seconds'] * 1000:.2f}"
+            for r in rows[t]
+            if r["batch_size"] in (1, 2, 4, 8, 16, 32) or r["batch_size"] == max_batch
+        )
+        progress(f"  {t} thread(s): {shown} ms")
+    per_sentence: dict[int, list[list[float]]] = {t: [[] for _ in low_sentences] for t in threads}
+    for _ in range(3):
+        for i, sentence in enumerate(low_sentences):
+            data = np.empty(1, dtype=object)
+            data[:] = [sentence.encode()]
+            for t in threads:
+                per_sentence[t][i].append(_timed_batch(model, data, t))
+    s1_by_request = {t: [statistics.median(x) for x in per_sentence[t]] for t in threads}
+    # The same sentences one at a time with an idle gap before each (as a low-load request finds the
+    # server: caches and the CPU's other work have moved on), first thread count only.
+    spaced = []
+    for sentence in low_sentences:
+        time.sleep(gap)
+        data = np.empty(1, dtype=object)
+        data[:] = [sentence.encode()]
+        spaced.append(_timed_batch(model, data, threads[0]))
+    s1_by_request["spaced"] = spaced
     device = model.device
     del model
     gc.collect()
-    return rows, device
+    return rows, s1_by_request, device
 
 
 def fit_service_time(rows: list[dict[str, float]]) -> tuple[float, float]:
@@ -111,6 +173,39 @@ def fit_service_time(rows: list[dict[str, float]]) -> tuple[float, float]:
     s = np.array([r["service_seconds"] for r in rows], dtype=np.float64)
     c, a = np.polyfit(b, s, 1)
     return float(a), float(c)
+
+
+def ideal_slo_rate(
+    a: float, c: float, max_batch: int, slo: float = SLO_P99_SECONDS, requests: int = 20000, seed: int = 0
+) -> float:
+    """The highest Poisson arrival rate (requests/s, one row each) at which an ideal batching server
+    with batch service time s(b) = a + c·b (seconds) keeps the P99 latency at or under ``slo``.
+
+    The ideal server has no front end, no client and no noise: one executor, and whenever it is idle
+    it starts a batch at once with everything queued, up to ``max_batch`` rows (work-conserving:
+    waiting cannot help a server that is idle when nothing else is queued). ``requests`` seeded
+    arrivals per rate; bisection between 0 and X(B). An upper bound of what a real server reaches with
+    this s(b) (the real one also has sentence-length variance and the machine's noise)."""
+    unit = np.random.default_rng(seed).exponential(1.0, size=requests)
+
+    def p99(rate: float) -> float:
+        t = np.cumsum(unit / rate)
+        latency = np.empty(requests)
+        free = 0.0
+        i = 0
+        while i < requests:
+            start = max(free, float(t[i]))
+            j = min(int(np.searchsorted(t, start, side="right")), i + max_batch)
+            free = start + a + c * (j - i)
+            latency[i:j] = free - t[i:j]
+            i = j
+        return float(np.percentile(latency, 99))
+
+    lo, hi = 0.0, max_batch / (a + c * max_batch)
+    for _ in range(25):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p99(mid) <= slo else (lo, mid)
+    return lo
 
 
 def compare_modes(modes: list[str], max_batch: int, repeats: int, seed: int) -> dict[str, Any]:
@@ -163,16 +258,21 @@ def compare_modes(modes: list[str], max_batch: int, repeats: int, seed: int) -> 
 # --- 2. open-loop load ----------------------------------------------------------------------------
 
 
-def request_bodies(seed: int, count: int = 512) -> list[bytes]:
-    """Pre-encoded v2 JSON requests, one random held-out sentence each, binary output requested."""
+def request_sentences(seed: int, count: int = 512) -> list[str]:
+    """The sentence of each request body, in order: ``count`` random held-out sentences."""
     from kubeinfer.runtime.models.huggingface import heldout_sentences
 
     sentences = heldout_sentences()
     rng = np.random.default_rng(seed)
+    return [sentences[int(i)] for i in rng.choice(len(sentences), size=count)]
+
+
+def request_bodies(seed: int, count: int = 512) -> list[bytes]:
+    """Pre-encoded v2 JSON requests, one random held-out sentence each, binary output requested."""
     bodies = []
-    for i in rng.choice(len(sentences), size=count):
+    for sentence in request_sentences(seed, count):
         body = {
-            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [sentences[int(i)]]}],
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [sentence]}],
             "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
         }
         bodies.append(json.dumps(body).encode())
@@ -180,9 +280,18 @@ def request_bodies(seed: int, count: int = 512) -> list[bytes]:
 
 
 async def run_rate(
-    session: Any, url: str, bodies: list[bytes], rate: float, duration: float, seed: int
-) -> dict[str, float]:
-    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; latency from scheduled arrival."""
+    session: Any,
+    url: str,
+    bodies: list[bytes],
+    rate: float,
+    duration: float,
+    seed: int,
+    per_request: bool = False,
+) -> dict[str, Any]:
+    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; latency from scheduled arrival.
+
+    Request i sends ``bodies[i % len(bodies)]``. ``per_request``: the point also has
+    ``latency_by_request``, ``[i, seconds]`` of each request answered 200."""
     import aiohttp
 
     rng = np.random.default_rng(seed)
@@ -190,6 +299,7 @@ async def run_rate(
     arrivals = np.cumsum(gaps)
     arrivals = arrivals[arrivals < duration]
     latencies: list[float] = []
+    by_request: list[list[float]] = []
     errors = 0
     done_at: list[float] = []
     loop = asyncio.get_running_loop()
@@ -208,6 +318,7 @@ async def run_rate(
         done_at.append(now)
         if ok:
             latencies.append(now - at)
+            by_request.append([float(index), now - at])
         else:
             errors += 1
 
@@ -224,7 +335,7 @@ async def run_rate(
     ok = len(latencies)
     span = (max(done_at) - start) if done_at else duration
     lat = np.array(latencies) if latencies else np.array([float("inf")])
-    return {
+    point: dict[str, Any] = {
         "offered_rps": rate,
         "requests": float(n),
         "ok": float(ok),
@@ -235,6 +346,9 @@ async def run_rate(
         "max_seconds": float(lat.max()),
         "client_cpu_seconds_per_request": cpu / n if n else 0.0,
     }
+    if per_request:
+        point["latency_by_request"] = sorted(by_request)
+    return point
 
 
 def meets_slo(point: dict[str, float]) -> bool:
@@ -279,39 +393,96 @@ def apply_config(rt: Any, base: Any, batch: int, delay: float, timeout: float = 
     )
 
 
-def config_name(batch: int, delay: float) -> str:
-    return "unbatched" if batch == 1 else f"batched_delay_{delay * 1000:g}ms"
+def config_name(batch: int, delay: float, threads: int | None = None) -> str:
+    """``unbatched`` / ``batched_delay_Xms``, prefixed ``tN/`` when several thread counts run."""
+    name = "unbatched" if batch == 1 else f"batched_delay_{delay * 1000:g}ms"
+    return name if threads is None else f"t{threads}/{name}"
+
+
+HISTOGRAMS = (
+    "kubeinfer_request_duration_seconds",
+    "kubeinfer_queue_duration_seconds",
+    "kubeinfer_compute_duration_seconds",
+    "kubeinfer_batch_size",
+)
+
+
+def histogram_totals(metrics_text: str) -> dict[str, list[float]]:
+    """``{histogram: [sum, count]}`` of the model's ``HISTOGRAMS`` on /metrics (request_duration
+    summed over status codes)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {name: [0.0, 0.0] for name in HISTOGRAMS}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            base, _, suffix = sample.name.rpartition("_")
+            if base in totals and suffix in ("sum", "count") and sample.labels.get("model") == MODEL:
+                totals[base][0 if suffix == "sum" else 1] += sample.value
+    return totals
+
+
+def server_means(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, float | None]:
+    """Mean per request (per batch for compute and batch size) between two ``histogram_totals``."""
+    out: dict[str, float | None] = {}
+    for name in HISTOGRAMS:
+        total = after[name][0] - before[name][0]
+        count = after[name][1] - before[name][1]
+        out[name.removeprefix("kubeinfer_") + "_mean"] = total / count if count else None
+    return out
 
 
 class _Load:
-    """What the steps of the load phase share: the runtime, its base config, the arguments, the client
-    session, the infer URL, the request bodies, the phase's start (monotonic s) and the result.
+    """What the steps of the load phase share: the runtimes (by intra-op thread count), their base
+    config, the arguments, the client session, the request bodies, the configurations
+    (``{name: (threads, batch, delay)}``), the phase's start (monotonic s) and the result.
 
     (A plain class, not a dataclass: tests load this script with ``spec_from_file_location`` and no
     ``sys.modules`` entry, where ``@dataclass`` cannot resolve the module.)"""
 
     def __init__(
-        self, rt: Any, base: Any, args: argparse.Namespace, session: Any, url: str, bodies: list[bytes]
+        self,
+        runtimes: dict[int, Any],
+        base: Any,
+        args: argparse.Namespace,
+        session: Any,
+        bodies: list[bytes],
     ) -> None:
-        self.rt = rt
+        self.runtimes = runtimes
         self.base = base
         self.args = args
         self.session = session
-        self.url = url
         self.bodies = bodies
+        several = len(runtimes) > 1
+        self.configs = {
+            config_name(b, d, t if several else None): (t, b, d)
+            for t in runtimes
+            for b, d in [(1, 0.0)] + [(args.max_batch, d) for d in args.delays]
+        }
         self.started = time.monotonic()
         self.result: dict[str, Any] = {"configs": {}, "low_load": {}}
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    async def run(self, batch: int, delay: float, rate: float, seed: int) -> dict[str, Any]:
-        """Switch to (batch, delay), then one sweep point at ``rate`` with its SLO verdict."""
-        await asyncio.to_thread(apply_config, self.rt, self.base, batch, delay)
+    def url(self, name: str) -> str:
+        return f"{self.runtimes[self.configs[name][0]].url}/v2/models/{MODEL}/infer"
+
+    async def switch(self, name: str) -> None:
+        """Hot-reload configuration ``name``'s batching settings into its runtime."""
+        threads, batch, delay = self.configs[name]
+        await asyncio.to_thread(apply_config, self.runtimes[threads], self.base, batch, delay)
+
+    async def run(self, name: str, rate: float, seed: int) -> dict[str, Any]:
+        """Switch to configuration ``name``, then one sweep point at ``rate`` with its SLO verdict."""
+        await self.switch(name)
+        rt = self.runtimes[self.configs[name][0]]
+        before = await asyncio.to_thread(rt.metrics_text)
         point: dict[str, Any] = await run_rate(
-            self.session, self.url, self.bodies, rate, self.args.step_seconds, seed
+            self.session, self.url(name), self.bodies, rate, self.args.step_seconds, seed
         )
         point["meets_slo"] = meets_slo(point)
+        after = await asyncio.to_thread(rt.metrics_text)
+        point["server"] = server_means(histogram_totals(before), histogram_totals(after))
         return point
 
 
@@ -326,24 +497,38 @@ def _point_line(name: str, rate: float, point: dict[str, Any]) -> str:
 async def _client_floor(load: _Load) -> None:
     """Client floor: 100 sequential ``GET /v2/health/live`` round trips, median."""
     rtts = []
+    url = next(iter(load.runtimes.values())).url
     for _ in range(100):
         t0 = time.perf_counter()
-        async with load.session.get(f"{load.rt.url}/v2/health/live") as response:
+        async with load.session.get(f"{url}/v2/health/live") as response:
             await response.read()
         rtts.append(time.perf_counter() - t0)
     load.result["client_live_rtt_median_seconds"] = statistics.median(rtts)
     progress(f"client: GET /v2/health/live median round trip {statistics.median(rtts) * 1000:.2f} ms")
 
 
-async def _low_load(load: _Load, configs: list[tuple[int, float]]) -> None:
-    """Each configuration: a short settling run (not recorded), then the low-load run."""
+async def _low_load(load: _Load) -> None:
+    """Each configuration: a short settling run (not recorded), then the low-load run with each
+    request's latency, and the server's mean request, queue and compute times over it (/metrics)."""
     args = load.args
-    for batch, delay in configs:
-        name = config_name(batch, delay)
-        await asyncio.to_thread(apply_config, load.rt, load.base, batch, delay)
-        await run_rate(load.session, load.url, load.bodies, 20.0, 1.0, args.seed)  # settle (not recorded)
+    for name, (threads, batch, delay) in load.configs.items():
+        rt = load.runtimes[threads]
+        await load.switch(name)
+        await run_rate(
+            load.session, load.url(name), load.bodies, 20.0, 1.0, args.seed
+        )  # settle (not recorded)
+        before = await asyncio.to_thread(rt.metrics_text)
         point = await run_rate(
-            load.session, load.url, load.bodies, args.low_rate, args.low_seconds, args.seed + 1
+            load.session,
+            load.url(name),
+            load.bodies,
+            args.low_rate,
+            args.low_seconds,
+            args.seed + 1,
+            per_request=True,
+        )
+        point["server"] = server_means(
+            histogram_totals(before), histogram_totals(await asyncio.to_thread(rt.metrics_text))
         )
         load.result["low_load"][name] = point
         progress(
@@ -351,31 +536,34 @@ async def _low_load(load: _Load, configs: list[tuple[int, float]]) -> None:
             f"P99 {point['p99_seconds'] * 1000:.1f} ms, errors {point['errors']:.0f}"
         )
         load.result["configs"][name] = {
+            "threads": threads,
             "max_batch_size": batch,
             "max_queue_delay_seconds": delay,
             "points": [],
         }
 
 
-async def _sweep(load: _Load, configs: list[tuple[int, float]]) -> None:
+async def _sweep(load: _Load) -> None:
     """Rising rates (×rate_factor a step), configurations interleaved rate by rate; a configuration
     leaves after two rates over the SLO; stops at ``--budget``."""
     args = load.args
-    active = {config_name(b, d): (b, d) for b, d in configs}
+    active = list(load.configs)
     misses = dict.fromkeys(active, 0)
     rate = args.start_rate
     step = 0
     while active and load.elapsed() < args.budget:
-        for name, (batch, delay) in list(active.items()):
-            point = await load.run(batch, delay, rate, args.seed + 100 + step)
+        for name in list(active):
+            point = await load.run(name, rate, args.seed + 100 + step)
             load.result["configs"][name]["points"].append(point)
             progress(
                 f"{_point_line(name, rate, point)}, "
-                f"client {point['client_cpu_seconds_per_request'] * 1e6:.0f} µs/req"
+                f"client {point['client_cpu_seconds_per_request'] * 1e6:.0f} µs/req, "
+                f"batch {point['server']['batch_size_mean'] or 0:.1f} rows in "
+                f"{(point['server']['compute_duration_seconds_mean'] or 0) * 1000:.1f} ms"
             )
             misses[name] = 0 if point["meets_slo"] else misses[name] + 1
             if misses[name] >= 2:
-                del active[name]
+                active.remove(name)
             if load.elapsed() > args.budget:
                 break
         rate *= args.rate_factor
@@ -399,35 +587,27 @@ async def _refine(load: _Load) -> None:
             if load.elapsed() > args.budget + args.refine_budget:
                 break
             mid = (lo * hi) ** 0.5
-            batch, delay = configs[name]["max_batch_size"], configs[name]["max_queue_delay_seconds"]
-            point = await load.run(batch, delay, mid, args.seed + 500 + round_)
+            point = await load.run(name, mid, args.seed + 500 + round_)
             point["refinement"] = True
             configs[name]["points"].append(point)
             bounds[name] = [mid, hi] if point["meets_slo"] else [lo, mid]
             progress(f"{_point_line(name, mid, point)} (refinement {round_ + 1})")
 
 
-async def load_phase(rt: Any, base: Any, args: argparse.Namespace) -> dict[str, Any]:
+async def load_phase(runtimes: dict[int, Any], base: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Low-load runs, then the interleaved rising-rate sweep, then its refinement, for every
-    configuration: batching off and ``max_batch`` with each of ``--delays``."""
+    configuration: batching off and ``max_batch`` with each of ``--delays``, on each runtime
+    (one per intra-op thread count)."""
     import aiohttp
 
-    configs = [(1, 0.0)] + [(args.max_batch, d) for d in args.delays]
     connector = aiohttp.TCPConnector(limit=1024, force_close=False)
     timeout = aiohttp.ClientTimeout(total=10.0)
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-        load = _Load(
-            rt=rt,
-            base=base,
-            args=args,
-            session=session,
-            url=f"{rt.url}/v2/models/{MODEL}/infer",
-            bodies=request_bodies(args.seed),
-        )
+        load = _Load(runtimes, base, args, session, request_bodies(args.seed))
         await _client_floor(load)
-        await _low_load(load, configs)
-        await _sweep(load, configs)
+        await _low_load(load)
+        await _sweep(load)
         await _refine(load)
     return load.result
 
@@ -462,6 +642,12 @@ def main(argv: list[str] | None = None) -> int:
         "--refine", type=int, default=2, help="bisection rounds of each max SLO rate after the sweep"
     )
     parser.add_argument("--refine-budget", type=float, default=60.0, help="extra seconds for refinement")
+    parser.add_argument(
+        "--threads",
+        default="default",
+        help="torch intra-op thread counts, one runtime each, side by side in one run (e.g. 1,2); "
+        "'default': the runtime's default only (CPUs - 1)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--compare-modes",
@@ -471,6 +657,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime.json"))
     args = parser.parse_args(argv)
     args.delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    from kubeinfer.runtime.models.device import default_threads
+
+    args.primary_threads = default_threads()
+    args.threads = (
+        [args.primary_threads]
+        if args.threads == "default"
+        else [int(t) for t in args.threads.split(",") if t.strip()]
+    )
+    if args.primary_threads not in args.threads:
+        args.primary_threads = args.threads[0]
     logging.basicConfig(level=logging.WARNING)
     started = time.monotonic()
     modes = [q.strip() for q in args.quantization.split(",") if q.strip()]
@@ -489,33 +685,174 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def low_load_breakdown(
+    point: dict[str, Any], s1_by_request: list[float], spaced: list[float] | None = None
+) -> dict[str, Any]:
+    """Where a low-load run's latency goes, request by request and on average (seconds).
+
+    - ``service_p99``: P99 over the run's requests of the in-process s(1) of each request's own
+      sentence (the model's work alone, sentence lengths included);
+    - ``excess_p50``/``excess_p99``: percentiles of latency minus that s(1), request by request (all
+      that is not the model: client, HTTP, decoding, queueing, hand-offs, encoding, machine noise);
+    - from /metrics over the run: the server's mean request time (receipt to response), queue time
+      (enqueue to the start of its batch), compute time (preprocess + execute, per batch); the
+      client-side mean minus the server's mean request time (client, TCP, HTTP parsing before receipt);
+    - ``spaced_*``: the same with s(1) measured in process one request at a time after an idle gap
+      (``spaced``, when given): what a lone request costs the model at this rate.
+    """
+    pairs = point["latency_by_request"]
+    latency = np.array([lat for _, lat in pairs])
+    service = np.array([s1_by_request[int(i) % len(s1_by_request)] for i, _ in pairs])
+    excess = latency - service
+    server = point["server"]
+    out: dict[str, Any] = {
+        "requests": len(pairs),
+        "p50": float(np.percentile(latency, 50)),
+        "p99": float(np.percentile(latency, 99)),
+        "service_p50": float(np.percentile(service, 50)),
+        "service_p99": float(np.percentile(service, 99)),
+        "excess_p50": float(np.percentile(excess, 50)),
+        "excess_p99": float(np.percentile(excess, 99)),
+        "client_mean": float(latency.mean()),
+        "service_mean": float(service.mean()),
+        **server,
+    }
+    if spaced is not None:
+        cold = np.array([spaced[int(i) % len(spaced)] for i, _ in pairs])
+        out["spaced_service_mean"] = float(cold.mean())
+        out["spaced_service_p99"] = float(np.percentile(cold, 99))
+        out["spaced_excess_p50"] = float(np.percentile(latency - cold, 50))
+        out["spaced_excess_p99"] = float(np.percentile(latency - cold, 99))
+    if server.get("request_duration_seconds_mean") is not None:
+        out["client_minus_server_mean"] = out["client_mean"] - server["request_duration_seconds_mean"]
+        out["server_minus_queue_compute_mean"] = (
+            server["request_duration_seconds_mean"]
+            - (server["queue_duration_seconds_mean"] or 0.0)
+            - (server["compute_duration_seconds_mean"] or 0.0)
+        )
+    return out
+
+
+def thread_figures(
+    load: dict[str, Any],
+    threads: int,
+    prefix: str,
+    rows: list[dict[str, float]],
+    s1_by_request: list[float],
+    spaced: list[float] | None,
+    max_batch: int,
+) -> dict[str, Any]:
+    """The figures of the runtime with ``threads`` intra-op threads (its configurations are named
+    ``prefix`` + config name): s(b) fit, X(B), max SLO rates and their ratios, the low-load P99 of the
+    best batched configuration against s(1), and the low-load breakdown of every configuration."""
+    a, c = fit_service_time(rows)
+    limit = max_batch / (a + c * max_batch)
+    ideal = {"batched": ideal_slo_rate(a, c, max_batch), "unbatched": ideal_slo_rate(a, c, 1)}
+    s1 = rows[0]["service_seconds"]
+    names = [n for n in load["configs"] if n.startswith(prefix)]
+    max_slo = {n.removeprefix(prefix): max_slo_rate(load["configs"][n]["points"]) for n in names}
+    best = max((n for n in max_slo if n != "unbatched"), key=lambda n: max_slo[n])
+    unbatched = max_slo["unbatched"]
+    low_p99 = load["low_load"][prefix + best]["p99_seconds"]
+    return {
+        "threads": threads,
+        "a_seconds": a,
+        "c_seconds": c,
+        "limit_rps": limit,
+        "s1_seconds": s1,
+        "max_slo_rps": {"batched": max_slo[best], "unbatched": unbatched},
+        "best_batched_config": best,
+        "max_slo_rps_by_config": max_slo,
+        "ratio_batched_to_unbatched": max_slo[best] / unbatched if unbatched else None,
+        "ratio_batched_to_limit": max_slo[best] / limit,
+        "ideal_slo_rps": ideal,
+        "ideal_ratio_batched_to_unbatched": ideal["batched"] / ideal["unbatched"]
+        if ideal["unbatched"]
+        else None,
+        "ideal_ratio_batched_to_limit": ideal["batched"] / limit,
+        "ratio_batched_to_ideal": max_slo[best] / ideal["batched"] if ideal["batched"] else None,
+        "low_load_p99_seconds": low_p99,
+        "low_load_p99_minus_s1_seconds": low_p99 - s1,
+        "low_load_p99_seconds_by_config": {
+            n.removeprefix(prefix): load["low_load"][n]["p99_seconds"] for n in names
+        },
+        "low_load_breakdown_seconds": {
+            n.removeprefix(prefix): low_load_breakdown(load["low_load"][n], s1_by_request, spaced)
+            for n in names
+        },
+        "service_time": rows,
+    }
+
+
+def _report(q: str, fig: dict[str, Any]) -> None:
+    """Progress lines with one thread count's figures against the targets."""
+    best, ratio_u = fig["best_batched_config"], fig["ratio_batched_to_unbatched"]
+    rates = fig["max_slo_rps"]
+    head = f"{q}, {fig['threads']} thread(s):"
+    if ratio_u is None:
+        progress(f"{head} unbatched met the SLO at no rate; batched {rates['batched']:.0f}/s")
+    else:
+        progress(
+            f"{head} max SLO rate (P99 < {SLO_P99_SECONDS * 1000:.0f} ms): batched ({best}) "
+            f"{rates['batched']:.0f}/s, unbatched {rates['unbatched']:.0f}/s → ×{ratio_u:.2f} (target ≥ 3); "
+            f"vs X(B) {fig['limit_rps']:.0f}/s → {fig['ratio_batched_to_limit']:.0%} (target ≥ 85 %)"
+        )
+    ideal = fig["ideal_slo_rps"]
+    progress(
+        f"  an ideal batching server with this s(b) (no front end, no noise, Poisson arrivals): P99 ≤ "
+        f"{SLO_P99_SECONDS * 1000:.0f} ms up to {ideal['batched']:.0f}/s batched "
+        f"({fig['ideal_ratio_batched_to_limit']:.0%} of X(B)), {ideal['unbatched']:.0f}/s unbatched "
+        f"(×{fig['ideal_ratio_batched_to_unbatched']:.2f}); "
+        f"measured batched = {fig['ratio_batched_to_ideal']:.0%} of it"
+    )
+    low = fig["low_load_breakdown_seconds"][best]
+    progress(
+        f"  low-load P99 {fig['low_load_p99_seconds'] * 1000:.1f} ms vs s(1) "
+        f"{fig['s1_seconds'] * 1000:.1f} ms: +{fig['low_load_p99_minus_s1_seconds'] * 1000:.1f} ms "
+        f"(target ≤ +5 ms); P99 of the requests' own s(1) {low['service_p99'] * 1000:.1f} ms, "
+        f"latency − own s(1): P50 {low['excess_p50'] * 1000:.1f} ms, P99 {low['excess_p99'] * 1000:.1f} ms"
+    )
+    if "spaced_service_mean" in low:
+        ms = {k: (v or 0.0) * 1000 for k, v in low.items() if isinstance(v, float) or v is None}
+        progress(
+            f"  the same sentences in process after an idle gap: s(1) mean "
+            f"{ms['spaced_service_mean']:.1f} ms (back to back {ms['service_mean']:.1f}); server compute "
+            f"per batch {ms['compute_duration_seconds_mean']:.1f} ms, queue "
+            f"{ms['queue_duration_seconds_mean']:.2f} ms, "
+            f"client − server {ms.get('client_minus_server_mean', 0.0):.1f} ms (means)"
+        )
+
+
 def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None) -> dict[str, Any]:
     """Phases 1 and 2 for one quantization mode; the figures (see the module docstring)."""
+    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.runtime.models.device import THREADS_ENV
+
+    from tests.support.runtime_proc import RuntimeProcess
+
     args = argparse.Namespace(**{**vars(args), "quantization": quantization})
     started = time.monotonic()
     load_before = os.getloadavg()
-
+    threads = args.threads
+    low_count = min(512, int(args.low_rate * args.low_seconds * 1.5) + 20)
     progress(
-        f"phase 1: service time s(b), b = 1..{args.max_batch}, {args.quantization}, {args.repeats} repeats"
+        f"phase 1: service time s(b), b = 1..{args.max_batch}, {args.quantization}, {args.repeats} repeats, "
+        f"threads {threads}; s(1) of the first {low_count} request sentences"
     )
-    rows, device = measure_service_time(args.quantization, args.max_batch, args.repeats, args.seed)
-    a, c = fit_service_time(rows)
-    limit = args.max_batch / (a + c * args.max_batch)
-    s1 = rows[0]["service_seconds"]
-    progress(
-        f"fit s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms·b; X({args.max_batch}) = {limit:.0f} rows/s; "
-        f"s(1) = {s1 * 1000:.2f} ms"
+    rows, s1_by_request, device = measure_service_time(
+        args.quantization,
+        args.max_batch,
+        args.repeats,
+        args.seed,
+        threads,
+        request_sentences(args.seed)[:low_count],
+        1.0 / args.low_rate,
     )
-
     modes = [m.strip() for m in args.compare_modes.split(",") if m.strip()]
     quantization_modes = None
     if modes:
         progress(f"phase 1b: quantization modes side by side: {modes}")
         quantization_modes = compare_modes(modes, args.max_batch, args.repeats * 3, args.seed)
-
-    from kubeinfer.runtime.config import RuntimeConfig
-
-    from tests.support.runtime_proc import RuntimeProcess
 
     base = RuntimeConfig.model_validate(
         {
@@ -524,38 +861,42 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
             "batching": {"max_batch_size": args.max_batch, "max_queue_size": 4096},
         }
     )
-    progress("phase 2: starting kubeinfer-runtime (load + warmup)")
-    with RuntimeProcess(base) as rt:
-        progress(f"runtime ready at {rt.url} (pid {rt.pid})")
-        load = asyncio.run(load_phase(rt, base, args))
+    progress(f"phase 2: starting kubeinfer-runtime with {THREADS_ENV} = each of {threads} (load + warmup)")
+    with contextlib.ExitStack() as stack:
+        runtimes = {}
+        for t in threads:
+            runtimes[t] = stack.enter_context(RuntimeProcess(base, env={THREADS_ENV: str(t)}))
+            progress(f"runtime ({t} thread(s)) ready at {runtimes[t].url} (pid {runtimes[t].pid})")
+        load = asyncio.run(load_phase(runtimes, base, args))
 
-    max_slo = {name: max_slo_rate(cfg["points"]) for name, cfg in load["configs"].items()}
-    batched_names = [n for n in max_slo if n != "unbatched"]
-    best = max(batched_names, key=lambda n: max_slo[n])
-    unbatched = max_slo["unbatched"]
-    low_p99 = load["low_load"][best]["p99_seconds"]
+    several = len(threads) > 1
+    by_threads = {
+        t: thread_figures(
+            load,
+            t,
+            f"t{t}/" if several else "",
+            rows[t],
+            s1_by_request[t],
+            s1_by_request["spaced"] if t == threads[0] else None,
+            args.max_batch,
+        )
+        for t in threads
+    }
+    for fig in by_threads.values():
+        _report(args.quantization, fig)
+    primary = by_threads[args.primary_threads]
     client_cpu = [
         p["client_cpu_seconds_per_request"] for cfg in load["configs"].values() for p in cfg["points"]
     ]
-    result: dict[str, Any] = {
+    return {
         "model": MODEL,
         "quantization": args.quantization,
         "device": device,
         "max_batch_size": args.max_batch,
-        "a_seconds": a,
-        "c_seconds": c,
-        "limit_rps": limit,
+        **{k: v for k, v in primary.items() if k not in ("low_load_breakdown_seconds", "service_time")},
         "slo_p99_seconds": SLO_P99_SECONDS,
-        "max_slo_rps": {"batched": max_slo[best], "unbatched": unbatched},
-        "best_batched_config": best,
-        "max_slo_rps_by_config": max_slo,
-        "ratio_batched_to_unbatched": max_slo[best] / unbatched if unbatched else None,
-        "ratio_batched_to_limit": max_slo[best] / limit,
-        "s1_seconds": s1,
-        "low_load_p99_seconds": low_p99,
-        "low_load_p99_minus_s1_seconds": low_p99 - s1,
-        "low_load_p99_seconds_by_config": {n: p["p99_seconds"] for n, p in load["low_load"].items()},
         "low_load_rps": args.low_rate,
+        "low_load_breakdown_seconds": primary["low_load_breakdown_seconds"],
         "client": {
             "library": "aiohttp (keep-alive), JSON input, binary output",
             "cpu_seconds_per_request_median": statistics.median(client_cpu) if client_cpu else None,
@@ -566,7 +907,8 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
             "batched_over_limit_ge": 0.85,
             "low_load_p99_le_s1_plus_seconds": 0.005,
         },
-        "service_time": rows,
+        "service_time": primary["service_time"],
+        "by_threads": {str(t): fig for t, fig in by_threads.items()},
         "quantization_modes": quantization_modes,
         "sweep": load["configs"],
         "low_load": load["low_load"],
@@ -575,19 +917,6 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
         "elapsed_seconds": time.monotonic() - started,
         "command": ["bench/runtime_bench.py", *(sys.argv[1:] if argv is None else argv)],
     }
-    ratio_u = result["ratio_batched_to_unbatched"]
-    progress(
-        f"max SLO rate (P99 < {SLO_P99_SECONDS * 1000:.0f} ms): batched ({best}) {max_slo[best]:.0f}/s, "
-        f"unbatched {unbatched:.0f}/s → ×{ratio_u:.2f} (target ≥ 3); vs X(B) {limit:.0f}/s → "
-        f"{result['ratio_batched_to_limit']:.0%} (target ≥ 85 %)"
-        if ratio_u is not None
-        else f"unbatched met the SLO at no rate; batched {max_slo[best]:.0f}/s"
-    )
-    progress(
-        f"low-load P99 {low_p99 * 1000:.1f} ms vs s(1) {s1 * 1000:.1f} ms: "
-        f"+{(low_p99 - s1) * 1000:.1f} ms (target ≤ +5 ms)"
-    )
-    return result
 
 
 if __name__ == "__main__":

@@ -65,6 +65,20 @@ def test_slo_rate_and_gauges() -> None:
     assert bench.config_name(32, 0.002) == "batched_delay_2ms"
 
 
+def test_ideal_slo_rate_bounds_what_batching_can_hold() -> None:
+    """The ideal batching server's max rate at P99 <= 100 ms: below X(B), higher batched than not,
+    and batching pays in proportion to the fixed cost a (with c = 0 a batch of 32 costs one row's time)."""
+    bench = load_script("runtime_bench")
+    a, c = 0.008, 0.005
+    batched = bench.ideal_slo_rate(a, c, 32, requests=4000)
+    unbatched = bench.ideal_slo_rate(a, c, 1, requests=4000)
+    assert unbatched < 1 / (a + c)  # M/D/1 at P99 <= 100 ms: short of full utilization
+    assert unbatched < batched < 32 / (a + 32 * c)
+    assert batched / unbatched < 3  # a small fixed cost: batching cannot triple the rate
+    fixed_only = bench.ideal_slo_rate(0.01, 0.0, 32, requests=4000)
+    assert fixed_only > 10 * bench.ideal_slo_rate(0.01, 0.0, 1, requests=4000)
+
+
 def test_gpu_check_dry_run_without_cuda() -> None:
     import torch
 
