@@ -193,8 +193,10 @@ class BatchExecutor:
             except Exception as exc:
                 error = exc
             else:
-                self.metrics.compute_duration.observe(prep_seconds + time.perf_counter() - t0)
-                self.metrics.batch_size.observe(sum(r.rows for r in reqs))
+                seconds, rows = prep_seconds + time.perf_counter() - t0, sum(r.rows for r in reqs)
+                self.metrics.compute_duration.observe(seconds)
+                self.metrics.batch_size.observe(rows)
+                self.metrics.service_time.observe(rows, seconds)
                 return
         if len(reqs) == 1:
             reqs[0].fail(self._explain(error))

@@ -21,6 +21,10 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
 - ``kubeinfer_model_load_seconds``, ``kubeinfer_warmup_seconds`` gauges; the quantization gauges
   ``kubeinfer_quantization_cosine_mean_ratio`` and ``kubeinfer_quantization_retrieval_agreement_ratio``
   (set when the model reports them).
+- ``kubeinfer_service_time_intercept_seconds`` and ``kubeinfer_service_time_slope_seconds`` gauges: the
+  batch service time s(b) = a + c*b fitted from the batches run (``service_time.ServiceTimeFit``, seeded
+  at warmup), a in seconds and c in seconds per row; NaN until fitted. The autoscaler's SLO-capacity rule
+  reads them.
 - ``kubeinfer_config_reload_errors_total`` counter: config-file changes rejected by the watcher.
 - ``kubeinfer_shed_requests_total{priority, reason}`` counter: requests answered 429 because the queue
   was full, by priority level (1 highest): ``refused`` at arrival, or ``displaced`` from the queue by an
@@ -35,6 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+from kubeinfer.runtime.service_time import ServiceTimeFit
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 #: Width of the sliding window of the CPU utilization figure, seconds.
@@ -238,6 +243,19 @@ class RuntimeMetrics:
         )
         self.busy = BusyTracker(executors)
         self.device_utilization.set_function(self.busy.ratio)
+        self.service_time = ServiceTimeFit()
+        Gauge(
+            "kubeinfer_service_time_intercept_seconds",
+            "Batch service time s(b) = a + c*b fitted from the batches run: a, seconds (NaN until fitted).",
+            labels,
+            registry=r,
+        ).labels(model).set_function(self.service_time.intercept)
+        Gauge(
+            "kubeinfer_service_time_slope_seconds",
+            "Batch service time s(b) = a + c*b fitted from the batches run: c, seconds per row.",
+            labels,
+            registry=r,
+        ).labels(model).set_function(self.service_time.slope)
 
     def count_request(self, code: int, seconds: float) -> None:
         """Record one answered infer request: its status code and receipt-to-response seconds."""

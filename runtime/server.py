@@ -42,6 +42,7 @@ from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import ServableModel
 from kubeinfer.runtime.protocol import check_outputs, decode_request, encode_json, encode_response
 from kubeinfer.runtime.reload import ConfigWatcher
+from kubeinfer.runtime.service_time import calibrate_model
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -319,6 +320,8 @@ class RuntimeServer:
             )
             seconds = await in_daemon_thread(model.warmup, cfg.batching.max_batch_size, cfg.warmup.steps)
             log.info("warmup done in %.1f s", seconds)
+            fit = self.metrics.service_time
+            await in_daemon_thread(calibrate_model, model, cfg.batching.max_batch_size, fit)
         else:
             model.max_batch_size = cfg.batching.max_batch_size
         self.metrics.set_report(model.report())
