@@ -32,8 +32,13 @@ under a fixed load per encoding; the collapsed stacks are summarised as the shar
 stage (HTTP/gRPC stack, decode, validate, batcher, tokenize, model, encode, metrics) and the top
 self-time functions, in ``profile`` of the JSON. ``--no-profile`` skips it.
 
-Front-end processes (``server.httpWorkers``, issue 13 item 3) do not exist yet: ``workers`` has only
-``"1"``; the JSON says so in ``notes``.
+Front-end processes (``server.httpWorkers``, issue 13 item 3): every runtime is measured with each
+count of ``--workers`` (default ``1,2``) in the same run, one after the other: ``workers["1"]`` is the
+one-process runtime, ``workers["2"]`` two HTTP front-end processes in front of the model process (JSON
+and binary only: gRPC stays in the model process, so its figures would be the one-process ones).
+``cpu_us_per_request`` is then the CPU of every process of the pod (the model process and its front
+ends, ``psutil`` children) over the requests answered; ``frontend_cpu_us_per_request`` the front ends'
+share; ``main_thread_*`` stays the model process's event loop.
 """
 
 from __future__ import annotations
@@ -304,6 +309,17 @@ def grpc_payloads(model: str, sentences: list[str]) -> list[bytes]:
 # --- load -----------------------------------------------------------------------------------------
 
 
+def pod_cpu(proc: Any) -> tuple[float, float]:
+    """CPU seconds (user + system) of ``proc`` and of its child processes (the front ends of
+    ``server.http_workers``; none for one process)."""
+    own = sum(proc.cpu_times()[:2])
+    children = 0.0
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(Exception):  # a child that exited meanwhile
+            children += sum(child.cpu_times()[:2])
+    return float(own), children
+
+
 def main_thread_cpu(proc: Any) -> float:
     """CPU seconds (user + system) of a process's main thread: the event loop, where the front end
     runs (HTTP, gRPC, decoding, validation, the batcher's queue, encoding, metrics); the other threads
@@ -343,7 +359,7 @@ async def run_rate(
         else:
             errors[status] += 1
 
-    t_server0 = sum(proc.cpu_times()[:2])
+    t_server0, t_front0 = pod_cpu(proc)
     t_main0 = main_thread_cpu(proc)
     t_client0 = time.process_time()
     start = loop.time() + 0.02
@@ -355,7 +371,9 @@ async def run_rate(
             await asyncio.sleep(delay)
         tasks.append(loop.create_task(one(i, at)))
     await asyncio.gather(*tasks)
-    server_cpu = sum(proc.cpu_times()[:2]) - t_server0
+    t_server1, t_front1 = pod_cpu(proc)
+    front_cpu = t_front1 - t_front0
+    server_cpu = t_server1 - t_server0 + front_cpu
     main_cpu = main_thread_cpu(proc) - t_main0
     client_cpu = time.process_time() - t_client0
     n, ok = len(arrivals), len(latencies)
@@ -369,6 +387,7 @@ async def run_rate(
         "p99_seconds": float(np.percentile(lat, 99)),
         "server_cpu_us_per_request": server_cpu / max(ok, 1) * 1e6,
         "main_thread_cpu_us_per_request": main_cpu / max(ok, 1) * 1e6,
+        "frontend_cpu_us_per_request": front_cpu / max(ok, 1) * 1e6,
         "client_cpu_us_per_request": client_cpu / max(n, 1) * 1e6,
         "meets_slo": bool(np.percentile(lat, 99) <= SLO_P99_SECONDS and ok >= 0.99 * n),
     }
@@ -426,6 +445,7 @@ async def find_max_rate(
     return {
         "cpu_us_per_request": best["server_cpu_us_per_request"] if best else None,
         "main_thread_cpu_us_per_request": best["main_thread_cpu_us_per_request"] if best else None,
+        "frontend_cpu_us_per_request": best["frontend_cpu_us_per_request"] if best else None,
         "max_slo_rps": best["offered_rps"] if best else 0.0,
         "client_cpu_us_per_request": best["client_cpu_us_per_request"] if best else None,
         "ref_rate_rps": ref_rate,
@@ -526,13 +546,13 @@ async def profile_load(
 
 async def bench_server(
     name: str, host: str, port: int, grpc_port: int | None, pid: int, model: str, args: argparse.Namespace,
-    start_rate: float, sentences: list[str], profile_dir: Path | None,
+    start_rate: float, sentences: list[str], profile_dir: Path | None, encodings: tuple[str, ...],
 ) -> dict[str, Any]:  # fmt: skip
-    """Every encoding against one runtime process: ``{encoding: {"workers": {"1": figures}}}``."""
+    """Every encoding of ``encodings`` against one runtime: ``{encoding: figures}``."""
     result: dict[str, Any] = {}
-    for encoding in ("json", "binary", "grpc"):
+    for encoding in encodings:
         if encoding == "grpc" and grpc_port is None:
-            result[encoding] = {"workers": {}, "absent": "this runtime serves no gRPC port"}
+            result[encoding] = {"absent": "this runtime serves no gRPC port"}
             continue
         client: Any
         if encoding == "grpc":
@@ -552,7 +572,7 @@ async def bench_server(
             client.close()
             if isinstance(client, GRPCClient):
                 await client.aclose()
-        result[encoding] = {"workers": {"1": figures}}
+        result[encoding] = figures
     return result
 
 
@@ -588,22 +608,62 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         models.append(("tiny", tiny_hf_config(tiny_hf_dir(workdir / "tiny")), args.start_rate))
     if "minilm" in args.models:
         models.append(("minilm", RuntimeConfig.model_validate({"device": "cpu"}), args.start_rate / 10))
-    for name, cfg, start in models:
-        progress(f"{name}: starting kubeinfer-runtime (load + warmup)")
-        with RuntimeProcess(cfg) as rt:
-            gport = rt.grpc_port or None  # 0: this checkout's runtime serves no gRPC
-            progress(f"{name}: ready at {rt.url} (pid {rt.pid}), gRPC port {gport}")
-            result[name] = await bench_server(
-                name, rt.host, rt.port, gport, rt.pid, cfg.model.name, args, start, sentences,
-                profile_dir if name == "tiny" else None,
-            )  # fmt: skip
+    for name, base, start in models:
+        entry: dict[str, Any] = result.setdefault(name, {})
+        for workers in args.workers:
+            cfg = base.model_copy(deep=True)
+            cfg.server.http_workers = workers
+            # gRPC is served by the model process whatever the workers: measured with one process only
+            encodings = ("json", "binary", "grpc") if workers == 1 else ("json", "binary")
+            progress(f"{name}: starting kubeinfer-runtime, http_workers {workers} (load + warmup)")
+            with RuntimeProcess(cfg) as rt:
+                gport = rt.grpc_port or None  # 0: this checkout's runtime serves no gRPC
+                progress(f"{name}: ready at {rt.url} (pid {rt.pid}), gRPC port {gport}")
+                figures = await bench_server(
+                    f"{name} w{workers}", rt.host, rt.port, gport, rt.pid, cfg.model.name, args, start,
+                    sentences, profile_dir if name == "tiny" and workers == 1 else None, encodings,
+                )  # fmt: skip
+            for encoding, fig in figures.items():
+                if "absent" in fig:
+                    entry.setdefault(encoding, {"workers": {}}).update(fig)
+                else:
+                    entry.setdefault(encoding, {"workers": {}})["workers"][str(workers)] = fig
     return result
+
+
+def workers_speedup(figures: dict[str, Any]) -> dict[str, Any]:
+    """Per model and encoding, each worker count against one process (same run): ``max_slo_rps`` ratio
+    and CPU per request (all the pod's processes) ratio, at the highest passing rate and at the
+    reference rate."""
+    out: dict[str, Any] = {}
+    for name in ("tiny", "minilm"):
+        for enc, entry in figures.get(name, {}).items():
+            workers = entry.get("workers", {})
+            one = workers.get("1")
+            if not one:
+                continue
+            for count, fig in workers.items():
+                if count == "1":
+                    continue
+                out[f"{name}_{enc}_workers{count}_over_1"] = {
+                    "max_slo_rps": fig["max_slo_rps"] / one["max_slo_rps"] if one["max_slo_rps"] else None,
+                    "cpu_us_per_request": (
+                        fig["cpu_us_per_request"] / one["cpu_us_per_request"]
+                        if fig["cpu_us_per_request"] and one["cpu_us_per_request"]
+                        else None
+                    ),
+                    "cpu_us_per_request_at_ref_rate": (
+                        fig["cpu_us_per_request_at_ref_rate"] / one["cpu_us_per_request_at_ref_rate"]
+                    ),
+                }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="tiny,minilm", help="which runtimes: tiny, minilm")
+    parser.add_argument("--workers", default="1,2", help="server.http_workers counts to measure, e.g. 1,2,4")
     parser.add_argument("--start-rate", type=float, default=300.0, help="first rate (tiny, floor), /s")
     parser.add_argument("--rate-factor", type=float, default=1.5)
     parser.add_argument("--max-rate", type=float, default=20000.0)
@@ -618,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor_server:
         return floor_server("127.0.0.1")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
     logging.basicConfig(level=logging.WARNING)
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -647,12 +708,17 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **figures,
         "ratios": ratios,
+        "workers_speedup": workers_speedup(figures),
         "targets": {"tiny_json_cpu_us_le": 120, "tiny_binary_cpu_us_le": 80, "tiny_cpu_over_floor_le": 2.0},
         "notes": [
-            "workers: only '1' -- multi-process front end (server.httpWorkers, issue 13 item 3) not built",
-            "cpu_us_per_request: server process CPU (user+system, all threads) / requests answered, "
-            "at the highest rate meeting P99 <= 100 ms; main_thread_*: the event loop's thread only (the "
-            "front end: HTTP/gRPC, decode, validate, queue, encode, metrics); the rest is tokenization and "
+            "workers: server.http_workers; '1' one process, '2' two HTTP front-end processes in front of the "
+            "model process (JSON and binary; gRPC stays in the model process), measured one after the other "
+            "in this run; speedups in workers_speedup",
+            "cpu_us_per_request: CPU (user+system, all threads) of every process of the pod (the model "
+            "process and its front-end processes) / requests answered, at the highest rate meeting P99 <= "
+            "100 ms; frontend_cpu_us_per_request: the front-end processes' part; main_thread_*: the model "
+            "process's event loop thread only (with one process the whole front end: HTTP/gRPC, decode, "
+            "validate, queue, encode, metrics); the rest is tokenization and "
             "the model on the executor threads (and grpc's poller thread)",
             "*_at_ref_rate: every server and encoding at one offered rate (--ref-rate, a tenth of it for "
             "MiniLM), the ratios to the floor at that rate",
@@ -669,12 +735,11 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"floor: {floor['cpu_us_per_request']:.0f} µs/req, max {floor['max_rps']:.0f}/s")
     for name in ("tiny", "minilm"):
         for enc, entry in figures.get(name, {}).items():
-            one = entry.get("workers", {}).get("1")
-            if one:
+            for workers, one in entry.get("workers", {}).items():
                 cpu = one["cpu_us_per_request"]
                 progress(
-                    f"{name} {enc}: {cpu if cpu is None else round(cpu)} µs/req, max "
-                    f"{one['max_slo_rps']:.0f}/s at P99 <= 100 ms"
+                    f"{name} {enc} workers {workers}: {cpu if cpu is None else round(cpu)} µs/req (all the "
+                    f"pod's processes), max {one['max_slo_rps']:.0f}/s at P99 <= 100 ms"
                 )
     progress(f"wrote {out} in {time.monotonic() - started:.0f} s")
     return 0
