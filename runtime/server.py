@@ -17,6 +17,11 @@ Errors are ``{"error": "..."}``: 400 malformed request / wrong datatype or shape
 text of numbers takes several bytes per binary byte --, tensor bytes, elements, text tokens, rows over
 the warmed maximum batch); 429 queue full (``Retry-After``); 500 the model failed on this request;
 503 not ready or shutting down; 504 the request's ``timeout`` passed while it was queued.
+
+``server.http_workers`` > 1: this process serves no HTTP itself; that many front-end processes
+(``kubeinfer.runtime.frontend``, same routes and bodies) share the port and send decoded tensors here
+over ZeroMQ (``kubeinfer.runtime.ipc``); ``kubeinfer.runtime.frontend_pool`` starts, supervises and
+answers them. gRPC, the batcher, the config watcher and the drain stay in this process.
 """
 
 from __future__ import annotations
@@ -96,6 +101,9 @@ class RuntimeServer:
     handler: readiness false; after ``server.shutdown_delay_seconds`` new infer requests get 503 and
     queued and running requests finish (``drain``, at most ``server.drain_timeout_seconds``); then
     the HTTP server closes. A second signal exits at once.
+
+    With ``server.http_workers`` > 1, ``start`` starts the front-end processes instead of uvicorn
+    (``FrontEndPool``) and installs the signal handlers itself; ``stop`` drains, then stops them.
 
     Tests drive the parts directly: ``RuntimeServer(cfg)`` -> ``attach(model)`` -> ``drain()``.
 
