@@ -90,8 +90,8 @@ CONTROLLERS = ("kubeinfer", "hpa_gpu", "hpa_p99", "fixed", "oracle")
 TUNED_ON = ("step", "ramp", "diurnal", "mmpp")
 HELD_OUT_NOTE = (
     "flash_crowd, slow_ramp, sawtooth and compressed_day were held out in the first pass only; two changes "
-    "(surge_factor 4 -> 5, arrival rate over 15 s instead of 30 s) were made after seeing them: "
-    "bench/traces/README.md gives both passes' figures"
+    "(surge_factor 4 -> 5, arrival rate over 15 s instead of 30 s) were made after seeing them, and a third "
+    "(the burst headroom, policy.burst_*) in a third pass: bench/traces/README.md gives each pass's figures"
 )
 
 
@@ -641,11 +641,17 @@ def make_oracle(cfg: SimConfig, rates: np.ndarray) -> Controller:
 
 
 #: kubeinfer's policy with a part switched off (``variants`` in the JSON): the control law before
-#: issue 10 (no SLO-capacity rule, no cold-start timeout), the cold-start timeout off, the
-#: batch-timeout lever off (its bounds pinned to the start value).
+#: issue 10 (no SLO-capacity rule, no cold-start timeout, no burst headroom), the cold-start timeout
+#: off, the burst headroom off (the capacity rule as of the second pass), the batch-timeout lever off
+#: (its bounds pinned to the start value).
 VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
-    "kubeinfer_reactive": lambda cfg: {"capacity_rule": False, "cold_start_timeout": False},
+    "kubeinfer_reactive": lambda cfg: {
+        "capacity_rule": False,
+        "cold_start_timeout": False,
+        "burst_headroom": False,
+    },
     "kubeinfer_no_cold_start_timeout": lambda cfg: {"cold_start_timeout": False},
+    "kubeinfer_no_burst_headroom": lambda cfg: {"burst_headroom": False},
     "kubeinfer_replicas_only": lambda cfg: {
         "batch_timeout_min_seconds": cfg.initial_timeout,
         "batch_timeout_max_seconds": cfg.initial_timeout,

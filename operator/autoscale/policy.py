@@ -23,6 +23,15 @@ stabilization window. P99 over target with the demand covered adds one replica, 
 window still holds the past), and a backlog whose Little's-law wait is under half the target counts as
 drained. Without s(b) the reactive law below decides, unchanged; it is also the rule's fallback.
 
+**Burst headroom** (``headroom.burst_factor``, ``burst_headroom``): bursts shorter than a reaction time
+(a tick plus a cold start, ``burst_lead_seconds``) meet only the capacity standing when they begin, so
+the rule also provisions ``factor * rate`` at a replica's full SLO capacity, where ``factor`` is a high
+quantile of the transient rises of the arrival rate within one reaction time over the last
+``burst_memory_seconds`` (Autopilot's moving-window percentile, Rzadca et al., EuroSys 2020; the
+arrival samples live in ``State.arrivals``). Smooth traffic learns a factor near 1 and pays nothing; a
+level shift (a step, a ramp) is not a burst. Until ``burst_min_samples`` rises are learned the surge
+floor above stands in for the unknown burstiness; after that the learned factor replaces it.
+
 The reactive law:
 
 - P99 over target while the GPUs are busy (utilization at or above ``gpu_high``): scale out in
@@ -69,6 +78,8 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from kubeinfer.operator.autoscale import headroom
 
 __all__ = [
     "DECIDE_REQUIRES",
@@ -321,6 +332,10 @@ class Policy:
         cold_start_timeout True: while replicas it asked for are starting and the demand is over the
         ready replicas' capacity, the batch timeout goes to the largest one at which a full batch still
         meets the SLO (``cold_start_timeout``).
+        burst_headroom True, burst_memory_seconds 1800, burst_lead_seconds 60, burst_quantile 0.9,
+        burst_limit 2, burst_min_samples 20: the burst headroom (module docstring; ``headroom``), chosen
+        with ``bench/autoscaler_sim.py`` after all eight traces had been seen (bench/traces/README.md).
+        The lead is one 15 s tick plus the simulated 30 s cold start, rounded up.
 
     Raises:
         ValueError: naming the field, when a value is out of range or bounds are inverted.
@@ -351,6 +366,12 @@ class Policy:
     drained_wait_model_fraction: float = 0.5
     backlog_drain_seconds: float = 30.0
     cold_start_timeout: bool = True
+    burst_headroom: bool = True
+    burst_memory_seconds: float = 1800.0
+    burst_lead_seconds: float = 60.0
+    burst_quantile: float = 0.9
+    burst_limit: float = 2.0
+    burst_min_samples: int = 20
 
     def __post_init__(self) -> None:
         cooldowns = (
@@ -390,6 +411,11 @@ class Policy:
             ("surge_max_replicas", self.surge_max_replicas >= 0, "must be >= 0"),
             ("drained_wait_model_fraction", 0 <= self.drained_wait_model_fraction < 1, "must be in [0, 1)"),
             ("backlog_drain_seconds", self.backlog_drain_seconds > 0, "must be > 0"),
+            ("burst_memory_seconds", self.burst_memory_seconds >= 0, "must be >= 0"),
+            ("burst_lead_seconds", self.burst_lead_seconds > 0, "must be > 0"),
+            ("burst_quantile", 0 < self.burst_quantile <= 1, "must be in (0, 1]"),
+            ("burst_limit", self.burst_limit >= 1, "must be >= 1"),
+            ("burst_min_samples", self.burst_min_samples >= 0, "must be >= 0"),
         )
         for name, ok, why in rules:
             if not ok:
@@ -416,6 +442,8 @@ class State:
             stabilization window has been observed (so a restarted operator waits one window).
         recommendations: ``(now, replicas)`` per known tick within the stabilization window, oldest
             first, like the HPA's recommendation history.
+        arrivals: ``(now, requests/s)`` arrival-rate samples within ``Policy.burst_memory_seconds``,
+            oldest first, that the burst headroom learns from (``headroom.burst_factor``).
     """
 
     last_scale_up: float | None = None
@@ -424,6 +452,7 @@ class State:
     last_timeout_change: float | None = None
     first_seen: float | None = None
     recommendations: tuple[tuple[float, int], ...] = field(default_factory=tuple)
+    arrivals: tuple[tuple[float, float], ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -487,6 +516,7 @@ class Tick:
         demand: requests/s to plan for (arrival rate, else completion rate), ``None`` if unknown.
         capacity: requests/s one replica serves at the SLO (``slo_capacity``), ``None`` if unknown.
         needed: replicas the capacity rule asks for (bounded), ``None`` when the rule does not apply.
+        burst: the burst headroom learned so far (``headroom.burst_factor``), ``None`` when off/unknown.
     """
 
     obs: Observation
@@ -507,6 +537,7 @@ class Tick:
     demand: float | None = None
     capacity: float | None = None
     needed: int | None = None
+    burst: headroom.Burst | None = None
 
     @classmethod
     def of(cls, obs: Observation, current: Current, policy: Policy, state: State, now: float) -> Tick:
@@ -517,7 +548,7 @@ class Tick:
         idle = obs.idle or obs.p99_seconds is None
         starting = 0 if current.ready_replicas is None else max(0, n - current.ready_replicas)
         last_unready = now if starting > 0 else state.last_unready
-        plan = _plan(obs, policy, timeout)
+        plan = _plan(obs, policy, timeout, _burst(obs, policy, state, now))
         known = plan.get("needed") is not None
         drained_fraction = policy.drained_wait_model_fraction if known else policy.drained_wait_fraction
         return cls(
@@ -592,8 +623,21 @@ def cold_start_timeout(
     return min(max(target - 2 * (a + c * max_batch), bounds[0]), bounds[1])
 
 
-def _plan(obs: Observation, policy: Policy, timeout: float) -> dict[str, Any]:
-    """``demand``, ``capacity`` and ``needed`` of a ``Tick`` (the SLO-capacity rule's inputs)."""
+def _burst(obs: Observation, policy: Policy, state: State, now: float) -> headroom.Burst | None:
+    """The burst headroom learned from the arrival samples so far and this tick's, ``None`` when off or
+    the arrival rate is unknown."""
+    if not policy.burst_headroom or obs.arrival_rate is None:
+        return None
+    return headroom.burst_factor(
+        (*state.arrivals, (now, obs.arrival_rate)),
+        lead=policy.burst_lead_seconds,
+        quantile=policy.burst_quantile,
+        limit=policy.burst_limit,
+    )
+
+
+def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burst | None) -> dict[str, Any]:
+    """``demand``, ``capacity``, ``needed`` and ``burst`` of a ``Tick`` (the SLO-capacity rule's inputs)."""
     demand = max((r for r in (obs.arrival_rate, obs.request_rate) if r is not None), default=None)
     a, c, batch = obs.service_time_a_seconds, obs.service_time_c_seconds, obs.max_batch_size
     if not policy.capacity_rule or demand is None or a is None or c is None or batch is None:
@@ -606,8 +650,15 @@ def _plan(obs: Observation, policy: Policy, timeout: float) -> dict[str, Any]:
     wanted = math.ceil(demand / (policy.plan_utilization * capacity) - _EPS)
     full = int(batch) / (a + c * int(batch))  # a replica's throughput at full batches, requests/s
     surge = min(math.ceil(policy.surge_factor * demand / full - _EPS), policy.surge_max_replicas)
-    needed = min(max(wanted, surge, policy.min_replicas), policy.max_replicas)
-    return {"demand": demand, "capacity": capacity, "needed": needed}
+    bursts = 0
+    if burst is not None and burst.level is not None:
+        # Outside a burst the headroom stands on the present rate; inside one, on the floor under it.
+        in_burst = demand > burst.level * (1 + (burst.factor - 1) / 2)
+        bursts = math.ceil(burst.factor * (burst.level if in_burst else demand) / capacity - _EPS)
+        if burst.rises >= policy.burst_min_samples:  # the surge floor is the prior until then
+            surge = 0
+    needed = min(max(wanted, surge, bursts, policy.min_replicas), policy.max_replicas)
+    return {"demand": demand, "capacity": capacity, "needed": needed, "burst": burst}
 
 
 @dataclass(frozen=True)
@@ -887,9 +938,19 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
             *((when, r) for when, r in state.recommendations if now - when < window),
             (now, out.recommendation),
         ),
+        arrivals=_arrivals(state, checked, policy, now),
     )
     hold = out.holds[0] if out.holds else None
     return _decision(current, out.replicas, out.batch_timeout, note + out.words, next_state, hold, known=True)
+
+
+def _arrivals(state: State, obs: Observation, policy: Policy, now: float) -> tuple[tuple[float, float], ...]:
+    """The arrival samples for the next ``State``: this tick's added (when known), those older than
+    ``burst_memory_seconds`` dropped."""
+    kept = tuple((when, r) for when, r in state.arrivals if now - when < policy.burst_memory_seconds)
+    if obs.arrival_rate is None or not policy.burst_headroom:
+        return kept
+    return (*kept, (now, obs.arrival_rate))
 
 
 def restore_state(

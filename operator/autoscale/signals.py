@@ -16,9 +16,10 @@ Default PromQL (``<sel>`` is ``namespace="<ns>",inferenceservice="<name>"``, ``<
   (completions over the last two samples plus the growth of the requests in flight: the runtime counts
   responses, not arrivals; the window is two autoscaler intervals)
 - s(b) = a + c*b and B (optional, for the SLO-capacity rule):
-  ``avg(kubeinfer_service_time_intercept_seconds{<sel>})``,
-  ``avg(kubeinfer_service_time_slope_seconds{<sel>})`` (the runtime's fit; without them the rule is
-  off and the reactive law decides) and
+  ``avg(kubeinfer_service_time_intercept_seconds{<sel>} >= 0)``,
+  ``avg(kubeinfer_service_time_slope_seconds{<sel>} > 0)`` (the runtime's fit, ``runtime/service_time.py``;
+  the comparison drops a pod still exporting NaN, i.e. no fit yet; without them the rule is off and the
+  reactive law decides) and
   ``min(kubeinfer_max_batch_size{<sel>})``
 
 Each can be overridden per InferenceService (``spec.autoscaling.queries``); an override may use the
@@ -158,8 +159,9 @@ def default_queries(
             f"sum(irate(kubeinfer_requests_total{{{sel}}}[{arrival_window}])) + "
             f"sum(deriv(kubeinfer_inflight_requests{{{sel}}}[{arrival_window}]))"
         ),
-        service_time_a=f"avg(kubeinfer_service_time_intercept_seconds{{{sel}}})",
-        service_time_c=f"avg(kubeinfer_service_time_slope_seconds{{{sel}}})",
+        # ">= 0" / "> 0" drop a pod that has no fit yet (NaN) instead of turning the average into NaN.
+        service_time_a=f"avg(kubeinfer_service_time_intercept_seconds{{{sel}}} >= 0)",
+        service_time_c=f"avg(kubeinfer_service_time_slope_seconds{{{sel}}} > 0)",
         max_batch_size=f"min(kubeinfer_max_batch_size{{{sel}}})",
     )
 

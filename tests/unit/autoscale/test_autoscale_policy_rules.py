@@ -317,3 +317,69 @@ def tick_model(obs: Observation, current: Current, policy: Policy = MODEL) -> Ti
     checked = check_observation(obs, policy.stale_after_seconds)
     assert isinstance(checked, Observation)
     return Tick.of(checked, current, policy, SETTLED, 0.0)
+
+
+# --- burst headroom (headroom.burst_factor inside the capacity rule) -----------------------------------
+
+
+def bursty_history(base: float, ratio: float, n: int = 60) -> State:
+    """``n`` arrival samples 15 s apart ending 15 s before 0: ``base`` with 30 s bursts of ``ratio``
+    every 3 minutes (the last sample off-burst)."""
+    rates = [base * ratio if i % 12 in (6, 7) else base for i in range(n)]
+    return replace(SETTLED, arrivals=tuple(((i - n) * 15.0, r) for i, r in enumerate(rates)))
+
+
+def test_burst_headroom_provisions_for_the_learned_burst() -> None:
+    # 2500/s needs 3 replicas at 85 % of 1142.9/s; x1.8 bursts recur: 4500/s at full capacity → 4.
+    state = bursty_history(2500.0, 1.8)
+    obs = seen(0.04, 0.5, 2500.0)
+    t = Tick.of(obs, Current(3, 0.02, ready_replicas=3), MODEL, state, 0.0)
+    assert t.burst is not None and t.burst.factor == pytest.approx(1.8)
+    assert t.needed == 4
+    d = decide(obs, Current(3, 0.02, ready_replicas=3), MODEL, state, 0.0)
+    assert d.replicas == 4
+    off = replace(MODEL, burst_headroom=False)
+    assert decide(obs, Current(3, 0.02, ready_replicas=3), off, state, 0.0).replicas == 3
+    # steady traffic learns nothing: the same rate keeps 3
+    steady = replace(SETTLED, arrivals=tuple((i * 15.0 - 900.0, 2500.0) for i in range(60)))
+    assert decide(obs, Current(3, 0.02, ready_replicas=3), MODEL, steady, 0.0).replicas == 3
+
+
+def test_burst_headroom_does_not_count_a_burst_in_progress_twice() -> None:
+    # Now inside a x1.8 burst (4500/s over a 2500/s floor): the headroom stands on the floor
+    # (1.8 x 2500 = 4500/s → 4 replicas at full capacity), and the demand itself wants 4500 / (0.85 x
+    # 1142.9) → 5; 1.8 x 4500/s would have asked for 8.
+    state = bursty_history(2500.0, 1.8)
+    t = Tick.of(seen(0.04, 0.9, 4500.0), Current(4, 0.02, ready_replicas=4), MODEL, state, 0.0)
+    assert t.needed == 5
+
+
+def test_learned_bursts_replace_the_surge_floor() -> None:
+    # 400/s: the surge prior keeps 2 replicas (x5 → 2000/s) until enough rises are learned; a steady
+    # history of 60 samples (52 rises) learns factor 1, and 1 replica serves 400/s.
+    fresh = Tick.of(seen(0.04, 0.2, 400.0), Current(1, 0.02), MODEL, SETTLED, 0.0)
+    assert fresh.needed == 2
+    steady = replace(SETTLED, arrivals=tuple((i * 15.0 - 900.0, 400.0) for i in range(60)))
+    learned = Tick.of(seen(0.04, 0.2, 400.0), Current(1, 0.02), MODEL, steady, 0.0)
+    assert learned.burst is not None and learned.burst.rises >= MODEL.burst_min_samples
+    assert learned.needed == 1
+    # a short history is not enough evidence: the prior stays
+    short = replace(SETTLED, arrivals=tuple((i * 15.0 - 300.0, 400.0) for i in range(20)))
+    assert Tick.of(seen(0.04, 0.2, 400.0), Current(1, 0.02), MODEL, short, 0.0).needed == 2
+
+
+def test_arrival_samples_are_kept_for_the_memory_only() -> None:
+    policy = replace(MODEL, burst_memory_seconds=60.0)
+    state = replace(SETTLED, arrivals=((-90.0, 100.0), (-45.0, 200.0)))
+    d = decide(seen(0.04, 0.2, 300.0), Current(1, 0.02), policy, state, 0.0)
+    assert d.state.arrivals == ((-45.0, 200.0), (0.0, 300.0))
+    # an unknown arrival rate adds no sample; an unknown observation keeps the state as it was
+    no_rate = replace(seen(0.04, 0.2, 300.0), arrival_rate=None)
+    assert decide(no_rate, Current(1, 0.02), policy, state, 0.0).state.arrivals == ((-45.0, 200.0),)
+    held = decide(Observation.unknown("Prometheus down"), Current(1, 0.02), policy, state, 0.0)
+    assert held.state.arrivals == state.arrivals
+    # the headroom off: no samples are kept
+    off = replace(policy, burst_headroom=False)
+    assert decide(seen(0.04, 0.2, 300.0), Current(1, 0.02), off, state, 0.0).state.arrivals == (
+        (-45.0, 200.0),
+    )

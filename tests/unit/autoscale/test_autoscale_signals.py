@@ -211,6 +211,8 @@ def test_autoscale_signals_capacity_inputs(prom: tuple[FakeProm, str]) -> None:
     assert (o.service_time_a_seconds, o.service_time_c_seconds, o.max_batch_size) == (None, None, None)
     assert QUERIES.arrival_rate.startswith("sum(irate(kubeinfer_requests_total{")
     assert "deriv(kubeinfer_inflight_requests{" in QUERIES.arrival_rate
+    # a pod with no fit yet exports NaN: the comparison drops it rather than averaging NaN in
+    assert QUERIES.service_time_c.endswith("} > 0)") and QUERIES.service_time_a.endswith("} >= 0)")
     fake.values = {
         "deriv(": "14.0",  # the fake answers the whole arrival-rate query with this value
         "kubeinfer_service_time_intercept_seconds": "0.004",

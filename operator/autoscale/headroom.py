@@ -1,0 +1,130 @@
+"""Burst headroom: how far the arrival rate has risen within one reaction time, learned from history.
+
+A reactive autoscaler adds capacity one reaction time after the demand asks for it (the next tick plus
+a cold start: ``Policy.burst_lead_seconds``). A burst shorter than that meets only the capacity that
+was standing when it began, so the only defence is headroom, and the right amount is a property of the
+traffic: smooth diurnal traffic needs little, traffic with short x2 bursts needs twice its level. This
+module measures it from the arrival-rate samples the controller has already seen, the way
+Autopilot's moving-window recommenders size a limit from a high percentile of recent usage rather than
+from the last sample (Rzadca et al., "Autopilot: workload autoscaling at Google", EuroSys 2020,
+section 3.2), and Nexus and MArk provision for the peak of the next interval rather than its mean
+(Shen et al., SOSP 2019; Zhang et al., USENIX ATC 2019):
+
+- the *level* at a sample is the lowest arrival rate of the ``lead`` seconds up to it (``floor_level``:
+  the level a burst shorter than the reaction time stands on);
+- its *rise* is the highest arrival rate in the ``lead`` seconds after it, over that level (or over
+  the level ``2 * lead`` later if higher: a rise that stays is a level shift, which the capacity rule
+  follows by itself): what the fleet standing at that moment would have had to absorb before help
+  arrived;
+- the *burst factor* is the ``quantile`` of those rises over the memory (a rare event such as one
+  flash crowd moves a high quantile little; bursts that recur set it), at least 1. Above ``limit`` it
+  is 1: bursts that large (x5 in a Markov-modulated trace) outgrow any headroom worth paying for, and
+  headroom that covers a third of them only delays the breach by seconds; the reactive rules handle
+  them.
+
+The capacity rule (``policy``) then provisions for ``factor`` times the present rate at the full SLO
+capacity of a replica, beside the demand at its planning utilization; inside a burst (the rate more
+than halfway from the floor to ``factor`` times it) the headroom stands on the floor instead, so a
+burst is not counted twice. Pure: no clock, no I/O; samples are
+``(now, requests/s)`` pairs on any monotonic clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Burst", "burst_factor", "floor_level"]
+
+
+@dataclass(frozen=True)
+class Burst:
+    """The burst headroom at one tick.
+
+    Attributes:
+        factor: ratio >= 1 to multiply the level by (1 when nothing was learned).
+        level: the arrival rate's floor now, requests/s (``floor_level`` over the last ``lead``
+            seconds); ``None`` when no sample is known.
+        rises: how many past samples the factor was learned from.
+    """
+
+    factor: float
+    level: float | None
+    rises: int
+
+
+def floor_level(times: Sequence[float], rates: Sequence[float], i: int, span: float) -> float:
+    """The lowest of ``rates[: i + 1]`` whose time is within ``span`` seconds of ``times[i]``
+    (``rates[i]`` at least), requests/s: the level a burst shorter than ``span`` stands on."""
+    low = rates[i]
+    j = i - 1
+    while j >= 0 and times[i] - times[j] < span:
+        low = min(low, rates[j])
+        j -= 1
+    return low
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (linear interpolation, numpy's default method)."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _rise(times: Sequence[float], rates: Sequence[float], i: int, lead: float) -> float | None:
+    """The transient rise after sample ``i``: the highest rate within ``lead`` seconds after it, over
+    the higher of the floor level at ``i`` and the floor level ``2 * lead`` after it (a rise that stays
+    is a level shift, which the capacity rule follows by itself, not a burst). ``None`` when the floor
+    is 0 or nothing follows within ``lead``."""
+    before = floor_level(times, rates, i, lead)
+    j = i + 1
+    peak = 0.0
+    while j < len(times) and times[j] <= times[i] + lead:
+        peak = max(peak, rates[j])
+        j += 1
+    if j == i + 1:
+        return None
+    while j < len(times) - 1 and times[j + 1] <= times[i] + 2 * lead:
+        j += 1
+    base = max(before, floor_level(times, rates, min(j, len(times) - 1), lead))
+    return peak / base if base > 0 else None
+
+
+def burst_factor(
+    samples: Sequence[tuple[float, float]],
+    *,
+    lead: float,
+    quantile: float,
+    limit: float,
+) -> Burst:
+    """The burst factor learned from ``samples`` (module docstring).
+
+    Args:
+        samples: ``(time, arrival requests/s)`` pairs, oldest first, every one within the memory.
+        lead: the reaction time, seconds: a rise counts the highest rate within this long after a sample.
+        quantile: which quantile of the rises is the factor, in (0, 1].
+        limit: the largest factor, >= 1; a learned quantile above it gives 1 (no headroom).
+
+    Returns:
+        A ``Burst``. A sample teaches once ``2 * lead`` seconds after it are observed.
+    """
+    if not samples:
+        return Burst(1.0, None, 0)
+    times = [t for t, _ in samples]
+    rates = [r for _, r in samples]
+    now_level = floor_level(times, rates, len(rates) - 1, lead)
+    rises: list[float] = []
+    for i, when in enumerate(times):
+        if when + 2 * lead > times[-1]:
+            break
+        rise = _rise(times, rates, i, lead)
+        if rise is not None:
+            rises.append(rise)
+    if not rises:
+        return Burst(1.0, now_level, 0)
+    factor = _quantile(rises, quantile)
+    # Bursts over the limit outgrow any headroom it allows: leave them to the reactive rule.
+    return Burst(1.0 if factor > limit else max(factor, 1.0), now_level, len(rises))
