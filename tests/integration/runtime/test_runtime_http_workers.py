@@ -5,6 +5,7 @@ two front ends too (``test_runtime_bad_requests_and_signals.py``, ``test_runtime
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import numpy as np
 import psutil
 import pytest
 import tritonclient.http as httpclient
+from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
 
 from tests.support.runtime_proc import RuntimeProcess
 from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
@@ -189,6 +191,40 @@ def test_metrics_are_one_view_of_the_pod(runtime: RuntimeProcess) -> None:
     assert views == {(ok0 + 8, bad0 + 8)}
     for c in conns:
         c.close()
+
+
+def test_reload_priority_displacement_and_429_cross_the_front_ends(runtime: RuntimeProcess) -> None:
+    """Hot reload (the watcher is in the model process) to a queue of 4 with a 0.5 s batch timeout; a
+    burst of 4 priority-2 requests fills it; a priority-1 arrival displaces the newest of them, which
+    gets 429 with Retry-After through its front end; the others are served."""
+    base = RuntimeConfig.load(runtime.config_path)
+    small = base.model_copy(deep=True)
+    small.batching = BatchingConfig(max_batch_size=8, max_queue_delay_seconds=0.5, max_queue_size=4)
+    runtime.write_config(small)
+    deadline = time.monotonic() + 10
+    while 'kubeinfer_max_queue_delay_seconds{model="tiny"} 0.5' not in runtime.metrics_text():
+        assert time.monotonic() < deadline, "the reload did not reach the model process"
+        time.sleep(0.2)
+
+    async def run() -> tuple[list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(base_url=runtime.url, timeout=30) as c:
+            # a burst first: the batcher has seen arrivals within its 1 s window, so the next requests
+            # wait for their batch timeout instead of starting alone (its early dispatch at low load)
+            warm = await asyncio.gather(*(c.post(INFER, json=_row(f"warm {i}")) for i in range(4)))
+            assert [r.status_code for r in warm] == [200] * 4
+            low = [asyncio.create_task(c.post(INFER, json=_row(f"low {i}"))) for i in range(4)]
+            await asyncio.sleep(0.25)  # queued: 4 rows < 8, the burst waits for its 0.5 s
+            high = await c.post(INFER, json={**_row("high"), "parameters": {"priority": 1}})
+            return list(await asyncio.gather(*low)), high
+
+    try:
+        low, high = asyncio.run(run())
+    finally:
+        runtime.write_config(base)
+    assert high.status_code == 200, high.text
+    shed = [r for r in low if r.status_code == 429]
+    assert len(shed) == 1 and [r.status_code for r in low].count(200) == 3, [r.text for r in low]
+    assert shed[0].headers["retry-after"] and "queue full" in shed[0].json()["error"]
 
 
 def test_sigterm_stops_every_front_end(tmp_path: Path) -> None:
