@@ -22,10 +22,11 @@ section 3.2), and Nexus and MArk provision for the peak of the next interval rat
   headroom that covers a third of them only delays the breach by seconds; the reactive rules handle
   them.
 
-The capacity rule (``policy``) then provisions for ``factor`` times the present rate at the full SLO
-capacity of a replica, beside the demand at its planning utilization; inside a burst (the rate more
-than halfway from the floor to ``factor`` times it) the headroom stands on the floor instead, so a
-burst is not counted twice. Pure: no clock, no I/O; samples are
+The capacity rule (``policy``, ``_burst_base``) then provisions for ``factor`` times the present rate
+(carried one reaction time ahead on its rise from the floor) at the full SLO capacity of a replica,
+beside the demand at its planning utilization; inside a burst (the rate more than halfway from the
+floor to ``factor`` times it) the headroom stands on the floor instead, so a burst is not counted
+twice. Pure: no clock, no I/O; samples are
 ``(now, requests/s)`` pairs on any monotonic clock.
 """
 

@@ -29,8 +29,13 @@ the rule also provisions ``factor * rate`` at a replica's full SLO capacity, whe
 quantile of the transient rises of the arrival rate within one reaction time over the last
 ``burst_memory_seconds`` (Autopilot's moving-window percentile, Rzadca et al., EuroSys 2020; the
 arrival samples live in ``State.arrivals``). Smooth traffic learns a factor near 1 and pays nothing; a
-level shift (a step, a ramp) is not a burst. Until ``burst_min_samples`` rises are learned the surge
-floor above stands in for the unknown burstiness; after that the learned factor replaces it.
+level shift (a step, a ramp) is not a burst. The rate it multiplies (``_burst_base``) is the demand
+carried one reaction time ahead on its rise from the floor (the lowest rate of the last reaction
+time), or the floor while a burst is in progress (a burst is not counted twice). Until
+``burst_min_samples`` rises are learned the surge floor above, standing on the floor rate, is the prior
+for the unknown burstiness; after that the learned factor replaces it. A P99 over target from a
+drained backlog recommends the rule's count, so the stabilization window runs from the demand, not
+from the query window's memory of the backlog.
 
 The reactive law:
 
@@ -636,6 +641,16 @@ def _burst(obs: Observation, policy: Policy, state: State, now: float) -> headro
     )
 
 
+def _burst_base(demand: float, floor: float, factor: float) -> float:
+    """The rate, requests/s, that the burst headroom multiplies. Inside a burst (the demand more than
+    halfway from the floor to ``factor`` times it) the floor, so that the burst is not counted twice;
+    outside, the demand carried one reaction time ahead on its rise from the floor (a linear trend:
+    ``demand + (demand - floor)``)."""
+    if demand > floor * (1 + (factor - 1) / 2):
+        return floor
+    return 2 * demand - floor
+
+
 def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burst | None) -> dict[str, Any]:
     """``demand``, ``capacity``, ``needed`` and ``burst`` of a ``Tick`` (the SLO-capacity rule's inputs)."""
     demand = max((r for r in (obs.arrival_rate, obs.request_rate) if r is not None), default=None)
@@ -649,12 +664,12 @@ def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burs
         return {"demand": demand, "capacity": 0.0}
     wanted = math.ceil(demand / (policy.plan_utilization * capacity) - _EPS)
     full = int(batch) / (a + c * int(batch))  # a replica's throughput at full batches, requests/s
-    surge = min(math.ceil(policy.surge_factor * demand / full - _EPS), policy.surge_max_replicas)
+    # The floor: the lowest arrival rate of the last reaction time (the level a burst stands on).
+    floor = min(demand, burst.level) if burst is not None and burst.level is not None else demand
+    surge = min(math.ceil(policy.surge_factor * floor / full - _EPS), policy.surge_max_replicas)
     bursts = 0
-    if burst is not None and burst.level is not None:
-        # Outside a burst the headroom stands on the present rate; inside one, on the floor under it.
-        in_burst = demand > burst.level * (1 + (burst.factor - 1) / 2)
-        bursts = math.ceil(burst.factor * (burst.level if in_burst else demand) / capacity - _EPS)
+    if burst is not None:
+        bursts = math.ceil(burst.factor * _burst_base(demand, floor, burst.factor) / capacity - _EPS)
         if burst.rises >= policy.burst_min_samples:  # the surge floor is the prior until then
             surge = 0
     needed = min(max(wanted, surge, bursts, policy.min_replicas), policy.max_replicas)
@@ -728,8 +743,9 @@ def _over_target(t: Tick) -> Outcome:
     """
     p = t.policy
     head = f"{t.p99_words} > target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
-    if t.drained is not None:
-        return _unchanged(t, f"{head}: {t.drained}", "BacklogDrained")
+    if t.drained is not None:  # the window's P99 is history: recommend what the demand needs now
+        out = _unchanged(t, f"{head}: {t.drained}", "BacklogDrained")
+        return out if t.needed is None else replace(out, recommendation=min(t.needed, t.replicas))
     if t.busy and t.needed is not None:  # the demand is covered: one replica more, not the P99 ratio
         return _with_scale_up(t, f"{head}, demand covered", (t.replicas + 1) / t.replicas)
     if t.busy:

@@ -16,6 +16,7 @@ from kubeinfer.operator.autoscale.policy import (
     State,
     Tick,
     _ahead_of_demand,
+    _burst_base,
     _hold,
     _over_target,
     _under_target,
@@ -383,3 +384,29 @@ def test_arrival_samples_are_kept_for_the_memory_only() -> None:
     assert decide(seen(0.04, 0.2, 300.0), Current(1, 0.02), off, state, 0.0).state.arrivals == (
         (-45.0, 200.0),
     )
+
+
+def test_burst_base_trend_and_burst() -> None:
+    # flat: the demand itself; rising from the floor (not yet halfway to a x1.8 burst): carried one
+    # reaction time ahead, 1200 + (1200 - 1000); inside a burst: the floor under it
+    assert _burst_base(1000.0, 1000.0, 1.8) == 1000.0
+    assert _burst_base(1200.0, 1000.0, 1.8) == 1400.0
+    assert _burst_base(1600.0, 1000.0, 1.8) == 1000.0
+
+
+def test_surge_prior_stands_on_the_floor() -> None:
+    # A short history (the prior applies): 400/s for the last minute, 800/s now. x5 of 800/s would be
+    # 3 replicas; the prior stands on the floor, 400/s: 2000 / 1142.9 → 2.
+    state = replace(SETTLED, arrivals=((-45.0, 400.0), (-30.0, 400.0), (-15.0, 400.0)))
+    t = Tick.of(seen(0.04, 0.3, 800.0), Current(1, 0.02), MODEL, state, 0.0)
+    assert t.burst is not None and t.burst.rises < MODEL.burst_min_samples and t.burst.level == 400.0
+    assert t.needed == 2
+
+
+def test_drained_backlog_recommends_what_the_demand_needs() -> None:
+    # P99 over target from a backlog that has drained (Little's law), 6 replicas, 1500/s: the hold
+    # recommends the capacity rule's count (2 for 1500/s at 85 %, the x5 surge prior capped at 3),
+    # so the stabilization window starts counting down now, not when the window's P99 catches up.
+    t = tick_model(seen(1.0, 0.3, 1500.0, inflight=20.0), Current(6, 0.05, ready_replicas=6))
+    out = _over_target(t)
+    assert out.replicas == 6 and out.holds == ("BacklogDrained",) and out.recommendation == 3
