@@ -135,6 +135,8 @@ def test_metrics_carry_the_contract_names(runtime: RuntimeProcess) -> None:
         "kubeinfer_quantization_cosine_mean_ratio",
         "kubeinfer_quantization_retrieval_agreement_ratio",
         "kubeinfer_config_reload_errors_total",
+        "kubeinfer_service_time_intercept_seconds",
+        "kubeinfer_service_time_slope_seconds",
     ):
         assert re.search(rf'^{name}{{.*model="minilm"', text, re.MULTILINE), name
     # CPU: no accelerator memory series (absent, not a misleading zero)
@@ -142,6 +144,11 @@ def test_metrics_carry_the_contract_names(runtime: RuntimeProcess) -> None:
     assert 0.0 < metric(text, 'kubeinfer_device_utilization_ratio{model="minilm"}') <= 1.0
     assert metric(text, 'kubeinfer_model_load_seconds{model="minilm"}') > 0
     assert metric(text, 'kubeinfer_requests_total{code="200",model="minilm"}') >= 1
+    # s(b) = a + c*b, fitted at warmup and from the batches run: a real line, in seconds (MiniLM on
+    # CPU takes milliseconds per row, not microseconds or seconds)
+    a = metric(text, 'kubeinfer_service_time_intercept_seconds{model="minilm"}')
+    c = metric(text, 'kubeinfer_service_time_slope_seconds{model="minilm"}')
+    assert 0.0 <= a < 1.0 and 1e-4 < c < 0.5, (a, c)
 
 
 def test_responses_with_a_body_are_not_delayed_by_nagle(runtime: RuntimeProcess) -> None:
