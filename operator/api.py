@@ -752,6 +752,18 @@ class ObservedSignals(_Status):
     gpu_utilization: float | None = Field(default=None, description="Ratio 0..1.")
     request_rate: float | None = Field(default=None, description="Requests per second.")
     queue_size: float | None = Field(default=None, description="Queued requests (sum over replicas).")
+    arrival_rate: float | None = Field(
+        default=None, description="Requests per second arriving (the SLO-capacity rule's demand)."
+    )
+    inflight_requests: float | None = Field(
+        default=None, description="Requests received and not yet answered (sum over replicas)."
+    )
+    service_time_intercept_seconds: float | None = Field(
+        default=None, description="The runtime's batch service time s(b) = a + c*b: a, seconds."
+    )
+    service_time_slope_seconds: float | None = Field(
+        default=None, description="The runtime's batch service time s(b) = a + c*b: c, seconds per row."
+    )
     time: str | None = Field(default=None, description="RFC 3339 time of the observation.")
     unknown_reason: str | None = Field(
         default=None, description="Why a signal is unknown (no data, stale, NaN)."

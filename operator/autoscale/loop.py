@@ -111,6 +111,10 @@ def observed_status(obs: Observation, when: str) -> dict[str, Any]:
         "gpuUtilization": num(obs.gpu_utilization, 4),
         "requestRate": num(obs.request_rate, 3),
         "queueSize": num(obs.queue_size, 1),
+        "arrivalRate": num(obs.arrival_rate, 3),
+        "inflightRequests": num(obs.inflight_requests, 1),
+        "serviceTimeInterceptSeconds": num(obs.service_time_a_seconds, 6),
+        "serviceTimeSlopeSeconds": num(obs.service_time_c_seconds, 7),
         "time": when,
         "unknownReason": obs.unknown_reason,
     }

@@ -522,6 +522,8 @@ class Tick:
         capacity: requests/s one replica serves at the SLO (``slo_capacity``), ``None`` if unknown.
         needed: replicas the capacity rule asks for (bounded), ``None`` when the rule does not apply.
         burst: the burst headroom learned so far (``headroom.burst_factor``), ``None`` when off/unknown.
+        needed_why: words for what set ``needed`` when it is not the demand at the planning utilization
+            (the burst headroom or the surge prior), else ``""``.
     """
 
     obs: Observation
@@ -543,6 +545,7 @@ class Tick:
     capacity: float | None = None
     needed: int | None = None
     burst: headroom.Burst | None = None
+    needed_why: str = ""
 
     @classmethod
     def of(cls, obs: Observation, current: Current, policy: Policy, state: State, now: float) -> Tick:
@@ -673,7 +676,12 @@ def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burs
         if burst.rises >= policy.burst_min_samples:  # the surge floor is the prior until then
             surge = 0
     needed = min(max(wanted, surge, bursts, policy.min_replicas), policy.max_replicas)
-    return {"demand": demand, "capacity": capacity, "needed": needed, "burst": burst}
+    why = ""
+    if burst is not None and bursts > max(wanted, surge):
+        why = f" (burst headroom x{burst.factor:.2f} learned from {burst.rises} samples)"
+    elif surge > wanted:
+        why = f" (x{policy.surge_factor:g} surge prior)"
+    return {"demand": demand, "capacity": capacity, "needed": needed, "burst": burst, "needed_why": why}
 
 
 @dataclass(frozen=True)
@@ -769,7 +777,7 @@ def _ahead_of_demand(t: Tick) -> Outcome:
     needed = t.needed if t.needed is not None else t.replicas
     head = (
         f"demand {t.demand or 0:.0f}/s needs {needed} replicas at "
-        f"{t.policy.plan_utilization:.0%} of {t.capacity or 0:.0f}/s each"
+        f"{t.policy.plan_utilization:.0%} of {t.capacity or 0:.0f}/s each{t.needed_why}"
     )
     out = _unchanged(t, f"{head}: {t.replicas} → {needed} replicas")
     return replace(out, replicas=needed, recommendation=needed, last_scale_up=t.now)

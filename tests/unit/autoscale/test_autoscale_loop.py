@@ -108,6 +108,21 @@ def test_autoscale_loop_condition_only_on_status_or_reason_change() -> None:
 def test_autoscale_loop_observed_never_zero() -> None:
     out = loop.observed_status(Observation.unknown("Prometheus unavailable"), "T")
     assert out["p99Seconds"] is None and out["gpuUtilization"] is None and out["unknownReason"]
+    assert out["arrivalRate"] is None and out["serviceTimeSlopeSeconds"] is None
+    # what the SLO-capacity rule read is in status, beside P99 and utilization
+    seen = Observation(
+        0.05,
+        0.4,
+        request_rate=100.0,
+        arrival_rate=120.5,
+        inflight_requests=7.0,
+        service_time_a_seconds=0.004,
+        service_time_c_seconds=0.00075,
+        max_batch_size=32.0,
+    )
+    out = loop.observed_status(seen, "T")
+    assert (out["arrivalRate"], out["inflightRequests"]) == (120.5, 7.0)
+    assert (out["serviceTimeInterceptSeconds"], out["serviceTimeSlopeSeconds"]) == (0.004, 0.00075)
 
 
 async def test_autoscale_loop_disabled_touches_nothing() -> None:

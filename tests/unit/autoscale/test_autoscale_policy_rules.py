@@ -410,3 +410,13 @@ def test_drained_backlog_recommends_what_the_demand_needs() -> None:
     t = tick_model(seen(1.0, 0.3, 1500.0, inflight=20.0), Current(6, 0.05, ready_replicas=6))
     out = _over_target(t)
     assert out.replicas == 6 and out.holds == ("BacklogDrained",) and out.recommendation == 3
+
+
+def test_decision_says_what_set_the_count() -> None:
+    state = bursty_history(2500.0, 1.8)
+    d = decide(seen(0.04, 0.5, 2500.0), Current(3, 0.02, ready_replicas=3), MODEL, state, 0.0)
+    assert "burst headroom x1.80 learned from" in d.reason and "3 → 4 replicas" in d.reason
+    d = decide(seen(0.04, 0.3, 700.0), Current(1, 0.02), MODEL, SETTLED, 0.0)
+    assert "(x5 surge prior)" in d.reason and "1 → 3 replicas" in d.reason
+    d = decide(seen(0.04, 0.5, 3000.0), Current(2, 0.02, ready_replicas=2), MODEL, SETTLED, 0.0)
+    assert "each: 2 → 4 replicas" in d.reason  # the demand itself: no note
