@@ -36,7 +36,6 @@ process. Sources: the ZeroMQ guide (ROUTER/DEALER, "Asynchronous Client/Server P
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -45,7 +44,6 @@ from typing import Any
 import msgspec
 import numpy as np
 import zmq
-import zmq.asyncio
 from kubeinfer.runtime.dtypes import DATATYPES, datatype_of
 from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
 from kubeinfer.runtime.protocol import deserialize_bytes, serialize_bytes
@@ -187,12 +185,66 @@ def remaining_timeout_us(timeout_us: Any, received: float, now: float) -> Any:
     return left
 
 
-def _socket(ctx: zmq.asyncio.Context, kind: int) -> zmq.asyncio.Socket:
+def _socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)  # no message limit: the batcher's queue bounds what is in flight
     sock.setsockopt(zmq.RCVHWM, 0)
     return sock
+
+
+class _Pump:
+    """A ZeroMQ socket on the running event loop, without ``zmq.asyncio``'s future per receive: the
+    socket's file descriptor (edge-triggered, as libzmq documents ``ZMQ_FD``) wakes ``_drain``, which
+    hands every queued message to ``on_message``; ``send`` never blocks (no high-water mark). After a
+    send the descriptor's edge may have been consumed, so one more ``_drain`` is scheduled (once per
+    loop iteration). Measured with an echo handler on this machine: about half the CPU per call of
+    ``zmq.asyncio``'s ``recv_multipart``/``send_multipart``.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes], on_message: Callable[[list[zmq.Frame]], None]) -> None:
+        self.sock = sock
+        self.on_message = on_message
+        self.loop = asyncio.get_running_loop()
+        fd = int(sock.getsockopt(zmq.FD))
+        self._fd: int | None = fd
+        self._scheduled = False
+        self.loop.add_reader(fd, self._drain)
+        self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        sock = self.sock
+        while self._fd is not None and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                self.on_message(parts)
+            except Exception:
+                log.exception("ipc: message handler failed")
+
+    def send(self, parts: Sequence[Buffer]) -> None:
+        """Send one multipart message now. Raises ``ServingError`` 503 if the socket refuses it."""
+        try:
+            self.sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            raise ServingError(f"ipc: cannot send to the model process: {exc}", 503) from exc
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._drain)
+
+    def stop(self) -> None:
+        """Stop reading (idempotent)."""
+        if self._fd is not None:
+            self.loop.remove_reader(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Stop reading and close the socket."""
+        self.stop()
+        self.sock.close(0)
 
 
 class ModelClient:
@@ -201,62 +253,63 @@ class ModelClient:
     Args:
         address: the model process's ``ipc://`` address.
 
-    ``start`` connects and starts the reply reader (on the running loop); ``close`` fails every pending
+    ``start`` connects and starts reading replies (on the running loop); ``close`` fails every pending
     call with ``ServingError`` 503.
     """
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self._ctx = zmq.asyncio.Context()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = _socket(self._ctx, zmq.DEALER)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[tuple[Header, list[zmq.Frame]]]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._pump: _Pump | None = None
 
     async def start(self) -> None:
         """Connect and start reading replies."""
         self._sock.connect(self.address)
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        self._pump = _Pump(self._sock, self._on_reply)
 
     async def call(self, header: Header, frames: Sequence[Buffer] = ()) -> tuple[Header, list[zmq.Frame]]:
         """Send ``header`` (its ``id`` is set here) and ``frames``; wait for the reply (header, frames).
 
-        Raises ``ServingError`` 503 if the client is closed meanwhile."""
+        Raises ``ServingError`` 503 if the client is closed meanwhile or the message cannot be sent."""
+        if self._pump is None:
+            raise ServingError("model process connection closed", 503)
         header.id = next(self._ids)
-        future: asyncio.Future[tuple[Header, list[zmq.Frame]]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[Header, list[zmq.Frame]]] = self._pump.loop.create_future()
         self._pending[header.id] = future
         try:
-            await self._sock.send_multipart([encode_header(header), *frames], copy=False)
+            self._pump.send([encode_header(header), *frames])
             return await future
         finally:
             self._pending.pop(header.id, None)
 
     async def send(self, header: Header) -> None:
         """Send a one-way message (``count``, ``hello``)."""
-        await self._sock.send_multipart([encode_header(header)])
+        if self._pump is not None:
+            self._pump.send([encode_header(header)])
 
-    async def _read(self) -> None:
-        while True:
-            parts = await self._sock.recv_multipart(copy=False)
-            try:
-                header = decode_header(parts[0])
-            except ValueError:
-                log.error("ipc: dropped a reply with a malformed header")
-                continue
-            future = self._pending.get(header.id)
-            if future is not None and not future.done():
-                future.set_result((header, list(parts[1:])))
+    def _on_reply(self, parts: list[zmq.Frame]) -> None:
+        try:
+            header = decode_header(parts[0])
+        except ValueError:
+            log.error("ipc: dropped a reply with a malformed header")
+            return
+        future = self._pending.get(header.id)
+        if future is not None and not future.done():
+            future.set_result((header, list(parts[1:])))
 
     async def close(self) -> None:
         """Stop reading, fail pending calls (503), close the socket."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reader
+        pump, self._pump = self._pump, None
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ServingError("model process connection closed", 503))
-        self._sock.close(0)
+        if pump is not None:
+            pump.close()
+        else:
+            self._sock.close(0)
         self._ctx.term()
 
 
@@ -278,21 +331,27 @@ class ModelEndpoint:
     def __init__(self, address: str, handler: Handler) -> None:
         self.address = address
         self._handler = handler
-        self._ctx = zmq.asyncio.Context()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = _socket(self._ctx, zmq.ROUTER)
         self._sock.bind(address)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pump: _Pump | None = None
 
     async def run(self) -> None:
         """Receive and dispatch until cancelled."""
-        loop = asyncio.get_running_loop()
-        while True:
-            parts = await self._sock.recv_multipart(copy=False)
-            if len(parts) < 2:
-                continue
-            task = loop.create_task(self._serve(parts[0].bytes, parts[1], list(parts[2:])))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._pump = _Pump(self._sock, self._on_message)
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            if self._pump is not None:
+                self._pump.stop()
+
+    def _on_message(self, parts: list[zmq.Frame]) -> None:
+        if len(parts) < 2:
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(parts[0].bytes, parts[1], parts[2:]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, peer: bytes, head: zmq.Frame, frames: list[zmq.Frame]) -> None:
         try:
@@ -308,15 +367,18 @@ class ModelEndpoint:
             log.exception("ipc: handler failed on %s", header.op)
             err = ServingError(f"internal error: {type(exc).__name__}: {exc}", 500)
             reply = (Header(op="reply", id=header.id, error=error_info(err)), [])
-        if reply is None:
+        if reply is None or self._pump is None:
             return
         out, out_frames = reply
         out.id = header.id
-        await self._sock.send_multipart([peer, encode_header(out), *out_frames], copy=False)
+        self._pump.send([peer, encode_header(out), *out_frames])
 
     def close(self) -> None:
         """Cancel running handlers and close the socket."""
         for task in list(self._tasks):
             task.cancel()
+        if self._pump is not None:
+            self._pump.stop()
+            self._pump = None
         self._sock.close(0)
         self._ctx.term()

@@ -193,3 +193,33 @@ async def test_close_fails_pending_calls_with_503(tmp_path: Path) -> None:
     with pytest.raises(ServingError) as info:
         await call
     assert info.value.status == 503
+
+
+async def test_thousands_of_concurrent_calls_from_two_clients_are_all_answered(tmp_path: Path) -> None:
+    """The pump reads an edge-triggered descriptor: a missed wake-up would leave calls unanswered."""
+    address = f"ipc://{tmp_path}/many.sock"
+
+    async def echo(header: Header, frames: list[zmq.Frame]) -> tuple[Header, list[zmq.Frame]]:
+        if header.id % 7 == 0:
+            await asyncio.sleep(0)  # some replies leave in a later loop iteration
+        return Header(op="reply", tensors=header.tensors), frames
+
+    endpoint = ipc.ModelEndpoint(address, echo)
+    serving = asyncio.create_task(endpoint.run())
+    clients = [ipc.ModelClient(address), ipc.ModelClient(address)]
+    for c in clients:
+        await c.start()
+    try:
+
+        async def one(c: ipc.ModelClient, v: int) -> int:
+            specs, frames = ipc.encode_tensors({"x": np.array([v], np.int64)})
+            reply, out = await c.call(Header(op="infer", tensors=specs), frames)
+            return int(ipc.decode_tensors(reply.tensors, out)["x"][0])
+
+        calls = [one(clients[v % 2], v) for v in range(3000)]
+        assert await asyncio.wait_for(asyncio.gather(*calls), 30) == list(range(3000))
+    finally:
+        for c in clients:
+            await c.close()
+        serving.cancel()
+        endpoint.close()
