@@ -101,15 +101,15 @@ def measure_service_time(
     preprocess+execute on b random held-out sentences, the thread counts interleaved round by round
     (``torch.set_num_threads`` before each batch) so the shared machine's noise hits them alike.
 
-    Also, per thread count, s(1) of each sentence of ``low_sentences`` (the low-load run's requests,
+    Also, with ``threads[0]``, s(1) of each sentence of ``low_sentences`` (the low-load run's requests,
     in order; median of 3), so the low-load latencies can be compared request by request with the
     service time of their own sentence.
 
     And once more with ``threads[0]``, one sentence at a time after an idle ``gap`` (seconds; the low-load
     run's mean gap): key ``"spaced"``.
 
-    Returns ``({threads: rows {"batch_size", "service_seconds"}}, {threads or "spaced": [s(1) of each
-    low-load sentence, seconds]}, device)``.
+    Returns ``({threads: rows {"batch_size", "service_seconds"}}, {threads[0] or "spaced": [s(1) of
+    each low-load sentence, seconds]}, device)``.
     """
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models import load_model
@@ -144,14 +144,13 @@ def measure_service_time(
             if r["batch_size"] in (1, 2, 4, 8, 16, 32) or r["batch_size"] == max_batch
         )
         progress(f"  {t} thread(s): {shown} ms")
-    per_sentence: dict[int, list[list[float]]] = {t: [[] for _ in low_sentences] for t in threads}
+    per_sentence: list[list[float]] = [[] for _ in low_sentences]
     for _ in range(3):
         for i, sentence in enumerate(low_sentences):
             data = np.empty(1, dtype=object)
             data[:] = [sentence.encode()]
-            for t in threads:
-                per_sentence[t][i].append(_timed_batch(model, data, t))
-    s1_by_request = {t: [statistics.median(x) for x in per_sentence[t]] for t in threads}
+            per_sentence[i].append(_timed_batch(model, data, threads[0]))
+    s1_by_request: dict[Any, list[float]] = {threads[0]: [statistics.median(x) for x in per_sentence]}
     # The same sentences one at a time with an idle gap before each (as a low-load request finds the
     # server: caches and the CPU's other work have moved on), first thread count only.
     spaced = []
@@ -738,7 +737,7 @@ def thread_figures(
     threads: int,
     prefix: str,
     rows: list[dict[str, float]],
-    s1_by_request: list[float],
+    s1_by_request: list[float] | None,
     spaced: list[float] | None,
     max_batch: int,
 ) -> dict[str, Any]:
@@ -779,41 +778,47 @@ def thread_figures(
         "low_load_breakdown_seconds": {
             n.removeprefix(prefix): low_load_breakdown(load["low_load"][n], s1_by_request, spaced)
             for n in names
-        },
+        }
+        if s1_by_request is not None
+        else None,
         "service_time": rows,
     }
 
 
+def _pct(x: float | None, fmt: str = ".0%") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
 def _report(q: str, fig: dict[str, Any]) -> None:
     """Progress lines with one thread count's figures against the targets."""
-    best, ratio_u = fig["best_batched_config"], fig["ratio_batched_to_unbatched"]
-    rates = fig["max_slo_rps"]
-    head = f"{q}, {fig['threads']} thread(s):"
-    if ratio_u is None:
-        progress(f"{head} unbatched met the SLO at no rate; batched {rates['batched']:.0f}/s")
-    else:
-        progress(
-            f"{head} max SLO rate (P99 < {SLO_P99_SECONDS * 1000:.0f} ms): batched ({best}) "
-            f"{rates['batched']:.0f}/s, unbatched {rates['unbatched']:.0f}/s → ×{ratio_u:.2f} (target ≥ 3); "
-            f"vs X(B) {fig['limit_rps']:.0f}/s → {fig['ratio_batched_to_limit']:.0%} (target ≥ 85 %)"
-        )
-    ideal = fig["ideal_slo_rps"]
+    best, rates, ideal = fig["best_batched_config"], fig["max_slo_rps"], fig["ideal_slo_rps"]
+    progress(
+        f"{q}, {fig['threads']} thread(s): max SLO rate (P99 < {SLO_P99_SECONDS * 1000:.0f} ms): batched "
+        f"({best}) {rates['batched']:.0f}/s, unbatched {rates['unbatched']:.0f}/s → "
+        f"×{_pct(fig['ratio_batched_to_unbatched'], '.2f')} (target ≥ 3); vs X(B) {fig['limit_rps']:.0f}/s → "
+        f"{_pct(fig['ratio_batched_to_limit'])} (target ≥ 85 %)"
+    )
     progress(
         f"  an ideal batching server with this s(b) (no front end, no noise, Poisson arrivals): P99 ≤ "
         f"{SLO_P99_SECONDS * 1000:.0f} ms up to {ideal['batched']:.0f}/s batched "
-        f"({fig['ideal_ratio_batched_to_limit']:.0%} of X(B)), {ideal['unbatched']:.0f}/s unbatched "
-        f"(×{fig['ideal_ratio_batched_to_unbatched']:.2f}); "
-        f"measured batched = {fig['ratio_batched_to_ideal']:.0%} of it"
+        f"({_pct(fig['ideal_ratio_batched_to_limit'])} of X(B)), {ideal['unbatched']:.0f}/s unbatched "
+        f"(×{_pct(fig['ideal_ratio_batched_to_unbatched'], '.2f')}); measured batched = "
+        f"{_pct(fig['ratio_batched_to_ideal'])} of it"
     )
-    low = fig["low_load_breakdown_seconds"][best]
     progress(
         f"  low-load P99 {fig['low_load_p99_seconds'] * 1000:.1f} ms vs s(1) "
         f"{fig['s1_seconds'] * 1000:.1f} ms: +{fig['low_load_p99_minus_s1_seconds'] * 1000:.1f} ms "
-        f"(target ≤ +5 ms); P99 of the requests' own s(1) {low['service_p99'] * 1000:.1f} ms, "
-        f"latency − own s(1): P50 {low['excess_p50'] * 1000:.1f} ms, P99 {low['excess_p99'] * 1000:.1f} ms"
+        f"(target ≤ +5 ms)"
+    )
+    low = (fig["low_load_breakdown_seconds"] or {}).get(best)
+    if low is None:
+        return
+    ms = {k: (v or 0.0) * 1000 for k, v in low.items() if isinstance(v, float) or v is None}
+    progress(
+        f"  P99 of the requests' own s(1) {ms['service_p99']:.1f} ms; latency − own s(1): P50 "
+        f"{ms['excess_p50']:.1f} ms, P99 {ms['excess_p99']:.1f} ms"
     )
     if "spaced_service_mean" in low:
-        ms = {k: (v or 0.0) * 1000 for k, v in low.items() if isinstance(v, float) or v is None}
         progress(
             f"  the same sentences in process after an idle gap: s(1) mean "
             f"{ms['spaced_service_mean']:.1f} ms (back to back {ms['service_mean']:.1f}); server compute "
@@ -876,7 +881,7 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
             t,
             f"t{t}/" if several else "",
             rows[t],
-            s1_by_request[t],
+            s1_by_request.get(t),
             s1_by_request["spaced"] if t == threads[0] else None,
             args.max_batch,
         )
