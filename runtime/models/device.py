@@ -44,13 +44,19 @@ def available_cpus() -> int:
 
 
 def default_threads() -> int:
-    """Intra-op threads for serving: one core left for the event loop, HTTP and tokenization.
+    """Intra-op threads for serving: the CPUs this process may use minus one (at least 1), so one
+    core stays for the event loop, HTTP and tokenization. ``$KUBEINFER_TORCH_THREADS`` overrides it
+    (``configure_torch``; on a pod through ``spec.runtime.env``).
 
     torch's own default (one thread per core) makes OpenMP workers compete with the server's
-    event loop. Measured on the 2-core CPU machine with the bundled model (int8-dynamic), one
-    request at a time through ``kubeinfer-runtime``: median latency 59 ms (P90 415 ms) with 2
-    threads, 3.8 ms with 1; at 300 requests/s, P99 19 ms with 1 thread while 2 threads saturated
-    at 70 requests/s.
+    event loop. Measured side by side in one run on the 2-core machine (shared with other work),
+    MiniLM, ``bench/runtime_bench.py --threads 1,2`` (bench/results/runtime.json, ``by_threads``):
+    in process, one batch at a time, 2 threads are faster at large batches (fp32 s(32) 112 vs
+    167 ms, int8-dynamic 107 vs 136 ms); served through ``kubeinfer-runtime`` they collapse:
+    at 10 requests/s P50 0.7 to 2.1 s (fp32) and 45 to 108 ms (int8) against 17 to 22 ms with 1
+    thread, and no configuration with 2 threads held P99 <= 100 ms at any rate from 20/s, while 1
+    thread held 65/s (fp32) and 127/s (int8) batched. Earlier (int8, one request at a time): median
+    59 ms (P90 415 ms) with 2 threads, 3.8 ms with 1.
     """
     return max(1, available_cpus() - 1)
 
