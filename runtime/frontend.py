@@ -9,7 +9,8 @@ process over ZeroMQ (``kubeinfer.runtime.ipc``); the model process validates the
 queues them in its batcher and answers with the output tensors, which this process encodes
 (``protocol.encode_response``). It imports no torch and holds no model.
 
-Routes: ``/v2/health/live`` is answered here (the process runs); ``/v2/health/ready``, the model's
+Routes: ``/v2/health/live`` is 200 when this process runs and the model process answers (503 after
+``LIVE_TIMEOUT_SECONDS`` without an answer); ``/v2/health/ready``, the model's
 ready and metadata routes ask the model process (``status``), so readiness is the model process's;
 ``/metrics`` is the model process's exposition (one ``/metrics`` for the pod, whichever front end
 answers). Requests this process refuses itself (400, 404, 413, 503 before the model is known) are
@@ -61,6 +62,9 @@ from starlette.routing import Route
 
 log = logging.getLogger("kubeinfer.runtime.frontend")
 
+#: Seconds the health routes wait for the model process (the pod's livenessProbe times out at 5 s).
+LIVE_TIMEOUT_SECONDS = 3.0
+
 
 class FrontEnd:
     """One front-end process's state and ASGI app (``self.app``).
@@ -109,12 +113,23 @@ class FrontEnd:
 
     # ----- routes ----------------------------------------------------------------------------------
     async def live(self, request: Request) -> Response:
-        """200 ``{"live": true}`` while this process runs."""
+        """200 ``{"live": true}`` while this process runs and the model process answers within
+        ``LIVE_TIMEOUT_SECONDS`` (its event loop runs); else 503 ``{"live": false, "error"}``, so the
+        kubelet restarts a pod whose model process hangs, as with one process."""
+        try:
+            await asyncio.wait_for(self.status(), LIVE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            doc = {"live": False, "error": f"model process did not answer within {LIVE_TIMEOUT_SECONDS} s"}
+            return Response(encode_json(doc), 503, media_type=_JSON)
         return Response(_LIVE, 200, media_type=_JSON)
 
     async def ready_route(self, request: Request) -> Response:
-        """The model process's readiness: 200 ``{"ready": true}`` or 503 ``{"ready": false, "error"}``."""
-        info = await self.status()
+        """The model process's readiness: 200 ``{"ready": true}`` or 503 ``{"ready": false, "error"}``
+        (also when it does not answer within ``LIVE_TIMEOUT_SECONDS``)."""
+        try:
+            info = await asyncio.wait_for(self.status(), LIVE_TIMEOUT_SECONDS)
+        except TimeoutError:
+            info = {"ready": False, "reason": "model process not answering"}
         if info.get("ready"):
             return Response(encode_json({"ready": True}), 200, media_type=_JSON)
         return Response(encode_json({"ready": False, "error": info.get("reason")}), 503, media_type=_JSON)

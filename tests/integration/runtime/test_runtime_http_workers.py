@@ -227,6 +227,22 @@ def test_reload_priority_displacement_and_429_cross_the_front_ends(runtime: Runt
     assert shed[0].headers["retry-after"] and "queue full" in shed[0].json()["error"]
 
 
+def test_liveness_follows_the_model_process(runtime: RuntimeProcess) -> None:
+    """A stopped (hung) model process makes the front ends answer live 503, so the kubelet restarts
+    the pod; it is live again once the model process runs."""
+    assert runtime.get("/v2/health/live") == (200, b'{"live":true}')
+    os.kill(runtime.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        status, body = runtime.get("/v2/health/live", timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(runtime.pid, signal.SIGCONT)
+    assert status == 503 and b'"live":false' in body and 2.5 < took < 5.0, (status, body, took)
+    assert runtime.get("/v2/health/live")[0] == 200
+    assert runtime.get("/v2/health/ready")[0] == 200
+
+
 def test_sigterm_stops_every_front_end(tmp_path: Path) -> None:
     cfg = tiny_hf_config(tiny_hf_dir(tmp_path / "tiny"), server={"http_workers": 2})
     rt = RuntimeProcess(cfg, ready_timeout=90)
