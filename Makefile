@@ -33,13 +33,17 @@ lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	@# mypy and import-linter cannot follow setuptools' package-dir mapping: give them a symlinked
-	@# kubeinfer/ tree, so kubeinfer.* imports are checked (not Any) and modules get their real names
-	@rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer && \
-	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py && \
-	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator && \
-	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime
-	cd .cache/lintroot && ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer
-	cd .cache/lintroot && ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml
+	@# kubeinfer/ tree, so kubeinfer.* imports are checked (not Any) and modules get their real names.
+	@# One at a time per checkout (flock): a second `make lint` removed that tree and shared mypy's
+	@# cache under a running one (mypy INTERNAL ERROR on whichever module it was reading).
+	@mkdir -p .cache && flock .cache/lint.lock bash -c '\
+	  set -e; rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer; \
+	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py; \
+	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator; \
+	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
+	  cd .cache/lintroot; \
+	  echo "mypy --config-file pyproject.toml kubeinfer"; ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer; \
+	  echo "lint-imports"; ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml'
 
 lock: ## rewrite the lock, requirements/*.txt, from pyproject.toml's ranges (uv pip compile; pins kept); UPGRADE=1: newest allowed, UPGRADE=NAME: that package
 	@bash hack/setup.sh --python-only

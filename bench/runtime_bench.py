@@ -183,8 +183,9 @@ def ideal_slo_rate(
     The ideal server has no front end, no client and no noise: one executor, and whenever it is idle
     it starts a batch at once with everything queued, up to ``max_batch`` rows (work-conserving:
     waiting cannot help a server that is idle when nothing else is queued). ``requests`` seeded
-    arrivals per rate; bisection between 0 and X(B). An upper bound of what a real server reaches with
-    this s(b) (the real one also has sentence-length variance and the machine's noise)."""
+    arrivals per rate; bisection between 0 and X(B). A bound for a real work-conserving server with this
+    s(b), which also has sentence-length variance, a front end and the machine's noise (not a proof
+    that no other dispatch policy could hold more)."""
     unit = np.random.default_rng(seed).exponential(1.0, size=requests)
 
     def p99(rate: float) -> float:
