@@ -41,7 +41,6 @@ from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.errors import HTTPError, InferenceError
 from kubeinfer.runtime.protocol import check_outputs, decode_request, encode_json, encode_response
 from kubeinfer.runtime.server import (
-    _INFER_PATH,
     _JSON,
     _LIVE,
     BODY_LIMIT_FACTOR,
@@ -49,11 +48,11 @@ from kubeinfer.runtime.server import (
     SERVER_NAME,
     SERVER_VERSION,
     check_model,
-    error_response,
     inference_error_response,
     listen_socket,
     read_body,
     request_header_length,
+    route_asgi,
 )
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -157,18 +156,8 @@ class FrontEnd:
         return Response(frames[0].bytes if frames else b"", 200, media_type=CONTENT_TYPE_LATEST)
 
     async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """``POST .../infer`` straight to ``infer``; the rest through Starlette (as ``RuntimeServer``)."""
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                scope["path_params"] = {k: v for k, v in match.groupdict().items() if v is not None}
-                try:
-                    response = await self.infer(Request(scope, receive))
-                except InferenceError as exc:
-                    response = error_response(exc.status, exc.message, exc.headers)
-                await response(scope, receive, send)
-                return
-        await self._router(scope, receive, send)
+        """``POST .../infer`` straight to ``infer``; the rest through Starlette (``route_asgi``)."""
+        await route_asgi(scope, receive, send, self.infer, self._router)
 
     async def infer(self, request: Request) -> Response:
         """``POST .../infer``: decode and check here, queue in the model process, encode here.

@@ -430,19 +430,8 @@ class RuntimeServer:
         return Response(self.metrics.exposition(), 200, media_type=CONTENT_TYPE_LATEST)
 
     async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """The infer routes skip Starlette's middleware stack and its route-by-route matching (the
-        per-request cost of the HTTP front end, issue 13 item 2); same handler, same error bodies."""
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _INFER_PATH.fullmatch(scope["path"])
-            if match is not None:
-                scope["path_params"] = {k: v for k, v in match.groupdict().items() if v is not None}
-                try:
-                    response = await self.infer(Request(scope, receive))
-                except InferenceError as exc:
-                    response = error_response(exc.status, exc.message, exc.headers)
-                await response(scope, receive, send)
-                return
-        await self._router(scope, receive, send)
+        """The infer routes straight to ``infer``, the rest through Starlette (``route_asgi``)."""
+        await route_asgi(scope, receive, send, self.infer, self._router)
 
     async def infer(self, request: Request) -> Response:
         """``POST .../infer``: decode, queue, encode; every outcome counted in the metrics."""
@@ -558,6 +547,30 @@ def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
         "inputs": [s.model_dump() for s in model.inputs],
         "outputs": [s.model_dump() for s in model.outputs],
     }
+
+
+async def route_asgi(
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    infer: Callable[[Request], Coroutine[Any, Any, Response]],
+    router: Callable[[dict[str, Any], Any, Any], Coroutine[Any, Any, None]],
+) -> None:
+    """The ASGI entry of a front end (``RuntimeServer`` and ``frontend.FrontEnd``): ``POST .../infer``
+    goes straight to ``infer``, skipping Starlette's middleware stack and its route-by-route matching
+    (the per-request cost of the HTTP front end, issue 13 item 2), with the same error bodies
+    (``InferenceError`` -> ``error_response``); everything else goes to ``router``."""
+    if scope["type"] == "http" and scope["method"] == "POST":
+        match = _INFER_PATH.fullmatch(scope["path"])
+        if match is not None:
+            scope["path_params"] = {k: v for k, v in match.groupdict().items() if v is not None}
+            try:
+                response = await infer(Request(scope, receive))
+            except InferenceError as exc:
+                response = error_response(exc.status, exc.message, exc.headers)
+            await response(scope, receive, send)
+            return
+    await router(scope, receive, send)
 
 
 def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
