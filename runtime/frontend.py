@@ -48,16 +48,14 @@ from kubeinfer.runtime.server import (
     SERVER_NAME,
     SERVER_VERSION,
     check_model,
-    inference_error_response,
     listen_socket,
     read_body,
     request_header_length,
     route_asgi,
+    v2_router,
 )
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 log = logging.getLogger("kubeinfer.runtime.frontend")
 
@@ -80,17 +78,7 @@ class FrontEnd:
         self._limit = BODY_LIMIT_FACTOR * cfg.limits.max_request_bytes
         #: the model's metadata once the model process was ready (the model does not change while it runs)
         self._metadata: dict[str, Any] | None = None
-        routes = [
-            Route("/v2/health/live", self.live, methods=["GET"]),
-            Route("/v2/health/ready", self.ready_route, methods=["GET"]),
-            Route("/v2", self.server_metadata, methods=["GET"]),
-            Route("/v2/models/{name}", self.model_metadata, methods=["GET"]),
-            Route("/v2/models/{name}/versions/{version}", self.model_metadata, methods=["GET"]),
-            Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
-            Route("/v2/models/{name}/versions/{version}/ready", self.model_ready, methods=["GET"]),
-            Route("/metrics", self.metrics_route, methods=["GET"]),
-        ]
-        self._router = Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
+        self._router = v2_router(self)
         self.app: Callable[..., Any] = self._asgi
 
     # ----- the model process -------------------------------------------------------------------------

@@ -244,18 +244,16 @@ class RuntimeMetrics:
         self.busy = BusyTracker(executors)
         self.device_utilization.set_function(self.busy.ratio)
         self.service_time = ServiceTimeFit()
-        Gauge(
-            "kubeinfer_service_time_intercept_seconds",
-            "Batch service time s(b) = a + c*b fitted from the batches run: a, seconds (NaN until fitted).",
-            labels,
-            registry=r,
-        ).labels(model).set_function(self.service_time.intercept)
-        Gauge(
-            "kubeinfer_service_time_slope_seconds",
-            "Batch service time s(b) = a + c*b fitted from the batches run: c, seconds per row.",
-            labels,
-            registry=r,
-        ).labels(model).set_function(self.service_time.slope)
+        for part, words, read in (
+            ("intercept", "a, seconds", self.service_time.intercept),
+            ("slope", "c, seconds per row", self.service_time.slope),
+        ):
+            Gauge(
+                f"kubeinfer_service_time_{part}_seconds",
+                f"Batch service time s(b) = a + c*b fitted from the batches run: {words} (NaN until fitted).",
+                labels,
+                registry=r,
+            ).labels(model).set_function(read)
 
     def count_request(self, code: int, seconds: float) -> None:
         """Record one answered infer request: its status code and receipt-to-response seconds."""

@@ -37,7 +37,7 @@ import time
 import zlib
 from collections.abc import Callable, Coroutine, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import uvicorn
 from kubeinfer.runtime.batching import Batcher, BatchSettings
@@ -142,19 +142,7 @@ class RuntimeServer:
         self._grpc: Any = None
         self._pool: FrontEndPool | None = None
         self._signalled = False
-        routes = [
-            Route("/v2/health/live", self.live, methods=["GET"]),
-            Route("/v2/health/ready", self.ready_route, methods=["GET"]),
-            Route("/v2", self.server_metadata, methods=["GET"]),
-            Route("/v2/models/{name}", self.model_metadata, methods=["GET"]),
-            Route("/v2/models/{name}/versions/{version}", self.model_metadata, methods=["GET"]),
-            Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
-            Route("/v2/models/{name}/versions/{version}/ready", self.model_ready, methods=["GET"]),
-            Route("/v2/models/{name}/infer", self.infer, methods=["POST"]),
-            Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
-            Route("/metrics", self.metrics_route, methods=["GET"]),
-        ]
-        self._router = Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
+        self._router = v2_router(self)
         #: The ASGI app uvicorn serves: ``POST .../infer`` straight to ``infer``, the rest to Starlette.
         self.app: Callable[..., Any] = self._asgi
 
@@ -547,6 +535,36 @@ def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
         "inputs": [s.model_dump() for s in model.inputs],
         "outputs": [s.model_dump() for s in model.outputs],
     }
+
+
+class V2Handlers(Protocol):
+    """The Open Inference Protocol REST handlers of a front end (``RuntimeServer``, ``frontend.FrontEnd``)."""
+
+    async def live(self, request: Request) -> Response: ...
+    async def ready_route(self, request: Request) -> Response: ...
+    async def server_metadata(self, request: Request) -> Response: ...
+    async def model_metadata(self, request: Request) -> Response: ...
+    async def model_ready(self, request: Request) -> Response: ...
+    async def metrics_route(self, request: Request) -> Response: ...
+    async def infer(self, request: Request) -> Response: ...
+
+
+def v2_router(h: V2Handlers) -> Starlette:
+    """The v2 REST routes (health, metadata, readiness, infer, ``/metrics``) on ``h``'s handlers, with the
+    one ``InferenceError`` handler; ``route_asgi`` sends ``POST .../infer`` past it."""
+    routes = [
+        Route("/v2/health/live", h.live, methods=["GET"]),
+        Route("/v2/health/ready", h.ready_route, methods=["GET"]),
+        Route("/v2", h.server_metadata, methods=["GET"]),
+        Route("/v2/models/{name}", h.model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}", h.model_metadata, methods=["GET"]),
+        Route("/v2/models/{name}/ready", h.model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/versions/{version}/ready", h.model_ready, methods=["GET"]),
+        Route("/v2/models/{name}/infer", h.infer, methods=["POST"]),
+        Route("/v2/models/{name}/versions/{version}/infer", h.infer, methods=["POST"]),
+        Route("/metrics", h.metrics_route, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={InferenceError: inference_error_response})
 
 
 async def route_asgi(
