@@ -13,7 +13,9 @@ The autoscaler appends its own ``@kopf.timer`` at the end of this file.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +29,7 @@ from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.settings import Settings
 
 SETTINGS = Settings.from_env()
+logger = logging.getLogger(__name__)
 #: The label selecting the objects (and pods) the operator owns.
 OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 
@@ -70,7 +73,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 
 async def _ensure_peering(kube: k8s.Kube, settings: Settings) -> None:
-    """Create the kopf peering object(s) named ``settings.peering`` when missing (kopf does not)."""
+    """Make sure the kopf peering object(s) named ``settings.peering`` exist (kopf does not create them).
+
+    Deployed by the chart (``settings.helm_release`` set), the operator first waits up to
+    ``settings.peering_wait_seconds`` for the object: Helm creates it right after the operator's
+    Deployment, and an object the operator created in between fails ``helm install`` with "already
+    exists" (Helm checks for existing objects before it creates any). Only an object still missing
+    after the wait (deleted by hand, say) is created, with Helm's ownership metadata so that the next
+    ``helm upgrade`` adopts it. Outside Helm a missing object is created at once.
+    """
     targets: list[tuple[str | None, str, str]]
     if settings.namespaces:
         targets = [(ns, "kopfpeerings", "KopfPeering") for ns in settings.namespaces]
@@ -78,12 +89,34 @@ async def _ensure_peering(kube: k8s.Kube, settings: Settings) -> None:
         targets = [(None, "clusterkopfpeerings", "ClusterKopfPeering")]
     for namespace, plural, kind in targets:
         path = k8s.resource_path("kopf.dev/v1", plural, namespace)
-        if await kube.get(f"{path}/{settings.peering}") is None:
-            meta: dict[str, Any] = {"name": settings.peering, **helm_ownership(settings)}
-            if namespace:
-                meta["namespace"] = namespace
-            with contextlib.suppress(k8s.TransientError):  # 409: another operator created it first
-                await kube.create(path, {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": meta})
+        if await _wait_for_object(kube, f"{path}/{settings.peering}", _peering_wait(settings), kind):
+            continue
+        meta: dict[str, Any] = {"name": settings.peering, **helm_ownership(settings)}
+        if namespace:
+            meta["namespace"] = namespace
+        with contextlib.suppress(k8s.TransientError):  # 409: another operator created it first
+            await kube.create(path, {"apiVersion": "kopf.dev/v1", "kind": kind, "metadata": meta})
+        logger.info("created the %s %s%s", kind, settings.peering, f" in {namespace}" if namespace else "")
+
+
+def _peering_wait(settings: Settings) -> float:
+    """Seconds to wait for a peering object someone else creates: the chart's, only under Helm."""
+    return settings.peering_wait_seconds if settings.helm_release else 0.0
+
+
+async def _wait_for_object(kube: k8s.Kube, path: str, timeout: float, kind: str) -> bool:
+    """True once the object at ``path`` exists; polls once a second for up to ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    logged = False
+    while await kube.get(path) is None:
+        if loop.time() >= deadline:
+            return False
+        if not logged:
+            logger.info("waiting up to %.0f s for the chart's %s %s", timeout, kind, path.rsplit("/", 1)[-1])
+            logged = True
+        await asyncio.sleep(1.0)
+    return True
 
 
 def helm_ownership(settings: Settings) -> dict[str, Any]:

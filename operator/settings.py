@@ -62,6 +62,13 @@ class Settings(BaseModel):
         "metadata for this release, so `helm install` adopts it (no 'already exists')",
     )
     helm_release_namespace: str = Field(default="", description="set by the chart: the release's namespace")
+    peering_wait_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="with helm_release set: how long to wait for the chart's peering object before "
+        "creating it, seconds (Helm creates it after the operator's Deployment; creating it first "
+        "would fail `helm install` with 'already exists')",
+    )
     kubeconfig: str | None = Field(
         default=None, description="kubeconfig file (also KUBECONFIG); unset = in-cluster"
     )

@@ -120,3 +120,67 @@ def test_local_operator_after_helm_install(cluster: Cluster, namespace: str, tmp
     wait_until(
         lambda: _peering(cluster, namespace, peering) is None, timeout=30, message="peering uninstalled"
     )
+
+
+def _helm_env(release: str, ns: str, wait_seconds: float) -> dict[str, str]:
+    """What the chart's Deployment sets for the operator, with the peering wait of the test."""
+    return {
+        **TEST_ENV,
+        "KUBEINFER_HELM_RELEASE": release,
+        "KUBEINFER_HELM_RELEASE_NAMESPACE": ns,
+        "KUBEINFER_PEERING_WAIT_SECONDS": str(wait_seconds),
+    }
+
+
+def test_chart_deployed_operator_waits_for_the_charts_peering(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """Helm creates the peering object after the operator's Deployment: an operator pod that starts
+    in between must leave it to Helm (CI saw `helm install` fail with "already exists")."""
+    _apply_crds(cluster)
+    release = f"ki-{secrets.token_hex(3)}"
+    peering = f"peer-{release}"
+    with OperatorProcess(
+        cluster.kubeconfig,
+        namespaces=[namespace],
+        peering=peering,
+        log_dir=tmp_path,
+        extra_env=_helm_env(release, namespace, 60),
+        name="chart-pod",
+    ) as op:
+        wait_until(lambda: "waiting up to 60 s" in op.log(), timeout=60, message="the operator waiting")
+        assert _peering(cluster, namespace, peering) is None  # it did not create the chart's object
+        cluster.apply(  # what Helm does next
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": peering}},
+            "-n",
+            namespace,
+        )
+        created = _peering(cluster, namespace, peering)
+        assert created is not None
+        op.wait_ready()
+        kept = _peering(cluster, namespace, peering)
+        assert kept is not None and kept["metadata"]["uid"] == created["metadata"]["uid"]
+        assert "meta.helm.sh/release-name" not in (kept["metadata"].get("annotations") or {})
+
+
+def test_chart_deployed_operator_creates_a_missing_peering_after_the_wait(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """A peering object still missing after the wait (deleted by hand) is created, adoptable by Helm."""
+    _apply_crds(cluster)
+    release = f"ki-{secrets.token_hex(3)}"
+    peering = f"peer-{release}"
+    with OperatorProcess(
+        cluster.kubeconfig,
+        namespaces=[namespace],
+        peering=peering,
+        log_dir=tmp_path,
+        extra_env=_helm_env(release, namespace, 2),
+        name="chart-pod",
+    ) as op:
+        op.wait_ready()
+        created = _peering(cluster, namespace, peering)
+        assert created is not None, op.log()[-3000:]
+        annotations = created["metadata"]["annotations"]
+        assert annotations["meta.helm.sh/release-name"] == release
+        assert annotations["meta.helm.sh/release-namespace"] == namespace
