@@ -16,17 +16,21 @@ section 3.2), and Nexus and MArk provision for the peak of the next interval rat
   the level ``2 * lead`` later if higher: a rise that stays is a level shift, which the capacity rule
   follows by itself): what the fleet standing at that moment would have had to absorb before help
   arrived;
-- the *burst factor* is the ``quantile`` of those rises over the memory (a rare event such as one
-  flash crowd moves a high quantile little; bursts that recur set it), at least 1. Above ``limit`` it
-  is 1: bursts that large (x5 in a Markov-modulated trace) outgrow any headroom worth paying for, and
-  headroom that covers a third of them only delays the breach by seconds; the reactive rules handle
-  them.
+- a *burst* is a run of consecutive samples whose rise is over ``min_rise`` (smaller rises are
+  noise, or a ramp the capacity rule's planning margin follows); its *peak* is the run's largest rise;
+- the *burst factor* is the ``quantile`` of the peaks of the bursts over the memory, at least 1,
+  once ``min_bursts`` of them were seen: headroom for bursts that recur, sized by how large they are
+  and not by how often they come (a quantile over every sample, the first design, read frequent small
+  bursts and rare large ones alike, and sat under the bursts it was meant to cover). Peaks over
+  ``limit`` are left out: bursts that large (x5 in a Markov-modulated trace) outgrow any headroom
+  worth paying for, headroom that covers a third of them only delays the breach by seconds, and the
+  reactive rules handle them.
 
-The capacity rule (``policy``, ``_burst_base``) then provisions for ``factor`` times the present rate
-(carried one reaction time ahead on its rise from the floor) at the full SLO capacity of a replica,
-beside the demand at its planning utilization; inside a burst (the rate more than halfway from the
-floor to ``factor`` times it) the headroom stands on the floor instead, so a burst is not counted
-twice. Pure: no clock, no I/O; samples are
+The capacity rule (``policy``, ``_burst_base``) then provisions for ``factor`` times the present
+arrival rate (carried one reaction time ahead on its rise from the floor) at the full SLO capacity of
+a replica, beside the demand at its planning utilization; inside a burst (the rate more than halfway
+from the floor to ``factor`` times it) the headroom stands on the floor instead, so a burst is not
+counted twice. Pure: no clock, no I/O; samples are
 ``(now, requests/s)`` pairs on any monotonic clock.
 """
 
@@ -36,7 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Burst", "burst_factor", "floor_level"]
+__all__ = ["Burst", "burst_factor", "burst_peaks", "floor_level"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,14 @@ class Burst:
         factor: ratio >= 1 to multiply the level by (1 when nothing was learned).
         level: the arrival rate's floor now, requests/s (``floor_level`` over the last ``lead``
             seconds); ``None`` when no sample is known.
-        rises: how many past samples the factor was learned from.
+        rises: how many past samples have a known rise (the history the factor was learned from).
+        bursts: how many bursts of at most ``limit`` the factor was learned from (0: factor 1).
     """
 
     factor: float
     level: float | None
     rises: int
+    bursts: int = 0
 
 
 def floor_level(times: Sequence[float], rates: Sequence[float], i: int, span: float) -> float:
@@ -94,20 +100,40 @@ def _rise(times: Sequence[float], rates: Sequence[float], i: int, lead: float) -
     return peak / base if base > 0 else None
 
 
+def burst_peaks(rises: Sequence[float | None], min_rise: float) -> list[float]:
+    """The peak of each burst in ``rises`` (one ratio per sample, oldest first; ``None`` where the rise
+    is unknown): a burst is a maximal run of consecutive rises over ``min_rise``, its peak the run's
+    largest rise."""
+    peaks: list[float] = []
+    peak: float | None = None
+    for rise in (*rises, None):
+        if rise is not None and rise > min_rise:
+            peak = rise if peak is None else max(peak, rise)
+        elif peak is not None:
+            peaks.append(peak)
+            peak = None
+    return peaks
+
+
 def burst_factor(
     samples: Sequence[tuple[float, float]],
     *,
     lead: float,
     quantile: float,
     limit: float,
+    min_rise: float,
+    min_bursts: int,
 ) -> Burst:
     """The burst factor learned from ``samples`` (module docstring).
 
     Args:
         samples: ``(time, arrival requests/s)`` pairs, oldest first, every one within the memory.
         lead: the reaction time, seconds: a rise counts the highest rate within this long after a sample.
-        quantile: which quantile of the rises is the factor, in (0, 1].
-        limit: the largest factor, >= 1; a learned quantile above it gives 1 (no headroom).
+        quantile: which quantile of the bursts' peaks is the factor, in (0, 1].
+        limit: the largest burst peak that headroom covers, ratio >= 1; larger bursts are left out.
+        min_rise: a sample whose rise is over this ratio (>= 1) is part of a burst.
+        min_bursts: how many bursts (of at most ``limit``) must have been seen before the factor is
+            more than 1: headroom is for bursts that recur.
 
     Returns:
         A ``Burst``. A sample teaches once ``2 * lead`` seconds after it are observed.
@@ -117,15 +143,14 @@ def burst_factor(
     times = [t for t, _ in samples]
     rates = [r for _, r in samples]
     now_level = floor_level(times, rates, len(rates) - 1, lead)
-    rises: list[float] = []
+    rises: list[float | None] = []
     for i, when in enumerate(times):
         if when + 2 * lead > times[-1]:
             break
-        rise = _rise(times, rates, i, lead)
-        if rise is not None:
-            rises.append(rise)
-    if not rises:
-        return Burst(1.0, now_level, 0)
-    factor = _quantile(rises, quantile)
-    # Bursts over the limit outgrow any headroom it allows: leave them to the reactive rule.
-    return Burst(1.0 if factor > limit else max(factor, 1.0), now_level, len(rises))
+        rises.append(_rise(times, rates, i, lead))
+    known = sum(r is not None for r in rises)
+    # Bursts over the limit outgrow any headroom it allows: leave them to the reactive rules.
+    peaks = [p for p in burst_peaks(rises, min_rise) if p <= limit]
+    if not peaks or len(peaks) < min_bursts:
+        return Burst(1.0, now_level, known, len(peaks))
+    return Burst(max(_quantile(peaks, quantile), 1.0), now_level, known, len(peaks))

@@ -26,12 +26,14 @@ drained. Without s(b) the reactive law below decides, unchanged; it is also the 
 **Burst headroom** (``headroom.burst_factor``, ``burst_headroom``): bursts shorter than a reaction time
 (a tick plus a cold start, ``burst_lead_seconds``) meet only the capacity standing when they begin, so
 the rule also provisions ``factor * rate`` at a replica's full SLO capacity, where ``factor`` is a high
-quantile of the transient rises of the arrival rate within one reaction time over the last
-``burst_memory_seconds`` (Autopilot's moving-window percentile, Rzadca et al., EuroSys 2020; the
-arrival samples live in ``State.arrivals``). Smooth traffic learns a factor near 1 and pays nothing; a
-level shift (a step, a ramp) is not a burst. The rate it multiplies (``_burst_base``) is the demand
-carried one reaction time ahead on its rise from the floor (the lowest rate of the last reaction
-time), or the floor while a burst is in progress (a burst is not counted twice). Until
+quantile of the peaks of the bursts (transient rises of the arrival rate within one reaction time, of
+more than ``burst_min_rise``) seen over the last ``burst_memory_seconds``, once ``burst_min_bursts``
+were seen (Autopilot's moving-window percentile, Rzadca et al., EuroSys 2020; the arrival samples live
+in ``State.arrivals``). Smooth traffic learns no burst and pays nothing; a level shift (a step, a
+ramp) is not a burst. The rate it multiplies (``_burst_base``) is the arrival rate (not the completion
+rate, which after a burst is its backlog draining) carried one reaction time ahead on its rise from
+the floor (the lowest rate of the last reaction time), or the floor while a burst is in progress (a
+burst is not counted twice). Until
 ``burst_min_samples`` rises are learned the surge floor above, standing on the floor rate, is the prior
 for the unknown burstiness; after that the learned factor replaces it. A P99 over target from a
 drained backlog recommends the rule's count, so the stabilization window runs from the demand, not
@@ -338,8 +340,12 @@ class Policy:
         ready replicas' capacity, the batch timeout goes to the largest one at which a full batch still
         meets the SLO (``cold_start_timeout``).
         burst_headroom True, burst_memory_seconds 1800, burst_lead_seconds 60, burst_quantile 0.9,
-        burst_limit 2, burst_min_samples 20: the burst headroom (module docstring; ``headroom``), chosen
-        with ``bench/autoscaler_sim.py`` after all eight traces had been seen (bench/traces/README.md).
+        burst_limit 2, burst_min_samples 20, burst_min_rise 1.5, burst_min_bursts 2: the burst headroom
+        (module docstring; ``headroom``), chosen with ``bench/autoscaler_sim.py`` after all eight traces
+        had been seen (bench/traces/README.md gives the sensitivity: burst_min_rise 1.2-1.6 and
+        burst_min_bursts 2-3 keep every trace at or under the HPA's replica-seconds and over its SLO;
+        under 1.5 the sawtooth's tops count as bursts and cost up to 1.46x the oracle; 1.7, or
+        min_bursts 4, misses compressed_day's first morning burst).
         The lead is one 15 s tick plus the simulated 30 s cold start, rounded up.
 
     Raises:
@@ -377,6 +383,8 @@ class Policy:
     burst_quantile: float = 0.9
     burst_limit: float = 2.0
     burst_min_samples: int = 20
+    burst_min_rise: float = 1.5
+    burst_min_bursts: int = 2
 
     def __post_init__(self) -> None:
         cooldowns = (
@@ -421,6 +429,8 @@ class Policy:
             ("burst_quantile", 0 < self.burst_quantile <= 1, "must be in (0, 1]"),
             ("burst_limit", self.burst_limit >= 1, "must be >= 1"),
             ("burst_min_samples", self.burst_min_samples >= 0, "must be >= 0"),
+            ("burst_min_rise", self.burst_min_rise >= 1, "must be >= 1"),
+            ("burst_min_bursts", self.burst_min_bursts >= 0, "must be >= 0"),
         )
         for name, ok, why in rules:
             if not ok:
@@ -641,17 +651,19 @@ def _burst(obs: Observation, policy: Policy, state: State, now: float) -> headro
         lead=policy.burst_lead_seconds,
         quantile=policy.burst_quantile,
         limit=policy.burst_limit,
+        min_rise=policy.burst_min_rise,
+        min_bursts=policy.burst_min_bursts,
     )
 
 
-def _burst_base(demand: float, floor: float, factor: float) -> float:
-    """The rate, requests/s, that the burst headroom multiplies. Inside a burst (the demand more than
-    halfway from the floor to ``factor`` times it) the floor, so that the burst is not counted twice;
-    outside, the demand carried one reaction time ahead on its rise from the floor (a linear trend:
-    ``demand + (demand - floor)``)."""
-    if demand > floor * (1 + (factor - 1) / 2):
+def _burst_base(arrival: float, floor: float, factor: float) -> float:
+    """The rate, requests/s, that the burst headroom multiplies. Inside a burst (the arrival rate more
+    than halfway from the floor to ``factor`` times it) the floor, so that the burst is not counted
+    twice; outside, the arrival rate carried one reaction time ahead on its rise from the floor (a
+    linear trend: ``arrival + (arrival - floor)``)."""
+    if arrival > floor * (1 + (factor - 1) / 2):
         return floor
-    return 2 * demand - floor
+    return 2 * arrival - floor
 
 
 def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burst | None) -> dict[str, Any]:
@@ -671,14 +683,17 @@ def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burs
     floor = min(demand, burst.level) if burst is not None and burst.level is not None else demand
     surge = min(math.ceil(policy.surge_factor * floor / full - _EPS), policy.surge_max_replicas)
     bursts = 0
-    if burst is not None:
-        bursts = math.ceil(burst.factor * _burst_base(demand, floor, burst.factor) / capacity - _EPS)
+    if burst is not None and obs.arrival_rate is not None:
+        # Bursts stand on what arrives; the completion rate after a burst is its backlog draining.
+        arrival = obs.arrival_rate
+        base = _burst_base(arrival, min(floor, arrival), burst.factor)
+        bursts = math.ceil(burst.factor * base / capacity - _EPS)
         if burst.rises >= policy.burst_min_samples:  # the surge floor is the prior until then
             surge = 0
     needed = min(max(wanted, surge, bursts, policy.min_replicas), policy.max_replicas)
     why = ""
     if burst is not None and bursts > max(wanted, surge):
-        why = f" (burst headroom x{burst.factor:.2f} learned from {burst.rises} samples)"
+        why = f" (burst headroom x{burst.factor:.2f} learned from {burst.bursts} bursts)"
     elif surge > wanted:
         why = f" (x{policy.surge_factor:g} surge prior)"
     return {"demand": demand, "capacity": capacity, "needed": needed, "burst": burst, "needed_why": why}

@@ -1,13 +1,14 @@
 """``headroom.burst_factor``: what the burst headroom learns from arrival-rate samples, and what it
-must not learn (noise-free traffic, level shifts, ramps, a single crowd, bursts beyond the limit)."""
+must not learn (noise-free traffic, level shifts, ramps, small rises, a single crowd, bursts beyond the
+limit)."""
 
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.autoscale.headroom import Burst, burst_factor, floor_level
+from kubeinfer.operator.autoscale.headroom import Burst, burst_factor, burst_peaks, floor_level
 
 TICK = 15.0
-LEARN = {"lead": 60.0, "quantile": 0.9, "limit": 2.0}
+LEARN = {"lead": 60.0, "quantile": 0.9, "limit": 2.0, "min_rise": 1.5, "min_bursts": 2}
 
 
 def samples(rates: list[float]) -> list[tuple[float, float]]:
@@ -44,6 +45,35 @@ def test_recurring_short_bursts_set_the_factor() -> None:
     b = burst_factor(samples(with_bursts(500.0, 1.8, 120)), **LEARN)
     assert b.factor == pytest.approx(1.8)
     assert b.level == 500.0  # the last sample is off-burst: the floor is the base
+    # one burst per 12 samples, each seen by the 5 samples up to it; 112 samples have taught
+    assert b.bursts == 10
+
+
+def test_the_factor_is_the_size_of_the_bursts_not_how_often_they_come() -> None:
+    # two x1.8 bursts in half an hour: only 10 of 112 samples see one, so a quantile over every
+    # sample (the first design) read 1.0; the bursts' peaks say 1.8
+    b = burst_factor(samples(with_bursts(500.0, 1.8, 120, every=60)), **LEARN)
+    assert b.bursts == 2 and b.factor == pytest.approx(1.8)
+
+
+def test_a_burst_must_recur() -> None:
+    rates = with_bursts(500.0, 1.8, 120, every=200)  # one burst, at samples 6-7
+    assert burst_factor(samples(rates), **LEARN) == Burst(1.0, 500.0, 112, 1)
+    assert burst_factor(samples(rates), **{**LEARN, "min_bursts": 1}).factor == pytest.approx(1.8)
+
+
+def test_rises_under_the_minimum_are_not_bursts() -> None:
+    b = burst_factor(samples(with_bursts(500.0, 1.4, 120)), **LEARN)
+    assert b.factor == 1.0 and b.bursts == 0
+    assert burst_factor(samples(with_bursts(500.0, 1.4, 120)), **{**LEARN, "min_rise": 1.3}).factor == (
+        pytest.approx(1.4)
+    )
+
+
+def test_burst_peaks_are_the_highest_rise_of_each_run() -> None:
+    assert burst_peaks([1.0, 1.6, 1.8, 1.7, 1.0, None, 1.9, 1.6], 1.5) == [1.8, 1.9]
+    assert burst_peaks([1.6, None, 1.7], 1.5) == [1.6, 1.7]  # an unknown rise ends a run
+    assert burst_peaks([1.5, 1.2, 1.0], 1.5) == []  # over the minimum, not at it
 
 
 def test_the_floor_under_a_burst_in_progress_is_the_base() -> None:
@@ -63,20 +93,30 @@ def test_a_ramp_is_not_a_burst() -> None:
     assert b.factor == pytest.approx(1.0)
 
 
-def test_one_crowd_among_many_samples_moves_a_high_quantile_little() -> None:
+def test_one_crowd_is_not_a_recurring_burst() -> None:
     rates = [500.0] * 120
     rates[60:62] = [4000.0, 4000.0]  # x8 for 30 s, once in half an hour
     assert burst_factor(samples(rates), **LEARN).factor == 1.0
-    # ... the maximum would have learned it (and been clamped out as beyond the limit)
-    assert burst_factor(samples(rates), lead=60.0, quantile=1.0, limit=10.0).factor == pytest.approx(8.0)
+    # ... recurring or not, it is beyond the limit; with neither rule it would have been learned
+    assert burst_factor(samples(rates), **{**LEARN, "limit": 10.0}).factor == 1.0
+    assert burst_factor(samples(rates), **{**LEARN, "limit": 10.0, "min_bursts": 1}).factor == (
+        pytest.approx(8.0)
+    )
 
 
 def test_bursts_beyond_the_limit_get_no_headroom() -> None:
     # x5 bursts recur: a factor of 2 would cover less than a third of them
     assert burst_factor(samples(with_bursts(500.0, 5.0, 120)), **LEARN).factor == 1.0
-    assert burst_factor(samples(with_bursts(500.0, 5.0, 120)), lead=60.0, quantile=0.9, limit=6.0).factor == (
+    assert burst_factor(samples(with_bursts(500.0, 5.0, 120)), **{**LEARN, "limit": 6.0}).factor == (
         pytest.approx(5.0)
     )
+
+
+def test_a_burst_beyond_the_limit_leaves_the_others_their_headroom() -> None:
+    rates = with_bursts(500.0, 1.8, 120)
+    rates[66:68] = [2500.0, 2500.0]  # one of the ten is a x5 crowd: left to the reactive rules
+    b = burst_factor(samples(rates), **LEARN)
+    assert b.bursts == 9 and b.factor == pytest.approx(1.8)
 
 
 def test_samples_teach_only_once_their_leads_are_observed() -> None:

@@ -394,6 +394,17 @@ def test_burst_base_trend_and_burst() -> None:
     assert _burst_base(1600.0, 1000.0, 1.8) == 1000.0
 
 
+def test_burst_headroom_stands_on_the_arrivals_not_on_a_backlog_draining() -> None:
+    # Just after a burst the replicas complete 2700/s (the backlog draining) while 2000/s arrive. The
+    # headroom is x1.8 of what arrives: 3600/s at full capacity → 4. Standing on the completions (the
+    # first design) it was x1.8 of 2700/s carried ahead on its rise from the 2000/s floor, 6120/s → 6,
+    # held for the stabilization window. Draining the backlog is the demand's part: 2700/s at 85 % → 3.
+    state = bursty_history(2000.0, 1.8)
+    t = Tick.of(seen(0.04, 0.9, 2000.0, rate=2700.0), Current(4, 0.02, ready_replicas=4), MODEL, state, 0.0)
+    assert t.burst is not None and t.burst.factor == pytest.approx(1.8)
+    assert t.needed == 4
+
+
 def test_surge_prior_stands_on_the_floor() -> None:
     # A short history (the prior applies): 400/s for the last minute, 800/s now. x5 of 800/s would be
     # 3 replicas; the prior stands on the floor, 400/s: 2000 / 1142.9 → 2.
