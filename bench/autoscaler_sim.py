@@ -230,9 +230,9 @@ def _cron_jobs(n: int, rng: np.random.Generator) -> np.ndarray:
     t = np.arange(n, dtype=np.float64)
     period, start, length, edge = 420.0, 120.0, 120.0, 5.0  # a batch job every 7 minutes, 2 minutes long
     phase = (t - start) % period
-    on = np.clip(phase / edge, 0.0, 1.0) * (phase < length) + np.clip((length + edge - phase) / edge, 0.0, 1.0) * (
-        (phase >= length) & (phase < length + edge)
-    )
+    on = np.clip(phase / edge, 0.0, 1.0) * (phase < length) + np.clip(
+        (length + edge - phase) / edge, 0.0, 1.0
+    ) * ((phase >= length) & (phase < length + edge))
     return 1.0 + 2.0 * np.where(t >= start, on, 0.0)
 
 
