@@ -17,7 +17,10 @@ section 3.2), and Nexus and MArk provision for the peak of the next interval rat
   follows by itself): what the fleet standing at that moment would have had to absorb before help
   arrived;
 - a *burst* is a run of consecutive samples whose rise is over ``min_rise`` (smaller rises are
-  noise, or a ramp the capacity rule's planning margin follows); its *peak* is the run's largest rise;
+  noise, or a ramp the capacity rule's planning margin follows) and over the square of the median
+  rise (``noise_floor``: noisy traffic rises over its own floor all the time, by about the median
+  rise; a burst stands out of that, twice as far on a log scale); its *peak* is the run's largest
+  rise;
 - the *burst factor* is the ``quantile`` of the peaks of the bursts over the memory, at least 1,
   once ``min_bursts`` of them were seen: headroom for bursts that recur, sized by how large they are
   and not by how often they come (a quantile over every sample, the first design, read frequent small
@@ -40,7 +43,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Burst", "burst_factor", "burst_peaks", "floor_level"]
+__all__ = ["Burst", "burst_factor", "burst_peaks", "floor_level", "noise_floor"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,18 @@ def burst_peaks(rises: Sequence[float | None], min_rise: float) -> list[float]:
     return peaks
 
 
+def noise_floor(rises: Sequence[float | None]) -> float:
+    """The square of the median of the known ``rises`` (ratios > 0), 1.0 when none is known: the
+    rise a burst must exceed to stand out of the traffic's own noise. Without bursts, the rise of a
+    sample over its floor is the spread of the noise within two reaction times, and it is there at
+    about every sample, so the median measures it; bursts are rarer than half the samples, so they
+    move the median little. Squared: twice as far on a log scale."""
+    known = sorted(r for r in rises if r is not None and r > 0)
+    if not known:
+        return 1.0
+    return _quantile(known, 0.5) ** 2
+
+
 def burst_factor(
     samples: Sequence[tuple[float, float]],
     *,
@@ -131,7 +146,8 @@ def burst_factor(
         lead: the reaction time, seconds: a rise counts the highest rate within this long after a sample.
         quantile: which quantile of the bursts' peaks is the factor, in (0, 1].
         limit: the largest burst peak that headroom covers, ratio >= 1; larger bursts are left out.
-        min_rise: a sample whose rise is over this ratio (>= 1) is part of a burst.
+        min_rise: a sample whose rise is over this ratio (>= 1) and over ``noise_floor`` is part of
+            a burst.
         min_bursts: how many bursts (of at most ``limit``) must have been seen before the factor is
             more than 1: headroom is for bursts that recur.
 
@@ -150,7 +166,7 @@ def burst_factor(
         rises.append(_rise(times, rates, i, lead))
     known = sum(r is not None for r in rises)
     # Bursts over the limit outgrow any headroom it allows: leave them to the reactive rules.
-    peaks = [p for p in burst_peaks(rises, min_rise) if p <= limit]
+    peaks = [p for p in burst_peaks(rises, max(min_rise, noise_floor(rises))) if p <= limit]
     if not peaks or len(peaks) < min_bursts:
         return Burst(1.0, now_level, known, len(peaks))
     return Burst(max(_quantile(peaks, quantile), 1.0), now_level, known, len(peaks))

@@ -27,7 +27,8 @@ drained. Without s(b) the reactive law below decides, unchanged; it is also the 
 (a tick plus a cold start, ``burst_lead_seconds``) meet only the capacity standing when they begin, so
 the rule also provisions ``factor * rate`` at a replica's full SLO capacity, where ``factor`` is a high
 quantile of the peaks of the bursts (transient rises of the arrival rate within one reaction time, of
-more than ``burst_min_rise``) seen over the last ``burst_memory_seconds``, once ``burst_min_bursts``
+more than ``burst_min_rise`` and out of the traffic's own noise: ``headroom.noise_floor``) seen over the
+last ``burst_memory_seconds``, once ``burst_min_bursts``
 were seen (Autopilot's moving-window percentile, Rzadca et al., EuroSys 2020; the arrival samples live
 in ``State.arrivals``). Smooth traffic learns no burst and pays nothing; a level shift (a step, a
 ramp) is not a burst. The rate it multiplies (``_burst_base``) is the arrival rate (not the completion

@@ -5,7 +5,14 @@ limit)."""
 from __future__ import annotations
 
 import pytest
-from kubeinfer.operator.autoscale.headroom import Burst, burst_factor, burst_peaks, floor_level
+from kubeinfer.operator.autoscale.headroom import (
+    Burst,
+    _rise,
+    burst_factor,
+    burst_peaks,
+    floor_level,
+    noise_floor,
+)
 
 TICK = 15.0
 LEARN = {"lead": 60.0, "quantile": 0.9, "limit": 2.0, "min_rise": 1.5, "min_bursts": 2}
@@ -124,3 +131,36 @@ def test_samples_teach_only_once_their_leads_are_observed() -> None:
     rates = [500.0] * 30 + [900.0, 900.0]
     b = burst_factor(samples(rates), **LEARN)
     assert b.factor == 1.0 and b.rises == 32 - 8
+
+
+def noisy(base: float, n: int) -> list[float]:
+    """``n`` samples around ``base`` in a fixed pseudo-random pattern, lows and highs up to x1.7
+    apart: no burst, every sample as likely to be high as any other."""
+    pattern = [1.0, 1.3, 0.9, 1.5, 1.1, 0.88, 1.4, 1.2, 0.95, 1.35, 0.9]
+    return [base * pattern[(i * 7) % len(pattern)] for i in range(n)]
+
+
+def rises_of(rates: list[float]) -> list[float | None]:
+    times = [i * TICK for i in range(len(rates))]
+    return [_rise(times, rates, i, 60.0) for i in range(len(rates) - 8)]
+
+
+def test_noise_floor_is_the_squared_median_rise() -> None:
+    assert noise_floor([]) == 1.0 and noise_floor([None, None]) == 1.0
+    assert noise_floor([1.0, 1.2, None, 1.1]) == pytest.approx(1.1**2)
+
+
+def test_noise_alone_learns_no_headroom() -> None:
+    rates = noisy(2000.0, 120)
+    # the noise rises over its floor by more than x1.5 in runs all the time ...
+    assert len(burst_peaks(rises_of(rates), 1.5)) >= 5
+    # ... and by about its median rise at every sample: only what stands out of that is a burst
+    b = burst_factor(samples(rates), **LEARN)
+    assert b.factor == 1.0 and b.bursts == 0
+
+
+def test_bursts_stand_out_of_mild_noise() -> None:
+    # x1.8 bursts on traffic with +-5 % noise: the noise floor (about 1.1**2) leaves them be
+    rates = [r * (1.05 if i % 3 == 0 else 0.97) for i, r in enumerate(with_bursts(500.0, 1.8, 120))]
+    b = burst_factor(samples(rates), **LEARN)
+    assert b.bursts == 10 and b.factor == pytest.approx(1.8 * 1.05 / 0.97, rel=0.05)
