@@ -63,11 +63,12 @@ class Settings(BaseModel):
     )
     helm_release_namespace: str = Field(default="", description="set by the chart: the release's namespace")
     peering_wait_seconds: float = Field(
-        default=60.0,
+        default=20.0,
         ge=0,
         description="with helm_release set: how long to wait for the chart's peering object before "
-        "creating it, seconds (Helm creates it after the operator's Deployment; creating it first "
-        "would fail `helm install` with 'already exists')",
+        "creating it, seconds (Helm creates it right after the operator's Deployment; creating it first "
+        "would fail `helm install` with 'already exists'; keep it under the liveness probe's budget, "
+        "50 s with the chart's defaults)",
     )
     kubeconfig: str | None = Field(
         default=None, description="kubeconfig file (also KUBECONFIG); unset = in-cluster"
