@@ -162,6 +162,39 @@ class Trace:
     high_priority_share: np.ndarray | None = None
 
 
+def _ar1_log_noise(n: int, rng: np.random.Generator, phi: float, sigma: float) -> np.ndarray:
+    """exp(AR(1)) multiplicative noise: ``sigma`` standard deviation (log), correlation ``phi`` per second."""
+    noise = np.empty(n)
+    x = 0.0
+    for i, e in enumerate(rng.standard_normal(n)):
+        x = phi * x + math.sqrt(1 - phi * phi) * sigma * e
+        noise[i] = x
+    return np.exp(noise)
+
+
+def _poisson_bursts(
+    n: int,
+    rng: np.random.Generator,
+    gap: float,
+    length: tuple[float, float],
+    factor: float | Callable[[np.random.Generator], float],
+    *,
+    compound: bool = False,
+) -> np.ndarray:
+    """Multipliers, shape (n,): bursts of uniform(``length``) seconds at Poisson times (mean ``gap`` s),
+    each of ``factor`` (or ``factor(rng)``, drawn after its length), else 1. Overlapping bursts take the
+    larger factor, or multiply with ``compound``."""
+    out = np.ones(n)
+    at = 0.0
+    while True:
+        at += rng.exponential(gap)
+        if at >= n:
+            return out
+        span = slice(int(at), int(at) + int(rng.uniform(*length)))
+        f = factor(rng) if callable(factor) else factor
+        out[span] = out[span] * f if compound else np.maximum(out[span], f)
+
+
 def _step(n: int, rng: np.random.Generator) -> np.ndarray:
     t = np.arange(n, dtype=np.float64)
     return np.where(t < 0.25 * n, 0.8, 3.2)
@@ -198,13 +231,7 @@ def _flash_crowd(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def _slow_ramp(n: int, rng: np.random.Generator) -> np.ndarray:
     t = np.arange(n, dtype=np.float64)
-    phi, sigma = 0.97, 0.1  # AR(1) log-noise: 10 % standard deviation, ~30 s correlation
-    noise = np.empty(n)
-    x = 0.0
-    for i, e in enumerate(rng.standard_normal(n)):
-        x = phi * x + math.sqrt(1 - phi * phi) * sigma * e
-        noise[i] = x
-    return (0.5 + 4.5 * t / n) * np.exp(noise)
+    return (0.5 + 4.5 * t / n) * _ar1_log_noise(n, rng, 0.97, 0.1)  # 10 %, ~30 s correlation
 
 
 def _sawtooth(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -217,15 +244,7 @@ def _compressed_day(n: int, rng: np.random.Generator) -> np.ndarray:
     t = np.arange(n, dtype=np.float64)
     hour = 24.0 * t / n
     shape = 0.4 + 2.6 * np.exp(-(((hour - 10.5) / 2.5) ** 2)) + 2.2 * np.exp(-(((hour - 19.5) / 2.0) ** 2))
-    bursts = np.ones(n)
-    at = 0.0
-    while True:
-        at += rng.exponential(200.0)
-        if at >= n:
-            break
-        length = int(rng.uniform(20.0, 40.0))
-        bursts[int(at) : int(at) + length] *= 1.8
-    return shape * bursts
+    return shape * _poisson_bursts(n, rng, 200.0, (20.0, 40.0), 1.8, compound=True)
 
 
 def _cron_jobs(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -241,49 +260,11 @@ def _cron_jobs(n: int, rng: np.random.Generator) -> np.ndarray:
 def _varied_bursts(n: int, rng: np.random.Generator) -> np.ndarray:
     t = np.arange(n, dtype=np.float64)
     shape = 1.8 - 1.2 * np.cos(2 * np.pi * t / n)
-    bursts = np.ones(n)
-    at = 0.0
-    while True:
-        at += rng.exponential(150.0)
-        if at >= n:
-            break
-        length = int(rng.uniform(10.0, 50.0))
-        span = slice(int(at), int(at) + length)
-        bursts[span] = np.maximum(bursts[span], rng.uniform(1.3, 2.4))  # overlaps: the larger
-    return shape * bursts
+    return shape * _poisson_bursts(n, rng, 150.0, (10.0, 50.0), lambda r: float(r.uniform(1.3, 2.4)))
 
 
 def _noisy_plateau(n: int, rng: np.random.Generator) -> np.ndarray:
-    phi, sigma = 0.9, 0.25  # AR(1) log-noise: 25 % standard deviation, ~10 s correlation
-    noise = np.empty(n)
-    x = 0.0
-    for i, e in enumerate(rng.standard_normal(n)):
-        x = phi * x + math.sqrt(1 - phi * phi) * sigma * e
-        noise[i] = x
-    return 2.0 * np.exp(noise)
-
-
-def _ar1_log_noise(n: int, rng: np.random.Generator, phi: float, sigma: float) -> np.ndarray:
-    """exp(AR(1)) multiplicative noise: ``sigma`` standard deviation (log), correlation ``phi`` per second."""
-    noise = np.empty(n)
-    x = 0.0
-    for i, e in enumerate(rng.standard_normal(n)):
-        x = phi * x + math.sqrt(1 - phi * phi) * sigma * e
-        noise[i] = x
-    return np.exp(noise)
-
-
-def _poisson_bursts(
-    n: int, rng: np.random.Generator, gap: float, length: tuple[float, float], factor: float
-) -> np.ndarray:
-    """Multipliers: ``factor`` for uniform(``length``) seconds at Poisson times (mean ``gap`` s), else 1."""
-    out = np.ones(n)
-    at = 0.0
-    while True:
-        at += rng.exponential(gap)
-        if at >= n:
-            return out
-        out[int(at) : int(at) + int(rng.uniform(*length))] = factor
+    return 2.0 * _ar1_log_noise(n, rng, 0.9, 0.25)  # 25 %, ~10 s correlation
 
 
 def _noisy_bursts(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -122,14 +122,29 @@ def test_local_operator_after_helm_install(cluster: Cluster, namespace: str, tmp
     )
 
 
-def _helm_env(release: str, ns: str, wait_seconds: float) -> dict[str, str]:
-    """What the chart's Deployment sets for the operator, with the peering wait of the test."""
-    return {
+def _chart_pod(
+    cluster: Cluster, ns: str, tmp_path: Path, wait_seconds: float
+) -> tuple[str, str, OperatorProcess]:
+    """``(release, peering, operator)``: the operator as the chart's pod runs it (Helm's release in
+    its environment), with the peering wait of the test; the CRDs applied, the object not created."""
+    _apply_crds(cluster)
+    release = f"ki-{secrets.token_hex(3)}"
+    peering = f"peer-{release}"
+    env = {
         **TEST_ENV,
         "KUBEINFER_HELM_RELEASE": release,
         "KUBEINFER_HELM_RELEASE_NAMESPACE": ns,
         "KUBEINFER_PEERING_WAIT_SECONDS": str(wait_seconds),
     }
+    op = OperatorProcess(
+        cluster.kubeconfig,
+        namespaces=[ns],
+        peering=peering,
+        log_dir=tmp_path,
+        extra_env=env,
+        name="chart-pod",
+    )
+    return release, peering, op
 
 
 def test_chart_deployed_operator_waits_for_the_charts_peering(
@@ -137,17 +152,8 @@ def test_chart_deployed_operator_waits_for_the_charts_peering(
 ) -> None:
     """Helm creates the peering object after the operator's Deployment: an operator pod that starts
     in between must leave it to Helm (CI saw `helm install` fail with "already exists")."""
-    _apply_crds(cluster)
-    release = f"ki-{secrets.token_hex(3)}"
-    peering = f"peer-{release}"
-    with OperatorProcess(
-        cluster.kubeconfig,
-        namespaces=[namespace],
-        peering=peering,
-        log_dir=tmp_path,
-        extra_env=_helm_env(release, namespace, 60),
-        name="chart-pod",
-    ) as op:
+    _, peering, operator = _chart_pod(cluster, namespace, tmp_path, 60)
+    with operator as op:
         wait_until(lambda: "waiting up to 60 s" in op.log(), timeout=60, message="the operator waiting")
         assert _peering(cluster, namespace, peering) is None  # it did not create the chart's object
         cluster.apply(  # what Helm does next
@@ -167,17 +173,8 @@ def test_chart_deployed_operator_creates_a_missing_peering_after_the_wait(
     cluster: Cluster, namespace: str, tmp_path: Path
 ) -> None:
     """A peering object still missing after the wait (deleted by hand) is created, adoptable by Helm."""
-    _apply_crds(cluster)
-    release = f"ki-{secrets.token_hex(3)}"
-    peering = f"peer-{release}"
-    with OperatorProcess(
-        cluster.kubeconfig,
-        namespaces=[namespace],
-        peering=peering,
-        log_dir=tmp_path,
-        extra_env=_helm_env(release, namespace, 2),
-        name="chart-pod",
-    ) as op:
+    release, peering, operator = _chart_pod(cluster, namespace, tmp_path, 2)
+    with operator as op:
         op.wait_ready()
         created = _peering(cluster, namespace, peering)
         assert created is not None, op.log()[-3000:]
