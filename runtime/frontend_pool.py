@@ -160,6 +160,9 @@ class FrontEndPool:
                 if time.monotonic() - slot.started < RESTART_INTERVAL_SECONDS:
                     continue
                 slot.restarts += 1
+                self.server.metrics.frontend_restarts.labels(
+                    self.server.cfg.model.name, str(slot.index)
+                ).inc()
                 log.warning(
                     "front end %d (pid %d) exited with %s; starting it again (restart %d)",
                     slot.index,

@@ -241,6 +241,12 @@ class RuntimeMetrics:
             ["model", "priority", "reason"],
             registry=r,
         )
+        self.frontend_restarts = Counter(
+            "kubeinfer_frontend_restarts",
+            "HTTP front-end processes started again after they exited (server.httpWorkers > 1).",
+            ["model", "frontend"],
+            registry=r,
+        )
         self.busy = BusyTracker(executors)
         self.device_utilization.set_function(self.busy.ratio)
         self.service_time = ServiceTimeFit()

@@ -21,6 +21,7 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.runtime_proc import RuntimeProcess
 from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
@@ -160,6 +161,13 @@ def test_a_killed_front_end_is_restarted_and_only_its_requests_fail(runtime: Run
     assert after[1] == before[1], "the other front end was restarted too"
     assert after[0] != victim and psutil.pid_exists(after[0])
     assert f"front end 0 (pid {victim}) exited" in runtime.log_text()
+    restarts = [
+        (sample.labels["frontend"], sample.value)
+        for family in text_string_to_metric_families(runtime.metrics_text())
+        for sample in family.samples
+        if sample.name == "kubeinfer_frontend_restarts_total"
+    ]
+    assert restarts == [("0", 1.0)], restarts  # the killed one, once; the other never
     assert served_before_kill > 0 and outcomes["200"] > served_before_kill
     failed = {k: v for k, v in outcomes.items() if k != "200"}
     # only requests on the dead process's connections: at most one per client connection
