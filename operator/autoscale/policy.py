@@ -28,17 +28,16 @@ drained. Without s(b) the reactive law below decides, unchanged; it is also the 
 the rule also provisions ``factor * rate`` at a replica's full SLO capacity, where ``factor`` is a high
 quantile of the peaks of the bursts (transient rises of the arrival rate within one reaction time, of
 more than ``burst_min_rise`` and out of the traffic's own noise: ``headroom.noise_floor``) seen over the
-last ``burst_memory_seconds``, once ``burst_min_bursts``
-were seen (Autopilot's moving-window percentile, Rzadca et al., EuroSys 2020; the arrival samples live
-in ``State.arrivals``). Smooth traffic learns no burst and pays nothing; a level shift (a step, a
-ramp) is not a burst. The rate it multiplies (``_burst_base``) is the arrival rate (not the completion
-rate, which after a burst is its backlog draining) carried one reaction time ahead on its rise from
-the floor (the lowest rate of the last reaction time), or the floor while a burst is in progress (a
-burst is not counted twice). Until
+last ``burst_memory_seconds``, once ``burst_min_bursts`` were seen (Autopilot's moving-window
+percentile, Rzadca et al., EuroSys 2020; the arrival samples live in ``State.arrivals``). Smooth traffic
+learns no burst and pays nothing; a level shift (a step, a ramp) is not a burst. The rate it multiplies
+(``_burst_base``) is the arrival rate (not the completion rate, which after a burst is its backlog
+draining) carried one reaction time ahead on its rise from the floor (the lowest rate of the last
+reaction time), or the floor while a burst is in progress (a burst is not counted twice). Until
 ``burst_min_samples`` rises are learned the surge floor above, standing on the floor rate, is the prior
-for the unknown burstiness; after that the learned factor replaces it. A P99 over target from a
-drained backlog recommends the rule's count, so the stabilization window runs from the demand, not
-from the query window's memory of the backlog.
+for the unknown burstiness; after that the learned factor replaces it. A P99 over target from a drained
+backlog recommends the rule's count, so the stabilization window runs from the demand, not from the
+query window's memory of the backlog.
 
 The reactive law:
 
@@ -342,11 +341,11 @@ class Policy:
         meets the SLO (``cold_start_timeout``).
         burst_headroom True, burst_memory_seconds 1800, burst_lead_seconds 60, burst_quantile 0.9,
         burst_limit 2, burst_min_samples 20, burst_min_rise 1.5, burst_min_bursts 2: the burst headroom
-        (module docstring; ``headroom``), chosen with ``bench/autoscaler_sim.py`` after all eight traces
-        had been seen (bench/traces/README.md gives the sensitivity: burst_min_rise 1.2-1.6 and
-        burst_min_bursts 2-3 keep every trace at or under the HPA's replica-seconds and over its SLO;
-        under 1.5 the sawtooth's tops count as bursts and cost up to 1.46x the oracle; 1.7, or
-        min_bursts 4, misses compressed_day's first morning burst).
+        (module docstring; ``headroom``), chosen with ``bench/autoscaler_sim.py`` after eleven traces
+        had been seen, the noise floor after the eleventh (bench/traces/README.md gives the sensitivity:
+        burst_min_rise 1.2-1.6 and burst_min_bursts 2-3 keep every trace at or under the HPA's
+        replica-seconds and over its SLO; under 1.5 the sawtooth's tops count as bursts and cost up to
+        1.46x the oracle; 1.7, or min_bursts 4, misses compressed_day's first morning burst).
         The lead is one 15 s tick plus the simulated 30 s cold start, rounded up.
 
     Raises:
