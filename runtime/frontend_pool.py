@@ -72,6 +72,10 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+#: Seconds the front ends stay up after the model process drained (``FrontEndPool.stop``).
+DRAIN_LINGER_SECONDS = 0.5
+
+
 @dataclass
 class _Slot:
     index: int
@@ -172,9 +176,18 @@ class FrontEndPool:
                 )
                 self._spawn(slot)
 
-    async def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM every front end, wait ``timeout`` seconds at most (then SIGKILL), close the endpoint."""
+    async def stop(self, timeout: float = 30.0, linger: float = 0.0) -> None:
+        """SIGTERM every front end after ``linger`` seconds, wait ``timeout`` seconds at most (then
+        SIGKILL), close the endpoint.
+
+        After a drain, ``linger`` (``DRAIN_LINGER_SECONDS``) keeps the listeners open a little: a
+        keep-alive client that has just received its last answer and sends again meets a 503
+        ("shutting down") instead of a connection that its front end closes, in its graceful shutdown,
+        under the new request (seen as "connection closed" by a client, once in several runs of
+        the SIGTERM-under-load test)."""
         self._stopping = True
+        if linger > 0:
+            await asyncio.sleep(linger)
         procs = [s.proc for s in self._slots if s.proc is not None]
         for proc in procs:
             if proc.poll() is None:

@@ -221,7 +221,10 @@ class RuntimeServer:
             if force:
                 self._pool.kill()
             else:
-                self._tasks.append(asyncio.get_running_loop().create_task(self._pool.stop()))
+                from kubeinfer.runtime.frontend_pool import DRAIN_LINGER_SECONDS
+
+                stopping = self._pool.stop(linger=DRAIN_LINGER_SECONDS)
+                self._tasks.append(asyncio.get_running_loop().create_task(stopping))
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             self._uvicorn.force_exit = force
