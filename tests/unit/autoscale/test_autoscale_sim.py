@@ -122,6 +122,11 @@ def test_autoscale_sim_builtin_traces_round_trip(tmp_path: Path) -> None:
         sim.write_trace(trace, tmp_path / f"{name}.csv")
         back = sim.read_trace(tmp_path / f"{name}.csv")
         assert np.allclose(back.rates, trace.rates) and len(back.rates) == sim.BUILTIN[name][1]
+        if trace.high_priority_share is None:
+            assert back.high_priority_share is None
+        else:
+            assert np.allclose(back.high_priority_share, trace.high_priority_share)
+    assert sim.builtin_trace("interactive_batch", 100.0).high_priority_share is not None
     # the checked-in CSVs are the built-ins written at the runtime's mu (regenerate: --write-traces)
     stored = sorted(p.stem for p in sim.TRACES_DIR.glob("*.csv"))
     assert stored == sorted(sim.BUILTIN)
@@ -155,8 +160,68 @@ def test_autoscale_sim_traces_keep_their_service_model(tmp_path: Path) -> None:
     assert source == "bench/traces/service_model.json" and batch == 32
     cfg = sim.SimConfig(a=a, c=c, max_batch=batch)
     for name in sim.BUILTIN:
-        stored = sim.read_trace(sim.TRACES_DIR / f"{name}.csv")
-        assert np.allclose(stored.rates, sim.builtin_trace(name, cfg.mu).rates), name
+        stored, built = sim.read_trace(sim.TRACES_DIR / f"{name}.csv"), sim.builtin_trace(name, cfg.mu)
+        assert np.allclose(stored.rates, built.rates), name
+        assert (stored.high_priority_share is None) == (built.high_priority_share is None), name
     path = sim.write_service_model(cfg, "test", tmp_path)
     assert sim.load_service_model(path)[:3] == (a, c, batch)
     assert sim.load_service_model(tmp_path / "absent.json")[3].startswith("defaults")
+
+
+def _overloaded(cfg: object, seconds: int, rng: np.random.Generator) -> np.ndarray:
+    return sim.poisson_arrivals(np.full(seconds, 2.5 * cfg.mu), rng)  # type: ignore[attr-defined]
+
+
+def test_autoscale_sim_one_priority_level_is_fifo() -> None:
+    # Every arrival at one level: the two-level batcher runs exactly the FIFO batches.
+    cfg = sim.SimConfig(horizon=120.0)
+    arrivals = _overloaded(cfg, 120, np.random.default_rng(11))
+    fifo = sim.Simulator(cfg, arrivals, 2).run(sim.make_fixed(cfg, np.ones(120)))
+    for level_one in (False, True):
+        high = np.full(arrivals.size, level_one)
+        res = sim.Simulator(cfg, arrivals, 2, high=high).run(sim.make_fixed(cfg, np.ones(120)))
+        assert np.array_equal(res.done, fifo.done)
+
+
+def test_autoscale_sim_batch_takes_level_one_first() -> None:
+    # One replica, batches of 4: four level-2 requests fill the first batch; while it runs, four more
+    # level-2 and then two level-1 requests queue. The next batch takes the two level-1 requests and the
+    # two oldest level-2 ones; the last two level-2 requests wait for the batch after.
+    cfg = sim.SimConfig(a=0.01, c=0.001, max_batch=4, horizon=15.0, initial_timeout=0.004)
+    arrivals = np.array([1.0, 1.0001, 1.0002, 1.0003, 1.001, 1.0011, 1.0012, 1.0013, 1.005, 1.006])
+    high = np.array([False] * 8 + [True] * 2)
+    res = sim.Simulator(cfg, arrivals, 1, high=high).run(sim.make_fixed(cfg, np.ones(15)))
+    first = 1.0003 + cfg.s(4)
+    second = first + cfg.s(4)
+    assert np.allclose(res.done[:4], first)
+    assert np.allclose(res.done[[8, 9, 4, 5]], second)
+    assert np.allclose(res.done[[6, 7]], second + cfg.s(2))
+
+
+def test_autoscale_sim_priority_levels_in_overload() -> None:
+    # x2.5 overload on a fixed fleet: level 1 (20 % of arrivals) is served first and meets the SLO;
+    # level 2 takes the backlog. Every request completes once, after its arrival plus one batch.
+    cfg = sim.SimConfig(horizon=120.0)
+    rng = np.random.default_rng(12)
+    arrivals = _overloaded(cfg, 120, rng)
+    high = rng.random(arrivals.size) < 0.2
+    res = sim.Simulator(cfg, arrivals, 2, high=high).run(sim.make_fixed(cfg, np.ones(120)))
+    assert not np.isnan(res.done).any() and (res.latency >= cfg.s(1) - 1e-12).all()
+    fig = sim.figures(cfg, res)
+    assert fig["slo_attainment_high_priority"] > 0.99
+    assert fig["slo_attainment_low_priority"] < 0.5
+    total = (
+        high.sum() * fig["slo_attainment_high_priority"] + (~high).sum() * fig["slo_attainment_low_priority"]
+    ) / high.size
+    assert fig["slo_attainment"] == pytest.approx(total, abs=1e-4)
+
+
+def test_autoscale_sim_priority_column_round_trip(tmp_path: Path) -> None:
+    trace = sim.Trace("mix", np.array([10.0, 20.0, 30.0]), np.array([0.25, 0.5, 1.0]))
+    sim.write_trace(trace, tmp_path / "mix.csv")
+    back = sim.read_trace(tmp_path / "mix.csv")
+    assert np.allclose(back.rates, trace.rates) and np.allclose(back.high_priority_share, [0.25, 0.5, 1.0])
+    # each arrival's level is drawn from its second's share
+    arrivals = np.array([0.1, 0.2, 2.5, 2.9])
+    assert sim._priorities(back, arrivals, 1)[2:].all()
+    assert sim._priorities(sim.Trace("fifo", np.ones(3)), arrivals, 1) is None
