@@ -27,7 +27,11 @@ Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
 Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the kopf
 memo). After an operator restart it is re-derived from ``status.lastDecision.time``: that time counts
 as the last scale-up, scale-down and timeout change (so every cooldown is honoured), and the
-stabilization window starts afresh (no scale-in during the first window after a restart).
+stabilization window starts afresh (no scale-in during the first window after a restart). The arrival
+samples the burst headroom learns from are read back from Prometheus: on the first tick whose signals
+are known, one range query of the arrival-rate PromQL over the last ``burst_memory_seconds`` at the
+tick's interval (``policy.restore_arrivals``), so bursts learned before a restart (an upgrade, a leader
+change) keep their headroom. It is tried once; if it fails the headroom relearns from new samples.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from kubeinfer.operator.autoscale.policy import (
     Policy,
     State,
     decide,
+    restore_arrivals,
     restore_state,
 )
 from kubeinfer.operator.build.configmap import build_configmap
@@ -187,6 +192,7 @@ class _Memory:
     signal_problem: str | None = None
     failures: int = 0
     retry_at: float = 0.0
+    history_pending: bool = True
 
 
 @dataclass
@@ -304,6 +310,8 @@ class Autoscaler:
         policy = policy_from_spec(spec, stale_after_seconds=window_s)
         reading = await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds)
         self._note_reading(isvc, mem, reading, now)
+        if mem.history_pending and reading.condition_reason is None:
+            await self._restore_history(isvc, mem, queries.arrival_rate, policy, now)
 
         dstatus = deployment.get("status") or {}
         current = Current(
@@ -341,6 +349,39 @@ class Autoscaler:
                 api.object_reference(body), reason="Autoscaled", message=decision.reason
             )
         return result
+
+    async def _restore_history(
+        self, isvc: api.InferenceService, mem: _Memory, promql: str, policy: Policy, now: float
+    ) -> None:
+        """Read back the arrival rate's last ``burst_memory_seconds`` (one sample per interval, up to
+        one interval ago: this tick adds its own) into the policy state, once."""
+        mem.history_pending = False
+        if not promql or not policy.burst_headroom or self._signals is None:
+            return
+        wall = self.wall()
+        end = wall - dt.timedelta(seconds=self.interval_seconds)
+        start = wall - dt.timedelta(seconds=policy.burst_memory_seconds)
+        try:
+            samples = await asyncio.to_thread(
+                self._signals.history, promql, start, end, self.interval_seconds
+            )
+        except sig.SignalError as exc:
+            logger.warning(
+                "autoscale %s/%s: arrival-rate history not read (%s): the burst headroom relearns",
+                isvc.namespace,
+                isvc.name,
+                exc,
+            )
+            return
+        ages = [(wall.timestamp() - ts, rate) for ts, rate in samples]
+        mem.state = restore_arrivals(mem.state, ages, now=now, policy=policy)
+        logger.info(
+            "autoscale %s/%s: %d arrival-rate samples of the last %.0f s read back from Prometheus",
+            isvc.namespace,
+            isvc.name,
+            len(mem.state.arrivals),
+            policy.burst_memory_seconds,
+        )
 
     def _note_reading(
         self, isvc: api.InferenceService, mem: _Memory, reading: sig.Reading, now: float

@@ -82,7 +82,7 @@ argument and the next ``State`` is part of the ``Decision``.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,6 +103,7 @@ __all__ = [
     "State",
     "check_observation",
     "decide",
+    "restore_arrivals",
     "restore_state",
 ]
 
@@ -1014,3 +1015,28 @@ def restore_state(
         last_scale_down=at(last_scale_down_age),
         last_timeout_change=at(last_timeout_change_age),
     )
+
+
+def restore_arrivals(
+    state: State, history: Iterable[tuple[float, float]], *, now: float, policy: Policy
+) -> State:
+    """``state`` with the arrival-rate samples an operator restart lost, read back from Prometheus, so
+    that the burst headroom (``headroom.burst_factor``) stands from the first tick after the restart
+    instead of relearning for ``burst_memory_seconds``.
+
+    Args:
+        state: the state so far (its own samples, if any, are kept after the history).
+        history: ``(age, requests/s)`` pairs, age in seconds before ``now`` (> 0), any order; those
+            older than ``policy.burst_memory_seconds``, not finite or negative are left out.
+        now: the current time, seconds, on the clock ``decide`` gets.
+        policy: for ``burst_memory_seconds`` and ``burst_headroom`` (off: ``state`` unchanged).
+    """
+    if not policy.burst_headroom:
+        return state
+    kept = sorted(
+        (now - age, rate)
+        for age, rate in history
+        if 0 < age < policy.burst_memory_seconds and math.isfinite(rate) and rate >= 0
+    )
+    oldest_own = state.arrivals[0][0] if state.arrivals else math.inf
+    return replace(state, arrivals=(*(s for s in kept if s[0] < oldest_own), *state.arrivals))

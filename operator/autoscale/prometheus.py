@@ -2,13 +2,16 @@
 
 ``PrometheusSignals.query`` runs one instant query (blocking: call it from a worker thread) and
 ``read`` turns the default queries' answers into a ``signals.Reading`` through the pure
-``signals.read_signals``. ``PrometheusConfig`` says how to reach Prometheus (the operator's
-``KUBEINFER_PROMETHEUS_*`` settings). All the I/O of the autoscaler's signals is here, so that
-``signals`` (PromQL, parsing, value checks) stays pure (an import-linter contract).
+``signals.read_signals``; ``history`` runs one range query (the arrival rate's recent past, which an
+operator that restarted reads back for the burst headroom). ``PrometheusConfig`` says how to reach
+Prometheus (the operator's ``KUBEINFER_PROMETHEUS_*`` settings). All the I/O of the autoscaler's
+signals is here, so that ``signals`` (PromQL, parsing, value checks) stays pure (an import-linter
+contract).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
@@ -23,6 +26,7 @@ from kubeinfer.operator.autoscale.signals import (
     Queries,
     Reading,
     SignalError,
+    parse_history,
     read_signals,
 )
 from kubeinfer.operator.settings import Settings
@@ -109,9 +113,23 @@ class PrometheusSignals:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """One instant query. Raises ``SignalError`` (PrometheusUnavailable or QueryError)."""
+        return self._call(promql, lambda: self._client.custom_query(promql))
+
+    def history(
+        self, promql: str, start: dt.datetime, end: dt.datetime, step_seconds: float
+    ) -> list[tuple[float, float]]:
+        """One range query: ``(unix seconds, value)`` every ``step_seconds`` from ``start`` to ``end``
+        (timezone-aware), oldest first, without NaN, infinite or negative values
+        (``signals.parse_history``). Raises ``SignalError`` (PrometheusUnavailable or QueryError)."""
+        step = f"{max(0.001, step_seconds):g}"
+        result = self._call(promql, lambda: self._client.custom_query_range(promql, start, end, step))
+        return parse_history(result, "history")
+
+    def _call(self, promql: str, ask: Callable[[], Any]) -> list[dict[str, Any]]:
+        """``ask()``'s result list; its failures as ``SignalError``."""
         self._last_status.code = None
         try:
-            result = self._client.custom_query(promql)
+            result = ask()
         except PrometheusApiClientException as exc:
             status = self._last_status.code
             # 4xx but 429: the query is at fault (bad PromQL, 422 execution error); else Prometheus is.

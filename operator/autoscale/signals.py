@@ -42,6 +42,7 @@ service is idle (see ``policy.Observation.idle``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,6 +65,7 @@ __all__ = [
     "Reading",
     "SignalError",
     "default_queries",
+    "parse_history",
     "read_signals",
 ]
 
@@ -192,6 +194,24 @@ def _scalar(result: Sequence[Mapping[str, Any]], what: str, promql: str) -> floa
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         logger.debug("%s: unexpected result %r from %s", what, result[0], promql)
         raise SignalError(QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}") from exc
+
+
+def parse_history(result: Sequence[Mapping[str, Any]], what: str) -> list[tuple[float, float]]:
+    """The samples of a range query's matrix result: ``(unix seconds, value)``, oldest first.
+
+    Samples that are NaN, infinite or negative are left out (never read as zero); an empty result is
+    no samples. Raises ``SignalError`` (QueryError) naming ``what`` when the result holds more than one
+    series or a sample does not parse.
+    """
+    if not result:
+        return []
+    if len(result) > 1:
+        raise SignalError(QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1")
+    try:
+        samples = [(float(ts), float(value)) for ts, value in result[0]["values"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SignalError(QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}") from exc
+    return [(ts, v) for ts, v in samples if math.isfinite(v) and v >= 0]
 
 
 def _ask(query: QueryFn, promql: str, what: str) -> float | None:

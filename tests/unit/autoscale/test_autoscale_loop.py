@@ -13,7 +13,7 @@ import pytest
 from kubeinfer.operator import api, k8s
 from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.autoscale.policy import Observation
-from kubeinfer.operator.autoscale.signals import Reading
+from kubeinfer.operator.autoscale.signals import Reading, SignalError
 
 
 class Recorder:
@@ -48,9 +48,19 @@ class Recorder:
 class CannedSignals:
     def __init__(self) -> None:
         self.reading = Reading(Observation(0.2, 0.5, 5.0, 1.0, 1.0), None)
+        self.samples: list[tuple[float, float]] | SignalError = []
+        self.history_calls: list[tuple[str, dt.datetime, dt.datetime, float]] = []
 
     def read(self, queries: Any, window_seconds: float) -> Reading:
         return self.reading
+
+    def history(
+        self, promql: str, start: dt.datetime, end: dt.datetime, step: float
+    ) -> list[tuple[float, float]]:
+        self.history_calls.append((promql, start, end, step))
+        if isinstance(self.samples, SignalError):
+            raise self.samples
+        return self.samples
 
     def close(self) -> None:
         pass
@@ -268,3 +278,65 @@ async def test_autoscale_loop_status_write_dropped_when_the_spec_moved_meanwhile
     r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
     assert r is not None and not r.wrote_status
     assert len(attempts) == 1  # the first attempt only: no second write on the newer generation
+
+
+#: 1000 requests/s arriving, with the runtime's s(b) known: the SLO-capacity rule and the burst headroom
+#: decide (s(b) = 10 ms + 1 ms*b, B = 32: 762 requests/s per replica at the 200 ms target).
+BUSY = Observation(
+    p99_seconds=0.1,
+    gpu_utilization=0.6,
+    request_rate=1000.0,
+    queue_size=1.0,
+    sample_age_seconds=1.0,
+    inflight_requests=5.0,
+    arrival_rate=1000.0,
+    service_time_a_seconds=0.01,
+    service_time_c_seconds=0.001,
+    max_batch_size=32.0,
+)
+WALL = dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp()
+
+
+async def test_autoscale_loop_restart_reads_the_burst_history_back() -> None:
+    # An operator restarted: the last 30 minutes of arrival rates (1000/s with two x1.8 bursts) are read
+    # back from Prometheus on the first tick, so the burst headroom stands at once instead of the surge
+    # prior that a service without history gets.
+    a, _, canned = scaler()
+    canned.reading = Reading(BUSY, None)
+    ages = range(1785, 0, -15)
+    canned.samples = [(WALL - age, 1800.0 if age in (1500, 900) else 1000.0) for age in ages]
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert r is not None and r.decision is not None
+    assert "burst headroom x1.80 learned from 2 bursts" in r.decision.reason, r.decision.reason
+    ((promql, start, end, step),) = canned.history_calls
+    assert "kubeinfer_requests_total" in promql and step == 15.0
+    assert (WALL - start.timestamp(), WALL - end.timestamp()) == (1800.0, 15.0)
+    assert len(r.decision.state.arrivals) == len(ages) + 1  # the history, then this tick's sample
+    # read once: the next tick does not query the history again
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert len(canned.history_calls) == 1
+
+    fresh, _, canned = scaler()  # no history (a new service): the surge prior, not a learned factor
+    canned.reading = Reading(BUSY, None)
+    r = await fresh.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert r is not None and r.decision is not None and "surge prior" in r.decision.reason
+
+
+async def test_autoscale_loop_history_failure_does_not_block_the_tick(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, _, canned = scaler()
+    canned.reading = Reading(BUSY, None)
+    canned.samples = SignalError("PrometheusUnavailable", "Prometheus answered HTTP 503")
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert r is not None and r.decision is not None and r.decision.known
+    assert "arrival-rate history not read" in caplog.text
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert len(canned.history_calls) == 1  # tried once; the headroom relearns from new samples
+
+
+async def test_autoscale_loop_history_waits_for_known_signals() -> None:
+    a, _, canned = scaler()
+    canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    assert canned.history_calls == []

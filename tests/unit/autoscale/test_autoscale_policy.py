@@ -13,6 +13,7 @@ from kubeinfer.operator.autoscale.policy import (
     Policy,
     State,
     decide,
+    restore_arrivals,
     restore_state,
 )
 
@@ -391,6 +392,17 @@ def test_autoscale_policy_restore_state_waits_a_window() -> None:
     assert d.replicas == 4 and "stabilization window" in d.reason
     d2 = decide(obs(0.05, 0.0), Current(4, 0.02), POLICY, d.state, 1300.0)
     assert d2.replicas == 1
+
+
+def test_autoscale_policy_restore_arrivals() -> None:
+    # Ages become times before now, oldest first; samples past the burst memory, NaN or negative are
+    # left out; samples the state already holds stay after the history, and history that overlaps them
+    # is dropped (no sample twice).
+    own = State(arrivals=((995.0, 7.0),))
+    history = [(10.0, 3.0), (2000.0, 1.0), (30.0, 2.0), (20.0, NAN), (25.0, -1.0), (4.0, 9.0)]
+    state = restore_arrivals(own, history, now=1000.0, policy=POLICY)
+    assert state.arrivals == ((970.0, 2.0), (990.0, 3.0), (995.0, 7.0))
+    assert restore_arrivals(own, history, now=1000.0, policy=replace(POLICY, burst_headroom=False)) == own
 
 
 # --------------------------------------------------------------------------------------------------

@@ -285,3 +285,16 @@ def test_autoscale_signals_config_from_settings() -> None:
     with pytest.raises(ValueError, match="prometheus_url"):
         PrometheusConfig.from_settings(Settings.from_env({"KUBEINFER_PROMETHEUS_URL": ""}))
     assert not math.isnan(cfg.timeout_seconds)
+
+
+def test_autoscale_signals_parse_history() -> None:
+    matrix = [
+        {"metric": {}, "values": [[100, "5"], [115, "NaN"], [130, "-1"], [145, "+Inf"], [160.5, "7.5"]]}
+    ]
+    # NaN, negative and infinite samples are left out, never read as zero
+    assert signals.parse_history(matrix, "history") == [(100.0, 5.0), (160.5, 7.5)]
+    assert signals.parse_history([], "history") == []
+    with pytest.raises(signals.SignalError, match="history: query returned 2 series"):
+        signals.parse_history(matrix * 2, "history")
+    with pytest.raises(signals.SignalError, match="history: unexpected result"):
+        signals.parse_history([{"metric": {}, "value": [1, "2"]}], "history")
