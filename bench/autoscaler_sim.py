@@ -50,9 +50,11 @@ meets HPA-on-GPU's SLO).
 
 Beside ``traces`` the JSON carries ``variants`` (kubeinfer's policy with a part switched off, per trace),
 ``faults`` (Prometheus down, or answering NaN, in the middle of a trace: actions while the signal is
-missing must be 0, and the controller acts again once it returns), ``config``, ``tuned_on`` (the traces
-the policy's tunables were chosen on; the others are held out) and ``summary`` (the issue-10 targets
-per trace, with every miss stated). ``bench/results/autoscaler.md`` gets the same table as printed.
+missing must be 0, and the controller acts again once it returns), ``restarts`` (kubeinfer's operator
+restarting half-way through compressed_day, with and without the arrival history read back),
+``config``, ``tuned_on`` (the traces the policy's tunables were chosen on; the others are held out)
+and ``summary`` (the issue-10 targets per trace, with every miss stated). ``bench/results/autoscaler.md``
+gets the same table as printed.
 """
 
 from __future__ import annotations
@@ -73,7 +75,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kubeinfer.operator.autoscale.policy import Current, Observation, Policy, State, decide
+from kubeinfer.operator.autoscale.policy import (
+    Current,
+    Observation,
+    Policy,
+    State,
+    decide,
+    restore_arrivals,
+    restore_state,
+)
 
 try:
     from kubeinfer.runtime.metrics import DURATION_BUCKETS
@@ -739,13 +749,32 @@ def observe(cfg: SimConfig, m: Metrics) -> Observation:
     )
 
 
-def make_kubeinfer(cfg: SimConfig, **overrides: Any) -> Controller:
-    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields)."""
+def make_kubeinfer(
+    cfg: SimConfig, *, restart_at: float | None = None, read_back: bool = True, **overrides: Any
+) -> Controller:
+    """``policy.decide`` fed with the scraped metrics, unchanged (``overrides``: Policy fields).
+
+    ``restart_at``: the operator restarts on the first tick at or after that time, seconds: its memory
+    is lost and rebuilt as ``loop.Autoscaler`` does, from the last action's time (status) and, with
+    ``read_back``, the arrival samples read back from Prometheus (the same samples it had scraped).
+    """
     policy = replace(kubeinfer_policy(cfg), **overrides)
     state = State()
 
+    def restart(t: float) -> State:
+        acted = [x for x in (state.last_scale_up, state.last_scale_down, state.last_timeout_change) if x]
+        age = t - max(acted) if acted else None
+        fresh = restore_state(
+            now=t, last_scale_up_age=age, last_scale_down_age=age, last_timeout_change_age=age
+        )
+        if not read_back:
+            return fresh
+        return restore_arrivals(fresh, [(t - when, r) for when, r in state.arrivals], now=t, policy=policy)
+
     def tick(t: float, m: Metrics, n: int, timeout: float) -> tuple[int, float]:
-        nonlocal state
+        nonlocal state, restart_at
+        if restart_at is not None and t >= restart_at:
+            state, restart_at = restart(t), None
         d = decide(observe(cfg, m), Current(n, timeout, ready_replicas=m.ready), policy, state, t)
         state = d.state
         return d.replicas, d.batch_timeout_seconds
@@ -974,6 +1003,38 @@ FAULTS: dict[str, tuple[str, Fault]] = {
 }
 
 
+#: Operator restarts: kubeinfer's operator restarts half-way through a bursty trace (its memory lost).
+RESTARTS: dict[str, tuple[str, float]] = {"operator_restart": ("compressed_day", 0.5)}
+
+
+def run_restarts(cfg: SimConfig, traces: dict[str, Trace], seeds: Iterable[int]) -> dict[str, Any]:
+    """Each restart scenario: kubeinfer without a restart, restarted with the arrival history read back
+    from Prometheus (what ``loop.Autoscaler`` does), and restarted without it; medians over ``seeds``."""
+    out: dict[str, Any] = {}
+    for scenario, (trace_name, at) in RESTARTS.items():
+        trace = traces.get(trace_name) or builtin_trace(trace_name, cfg.mu)
+        tcfg = replace(cfg, horizon=float(len(trace.rates)))
+        when = tcfg.sync * round(at * tcfg.horizon / tcfg.sync)
+        ways: dict[str, dict[str, Any]] = {
+            "no_restart": {},
+            "restart_history_read_back": {"restart_at": when},
+            "restart_history_lost": {"restart_at": when, "read_back": False},
+        }
+        per: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
+        for seed in seeds:
+            arrivals = _arrivals(trace, seed)
+            high = _priorities(trace, arrivals, seed)
+            start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+            for way, kwargs in ways.items():
+                res = Simulator(tcfg, arrivals, start_n, high=high).run(make_kubeinfer(tcfg, **kwargs))
+                per[way].append(figures(tcfg, res))
+        rows: dict[str, Any] = {"trace": trace_name, "restart_seconds": when}
+        for way, runs in per.items():
+            rows[way] = {k: statistics.median(f[k] for f in runs) for k in runs[0]}
+        out[scenario] = rows
+    return out
+
+
 def run_faults(cfg: SimConfig, traces: dict[str, Trace], seed: int) -> dict[str, Any]:
     """Each fault scenario for kubeinfer and hpa_gpu: actions while the signal is missing (must be 0),
     seconds from its return to the first action, and the run's figures."""
@@ -1096,6 +1157,17 @@ def table(result: dict[str, Any]) -> str:
                 f"first action {f['first_action_after_return_seconds']} s after the signal returned, "
                 f"SLO {f['slo_attainment']:.4f}, replica-seconds {f['replica_seconds']:.0f}"
             )
+    for scenario, rows in result.get("restarts", {}).items():
+        ways = ("no_restart", "restart_history_read_back", "restart_history_lost")
+        lines.append(
+            f"- {scenario} ({rows['trace']}, kubeinfer's operator restarts at "
+            f"t = {rows['restart_seconds']:.0f} s): "
+            + ", ".join(
+                f"{way.replace('_', ' ')}: SLO {rows[way]['slo_attainment']:.4f}, "
+                f"replica-seconds {rows[way]['replica_seconds']:.0f}"
+                for way in ways
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -1171,6 +1243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if not args.no_faults:
         result["faults"] = run_faults(cfg, traces, args.seed)
+        result["restarts"] = run_restarts(cfg, traces, seeds)
     result["config"] = {
         "service_time_a_seconds": a,
         "service_time_c_seconds": c,
