@@ -67,6 +67,8 @@ logger = logging.getLogger("kubeinfer.operator.autoscale")
 
 #: Upper bound of the back-off between reads of one service's signals while Prometheus is unavailable, s.
 SIGNAL_RETRY_MAX_SECONDS = 120.0
+#: Most samples one arrival-history range query asks for (Prometheus refuses over 11,000 per series).
+HISTORY_MAX_POINTS = 10_000
 #: Condition reason when signals are known and the loop acts.
 ACTIVE = "Active"
 #: Condition reason when the InferenceService has no Deployment yet.
@@ -361,10 +363,10 @@ class Autoscaler:
         wall = self.wall()
         end = wall - dt.timedelta(seconds=self.interval_seconds)
         start = wall - dt.timedelta(seconds=policy.burst_memory_seconds)
+        # Prometheus answers at most 11,000 points per series: a short interval gets a coarser step.
+        step = max(self.interval_seconds, policy.burst_memory_seconds / HISTORY_MAX_POINTS)
         try:
-            samples = await asyncio.to_thread(
-                self._signals.history, promql, start, end, self.interval_seconds
-            )
+            samples = await asyncio.to_thread(self._signals.history, promql, start, end, step)
         except sig.SignalError as exc:
             logger.warning(
                 "autoscale %s/%s: arrival-rate history not read (%s): the burst headroom relearns",

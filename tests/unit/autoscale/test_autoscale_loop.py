@@ -340,3 +340,12 @@ async def test_autoscale_loop_history_waits_for_known_signals() -> None:
     canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
     await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
     assert canned.history_calls == []
+
+
+async def test_autoscale_loop_history_step_stays_under_prometheus_point_limit() -> None:
+    a, _, canned = scaler()
+    a.interval_seconds = 0.1  # 18,000 samples in 30 minutes: over Prometheus' 11,000 points
+    canned.reading = Reading(BUSY, None)
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    ((_, start, end, step),) = canned.history_calls
+    assert (end - start).total_seconds() / step <= loop.HISTORY_MAX_POINTS
