@@ -54,7 +54,9 @@ The reactive law:
   a replica recommendation and a scale-in goes to the highest recommendation of the last
   ``scale_down_stabilization_seconds`` (HPA default 300 s); a recommendation below the current
   count requires that the utilization projected for it, ``utilization * replicas / recommended``,
-  stays under ``gpu_high``.
+  stays under ``gpu_high``. A scale-in also waits while the arrival rate rose by more than the
+  tolerance since the last tick (``_arrivals_rising``): scaling in into a rise is a flap, undone one
+  reaction time later, and the window only looks back.
 - P99 comfortably under target but the GPUs above the band's top (``keep_in_band``): add headroom,
   ``ceil(replicas * utilization / gpu_high)``, so that a load step finds spare capacity.
 - Inside the tolerance band ``|p99 / target - 1| <= tolerance`` (HPA default 0.1) nothing moves.
@@ -459,7 +461,8 @@ class State:
         recommendations: ``(now, replicas)`` per known tick within the stabilization window, oldest
             first, like the HPA's recommendation history.
         arrivals: ``(now, requests/s)`` arrival-rate samples within ``Policy.burst_memory_seconds``,
-            oldest first, that the burst headroom learns from (``headroom.burst_factor``).
+            oldest first, that the burst headroom learns from (``headroom.burst_factor``); the last one
+            also tells a scale-in whether the arrivals are rising (``_arrivals_rising``).
     """
 
     last_scale_up: float | None = None
@@ -844,9 +847,25 @@ def _scale_in(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
     if t.now - first_seen < window:
         words = f"scale-in waits for the {window:.0f} s stabilization window"
         return replace(out, holds=(*out.holds, "StabilizationWindow")), words
+    rising = _arrivals_rising(t)
+    if rising is not None:
+        return replace(out, holds=(*out.holds, "StabilizationWindow")), f"scale-in waits: {rising}"
     if not _cooled(t.state.last_scale_down, p.scale_down_cooldown_seconds, t.now):
         return replace(out, holds=(*out.holds, "ScaleInCoolingDown")), "scale-in cooling down"
     return replace(out, replicas=stable, last_scale_down=t.now), f"{t.replicas} → {stable} replicas"
+
+
+def _arrivals_rising(t: Tick) -> str | None:
+    """Words when the arrival rate rose by more than the tolerance since the last sample (at most one
+    reaction time, ``burst_lead_seconds``, old), else ``None``: a scale-in into a rise would be undone
+    one reaction time later (a flap; the stabilization window only looks back at recommendations)."""
+    arrival = t.obs.arrival_rate
+    if arrival is None or not t.state.arrivals:
+        return None
+    when, before = t.state.arrivals[-1]
+    if t.now - when > t.policy.burst_lead_seconds or arrival <= before * (1 + t.policy.tolerance):
+        return None
+    return f"arrivals rising ({before:.0f} → {arrival:.0f}/s)"
 
 
 def _grow_timeout(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
@@ -986,9 +1005,11 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
 
 def _arrivals(state: State, obs: Observation, policy: Policy, now: float) -> tuple[tuple[float, float], ...]:
     """The arrival samples for the next ``State``: this tick's added (when known), those older than
-    ``burst_memory_seconds`` dropped."""
-    kept = tuple((when, r) for when, r in state.arrivals if now - when < policy.burst_memory_seconds)
-    if obs.arrival_rate is None or not policy.burst_headroom:
+    ``burst_memory_seconds`` (or than one reaction time, ``burst_lead_seconds``, with the burst headroom
+    off: only the last sample is read then) dropped."""
+    memory = policy.burst_memory_seconds if policy.burst_headroom else policy.burst_lead_seconds
+    kept = tuple((when, r) for when, r in state.arrivals if now - when < memory)
+    if obs.arrival_rate is None:
         return kept
     return (*kept, (now, obs.arrival_rate))
 

@@ -263,6 +263,18 @@ def test_capacity_rule_scale_in_goes_to_the_model_count() -> None:
     assert d.replicas == 3
 
 
+def test_scale_in_waits_while_the_arrivals_rise() -> None:
+    # The same calm window, but the arrival rate rose from 500/s to 700/s since the last tick (over the
+    # 10 % tolerance): the scale-in waits, else one reaction time later it would be undone (a flap).
+    rising = replace(SETTLED, arrivals=((-15.0, 500.0),))
+    d = decide(seen(0.03, 0.1, 700.0), Current(6, 0.05), MODEL, rising, 0.0)
+    assert d.replicas == 6 and d.hold == "StabilizationWindow" and "arrivals rising (500 → 700/s)" in d.reason
+    # within the tolerance (650 → 700/s), or the last sample older than one reaction time: scale in
+    for arrivals in (((-15.0, 650.0),), ((-90.0, 500.0),)):
+        state = replace(SETTLED, arrivals=arrivals)
+        assert decide(seen(0.03, 0.1, 700.0), Current(6, 0.05), MODEL, state, 0.0).replicas == 3
+
+
 def test_capacity_rule_over_target_busy_adds_one_not_the_ratio() -> None:
     # P99 8x target, busy, demand covered by 4 replicas: +1 (the reactive law would go to 8).
     obs = seen(1.0, 0.95, 3000.0, inflight=3000.0)
@@ -379,10 +391,12 @@ def test_arrival_samples_are_kept_for_the_memory_only() -> None:
     assert decide(no_rate, Current(1, 0.02), policy, state, 0.0).state.arrivals == ((-45.0, 200.0),)
     held = decide(Observation.unknown("Prometheus down"), Current(1, 0.02), policy, state, 0.0)
     assert held.state.arrivals == state.arrivals
-    # the headroom off: no samples are kept
-    off = replace(policy, burst_headroom=False)
+    # the headroom off: only one reaction time of samples is kept (the rising-arrivals check reads
+    # the last one), whatever the burst memory
+    off = replace(policy, burst_headroom=False, burst_memory_seconds=1800.0, burst_lead_seconds=60.0)
     assert decide(seen(0.04, 0.2, 300.0), Current(1, 0.02), off, state, 0.0).state.arrivals == (
         (-45.0, 200.0),
+        (0.0, 300.0),
     )
 
 
