@@ -397,11 +397,12 @@ def read_trace(path: Path) -> Trace:
     """Read a trace CSV: ``seconds,requests_per_second[,high_priority_share]`` with a header row.
 
     Rows give the rate from their time to the next row's (any step, not necessarily regular); the last
-    row lasts as long as the step before it. Rates are averaged onto a 1 s grid.
+    row lasts as long as the step before it. Rates are averaged onto a 1 s grid, and the share of the
+    level-1 requests is weighted by the rate (the share of each second's requests).
 
     Raises:
         ValueError: naming the file and row, when a row does not parse, times do not increase, a rate
-            is negative, or there are fewer than two rows.
+            is negative, a share is outside [0, 1], or there are fewer than two rows.
     """
     rows: list[list[float]] = []
     with path.open(newline="") as f:
@@ -419,10 +420,16 @@ def read_trace(path: Path) -> Trace:
     if (np.diff(times) <= 0).any() or (rates < 0).any() or not np.isfinite(data).all():
         raise ValueError(f"{path}: seconds must increase and rates be finite and >= 0")
     end = float(times[-1] + (times[-1] - times[-2]))
+    grid = _on_grid(times, rates, end)
     share = None
     if all(len(r) >= 3 for r in rows):
-        share = _on_grid(times, np.array([r[2] for r in rows]), end)
-    return Trace(path.stem, _on_grid(times, rates, end), share)
+        level_one = np.array([r[2] for r in rows])
+        if not (np.isfinite(level_one).all() and ((level_one >= 0) & (level_one <= 1)).all()):
+            raise ValueError(f"{path}: high_priority_share must be in [0, 1]")
+        # the share of each second's arrivals: level-1 requests over all requests in that second
+        high = _on_grid(times, rates * level_one, end)
+        share = np.divide(high, grid, out=np.zeros_like(grid), where=grid > 0)
+    return Trace(path.stem, grid, share)
 
 
 def _is_number(text: str) -> bool:
@@ -762,7 +769,8 @@ def make_kubeinfer(
     state = State()
 
     def restart(t: float) -> State:
-        acted = [x for x in (state.last_scale_up, state.last_scale_down, state.last_timeout_change) if x]
+        clocks = (state.last_scale_up, state.last_scale_down, state.last_timeout_change)
+        acted = [x for x in clocks if x is not None]
         age = t - max(acted) if acted else None
         fresh = restore_state(
             now=t, last_scale_up_age=age, last_scale_down_age=age, last_timeout_change_age=age

@@ -18,7 +18,7 @@ Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
 - Status: ``lastDecision`` and ``observed`` when a decision changes something; the
   ``AutoscalingActive`` condition when its status or reason changes: True/Active on a tick that acts;
   True with the kind of hold (``Decision.hold``: BacklogDrained, AtMaxReplicas, ReplicasStarting,
-  ScaleUpCoolingDown, BatchTimeoutCoolingDown, StabilizationWindow, ScaleInCoolingDown,
+  ScaleUpCoolingDown, BatchTimeoutCoolingDown, StabilizationWindow, ArrivalsRising, ScaleInCoolingDown,
   WithinTolerance, TargetMet) and the hold's words as message on a tick that holds; False with
   PrometheusUnavailable, QueryError, MetricsMissing, InvalidMetrics, StaleMetrics, UnusableSignals or
   NoDeployment. ``observed`` also when that condition changes. The message alone changing (new numbers,
@@ -286,8 +286,8 @@ class Autoscaler:
     ) -> TickResult:
         spec = isvc.spec.autoscaling
         ns, name = isvc.namespace, isvc.name
-        now = self.monotonic()
-        when = rfc3339.format_time(self.wall())
+        now, wall = self.monotonic(), self.wall()
+        when = rfc3339.format_time(wall)
         mem = self._memory_for(isvc, now)
         status: Mapping[str, Any] = body.get("status") or {}
 
@@ -313,7 +313,7 @@ class Autoscaler:
         reading = await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds)
         self._note_reading(isvc, mem, reading, now)
         if mem.history_pending and reading.condition_reason is None:
-            await self._restore_history(isvc, mem, queries.arrival_rate, policy, now)
+            await self._restore_history(isvc, mem, queries.arrival_rate, policy, now, wall)
 
         dstatus = deployment.get("status") or {}
         current = Current(
@@ -353,14 +353,22 @@ class Autoscaler:
         return result
 
     async def _restore_history(
-        self, isvc: api.InferenceService, mem: _Memory, promql: str, policy: Policy, now: float
+        self,
+        isvc: api.InferenceService,
+        mem: _Memory,
+        promql: str,
+        policy: Policy,
+        now: float,
+        wall: dt.datetime,
     ) -> None:
         """Read back the arrival rate's last ``burst_memory_seconds`` (one sample per interval, up to
-        one interval ago: this tick adds its own) into the policy state, once."""
+        one interval ago: this tick adds its own) into the policy state, once. ``now`` and ``wall`` are
+        the tick's two clocks, read together (a sample's age is ``wall`` minus its timestamp)."""
         mem.history_pending = False
         if not promql or not policy.burst_headroom or self._signals is None:
             return
-        wall = self.wall()
+        if policy.burst_memory_seconds <= self.interval_seconds:
+            return  # nothing older than this tick's own sample to read back
         end = wall - dt.timedelta(seconds=self.interval_seconds)
         start = wall - dt.timedelta(seconds=policy.burst_memory_seconds)
         # Prometheus answers at most 11,000 points per series: a short interval gets a coarser step.

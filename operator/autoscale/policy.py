@@ -54,9 +54,10 @@ The reactive law:
   a replica recommendation and a scale-in goes to the highest recommendation of the last
   ``scale_down_stabilization_seconds`` (HPA default 300 s); a recommendation below the current
   count requires that the utilization projected for it, ``utilization * replicas / recommended``,
-  stays under ``gpu_high``. A scale-in also waits while the arrival rate rose by more than the
-  tolerance since the last tick (``_arrivals_rising``): scaling in into a rise is a flap, undone one
-  reaction time later, and the window only looks back.
+  stays under ``gpu_high``. A scale-in also waits (``ArrivalsRising``) while the arrival rate rose by
+  more than the tolerance since the last tick and, carried one more tick on that rise, needs more
+  replicas than the scale-in leaves (``_arrivals_rising``): scaling in into a rise is a flap, undone
+  one reaction time later, and the window only looks back.
 - P99 comfortably under target but the GPUs above the band's top (``keep_in_band``): add headroom,
   ``ceil(replicas * utilization / gpu_high)``, so that a load step finds spare capacity.
 - Inside the tolerance band ``|p99 / target - 1| <= tolerance`` (HPA default 0.1) nothing moves.
@@ -462,7 +463,8 @@ class State:
             first, like the HPA's recommendation history.
         arrivals: ``(now, requests/s)`` arrival-rate samples within ``Policy.burst_memory_seconds``,
             oldest first, that the burst headroom learns from (``headroom.burst_factor``); the last one
-            also tells a scale-in whether the arrivals are rising (``_arrivals_rising``).
+            also tells a scale-in whether the arrivals are rising (``_arrivals_rising``). With the
+            burst headroom off only one reaction time (``burst_lead_seconds``) of samples is kept.
     """
 
     last_scale_up: float | None = None
@@ -488,7 +490,8 @@ class Decision:
         hold: when a known decision changes nothing, the kind of hold in CamelCase, stable from tick to
             tick while the numbers in ``reason`` move: ``BacklogDrained``, ``AtMaxReplicas``,
             ``ReplicasStarting``, ``ScaleUpCoolingDown``, ``BatchTimeoutCoolingDown``,
-            ``StabilizationWindow``, ``ScaleInCoolingDown``, ``WithinTolerance``, ``TargetMet``;
+            ``StabilizationWindow``, ``ArrivalsRising``, ``ScaleInCoolingDown``, ``WithinTolerance``,
+            ``TargetMet``;
             ``None`` when the decision changes something or the observation is unknown.
     """
 
@@ -847,25 +850,39 @@ def _scale_in(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
     if t.now - first_seen < window:
         words = f"scale-in waits for the {window:.0f} s stabilization window"
         return replace(out, holds=(*out.holds, "StabilizationWindow")), words
-    rising = _arrivals_rising(t)
+    rising = _arrivals_rising(t, stable)
     if rising is not None:
-        return replace(out, holds=(*out.holds, "StabilizationWindow")), f"scale-in waits: {rising}"
+        return replace(out, holds=(*out.holds, "ArrivalsRising")), f"scale-in waits: {rising}"
     if not _cooled(t.state.last_scale_down, p.scale_down_cooldown_seconds, t.now):
         return replace(out, holds=(*out.holds, "ScaleInCoolingDown")), "scale-in cooling down"
     return replace(out, replicas=stable, last_scale_down=t.now), f"{t.replicas} → {stable} replicas"
 
 
-def _arrivals_rising(t: Tick) -> str | None:
-    """Words when the arrival rate rose by more than the tolerance since the last sample (at most one
-    reaction time, ``burst_lead_seconds``, old), else ``None``: a scale-in into a rise would be undone
-    one reaction time later (a flap; the stabilization window only looks back at recommendations)."""
+def _arrivals_rising(t: Tick, target: int) -> str | None:
+    """Words when a scale-in to ``target`` replicas would go into a rise, else ``None``: the arrival rate
+    rose by more than the tolerance since the last sample (at most one reaction time,
+    ``burst_lead_seconds``, old) and, carried one more tick on that rise (``2*arrival - before``), needs
+    more than ``target`` replicas at the planning utilization (with s(b) unknown, the rise alone counts).
+    Such a scale-in would be undone one reaction time later: a flap (the stabilization window only looks
+    back at recommendations). The replica test keeps noise on a small rate (0 → 0.5/s) from holding
+    scale-in: it needs no more replicas."""
     arrival = t.obs.arrival_rate
     if arrival is None or not t.state.arrivals:
         return None
     when, before = t.state.arrivals[-1]
     if t.now - when > t.policy.burst_lead_seconds or arrival <= before * (1 + t.policy.tolerance):
         return None
-    return f"arrivals rising ({before:.0f} → {arrival:.0f}/s)"
+    ahead = 2 * arrival - before
+    if t.capacity:
+        if math.ceil(ahead / (t.policy.plan_utilization * t.capacity) - _EPS) <= target:
+            return None
+        needs = f"{_rate(ahead)}/s next tick needs more than {target}"
+        return f"arrivals rising ({_rate(before)} → {_rate(arrival)}/s, {needs})"
+    return f"arrivals rising ({_rate(before)} → {_rate(arrival)}/s)"
+
+
+def _rate(requests_per_second: float) -> str:
+    return f"{requests_per_second:.0f}" if requests_per_second >= 10 else f"{requests_per_second:.2g}"
 
 
 def _grow_timeout(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:

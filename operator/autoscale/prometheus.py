@@ -119,8 +119,9 @@ class PrometheusSignals:
         self, promql: str, start: dt.datetime, end: dt.datetime, step_seconds: float
     ) -> list[tuple[float, float]]:
         """One range query: ``(unix seconds, value)`` every ``step_seconds`` from ``start`` to ``end``
-        (timezone-aware), oldest first, without NaN, infinite or negative values
-        (``signals.parse_history``). Raises ``SignalError`` (PrometheusUnavailable or QueryError)."""
+        (timezone-aware; the client rounds both to whole seconds), oldest first, without NaN, infinite
+        or negative values (``signals.parse_history``). Raises ``SignalError`` (PrometheusUnavailable
+        or QueryError)."""
         step = f"{max(0.001, step_seconds):g}"
         result = self._call(promql, lambda: self._client.custom_query_range(promql, start, end, step))
         return parse_history(result, "history")
@@ -140,6 +141,11 @@ class PrometheusSignals:
             )
             logger.debug("Prometheus answered HTTP %s for %s: %s", status, promql, exc)
             raise SignalError(reason, f"Prometheus answered HTTP {status}: {str(exc)[:200]}") from exc
+        except (KeyError, TypeError) as exc:  # HTTP 200 without data.result (a proxy's page, say)
+            logger.debug("Prometheus answered without data.result for %s: %s", promql, exc)
+            raise SignalError(
+                QUERY_ERROR, f"unexpected answer from {self.config.url}: no data.result"
+            ) from exc
         except (requests.RequestException, ValueError) as exc:
             # the exception's text carries the URL-encoded query: DEBUG only, the condition gets its kind
             logger.debug("Prometheus unavailable at %s for %s: %s", self.config.url, promql, exc)

@@ -264,15 +264,23 @@ def test_capacity_rule_scale_in_goes_to_the_model_count() -> None:
 
 
 def test_scale_in_waits_while_the_arrivals_rise() -> None:
-    # The same calm window, but the arrival rate rose from 500/s to 700/s since the last tick (over the
-    # 10 % tolerance): the scale-in waits, else one reaction time later it would be undone (a flap).
-    rising = replace(SETTLED, arrivals=((-15.0, 500.0),))
-    d = decide(seen(0.03, 0.1, 700.0), Current(6, 0.05), MODEL, rising, 0.0)
-    assert d.replicas == 6 and d.hold == "StabilizationWindow" and "arrivals rising (500 → 700/s)" in d.reason
-    # within the tolerance (650 → 700/s), or the last sample older than one reaction time: scale in
-    for arrivals in (((-15.0, 650.0),), ((-90.0, 500.0),)):
+    # Calm for a whole window with 6 replicas; 2000/s needs 3. The arrival rate rose from 1000/s since
+    # the last tick (over the 10 % tolerance), and one more tick on that rise (3000/s) needs 4: the
+    # scale-in to 3 waits, else one reaction time later it would be undone (a flap).
+    rising = replace(SETTLED, arrivals=((-15.0, 1000.0),))
+    d = decide(seen(0.03, 0.3, 2000.0), Current(6, 0.05), MODEL, rising, 0.0)
+    assert d.replicas == 6 and d.hold == "ArrivalsRising", d.reason
+    assert "arrivals rising (1000 → 2000/s, 3000/s next tick needs more than 3)" in d.reason
+    # within the tolerance (1900 → 2000/s), or the last sample older than one reaction time: scale in
+    for arrivals in (((-15.0, 1900.0),), ((-90.0, 1000.0),)):
         state = replace(SETTLED, arrivals=arrivals)
-        assert decide(seen(0.03, 0.1, 700.0), Current(6, 0.05), MODEL, state, 0.0).replicas == 3
+        assert decide(seen(0.03, 0.3, 2000.0), Current(6, 0.05), MODEL, state, 0.0).replicas == 3
+    # a rise that needs no more replicas (noise on a small rate, 0 → 0.5/s) does not hold a scale-in
+    small = replace(SETTLED, arrivals=((-15.0, 0.0),))
+    assert decide(seen(0.03, 0.1, 0.5), Current(6, 0.05), MODEL, small, 0.0).replicas == 1
+    # without s(b) the rise alone holds the scale-in
+    bare = replace(seen(0.03, 0.1, 2000.0), service_time_a_seconds=None)
+    assert decide(bare, Current(6, 0.05), MODEL, rising, 0.0).hold == "ArrivalsRising"
 
 
 def test_capacity_rule_over_target_busy_adds_one_not_the_ratio() -> None:

@@ -225,3 +225,46 @@ def test_autoscale_sim_priority_column_round_trip(tmp_path: Path) -> None:
     arrivals = np.array([0.1, 0.2, 2.5, 2.9])
     assert sim._priorities(back, arrivals, 1)[2:].all()
     assert sim._priorities(sim.Trace("fifo", np.ones(3)), arrivals, 1) is None
+
+
+def test_autoscale_sim_priority_share_is_weighted_by_the_rate(tmp_path: Path) -> None:
+    # Half-second rows: every request is at level 1 (the level-2 rows carry no traffic), so the share of
+    # each second's requests is 1, not the time average 0.5.
+    path = tmp_path / "fine.csv"
+    path.write_text("seconds,requests_per_second,high_priority_share\n0,100,1\n0.5,0,0\n1,100,1\n1.5,0,0\n")
+    assert np.allclose(sim.read_trace(path).high_priority_share, [1.0, 1.0])
+    path.write_text("seconds,requests_per_second,high_priority_share\n0,100,1.5\n1,100,0\n")
+    with pytest.raises(ValueError, match=r"high_priority_share must be in \[0, 1\]"):
+        sim.read_trace(path)
+
+
+def test_autoscale_sim_summary_counts_the_seeds() -> None:
+    def row(slo: float, rs: float) -> dict[str, float]:
+        return {"slo_attainment": slo, "replica_seconds": rs, "direction_changes_per_hour": 0.0}
+
+    traces = {"t": {"kubeinfer": row(0.974, 90.0), "hpa_gpu": row(0.975, 100.0), "oracle": row(1.0, 80.0)}}
+    per_seed = {"t": {"kubeinfer": [0.974, 0.974, 0.98], "hpa_gpu": [0.975, 1.0, 0.97]}}
+    s = sim.summarize(traces, per_seed)["t"]
+    assert s["seeds_kubeinfer_slo_ge_hpa_gpu"] == 1
+    assert s["misses"][0] == "SLO 0.9740 < HPA-on-GPU 0.9750 (at least HPA's on 1 of 3 seeds)"
+
+
+def test_autoscale_sim_operator_restart_scenario() -> None:
+    # compressed_day's first 900 s, one seed: a restart that reads the arrival history back decides as
+    # if nothing happened until the stabilization window would allow a scale-in; one that loses it
+    # has no burst headroom for the bursts after it.
+    cfg = sim.SimConfig(a=0.0036, c=0.00075, max_batch=32)
+    trace = sim.builtin_trace("compressed_day", cfg.mu)
+    short = sim.Trace("compressed_day", trace.rates[:900])
+    out = sim.run_restarts(cfg, {"compressed_day": short}, [1])["operator_restart"]
+    assert out["restart_seconds"] == 450.0
+    assert set(out) == {
+        "trace",
+        "restart_seconds",
+        "no_restart",
+        "restart_history_read_back",
+        "restart_history_lost",
+    }
+    kept, lost = out["restart_history_read_back"], out["restart_history_lost"]
+    assert kept["slo_attainment"] >= lost["slo_attainment"]
+    assert kept["slo_attainment"] == out["no_restart"]["slo_attainment"]
