@@ -100,6 +100,7 @@ UNITS = {
     "low": "ratio 0..1",
     "high": "ratio 0..1",
     "tolerance": "ratio",
+    "planUtilization": "ratio",
     "tolerationSeconds": "seconds",
 }
 

@@ -469,6 +469,13 @@ class AutoscalingSpec(_Spec):
                     ".window",
                     "FieldValueInvalid",
                 ),
+                # the schema's minimum lets an exact 0 through (seen on the API server used here)
+                _cel(
+                    "!has(self.planUtilization) || self.planUtilization >= 0.05",
+                    "spec.autoscaling.planUtilization must be at least 0.05",
+                    ".planUtilization",
+                    "FieldValueInvalid",
+                ),
             ]
         }
     )
@@ -488,6 +495,14 @@ class AutoscalingSpec(_Spec):
     scale_down_cooldown: Duration = "60s"
     batch_timeout_cooldown: Duration = "15s"
     max_scale_up_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per decision.")
+    plan_utilization: float = Field(
+        default=0.85,
+        ge=0.05,
+        le=1.0,
+        description="Share of a replica's SLO capacity (b/s(b) at the P99 target) the fleet is planned at; "
+        "lower keeps more standing headroom for load increases nobody has seen, at a cost in replicas "
+        "(the counterpart of the HPA's target utilization).",
+    )
     queries: PromQueries = Field(default_factory=PromQueries)
 
     @model_validator(mode="after")

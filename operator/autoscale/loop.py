@@ -103,6 +103,7 @@ def policy_from_spec(spec: api.AutoscalingSpec, *, stale_after_seconds: float) -
         scale_down_cooldown_seconds=api.parse_duration(spec.scale_down_cooldown),
         timeout_cooldown_seconds=api.parse_duration(spec.batch_timeout_cooldown),
         max_scale_up_step=spec.max_scale_up_step,
+        plan_utilization=spec.plan_utilization,
         stale_after_seconds=stale_after_seconds,
     )
 

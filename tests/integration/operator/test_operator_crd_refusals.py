@@ -32,6 +32,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     # a PromQL range of 0 (every query an error); a skipModules prefix '' (names only the root module:
     # it passed the runtime's typo check and skipped nothing)
     ("zero-window", {"autoscaling": {"window": "0s"}}, "spec.autoscaling.window"),
+    # a fleet planned at 0 %, 1 % or over 100 % of a replica's capacity (the schema's minimum let an
+    # exact 0 through on this API server: a CEL rule refuses it)
+    ("zero-plan-utilization", {"autoscaling": {"planUtilization": 0}}, "spec.autoscaling.planUtilization"),
+    ("low-plan-utilization", {"autoscaling": {"planUtilization": 0.01}}, "spec.autoscaling.planUtilization"),
+    ("over-plan-utilization", {"autoscaling": {"planUtilization": 1.5}}, "spec.autoscaling.planUtilization"),
     (
         "empty-skip-module",
         {"quantization": {"mode": "int8-dynamic", "skipModules": [""]}},

@@ -102,6 +102,9 @@ def test_autoscale_loop_policy_from_spec_converts_durations() -> None:
     assert p.target_p99_seconds == pytest.approx(0.15)
     assert (p.batch_timeout_min_seconds, p.batch_timeout_max_seconds) == pytest.approx((0.002, 0.04))
     assert p.scale_down_stabilization_seconds == 300 and p.tolerance == 0.1
+    assert p.plan_utilization == 0.85  # the CRD's default is the policy's
+    headroom = api.AutoscalingSpec(enabled=True, plan_utilization=0.6)
+    assert loop.policy_from_spec(headroom, stale_after_seconds=90).plan_utilization == 0.6
     assert loop.prom_duration(10.0) == "10000ms" and loop.prom_duration(1.5) == "1500ms"
 
 
