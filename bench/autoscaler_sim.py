@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import dataclasses
 import heapq
 import itertools
 import json
@@ -136,6 +137,8 @@ class SimConfig:
     min_replicas: int = 1
     max_replicas: int = 12
     buckets: tuple[float, ...] = tuple(DURATION_BUCKETS)
+    #: ``(Policy field, value)`` pairs applied to every kubeinfer controller (``--policy``).
+    policy_overrides: tuple[tuple[str, Any], ...] = ()
 
     def s(self, b: int) -> float:
         """Batch service time for ``b`` rows, seconds."""
@@ -727,8 +730,9 @@ class Simulator:
 
 
 def kubeinfer_policy(cfg: SimConfig) -> Policy:
-    """The policy with the InferenceService API's default tunables, bounded by the simulation's."""
-    return Policy(
+    """The policy with the InferenceService API's default tunables, bounded by the simulation's, and
+    ``cfg.policy_overrides`` applied."""
+    policy = Policy(
         min_replicas=cfg.min_replicas,
         max_replicas=cfg.max_replicas,
         target_p99_seconds=cfg.target_p99,
@@ -736,6 +740,28 @@ def kubeinfer_policy(cfg: SimConfig) -> Policy:
         batch_timeout_max_seconds=cfg.timeout_bounds[1],
         stale_after_seconds=cfg.window,
     )
+    return replace(policy, **dict(cfg.policy_overrides))
+
+
+def parse_policy_override(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` (a ``Policy`` field; VALUE an int, float or true/false) as a pair.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the text, when it is not NAME=VALUE, NAME is not a field of
+            ``Policy`` or VALUE is not a number or boolean.
+    """
+    name, sep, raw = text.partition("=")
+    fields = {f.name for f in dataclasses.fields(Policy)}
+    if not sep or name not in fields:
+        raise argparse.ArgumentTypeError(f"--policy {text!r}: expected NAME=VALUE with NAME a Policy field")
+    if raw.lower() in ("true", "false"):
+        return name, raw.lower() == "true"
+    try:
+        return name, int(raw) if raw.lstrip("-").isdigit() else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--policy {text!r}: {raw!r} is not a number or true/false"
+        ) from None
 
 
 def observe(cfg: SimConfig, m: Metrics) -> Observation:
@@ -962,6 +988,19 @@ def _arrivals(trace: Trace, seed: int) -> np.ndarray:
     return poisson_arrivals(trace.rates, rng)
 
 
+def _medians(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the seeds' runs."""
+    return {k: statistics.median(f[k] for f in runs) for k in runs[0]}
+
+
+def _seed_inputs(trace: Trace, tcfg: SimConfig, seed: int) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """One seed's arrivals, their priority levels (``_priorities``) and the replicas to start with (for
+    the first cold start's peak)."""
+    arrivals = _arrivals(trace, seed)
+    start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+    return arrivals, _priorities(trace, arrivals, seed), start_n
+
+
 def _priorities(trace: Trace, arrivals: np.ndarray, seed: int) -> np.ndarray | None:
     """Which ``arrivals`` are at priority level 1 (bool, same shape): each with the probability of its
     second's ``high_priority_share`` (from a stream of its own, so that the arrivals are those of a trace
@@ -982,9 +1021,7 @@ def run_trace(
     tcfg = replace(cfg, horizon=float(len(trace.rates)))
     per: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for seed in seeds:
-        arrivals = _arrivals(trace, seed)
-        high = _priorities(trace, arrivals, seed)
-        start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+        arrivals, high, start_n = _seed_inputs(trace, tcfg, seed)
         for name in names:
             t0 = time.perf_counter()
             init = replicas_needed(tcfg, float(trace.rates.max())) if name == "fixed" else start_n
@@ -998,9 +1035,7 @@ def run_trace(
                 f"peak {fig['peak_replicas']} timeout-changes {res.timeout_changes} "
                 f"({len(arrivals)} req, {time.perf_counter() - t0:.1f}s)"
             )
-    medians = {
-        name: {k: statistics.median(f[k] for f in runs) for k in runs[0]} for name, runs in per.items()
-    }
+    medians = {name: _medians(runs) for name, runs in per.items()}
     return medians, {name: [f["slo_attainment"] for f in runs] for name, runs in per.items()}
 
 
@@ -1030,15 +1065,13 @@ def run_restarts(cfg: SimConfig, traces: dict[str, Trace], seeds: Iterable[int])
         }
         per: dict[str, list[dict[str, float]]] = {way: [] for way in ways}
         for seed in seeds:
-            arrivals = _arrivals(trace, seed)
-            high = _priorities(trace, arrivals, seed)
-            start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+            arrivals, high, start_n = _seed_inputs(trace, tcfg, seed)
             for way, kwargs in ways.items():
                 res = Simulator(tcfg, arrivals, start_n, high=high).run(make_kubeinfer(tcfg, **kwargs))
                 per[way].append(figures(tcfg, res))
         rows: dict[str, Any] = {"trace": trace_name, "restart_seconds": when}
         for way, runs in per.items():
-            rows[way] = {k: statistics.median(f[k] for f in runs) for k in runs[0]}
+            rows[way] = _medians(runs)
         out[scenario] = rows
     return out
 
@@ -1050,9 +1083,7 @@ def run_faults(cfg: SimConfig, traces: dict[str, Trace], seed: int) -> dict[str,
     for scenario, (trace_name, fault) in FAULTS.items():
         trace = traces.get(trace_name) or builtin_trace(trace_name, cfg.mu)
         tcfg = replace(cfg, horizon=float(len(trace.rates)))
-        arrivals = _arrivals(trace, seed)
-        high = _priorities(trace, arrivals, seed)
-        start_n = replicas_needed(tcfg, float(trace.rates[: int(tcfg.cold_start)].max()))
+        arrivals, high, start_n = _seed_inputs(trace, tcfg, seed)
         rows: dict[str, Any] = {"trace": trace_name, "from_seconds": fault[0], "to_seconds": fault[1]}
         for name in ("kubeinfer", "hpa_gpu"):
             sim = Simulator(tcfg, arrivals, start_n, fault=fault, high=high)
@@ -1203,6 +1234,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="seeds seed..seed+R-1; figures are medians")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--no-variants", action="store_true", help="only the five controllers")
+    ap.add_argument(
+        "--policy",
+        type=parse_policy_override,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a kubeinfer Policy field for this run, e.g. plan_utilization=0.7 (repeatable)",
+    )
     ap.add_argument("--no-faults", action="store_true", help="skip the Prometheus-fault scenarios")
     ap.add_argument("--write-traces", type=Path, help="write the built-in traces as CSV there and exit")
     ap.add_argument(
@@ -1219,7 +1258,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else RUNTIME_RESULTS
     )
     a, c, batch, source = load_service_model(args.service_model or default_model)
-    cfg = SimConfig(a=a, c=c, max_batch=batch or SimConfig.max_batch)
+    cfg = SimConfig(a=a, c=c, max_batch=batch or SimConfig.max_batch, policy_overrides=tuple(args.policy))
+    try:
+        kubeinfer_policy(cfg)
+    except ValueError as exc:  # a value out of range, naming the field
+        ap.error(str(exc))
     if args.write_traces:
         for name in BUILTIN:
             write_trace(builtin_trace(name, cfg.mu), args.write_traces / f"{name}.csv")
@@ -1266,6 +1309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "horizon_seconds": {t: len(tr.rates) for t, tr in traces.items()},
         "seeds": list(seeds),
         "command": "bench/autoscaler_sim.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "policy_overrides": dict(cfg.policy_overrides),
     }
     result["summary"] = summarize(result["traces"], per_seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)

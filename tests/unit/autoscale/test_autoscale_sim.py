@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import math
 import sys
@@ -268,3 +269,15 @@ def test_autoscale_sim_operator_restart_scenario() -> None:
     kept, lost = out["restart_history_read_back"], out["restart_history_lost"]
     assert kept["slo_attainment"] >= lost["slo_attainment"]
     assert kept["slo_attainment"] == out["no_restart"]["slo_attainment"]
+
+
+def test_autoscale_sim_policy_overrides() -> None:
+    assert sim.parse_policy_override("plan_utilization=0.7") == ("plan_utilization", 0.7)
+    assert sim.parse_policy_override("surge_max_replicas=2") == ("surge_max_replicas", 2)
+    assert sim.parse_policy_override("burst_headroom=false") == ("burst_headroom", False)
+    for bad in ("plan_utilization", "nope=1", "plan_utilization=x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--policy"):
+            sim.parse_policy_override(bad)
+    cfg = sim.SimConfig(policy_overrides=(("plan_utilization", 0.7),))
+    assert sim.kubeinfer_policy(cfg).plan_utilization == 0.7
+    assert sim.kubeinfer_policy(sim.SimConfig()).plan_utilization == 0.85
