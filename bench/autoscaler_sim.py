@@ -106,7 +106,7 @@ CONTROLLERS = ("kubeinfer", "hpa_gpu", "hpa_p99", "fixed", "oracle")
 #: The traces kubeinfer's tunables were chosen on (issue 4's four); every other trace is held out.
 TUNED_ON = ("step", "ramp", "diurnal", "mmpp")
 #: Traces written after the policy's last change and run with it once: never seen in tuning.
-UNSEEN = ("interactive_batch", "recurring_herd", "failover")
+UNSEEN = ("client_restart", "tenant_onboarding", "business_hours")
 HELD_OUT_NOTE = (
     "flash_crowd, slow_ramp, sawtooth and compressed_day were held out in the first pass only; two changes "
     "(surge_factor 4 -> 5, arrival rate over 15 s instead of 30 s) were made after seeing them, a third "
@@ -116,7 +116,10 @@ HELD_OUT_NOTE = (
     "made after seeing noisy_plateau's miss; noisy_bursts, lunch_peak and weekend_low were written after "
     "the fifth and run once, unseen; interactive_batch, recurring_herd and failover were written after "
     "the fifth, then a sixth change (no scale-in while the arrivals rise) was chosen on the fourteen "
-    "others, and they were run once with it, unseen: bench/traces/README.md gives each pass's figures"
+    "others, and they were run once with it, unseen; client_restart, tenant_onboarding and "
+    "business_hours were written before a seventh change (a level the traffic left suddenly is held for "
+    "its return) was run on any of them, then run once with it, unseen: bench/traces/README.md gives each "
+    "pass's figures"
 )
 
 
@@ -323,6 +326,27 @@ def _failover(n: int, rng: np.random.Generator) -> np.ndarray:
     return level * _ar1_log_noise(n, rng, 0.95, 0.1)
 
 
+def _client_restart(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    shape = np.full(n, 2.2)
+    for start in (600.0, 1500.0):  # a rolling restart of the calling service, twice
+        shape = np.where((t >= start) & (t < start + 45.0), 0.66, shape)  # callers gone: 30 % for 45 s
+        shape = np.where((t >= start + 45.0) & (t < start + 105.0), 2.2 * 1.4, shape)  # their retries
+    return shape * _ar1_log_noise(n, rng, 0.9, 0.08)
+
+
+def _tenant_onboarding(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    shape = 1.0 + 0.8 * np.clip((t - 600.0) / 20.0, 0.0, 1.0) + 1.2 * np.clip((t - 1500.0) / 20.0, 0.0, 1.0)
+    return shape * _ar1_log_noise(n, rng, 0.9, 0.08)
+
+
+def _business_hours(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    shape = np.interp(t, [0, 600, 780, 2400, 2580, n], [0.4, 0.4, 3.0, 3.0, 0.6, 0.6])
+    return shape * _ar1_log_noise(n, rng, 0.95, 0.1)
+
+
 Shape = Callable[[int, np.random.Generator], np.ndarray | tuple[np.ndarray, np.ndarray]]
 
 
@@ -346,6 +370,9 @@ BUILTIN: dict[str, tuple[Shape, int]] = {
     "interactive_batch": (_interactive_batch, 1800),
     "recurring_herd": (_recurring_herd, 2400),
     "failover": (_failover, 1800),
+    "client_restart": (_client_restart, 2100),
+    "tenant_onboarding": (_tenant_onboarding, 2400),
+    "business_hours": (_business_hours, 3000),
 }
 
 
@@ -1226,6 +1253,19 @@ def load_traces(args: argparse.Namespace, mu: float) -> dict[str, Trace]:
     return dict(sorted(traces.items(), key=lambda kv: (kv[0] not in TUNED_ON, kv[0])))
 
 
+def _default_service_model(args: argparse.Namespace) -> Path:
+    """The service model the traces were shaped for: the first ``--traces`` folder's
+    ``service_model.json`` (``write_service_model``), bench/traces/'s when no trace is named, else
+    bench/results/runtime.json (the runtime as measured now)."""
+    folders = [Path(f) for f in args.traces or []]
+    if not (args.trace or args.traces or args.write_traces):
+        folders = [TRACES_DIR]
+    for folder in folders:
+        if (folder / SERVICE_MODEL_FILE).exists():
+            return folder / SERVICE_MODEL_FILE
+    return RUNTIME_RESULTS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--trace", type=Path, action="append", help="a trace CSV (repeatable)")
@@ -1247,16 +1287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--service-model",
         type=Path,
-        help="JSON with a_seconds, c_seconds, max_batch_size (default: bench/traces/service_model.json "
-        "when running the built-in traces, else bench/results/runtime.json)",
+        help="JSON with a_seconds, c_seconds, max_batch_size (default: the service_model.json of the "
+        "first --traces folder that has one, bench/traces/'s when no trace is named, else "
+        "bench/results/runtime.json)",
     )
     args = ap.parse_args(argv)
-    builtin_model = TRACES_DIR / SERVICE_MODEL_FILE
-    default_model = (
-        builtin_model
-        if not (args.trace or args.traces or args.write_traces) and builtin_model.exists()
-        else RUNTIME_RESULTS
-    )
+    default_model = _default_service_model(args)
     a, c, batch, source = load_service_model(args.service_model or default_model)
     cfg = SimConfig(a=a, c=c, max_batch=batch or SimConfig.max_batch, policy_overrides=tuple(args.policy))
     try:
