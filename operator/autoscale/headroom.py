@@ -29,6 +29,13 @@ section 3.2), and Nexus and MArk provision for the peak of the next interval rat
   worth paying for, headroom that covers a third of them only delays the breach by seconds, and the
   reactive rules handle them.
 
+A drop is the reverse of a burst, and is remembered the same way: the *left level* is the highest
+level (a floor that stood for ``lead`` seconds) that the traffic fell under within one reaction time,
+by more than ``min_drop`` and the noise floor, over the memory (``left_level``). Traffic that left that
+fast (a failover to another region, a client that stops, a job that ends) can come back as fast, a
+level shift no reactive rule catches: the capacity rule holds the left level's replicas for the memory
+(a level that falls gradually, as a day's traffic does in the evening, is followed down as before).
+
 The capacity rule (``policy``, ``_burst_base``) then provisions for ``factor`` times the present
 arrival rate (carried one reaction time ahead on its rise from the floor) at the full SLO capacity of
 a replica, beside the demand at its planning utilization; inside a burst (the rate more than halfway
@@ -56,12 +63,15 @@ class Burst:
             seconds); ``None`` when no sample is known.
         rises: how many past samples have a known rise (the history the factor was learned from).
         bursts: how many bursts of at most ``limit`` the factor was learned from (0: factor 1).
+        left_level: the highest level, requests/s, that the traffic left suddenly within the memory
+            (``left_level``); ``None`` when it left none.
     """
 
     factor: float
     level: float | None
     rises: int
     bursts: int = 0
+    left_level: float | None = None
 
 
 def floor_level(times: Sequence[float], rates: Sequence[float], i: int, span: float) -> float:
@@ -103,6 +113,24 @@ def _rise(times: Sequence[float], rates: Sequence[float], i: int, lead: float) -
     return peak / base if base > 0 else None
 
 
+def left_level(
+    times: Sequence[float], rates: Sequence[float], i: int, lead: float, min_drop: float
+) -> float | None:
+    """The level the traffic left at sample ``i``, requests/s, or ``None``: the floor level up to ``i``
+    (``floor_level``: a level that stood for ``lead`` seconds) when every rate within ``lead`` seconds
+    after ``i`` is under it by more than ``min_drop`` (ratio > 1): a sudden drop, as in a failover, a
+    client that stops, or a job that ends. ``None`` too when nothing follows within ``lead``, or when the
+    samples do not reach ``lead`` seconds before ``i`` (the first samples of the memory: a burst's peak
+    there would read as a level)."""
+    if times[i] - times[0] < lead:
+        return None
+    before = floor_level(times, rates, i, lead)
+    after = [r for t, r in zip(times[i + 1 :], rates[i + 1 :], strict=True) if t <= times[i] + lead]
+    if not after or before <= 0:
+        return None
+    return before if before > min_drop * max(after) else None
+
+
 def burst_peaks(rises: Sequence[float | None], min_rise: float) -> list[float]:
     """The peak of each burst in ``rises`` (one ratio per sample, oldest first; ``None`` where the rise
     is unknown): a burst is a maximal run of consecutive rises over ``min_rise``, its peak the run's
@@ -138,6 +166,7 @@ def burst_factor(
     limit: float,
     min_rise: float,
     min_bursts: int,
+    min_drop: float,
 ) -> Burst:
     """The burst factor learned from ``samples`` (module docstring).
 
@@ -150,6 +179,8 @@ def burst_factor(
             a burst.
         min_bursts: how many bursts (of at most ``limit``) must have been seen before the factor is
             more than 1: headroom is for bursts that recur.
+        min_drop: a level counts as left (``left_level``) when the rate fell under it by more than
+            this ratio (> 1) and than ``noise_floor`` within ``lead``.
 
     Returns:
         A ``Burst``. A sample teaches once ``2 * lead`` seconds after it are observed.
@@ -165,8 +196,14 @@ def burst_factor(
             break
         rises.append(_rise(times, rates, i, lead))
     known = sum(r is not None for r in rises)
+    threshold = max(min_rise, noise_floor(rises))
+    drop = max(min_drop, noise_floor(rises))
     # Bursts over the limit outgrow any headroom it allows: leave them to the reactive rules.
-    peaks = [p for p in burst_peaks(rises, max(min_rise, noise_floor(rises))) if p <= limit]
+    peaks = [p for p in burst_peaks(rises, threshold) if p <= limit]
+    left = max(
+        (x for i in range(len(rises)) if (x := left_level(times, rates, i, lead, drop)) is not None),
+        default=None,
+    )
     if not peaks or len(peaks) < min_bursts:
-        return Burst(1.0, now_level, known, len(peaks))
-    return Burst(max(_quantile(peaks, quantile), 1.0), now_level, known, len(peaks))
+        return Burst(1.0, now_level, known, len(peaks), left)
+    return Burst(max(_quantile(peaks, quantile), 1.0), now_level, known, len(peaks), left)

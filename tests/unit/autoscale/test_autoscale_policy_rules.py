@@ -389,6 +389,23 @@ def test_learned_bursts_replace_the_surge_floor() -> None:
     assert Tick.of(seen(0.04, 0.2, 400.0), Current(1, 0.02), MODEL, short, 0.0).needed == 2
 
 
+def test_a_small_fleet_keeps_a_step_floor_once_learned() -> None:
+    # Learned steady traffic at 800/s: the demand alone needs 1 replica (800 / (0.85 x 1142.9)), but a
+    # step (a level shift, never learned as a burst) of x1.5 would overload it for a cold start: the
+    # small fleet keeps x2.5 of its floor at full capacity, 2000 / 1142.9 → 2 replicas, and says so.
+    steady = replace(SETTLED, arrivals=tuple((i * 15.0 - 900.0, 800.0) for i in range(60)))
+    obs = seen(0.04, 0.2, 800.0)
+    t = Tick.of(obs, Current(1, 0.02, ready_replicas=1), MODEL, steady, 0.0)
+    assert t.burst is not None and t.burst.rises >= MODEL.burst_min_samples and t.burst.factor == 1.0
+    assert t.needed == 2 and t.needed_why == " (x2.5 step floor)"
+    d = decide(obs, Current(1, 0.02, ready_replicas=1), MODEL, steady, 0.0)
+    assert d.replicas == 2 and "(x2.5 step floor)" in d.reason
+    assert Tick.of(obs, Current(1, 0.02), replace(MODEL, step_factor=1.0), steady, 0.0).needed == 1
+    # it is a small fleet's floor: at 2500/s (x2.5 would be 6 replicas) it stops at surge_max_replicas
+    big = replace(SETTLED, arrivals=tuple((i * 15.0 - 900.0, 2500.0) for i in range(60)))
+    assert Tick.of(seen(0.04, 0.5, 2500.0), Current(3, 0.02), MODEL, big, 0.0).needed == 3
+
+
 def test_arrival_samples_are_kept_for_the_memory_only() -> None:
     policy = replace(MODEL, burst_memory_seconds=60.0)
     state = replace(SETTLED, arrivals=((-90.0, 100.0), (-45.0, 200.0)))
@@ -453,3 +470,34 @@ def test_decision_says_what_set_the_count() -> None:
     assert "(x5 surge prior)" in d.reason and "1 → 3 replicas" in d.reason
     d = decide(seen(0.04, 0.5, 3000.0), Current(2, 0.02, ready_replicas=2), MODEL, SETTLED, 0.0)
     assert "each: 2 → 4 replicas" in d.reason  # the demand itself: no note
+
+
+def test_a_level_left_suddenly_is_held_for_its_return() -> None:
+    # 3000/s for 10 minutes, then 800/s for 5 (a failover to another region): 800/s alone needs 1
+    # replica, but the 3000/s that left within one reaction time can return as fast, faster than a cold
+    # start: its replicas at full SLO capacity (3000 / 1142.9 → 3) are held for the burst memory.
+    rates = [3000.0] * 40 + [800.0] * 20
+    state = replace(SETTLED, arrivals=tuple(((i - 60) * 15.0, r) for i, r in enumerate(rates)))
+    obs = seen(0.04, 0.2, 800.0)
+    t = Tick.of(obs, Current(3, 0.02, ready_replicas=3), MODEL, state, 0.0)
+    assert t.burst is not None and t.burst.left_level == 3000.0
+    assert t.needed == 3 and "held for the 3000/s the traffic left suddenly" in t.needed_why
+    d = decide(obs, Current(3, 0.02, ready_replicas=3), MODEL, state, 0.0)
+    assert d.replicas == 3 and "keeps 3 replicas (held for the 3000/s" in d.reason, d.reason
+    # a fleet scaled in by someone else is brought back up, saying why
+    up = decide(obs, Current(1, 0.02, ready_replicas=1), MODEL, state, 0.0)
+    assert up.replicas == 3 and "held for the 3000/s the traffic left suddenly" in up.reason, up.reason
+    # the hold off, the demand and the small fleet's step floor decide (x2.5 of 800/s at full capacity,
+    # 2000 / 1142.9 → 2): scale-in to 2
+    off = replace(MODEL, hold_left_level=False)
+    assert decide(obs, Current(3, 0.02, ready_replicas=3), off, state, 0.0).replicas == 2
+    # once the drop is older than the burst memory, its samples are gone and so is the hold
+    short = replace(MODEL, burst_memory_seconds=240.0)
+    later = decide(obs, Current(3, 0.02, ready_replicas=3), short, state, 0.0).state
+    assert later.arrivals[0][0] > -315.0  # the last 3000/s sample, t = -315 s, is dropped
+    t = Tick.of(obs, Current(3, 0.02, ready_replicas=3), short, later, 15.0)
+    assert t.burst is not None and t.burst.left_level is None and "held" not in t.needed_why
+    # a decline over 10 minutes is followed down: nothing is held
+    gradual = [3000.0] * 10 + [3000.0 - 55.0 * i for i in range(40)] + [800.0] * 10
+    glide = replace(SETTLED, arrivals=tuple(((i - 60) * 15.0, r) for i, r in enumerate(gradual)))
+    assert decide(obs, Current(3, 0.02, ready_replicas=3), MODEL, glide, 0.0).replicas == 2
