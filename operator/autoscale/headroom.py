@@ -30,7 +30,7 @@ section 3.2), and Nexus and MArk provision for the peak of the next interval rat
   reactive rules handle them.
 
 A drop is the reverse of a burst, and is remembered the same way: the *left level* is the highest
-level (a floor that stood for ``lead`` seconds) that the traffic fell under within one reaction time,
+level (a floor that stood for two reaction times) that the traffic fell under within one reaction time,
 by more than ``min_drop`` and the noise floor, over the memory (``left_level``). Traffic that left that
 fast (a failover to another region, a client that stops, a job that ends) can come back as fast, a
 level shift no reactive rule catches: the capacity rule holds the left level's replicas for the memory
@@ -50,7 +50,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Burst", "burst_factor", "burst_peaks", "floor_level", "noise_floor"]
+__all__ = ["Burst", "burst_factor", "burst_peaks", "floor_level", "left_level", "noise_floor"]
 
 
 @dataclass(frozen=True)
@@ -116,19 +116,35 @@ def _rise(times: Sequence[float], rates: Sequence[float], i: int, lead: float) -
 def left_level(
     times: Sequence[float], rates: Sequence[float], i: int, lead: float, min_drop: float
 ) -> float | None:
-    """The level the traffic left at sample ``i``, requests/s, or ``None``: the floor level up to ``i``
-    (``floor_level``: a level that stood for ``lead`` seconds) when every rate within ``lead`` seconds
-    after ``i`` is under it by more than ``min_drop`` (ratio > 1): a sudden drop, as in a failover, a
-    client that stops, or a job that ends. ``None`` too when nothing follows within ``lead``, or when the
-    samples do not reach ``lead`` seconds before ``i`` (the first samples of the memory: a burst's peak
-    there would read as a level)."""
-    if times[i] - times[0] < lead:
+    """The level the traffic left at sample ``i``, requests/s, or ``None``.
+
+    The level is the lowest rate of the ``2 * lead`` seconds up to ``i`` (a level that stood for two
+    reaction times: a burst shorter than that is not one); it is left when every rate observed within
+    ``lead`` seconds after ``i`` is under it by more than ``min_drop`` (ratio > 1): a sudden drop, as
+    in a failover, a client that stops, or a job that ends. The drop counts from the first sample after
+    it (a dip that comes back within the lead is held only until it does: the fleet it keeps is the one
+    that served the level). ``None`` when nothing follows, or when the samples leave a hole longer than
+    ``lead / 2`` in either window or do not reach back ``2 * lead`` (the first samples of the memory, a
+    gap in the history: one sample is not a level)."""
+    gap = lead / 2
+    before, j = rates[i], i
+    while j > 0 and times[i] - times[j - 1] < 2 * lead:
+        if times[j] - times[j - 1] > gap:
+            return None
+        j -= 1
+        before = min(before, rates[j])
+    if times[i] - times[j] < 2 * lead - gap or before <= 0:
         return None
-    before = floor_level(times, rates, i, lead)
-    after = [r for t, r in zip(times[i + 1 :], rates[i + 1 :], strict=True) if t <= times[i] + lead]
-    if not after or before <= 0:
-        return None
-    return before if before > min_drop * max(after) else None
+    peak: float | None = None
+    k = i + 1
+    while k < len(times) and times[k] <= times[i] + lead:
+        if times[k] - times[k - 1] > gap:
+            return None
+        peak = rates[k] if peak is None else max(peak, rates[k])
+        k += 1
+    if peak is None or (k < len(times) and times[k - 1] < times[i] + lead - gap):
+        return None  # nothing after it, or a hole at the window's end
+    return before if before > min_drop * peak else None
 
 
 def burst_peaks(rises: Sequence[float | None], min_rise: float) -> list[float]:
@@ -180,11 +196,17 @@ def burst_factor(
         min_bursts: how many bursts (of at most ``limit``) must have been seen before the factor is
             more than 1: headroom is for bursts that recur.
         min_drop: a level counts as left (``left_level``) when the rate fell under it by more than
-            this ratio (> 1) and than ``noise_floor`` within ``lead``.
+            this ratio (> 1) and than ``noise_floor`` within ``lead``; a ratio <= 1 would read every
+            fall, gradual ones included, as a level left.
+
+    Raises:
+        ValueError: when ``min_drop`` is not > 1.
 
     Returns:
         A ``Burst``. A sample teaches once ``2 * lead`` seconds after it are observed.
     """
+    if not min_drop > 1:
+        raise ValueError(f"burst headroom: min_drop must be > 1 (got {min_drop!r})")
     if not samples:
         return Burst(1.0, None, 0)
     times = [t for t, _ in samples]
@@ -196,14 +218,12 @@ def burst_factor(
             break
         rises.append(_rise(times, rates, i, lead))
     known = sum(r is not None for r in rises)
-    threshold = max(min_rise, noise_floor(rises))
-    drop = max(min_drop, noise_floor(rises))
+    noise = noise_floor(rises)
     # Bursts over the limit outgrow any headroom it allows: leave them to the reactive rules.
-    peaks = [p for p in burst_peaks(rises, threshold) if p <= limit]
-    left = max(
-        (x for i in range(len(rises)) if (x := left_level(times, rates, i, lead, drop)) is not None),
-        default=None,
-    )
+    peaks = [p for p in burst_peaks(rises, max(min_rise, noise)) if p <= limit]
+    drop = max(min_drop, noise)
+    levels = (left_level(times, rates, i, lead, drop) for i in range(len(times) - 1))
+    left = max((x for x in levels if x is not None), default=None)
     if not peaks or len(peaks) < min_bursts:
         return Burst(1.0, now_level, known, len(peaks), left)
     return Burst(max(_quantile(peaks, quantile), 1.0), now_level, known, len(peaks), left)

@@ -38,14 +38,14 @@ reaction time), or the floor while a burst is in progress (a burst is not counte
 for the unknown burstiness; after that the learned factor replaces it, and the surge floor keeps a
 smaller factor, ``step_factor``: a step (a level shift, such as a tenant onboarded or a job started)
 is never learned as a burst, and on a small fleet the smallest step that outgrows the planned headroom
-overloads it for a whole cold start. A level the arrivals left within
-one reaction time (``headroom.left_level``: a sudden drop of more than ``1 / plan_utilization``, the
-standing headroom planned for the level after it, and more than the noise floor) is held at a replica's
-full SLO capacity for ``burst_memory_seconds`` (``hold_left_level``): traffic that left that fast, in a
-failover, can come back as fast, and the cold start would meet it with the smaller fleet (the same
-memory as the bursts'; a drop that stays costs its replicas for that long). A P99 over target from a drained
-backlog recommends the rule's count, so the stabilization window runs from the demand, not from the
-query window's memory of the backlog.
+overloads it for a whole cold start. A level the arrivals left within one reaction time
+(``headroom.left_level``: a sudden drop of more than ``1 / plan_utilization``, the standing headroom
+planned for the level after it, and more than the noise floor) is held at a replica's full SLO capacity
+for ``burst_memory_seconds`` (``hold_left_level``): traffic that left that fast, in a failover, can come
+back as fast, and the cold start would meet it with the smaller fleet (the same memory as the bursts';
+a drop that stays costs its replicas for that long). A P99 over target from a drained backlog
+recommends the rule's count, so the stabilization window runs from the demand, not from the query
+window's memory of the backlog.
 
 The reactive law:
 
@@ -359,9 +359,10 @@ class Policy:
         replica-seconds and over its SLO; under 1.5 the sawtooth's tops count as bursts and cost up to
         1.46x the oracle; 1.7, or min_bursts 4, misses compressed_day's first morning burst).
         The lead is one 15 s tick plus the simulated 30 s cold start, rounded up.
-        hold_left_level True: a level the traffic left suddenly is held for its return (module
-        docstring), the seventh pass of ``bench/autoscaler_sim.py``, chosen after the unseen failover
-        trace (bench/traces/README.md gives its price on a drop that stays, job_ends).
+        hold_left_level True (read from the burst headroom's samples: off with it): a level the traffic
+        left suddenly is held for its return (module docstring), the seventh pass of
+        ``bench/autoscaler_sim.py``, chosen after the unseen failover trace (bench/traces/README.md
+        gives its price on a drop that stays, job_ends).
         step_factor 2.5: the surge floor once the burst headroom has learned (the eighth pass, chosen
         after the unseen tenant_onboarding and business_hours traces; 1.75-2 keep all but
         business_hours, 3-4 cost weekend_low more: bench/traces/README.md).
@@ -677,7 +678,7 @@ def _burst(obs: Observation, policy: Policy, state: State, now: float) -> headro
         limit=policy.burst_limit,
         min_rise=policy.burst_min_rise,
         min_bursts=policy.burst_min_bursts,
-        min_drop=1 / policy.plan_utilization,
+        min_drop=max(1 / policy.plan_utilization, 1 + policy.tolerance),
     )
 
 
@@ -707,7 +708,7 @@ def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burs
     # The floor: the lowest arrival rate of the last reaction time (the level a burst stands on).
     floor = min(demand, burst.level) if burst is not None and burst.level is not None else demand
     surge_factor, surge_words = policy.surge_factor, "surge prior"
-    bursts = 0
+    bursts, base = 0, 0.0
     if burst is not None and obs.arrival_rate is not None:
         # Bursts stand on what arrives; the completion rate after a burst is its backlog draining.
         arrival = obs.arrival_rate
@@ -720,13 +721,15 @@ def _plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burs
     if burst is not None and burst.left_level is not None and policy.hold_left_level:
         left = math.ceil(burst.left_level / capacity - _EPS)
     needed = min(max(wanted, surge, bursts, left, policy.min_replicas), policy.max_replicas)
-    why = ""
-    if left > max(wanted, surge, bursts) and burst is not None and burst.left_level is not None:
-        why = f" (held for the {_rate(burst.left_level)}/s the traffic left suddenly)"
-    elif burst is not None and bursts > wanted and bursts >= surge:  # a tie: the learned one says more
-        why = f" (burst headroom x{burst.factor:.2f} learned from {burst.bursts} bursts)"
-    elif surge > wanted:
-        why = f" (x{surge_factor:g} {surge_words})"
+    # Words for the term that set ``needed`` when the demand did not (none when min_replicas did).
+    named = [(surge, f" (x{surge_factor:g} {surge_words})")]
+    if burst is not None and burst.left_level is not None:
+        named.insert(0, (left, f" (held for the {_rate(burst.left_level)}/s the traffic left suddenly)"))
+    if burst is not None and burst.factor > 1:  # on a tie, the learned headroom says the most
+        named.insert(0, (bursts, f" (burst headroom x{burst.factor:.2f} learned from {burst.bursts} bursts)"))
+    elif burst is not None:  # factor 1: the arrival rate's trend alone
+        named.insert(0, (bursts, f" (arrivals carried one reaction time ahead: {_rate(base)}/s)"))
+    why = next((words for n, words in named if n >= needed), "") if needed > wanted else ""
     return {"demand": demand, "capacity": capacity, "needed": needed, "burst": burst, "needed_why": why}
 
 

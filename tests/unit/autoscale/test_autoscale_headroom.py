@@ -203,9 +203,45 @@ def test_a_small_or_noisy_drop_leaves_no_level() -> None:
     assert burst_factor(samples([1000.0] * 40 + [500.0] * 40), **LEARN).left_level == 1000.0
 
 
-def test_a_level_is_left_only_once_a_lead_on_both_sides_is_observed() -> None:
-    # the first samples of the memory have no lead before them: a peak there is not a level
-    assert burst_factor(samples([3000.0, 3000.0, 3000.0] + [800.0] * 40), **LEARN).left_level is None
-    # a drop in the last lead may still be a burst's dip: nothing yet
-    assert burst_factor(samples([3000.0] * 40 + [800.0] * 3), **LEARN).left_level is None
-    assert burst_factor(samples([3000.0] * 40 + [800.0] * 9), **LEARN).left_level == 3000.0
+def test_a_level_stood_two_reaction_times_and_the_drop_counts_at_once() -> None:
+    # the first samples of the memory do not reach two reaction times back: a peak there is not a level
+    head = [3000.0] * 6 + [800.0] * 40  # 75 s of 3000/s: the window from 120 s back is not covered
+    assert burst_factor(samples(head), **LEARN).left_level is None
+    assert burst_factor(samples([3000.0] * 8 + [800.0] * 40), **LEARN).left_level == 3000.0
+    # the drop counts from the first sample after it (the fleet that served the level is kept while
+    # the rest of the lead is observed), and for as long as it is in the memory
+    assert burst_factor(samples([3000.0] * 40 + [800.0]), **LEARN).left_level == 3000.0
+    # ... and a dip that comes back within the lead is not a level left
+    assert burst_factor(samples([3000.0] * 40 + [800.0, 3000.0]), **LEARN).left_level is None
+
+
+def test_a_burst_shorter_than_two_reaction_times_is_not_a_level() -> None:
+    # x3 bursts of 4 to 7 samples (60-105 s, over the x2 limit the headroom leaves to the reactive
+    # rules): the floor of the two reaction times before each end is the base, which the rate returns to
+    for width in (4, 7):
+        rates = with_bursts(500.0, 3.0, 120, every=20, width=width)
+        assert burst_factor(samples(rates), **LEARN).left_level is None, width
+    # a level of 9 samples (135 s) that ends at once is one
+    rates = with_bursts(500.0, 3.0, 120, every=40, width=9)
+    assert burst_factor(samples(rates), **LEARN).left_level == 1500.0
+
+
+def test_a_gap_in_the_samples_is_not_a_level() -> None:
+    # 10 minutes without samples (arrival rate unknown, a hole in the history read back), then one
+    # sample at 3000/s and 1000/s again: one sample is not a level
+    times = [i * TICK for i in range(40)] + [1200.0] + [1215.0 + i * TICK for i in range(20)]
+    rates = [1000.0] * 40 + [3000.0] + [1000.0] * 20
+    assert burst_factor(list(zip(times, rates, strict=True)), **LEARN).left_level is None
+    # nor a low sample followed by a hole: the drop is not observed within the lead
+    times = [i * TICK for i in range(40)] + [600.0] + [900.0 + i * TICK for i in range(20)]
+    rates = [3000.0] * 40 + [800.0] + [3000.0] * 20
+    assert burst_factor(list(zip(times, rates, strict=True)), **LEARN).left_level is None
+    # samples a minute apart (an autoscale interval as long as the lead): never dense enough
+    minute = [(i * 60.0, 3000.0 if i < 20 else 800.0) for i in range(40)]
+    assert burst_factor(minute, **LEARN).left_level is None
+
+
+def test_min_drop_must_be_over_one() -> None:
+    # a ratio of 1 would read every fall, a gradual one included, as a level left
+    with pytest.raises(ValueError, match="min_drop must be > 1"):
+        burst_factor(samples([3000.0] * 40), **{**LEARN, "min_drop": 1.0})

@@ -23,6 +23,8 @@ from kubeinfer.operator.autoscale.policy import (
     check_observation,
     cold_start_timeout,
     decide,
+    restore_arrivals,
+    restore_state,
     slo_capacity,
 )
 
@@ -387,6 +389,55 @@ def test_learned_bursts_replace_the_surge_floor() -> None:
     # a short history is not enough evidence: the prior stays
     short = replace(SETTLED, arrivals=tuple((i * 15.0 - 300.0, 400.0) for i in range(20)))
     assert Tick.of(seen(0.04, 0.2, 400.0), Current(1, 0.02), MODEL, short, 0.0).needed == 2
+
+
+def failover_history(now: float = 0.0) -> State:
+    """3000/s for 10 minutes, then 800/s for 5, 15 s apart, ending 15 s before ``now``."""
+    rates = [3000.0] * 40 + [800.0] * 20
+    return replace(SETTLED, arrivals=tuple((now + (i - 60) * 15.0, r) for i, r in enumerate(rates)))
+
+
+def test_the_hold_survives_an_operator_restart() -> None:
+    # the restarted operator reads the arrival history back from Prometheus: the hold stands at once
+    obs = seen(0.04, 0.2, 800.0)
+    history = [(-when, r) for when, r in failover_history().arrivals]
+    restored = restore_arrivals(restore_state(now=0.0), history, now=0.0, policy=MODEL)
+    t = Tick.of(obs, Current(3, 0.02, ready_replicas=3), MODEL, restored, 0.0)
+    assert t.needed == 3 and "held for the 3000/s" in t.needed_why
+    # without it (a fresh state) only the surge prior stands: x5 of 800/s, capped at 3 replicas
+    fresh = Tick.of(obs, Current(3, 0.02, ready_replicas=3), MODEL, restore_state(now=0.0), 0.0)
+    assert fresh.burst is not None and fresh.burst.left_level is None
+
+
+def test_a_short_stabilization_window_does_not_flap_on_the_drop() -> None:
+    # With no stabilization window a drop used to scale in at once and out again when the hold was
+    # learned a reaction time later: the drop now counts from its first sample, so the fleet stays.
+    policy = replace(MODEL, scale_down_stabilization_seconds=0.0, scale_down_cooldown_seconds=0.0)
+    state = replace(SETTLED, arrivals=tuple(((i - 40) * 15.0, 3000.0) for i in range(40)))
+    replicas, history = 3, []
+    for k in range(8):  # 800/s from now on, for two minutes
+        d = decide(
+            seen(0.04, 0.2, 800.0), Current(replicas, 0.02, ready_replicas=replicas), policy, state, k * 15.0
+        )
+        replicas, state = d.replicas, d.state
+        history.append(replicas)
+    assert history == [3] * 8, history
+
+
+def test_the_reason_names_what_keeps_the_replicas() -> None:
+    # min_replicas 3 keeps 3 at 800/s: the step floor (2) is not what keeps them, so no words for it
+    steady = replace(SETTLED, arrivals=tuple((i * 15.0 - 900.0, 800.0) for i in range(60)))
+    floor3 = replace(MODEL, min_replicas=3)
+    t = Tick.of(seen(0.04, 0.2, 800.0), Current(3, 0.02, ready_replicas=3), floor3, steady, 0.0)
+    assert t.needed == 3 and t.needed_why == ""
+    d = decide(seen(0.04, 0.2, 800.0), Current(3, 0.02, ready_replicas=3), floor3, steady, 0.0)
+    assert "keeps" not in d.reason and "step floor" not in d.reason, d.reason
+    # max_replicas 2 caps the hold of a 3000/s level: the cap, not the hold, sets the count
+    cap2 = replace(MODEL, max_replicas=2)
+    t = Tick.of(seen(0.04, 0.2, 800.0), Current(2, 0.02, ready_replicas=2), cap2, failover_history(), 0.0)
+    assert t.needed == 2 and "held for the 3000/s" in t.needed_why  # the hold asks for it, capped
+    t = Tick.of(seen(0.04, 0.9, 2400.0), Current(2, 0.02, ready_replicas=2), cap2, failover_history(), 0.0)
+    assert t.needed == 2 and t.needed_why == ""  # the demand alone reaches the cap
 
 
 def test_a_small_fleet_keeps_a_step_floor_once_learned() -> None:
