@@ -281,3 +281,17 @@ def test_autoscale_sim_policy_overrides() -> None:
     cfg = sim.SimConfig(policy_overrides=(("plan_utilization", 0.7),))
     assert sim.kubeinfer_policy(cfg).plan_utilization == 0.7
     assert sim.kubeinfer_policy(sim.SimConfig()).plan_utilization == 0.85
+
+
+def test_autoscale_sim_a_trace_folder_keeps_its_service_model(tmp_path: Path) -> None:
+    # `--traces DIR` simulates the s(b) the folder's traces were shaped for when it records one;
+    # without one, and for `--trace FILE`, the runtime as measured now
+    args = argparse.Namespace(trace=None, traces=[tmp_path], write_traces=None)
+    assert sim._default_service_model(args) == sim.RUNTIME_RESULTS
+    sim.write_service_model(sim.SimConfig(), "test", tmp_path)
+    assert sim._default_service_model(args) == tmp_path / sim.SERVICE_MODEL_FILE
+    assert sim._default_service_model(argparse.Namespace(trace=None, traces=None, write_traces=None)) == (
+        sim.TRACES_DIR / sim.SERVICE_MODEL_FILE
+    )
+    one = argparse.Namespace(trace=[tmp_path / "x.csv"], traces=None, write_traces=None)
+    assert sim._default_service_model(one) == sim.RUNTIME_RESULTS
