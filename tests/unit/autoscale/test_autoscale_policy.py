@@ -378,6 +378,7 @@ def test_autoscale_policy_records_recommendations_within_window() -> None:
         ("tolerance", 1.5),
         ("timeout_decrease_factor", 1.0),
         ("max_scale_up_step", 0),
+        ("step_factor", 0.5),
     ],
 )
 def test_autoscale_policy_rejects_bad_field(field: str, value: float) -> None:
