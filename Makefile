@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
-        bench bench-runtime bench-frontend bench-operator bench-autoscaler clean images
+        bench bench-runtime bench-frontend bench-operator bench-autoscaler bench-autoscaler-adversary clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -79,7 +79,10 @@ bench-operator: setup ## operator benchmark -> bench/results/operator.json
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
-bench: bench-runtime bench-frontend bench-operator bench-autoscaler ## all benchmarks
+bench-autoscaler-adversary: setup ## steps where kubeinfer/HPA stand lower -> bench/results/autoscaler_adversary.json
+	$(PY) bench/autoscaler_adversary.py
+
+bench: bench-runtime bench-frontend bench-operator bench-autoscaler bench-autoscaler-adversary ## all benchmarks
 
 clean: cluster-down ## remove the venv and build cache
 	rm -rf .venv .cache
