@@ -7,7 +7,8 @@ export TRANSFORMERS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
-        bench bench-runtime bench-frontend bench-operator bench-autoscaler bench-autoscaler-adversary clean images
+        bench bench-runtime bench-frontend bench-operator bench-autoscaler bench-autoscaler-adversary \
+        bench-autoscaler-frontier clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -82,7 +83,11 @@ bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.jso
 bench-autoscaler-adversary: setup ## steps where kubeinfer/HPA stand lower -> bench/results/autoscaler_adversary.json
 	$(PY) bench/autoscaler_adversary.py
 
-bench: bench-runtime bench-frontend bench-operator bench-autoscaler bench-autoscaler-adversary ## all benchmarks
+bench-autoscaler-frontier: setup ## kubeinfer vs the HPA at every GPU target -> bench/results/autoscaler_frontier.json
+	$(PY) bench/autoscaler_frontier.py
+
+bench: bench-runtime bench-frontend bench-operator bench-autoscaler bench-autoscaler-adversary \
+       bench-autoscaler-frontier ## all benchmarks
 
 clean: cluster-down ## remove the venv and build cache
 	rm -rf .venv .cache

@@ -872,15 +872,17 @@ def make_kubeinfer(
     return tick
 
 
-def make_hpa(cfg: SimConfig, metric: str) -> Controller:
-    """The Kubernetes HPA algorithm on one metric (``"gpu"``: target 0.7; ``"p99"``: target = SLO).
+def make_hpa(cfg: SimConfig, metric: str, target: float | None = None) -> Controller:
+    """The Kubernetes HPA algorithm on one metric (``"gpu"``: target 0.7, a ratio; ``"p99"``: target =
+    the SLO, seconds), or on ``target`` when given.
 
     desired = ceil(ready * value / target) unless |value/target - 1| <= 0.1; scale-up limited to
     max(100 %, 4 pods) per sync; scale-down to the highest recommendation of the last 300 s.
     NaN metrics: hold (HPA skips the metric).
     """
     history: list[tuple[float, int]] = []
-    target = 0.7 if metric == "gpu" else cfg.target_p99
+    if target is None:
+        target = 0.7 if metric == "gpu" else cfg.target_p99
 
     def tick(t: float, m: Metrics, n: int, timeout: float) -> tuple[int, float]:
         value = m.utilization if metric == "gpu" else m.p99
