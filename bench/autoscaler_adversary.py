@@ -41,13 +41,11 @@ other. The JSON goes to ``bench/results/autoscaler_adversary.json`` (``--out``),
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -428,39 +426,17 @@ def _log(line: str) -> None:
     print(line, flush=True)
 
 
+def _probe(trace: sim.Trace, cfg: sim.SimConfig, seeds: Sequence[int]) -> dict[str, Any]:
+    return probe_trace(cfg, trace, seeds, _log)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, action="append", help="a trace CSV (repeatable)")
-    ap.add_argument("--traces", type=Path, action="append", help="a folder of trace CSVs (repeatable)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3, help="seeds seed..seed+R-1; figures are medians")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument(
-        "--service-model",
-        type=Path,
-        help="JSON with a_seconds, c_seconds, max_batch_size (default: as bench/autoscaler_sim.py)",
-    )
-    ap.add_argument(
-        "--policy",
-        type=sim.parse_policy_override,
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="override a kubeinfer Policy field, e.g. plan_utilization=0.7 (repeatable)",
-    )
+    sim.add_run_arguments(ap, DEFAULT_OUT)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="traces probed at once")
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
-    args.write_traces = None  # what autoscaler_sim's helpers read
-    a, c, batch, source = sim.load_service_model(args.service_model or sim._default_service_model(args))
-    cfg = sim.SimConfig(
-        a=a, c=c, max_batch=batch or sim.SimConfig.max_batch, policy_overrides=tuple(args.policy)
-    )
-    try:
-        sim.kubeinfer_policy(cfg)
-    except ValueError as exc:  # a value out of range, naming the field
-        ap.error(str(exc))
+    cfg, source = sim.config_from_args(ap, args)
+    a, c = cfg.a, cfg.c
     print(
         f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); one replica sustains {cfg.mu:.0f}/s "
         f"at the SLO, {ceiling(cfg):.0f}/s at most",
@@ -469,9 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     traces = sim.load_traces(args, cfg.mu)
     seeds = list(range(args.seed, args.seed + args.repeats))
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {name: pool.submit(probe_trace, cfg, tr, seeds, _log) for name, tr in traces.items()}
-        rows = {name: future.result() for name, future in futures.items()}
+    rows = sim.over_traces(_probe, traces, args.jobs, cfg, seeds)
     result: dict[str, Any] = {
         "traces": rows,
         "summary": summarize(rows),
@@ -487,12 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command": "bench/autoscaler_adversary.py " + " ".join(sys.argv[1:] if argv is None else argv),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    text = table(result)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')} in {time.perf_counter() - t0:.0f}s")
+    sim.write_results(args.out, result, table(result))
+    print(f"in {time.perf_counter() - t0:.0f}s")
     return 0
 
 

@@ -71,6 +71,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -1298,14 +1299,14 @@ def _default_service_model(args: argparse.Namespace) -> Path:
     return RUNTIME_RESULTS
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+def add_run_arguments(ap: argparse.ArgumentParser, default_out: Path) -> None:
+    """The options every autoscaler benchmark takes: ``--trace``, ``--traces``, ``--seed``,
+    ``--repeats``, ``--out`` (default ``default_out``), ``--policy`` and ``--service-model``."""
     ap.add_argument("--trace", type=Path, action="append", help="a trace CSV (repeatable)")
     ap.add_argument("--traces", type=Path, action="append", help="a folder of trace CSVs (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="seeds seed..seed+R-1; figures are medians")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--no-variants", action="store_true", help="only the five controllers")
+    ap.add_argument("--out", type=Path, default=default_out)
     ap.add_argument(
         "--policy",
         type=parse_policy_override,
@@ -1314,8 +1315,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="override a kubeinfer Policy field for this run, e.g. plan_utilization=0.7 (repeatable)",
     )
-    ap.add_argument("--no-faults", action="store_true", help="skip the Prometheus-fault scenarios")
-    ap.add_argument("--write-traces", type=Path, help="write the built-in traces as CSV there and exit")
     ap.add_argument(
         "--service-model",
         type=Path,
@@ -1323,14 +1322,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         "first --traces folder that has one, bench/traces/'s when no trace is named, else "
         "bench/results/runtime.json)",
     )
-    args = ap.parse_args(argv)
-    default_model = _default_service_model(args)
-    a, c, batch, source = load_service_model(args.service_model or default_model)
+
+
+def config_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[SimConfig, str]:
+    """The ``SimConfig`` of ``add_run_arguments``' options, and where its s(b) came from. Exits through
+    ``ap.error`` (status 2, naming the field) on a Policy value out of range or ``--repeats`` under 1."""
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    if not hasattr(args, "write_traces"):
+        args.write_traces = None  # what _default_service_model reads
+    a, c, batch, source = load_service_model(args.service_model or _default_service_model(args))
     cfg = SimConfig(a=a, c=c, max_batch=batch or SimConfig.max_batch, policy_overrides=tuple(args.policy))
     try:
         kubeinfer_policy(cfg)
     except ValueError as exc:  # a value out of range, naming the field
         ap.error(str(exc))
+    return cfg, source
+
+
+def over_traces(
+    fn: Callable[..., dict[str, Any]], traces: dict[str, Trace], jobs: int, *args: Any
+) -> dict[str, dict[str, Any]]:
+    """``{name: fn(trace, *args)}`` for each trace, ``jobs`` processes at a time (``fn`` must be a
+    module-level function: it is pickled), in the order of ``traces``."""
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {name: pool.submit(fn, trace, *args) for name, trace in traces.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+def write_results(out: Path, result: dict[str, Any], text: str) -> None:
+    """``result`` as JSON at ``out`` (strict: a NaN raises ``ValueError``) and ``text`` beside it as
+    ``.md``; prints both paths."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add_run_arguments(ap, DEFAULT_OUT)
+    ap.add_argument("--no-variants", action="store_true", help="only the five controllers")
+    ap.add_argument("--no-faults", action="store_true", help="skip the Prometheus-fault scenarios")
+    ap.add_argument("--write-traces", type=Path, help="write the built-in traces as CSV there and exit")
+    args = ap.parse_args(argv)
+    cfg, source = config_from_args(ap, args)
+    a, c = cfg.a, cfg.c
     if args.write_traces:
         for name in BUILTIN:
             write_trace(builtin_trace(name, cfg.mu), args.write_traces / f"{name}.csv")
@@ -1380,12 +1418,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policy_overrides": dict(cfg.policy_overrides),
     }
     result["summary"] = summarize(result["traces"], per_seed)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    text = table(result)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {args.out} and {args.out.with_suffix('.md')} in {time.perf_counter() - t0:.0f}s")
+    write_results(args.out, result, table(result))
+    print(f"in {time.perf_counter() - t0:.0f}s")
     return 0
 
 

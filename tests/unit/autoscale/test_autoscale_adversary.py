@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.support.bench import load_bench
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "bench" / "autoscaler_adversary.py"
-    spec = importlib.util.spec_from_file_location("autoscaler_adversary", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["autoscaler_adversary"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-adv = _load()
+adv = load_bench("autoscaler_adversary")
 sim = adv.sim
 
 

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
+from tests.support.bench import load_bench
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "bench" / "autoscaler_frontier.py"
-    spec = importlib.util.spec_from_file_location("autoscaler_frontier", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["autoscaler_frontier"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fr = _load()
+fr = load_bench("autoscaler_frontier")
 sim = fr.sim
 
 POINTS = {

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.support.bench import load_bench
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "bench" / "autoscaler_sim.py"
-    spec = importlib.util.spec_from_file_location("autoscaler_sim", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["autoscaler_sim"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sim = _load()
+sim = load_bench("autoscaler_sim")
 
 
 def test_autoscale_sim_histogram_quantile_matches_promql() -> None:
