@@ -3,16 +3,21 @@
 A runtime's metrics (``RuntimeMetrics``) are scraped every second while requests are counted at a steady
 rate; ``PrometheusSignals.history`` then runs the default arrival-rate PromQL (``irate`` of the
 responses plus ``deriv`` of the requests in flight) as a range query, as ``loop.Autoscaler`` does on its
-first tick, and must give that rate back, one sample per step.
+first tick, and must give that rate back, one sample per step. The second test drops the rate suddenly
+and checks that the history read back carries what the policy holds for a level the traffic left
+(``headroom.left_level``): the decision of an operator restarted after the drop keeps the replicas of
+the level, where one that relearns from nothing follows the traffic down.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import threading
 import time
 
 import pytest
+from kubeinfer.operator.autoscale.policy import Current, Observation, Policy, State, decide, restore_arrivals
 from kubeinfer.operator.autoscale.prometheus import PrometheusConfig, PrometheusSignals
 from kubeinfer.operator.autoscale.signals import default_queries
 from kubeinfer.runtime.metrics import RuntimeMetrics
@@ -57,6 +62,79 @@ def test_autoscale_history_of_the_arrival_rate(prometheus: PrometheusServer) -> 
         # another service's history is empty, not zeros
         other = default_queries("t", "absent", "10s", arrival_window="3s")
         assert client.history(other.arrival_rate, started, end, 2.0) == []
+    finally:
+        stop.set()
+        counter.join(5)
+        client.close()
+        server.shutdown()
+        thread.join(5)
+
+
+HIGH, LOW = 60.0, 5.0  # requests/s before and after the drop
+
+
+def test_autoscale_history_carries_a_level_left_suddenly(prometheus: PrometheusServer) -> None:
+    metrics = RuntimeMetrics("m")
+    metrics.inflight.set(2)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
+    stop = threading.Event()
+    rate = [HIGH]
+
+    def count() -> None:
+        while not stop.wait(1 / rate[0]):
+            metrics.count_request(200, 0.01)
+
+    counter = threading.Thread(target=count, daemon=True)
+    counter.start()
+    client = PrometheusSignals(PrometheusConfig(url=prometheus.url))
+    # A reaction time of 4 s (the lead): a level stands 8 s, a drop counts within 4 s after it.
+    policy = Policy(target_p99_seconds=1.0, burst_lead_seconds=4.0, burst_memory_seconds=300.0)
+    try:
+        target = f"127.0.0.1:{server.server_port}"
+        prometheus.set_targets([(target, {"namespace": "t", "inferenceservice": "drop"})])
+        prometheus.wait_for_scrape(target, timeout=60)
+        started = dt.datetime.now(dt.UTC)
+        time.sleep(20)
+        rate[0] = LOW  # the traffic leaves: x12 at once, as in a failover
+        time.sleep(12)
+        queries = default_queries("t", "drop", "10s", arrival_window="3s")
+        wall = dt.datetime.now(dt.UTC)
+        samples = client.history(queries.arrival_rate, started, wall - dt.timedelta(seconds=1), 1.0)
+        print(f"{len(samples)} samples: {[round(v) for _, v in samples]}")
+        assert len(samples) >= 25
+        now = 1000.0  # the policy's clock; the samples' ages come from the wall clock
+        state = restore_arrivals(
+            State(), [(wall.timestamp() - ts, v) for ts, v in samples], now=now, policy=policy
+        )
+        assert len(state.arrivals) == len(samples)
+        # s(b) = 40 ms + 20 ms*b, B = 4: one replica serves 4 / 0.12 s = 33/s at full batches
+        obs = Observation(
+            p99_seconds=0.2,
+            gpu_utilization=0.3,
+            request_rate=LOW,
+            queue_size=0.0,
+            inflight_requests=2.0,
+            sample_age_seconds=1.0,
+            arrival_rate=LOW,
+            service_time_a_seconds=0.04,
+            service_time_c_seconds=0.02,
+            max_batch_size=4,
+        )
+        capacity = 4 / (0.04 + 0.02 * 4)
+        assert math.ceil(LOW / (0.85 * capacity)) == 1  # the traffic now needs one replica
+        current = Current(replicas=2, batch_timeout_seconds=0.005, ready_replicas=2)
+        restored = decide(obs, current, policy, state, now)
+        print(restored.reason)
+        assert "the traffic left suddenly" in restored.reason
+        held = float(restored.reason.split("held for the ")[1].split("/s")[0])
+        assert 0.5 * HIGH <= held <= 1.2 * HIGH
+        # the level's replicas at a replica's full capacity: kept (2), or added when it needs more
+        assert restored.replicas == max(2, math.ceil(held / capacity))
+        # without the history read back, nothing is held: the count follows the traffic (after the
+        # stabilization window, which a fresh state starts now)
+        fresh = decide(obs, current, policy, State(), now)
+        assert "left suddenly" not in fresh.reason
+        assert fresh.state.recommendations[-1][1] == 1
     finally:
         stop.set()
         counter.join(5)
