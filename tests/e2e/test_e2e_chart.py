@@ -3,6 +3,8 @@ ServiceAccount and RBAC, non-root, read-only root filesystem, Ready."""
 
 from __future__ import annotations
 
+import re
+
 from kubeinfer import __version__
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
 from tests.support.cluster import Cluster
@@ -30,4 +32,28 @@ def test_operator_runs_as_a_non_root_pod_with_the_charts_service_account(
     assert touch.returncode != 0 and "Read-only file system" in touch.stderr
     # it talks to the API server with its ServiceAccount token through the kubernetes Service
     log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, name).stdout
-    assert "403" not in log and "Forbidden" not in log
+    assert not forbidden(log), forbidden(log)
+
+
+#: An API server's 403 as kopf and the kubernetes client log it: reason Forbidden, "... is forbidden:
+#: User ...", "(403)", "'code': 403", "status=403". A bare "403" is not one: a log line's timestamp has
+#: milliseconds ("16:11:43,403").
+_FORBIDDEN = re.compile(r"forbidden|\(403\)|code['\"]?:\s*403\b|status=403\b", re.IGNORECASE)
+
+
+def forbidden(log: str) -> list[str]:
+    """The lines of ``log`` that report an API request refused with 403 Forbidden."""
+    return [line for line in log.splitlines() if _FORBIDDEN.search(line)]
+
+
+def test_forbidden_is_a_403_not_a_timestamp() -> None:
+    """No cluster: the check above finds the API's refusals and not the milliseconds of a timestamp."""
+    ok = '2026-12-01 16:11:43,403 INFO aiohttp.access: 10.244.0.1 "GET /healthz HTTP/1.1" 200 179'
+    assert forbidden(ok) == []
+    kopf = (
+        "APIForbiddenError: ('pods is forbidden: User \"system:serviceaccount:x:y\" cannot list', "
+        "{'code': 403})"
+    )
+    client = "kubernetes.client.exceptions.ApiException: (403)\nReason: Forbidden"
+    for line in (kopf, client, "HTTP status=403 for PATCH"):
+        assert forbidden(line), line
