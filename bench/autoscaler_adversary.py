@@ -44,7 +44,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -442,28 +441,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"at the SLO, {ceiling(cfg):.0f}/s at most",
         flush=True,
     )
-    t0 = time.perf_counter()
-    traces = sim.load_traces(args, cfg.mu)
-    seeds = list(range(args.seed, args.seed + args.repeats))
-    rows = sim.over_traces(_probe, traces, args.jobs, cfg, seeds)
-    result: dict[str, Any] = {
-        "traces": rows,
-        "summary": summarize(rows),
-        "config": {
-            "seeds": seeds,
-            "service_time_source": source,
+    command = "bench/autoscaler_adversary.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    return sim.run_per_trace(
+        args,
+        cfg,
+        source,
+        _probe,
+        summarize,
+        table,
+        command,
+        {
             "sustained_requests_per_second": round(cfg.mu, 1),
             "ceiling_requests_per_second": round(ceiling(cfg), 1),
             "step_seconds": cfg.cold_start + 2 * cfg.sync,
             "drain_seconds": DRAIN_SECONDS,
             "warmup_seconds": WARMUP_SECONDS,
-            "policy_overrides": dict(cfg.policy_overrides),
-            "command": "bench/autoscaler_adversary.py " + " ".join(sys.argv[1:] if argv is None else argv),
         },
-    }
-    sim.write_results(args.out, result, table(result))
-    print(f"in {time.perf_counter() - t0:.0f}s")
-    return 0
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ delay and cold start, ``autoscaler_sim.make_hpa``) at each target of ``HPA_TARGE
 - ``slo_matched``: among the HPA targets whose SLO attainment is at least kubeinfer's, the cheapest
   (``cheapest_at_slo``); ``None`` when no target reaches it.
 
+and, in ``summary.by_target``, each target alone over all traces: on how many kubeinfer's SLO
+attainment is at least the HPA's, its replica-seconds at most the HPA's, both, and the ratio of
+kubeinfer's replica-seconds to the HPA's summed over all traces.
+
 The JSON goes to ``bench/results/autoscaler_frontier.json`` (``--out``), the table to the ``.md``
 beside it.
 """
@@ -28,7 +32,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -205,24 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, source = sim.config_from_args(ap, args)
     a, c = cfg.a, cfg.c
     print(f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); HPA targets {HPA_TARGETS}", flush=True)
-    t0 = time.perf_counter()
-    traces = sim.load_traces(args, cfg.mu)
-    seeds = list(range(args.seed, args.seed + args.repeats))
-    rows = sim.over_traces(_compare, traces, args.jobs, cfg, seeds)
-    result: dict[str, Any] = {
-        "traces": rows,
-        "summary": summarize(rows),
-        "config": {
-            "seeds": seeds,
-            "service_time_source": source,
-            "hpa_targets": list(HPA_TARGETS),
-            "policy_overrides": dict(cfg.policy_overrides),
-            "command": "bench/autoscaler_frontier.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        },
-    }
-    sim.write_results(args.out, result, table(result))
-    print(f"in {time.perf_counter() - t0:.0f}s")
-    return 0
+    command = "bench/autoscaler_frontier.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    return sim.run_per_trace(
+        args, cfg, source, _compare, summarize, table, command, {"hpa_targets": list(HPA_TARGETS)}
+    )
 
 
 if __name__ == "__main__":

@@ -1350,6 +1350,40 @@ def over_traces(
         return {name: future.result() for name, future in futures.items()}
 
 
+def run_per_trace(
+    args: argparse.Namespace,
+    cfg: SimConfig,
+    source: str,
+    fn: Callable[[Trace, SimConfig, list[int]], dict[str, Any]],
+    summarize: Callable[[dict[str, Any]], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+    command: str,
+    config: dict[str, Any],
+) -> int:
+    """The body of a per-trace benchmark's ``main``: ``fn(trace, cfg, seeds)`` for each trace of
+    ``add_run_arguments``' options (``args.jobs`` processes at a time), then ``{"traces", "summary",
+    "config"}`` written by ``write_results``; ``config`` adds to the seeds, s(b) source, Policy overrides
+    and ``command``. Returns the exit status, 0."""
+    t0 = time.perf_counter()
+    traces = load_traces(args, cfg.mu)
+    seeds = list(range(args.seed, args.seed + args.repeats))
+    rows = over_traces(fn, traces, args.jobs, cfg, seeds)
+    result: dict[str, Any] = {
+        "traces": rows,
+        "summary": summarize(rows),
+        "config": {
+            "seeds": seeds,
+            "service_time_source": source,
+            "policy_overrides": dict(cfg.policy_overrides),
+            "command": command,
+            **config,
+        },
+    }
+    write_results(args.out, result, table(result))
+    print(f"in {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
 def write_results(out: Path, result: dict[str, Any], text: str) -> None:
     """``result`` as JSON at ``out`` (strict: a NaN raises ``ValueError``) and ``text`` beside it as
     ``.md``; prints both paths."""

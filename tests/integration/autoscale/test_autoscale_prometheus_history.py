@@ -11,10 +11,13 @@ the level, where one that relearns from nothing follows the traffic down.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from kubeinfer.operator.autoscale.policy import Current, Observation, Policy, State, decide, restore_arrivals
@@ -30,23 +33,47 @@ pytestmark = pytest.mark.timeout(120)
 RATE = 40.0  # requests/s counted
 
 
-def test_autoscale_history_of_the_arrival_rate(prometheus: PrometheusServer) -> None:
+@dataclass
+class _Counted:
+    """A runtime's metrics scraped by the test Prometheus while a thread counts requests at ``rate[0]``
+    per second (change it to change the rate), and a client of that Prometheus."""
+
+    client: PrometheusSignals
+    rate: list[float]
+
+
+@contextlib.contextmanager
+def _counted(prometheus: PrometheusServer, service: str, rate: float, inflight: int) -> Iterator[_Counted]:
+    """Serve a ``RuntimeMetrics`` for ``t/<service>``, count requests at ``rate``/s, wait for its first
+    scrape; stop and close everything on exit."""
     metrics = RuntimeMetrics("m")
-    metrics.inflight.set(3)  # requests in flight, steady: deriv() adds 0
+    metrics.inflight.set(inflight)  # requests in flight, steady: deriv() adds 0
     server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
     stop = threading.Event()
+    counted = _Counted(PrometheusSignals(PrometheusConfig(url=prometheus.url)), [rate])
 
     def count() -> None:
-        while not stop.wait(1 / RATE):
+        while not stop.wait(1 / counted.rate[0]):
             metrics.count_request(200, 0.01)
 
     counter = threading.Thread(target=count, daemon=True)
     counter.start()
-    client = PrometheusSignals(PrometheusConfig(url=prometheus.url))
     try:
         target = f"127.0.0.1:{server.server_port}"
-        prometheus.set_targets([(target, {"namespace": "t", "inferenceservice": "svc"})])
+        prometheus.set_targets([(target, {"namespace": "t", "inferenceservice": service})])
         prometheus.wait_for_scrape(target, timeout=60)
+        yield counted
+    finally:
+        stop.set()
+        counter.join(5)
+        counted.client.close()
+        server.shutdown()
+        thread.join(5)
+
+
+def test_autoscale_history_of_the_arrival_rate(prometheus: PrometheusServer) -> None:
+    with _counted(prometheus, "svc", RATE, inflight=3) as counted:
+        client = counted.client
         started = dt.datetime.now(dt.UTC)
         time.sleep(12)
         queries = default_queries("t", "svc", "10s", arrival_window="3s")
@@ -62,44 +89,22 @@ def test_autoscale_history_of_the_arrival_rate(prometheus: PrometheusServer) -> 
         # another service's history is empty, not zeros
         other = default_queries("t", "absent", "10s", arrival_window="3s")
         assert client.history(other.arrival_rate, started, end, 2.0) == []
-    finally:
-        stop.set()
-        counter.join(5)
-        client.close()
-        server.shutdown()
-        thread.join(5)
 
 
 HIGH, LOW = 60.0, 5.0  # requests/s before and after the drop
 
 
 def test_autoscale_history_carries_a_level_left_suddenly(prometheus: PrometheusServer) -> None:
-    metrics = RuntimeMetrics("m")
-    metrics.inflight.set(2)
-    server, thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-    stop = threading.Event()
-    rate = [HIGH]
-
-    def count() -> None:
-        while not stop.wait(1 / rate[0]):
-            metrics.count_request(200, 0.01)
-
-    counter = threading.Thread(target=count, daemon=True)
-    counter.start()
-    client = PrometheusSignals(PrometheusConfig(url=prometheus.url))
     # A reaction time of 4 s (the lead): a level stands 8 s, a drop counts within 4 s after it.
     policy = Policy(target_p99_seconds=1.0, burst_lead_seconds=4.0, burst_memory_seconds=300.0)
-    try:
-        target = f"127.0.0.1:{server.server_port}"
-        prometheus.set_targets([(target, {"namespace": "t", "inferenceservice": "drop"})])
-        prometheus.wait_for_scrape(target, timeout=60)
+    with _counted(prometheus, "drop", HIGH, inflight=2) as counted:
         started = dt.datetime.now(dt.UTC)
         time.sleep(20)
-        rate[0] = LOW  # the traffic leaves: x12 at once, as in a failover
+        counted.rate[0] = LOW  # the traffic leaves: x12 at once, as in a failover
         time.sleep(12)
         queries = default_queries("t", "drop", "10s", arrival_window="3s")
         wall = dt.datetime.now(dt.UTC)
-        samples = client.history(queries.arrival_rate, started, wall - dt.timedelta(seconds=1), 1.0)
+        samples = counted.client.history(queries.arrival_rate, started, wall - dt.timedelta(seconds=1), 1.0)
         print(f"{len(samples)} samples: {[round(v) for _, v in samples]}")
         assert len(samples) >= 25
         now = 1000.0  # the policy's clock; the samples' ages come from the wall clock
@@ -135,9 +140,3 @@ def test_autoscale_history_carries_a_level_left_suddenly(prometheus: PrometheusS
         fresh = decide(obs, current, policy, State(), now)
         assert "left suddenly" not in fresh.reason
         assert fresh.state.recommendations[-1][1] == 1
-    finally:
-        stop.set()
-        counter.join(5)
-        client.close()
-        server.shutdown()
-        thread.join(5)
