@@ -41,7 +41,6 @@ other. The JSON goes to ``bench/results/autoscaler_adversary.json`` (``--out``),
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -431,10 +430,7 @@ def _probe(trace: sim.Trace, cfg: sim.SimConfig, seeds: Sequence[int]) -> dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    sim.add_run_arguments(ap, DEFAULT_OUT)
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="traces probed at once")
-    args = ap.parse_args(argv)
-    cfg, source = sim.config_from_args(ap, args)
+    args, cfg, source, traces = sim.parse_run_args(ap, argv, DEFAULT_OUT, jobs_help="traces probed at once")
     a, c = cfg.a, cfg.c
     print(
         f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); one replica sustains {cfg.mu:.0f}/s "
@@ -446,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args,
         cfg,
         source,
+        traces,
         _probe,
         summarize,
         table,

@@ -29,7 +29,6 @@ beside it.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -202,15 +201,12 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    sim.add_run_arguments(ap, DEFAULT_OUT)
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="traces run at once")
-    args = ap.parse_args(argv)
-    cfg, source = sim.config_from_args(ap, args)
+    args, cfg, source, traces = sim.parse_run_args(ap, argv, DEFAULT_OUT, jobs_help="traces run at once")
     a, c = cfg.a, cfg.c
     print(f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); HPA targets {HPA_TARGETS}", flush=True)
     command = "bench/autoscaler_frontier.py " + " ".join(sys.argv[1:] if argv is None else argv)
     return sim.run_per_trace(
-        args, cfg, source, _compare, summarize, table, command, {"hpa_targets": list(HPA_TARGETS)}
+        args, cfg, source, traces, _compare, summarize, table, command, {"hpa_targets": list(HPA_TARGETS)}
     )
 
 

@@ -67,6 +67,7 @@ import heapq
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -1350,22 +1351,48 @@ def over_traces(
         return {name: future.result() for name, future in futures.items()}
 
 
+def parse_run_args(
+    ap: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    default_out: Path,
+    *,
+    jobs_help: str | None = None,
+) -> tuple[argparse.Namespace, SimConfig, str, dict[str, Trace]]:
+    """``add_run_arguments`` (and ``--jobs`` when ``jobs_help`` is given) parsed from ``argv``: the
+    options, the ``SimConfig`` (``config_from_args``), where its s(b) came from, and the traces. Exits
+    through ``ap.error`` (status 2, one line) on a bad option, a missing trace file or a malformed CSV."""
+    add_run_arguments(ap, default_out)
+    if jobs_help is not None:
+        ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help=jobs_help)
+    args = ap.parse_args(argv)
+    cfg, source = config_from_args(ap, args)
+    return args, cfg, source, load_traces_or_exit(ap, args, cfg.mu)
+
+
+def load_traces_or_exit(ap: argparse.ArgumentParser, args: argparse.Namespace, mu: float) -> dict[str, Trace]:
+    """``load_traces``, with a missing file or a malformed CSV reported through ``ap.error``."""
+    try:
+        return load_traces(args, mu)
+    except (OSError, ValueError) as exc:
+        ap.error(f"trace: {exc}")
+
+
 def run_per_trace(
     args: argparse.Namespace,
     cfg: SimConfig,
     source: str,
+    traces: dict[str, Trace],
     fn: Callable[[Trace, SimConfig, list[int]], dict[str, Any]],
     summarize: Callable[[dict[str, Any]], dict[str, Any]],
     table: Callable[[dict[str, Any]], str],
     command: str,
     config: dict[str, Any],
 ) -> int:
-    """The body of a per-trace benchmark's ``main``: ``fn(trace, cfg, seeds)`` for each trace of
-    ``add_run_arguments``' options (``args.jobs`` processes at a time), then ``{"traces", "summary",
-    "config"}`` written by ``write_results``; ``config`` adds to the seeds, s(b) source, Policy overrides
-    and ``command``. Returns the exit status, 0."""
+    """The body of a per-trace benchmark's ``main``: ``fn(trace, cfg, seeds)`` for each of ``traces``
+    (``args.jobs`` processes at a time), then ``{"traces", "summary", "config"}`` written by
+    ``write_results``; ``config`` adds to the seeds, s(b) source, Policy overrides and ``command``.
+    Returns the exit status, 0."""
     t0 = time.perf_counter()
-    traces = load_traces(args, cfg.mu)
     seeds = list(range(args.seed, args.seed + args.repeats))
     rows = over_traces(fn, traces, args.jobs, cfg, seeds)
     result: dict[str, Any] = {
@@ -1416,7 +1443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    traces = load_traces(args, cfg.mu)
+    traces = load_traces_or_exit(ap, args, cfg.mu)
     seeds = range(args.seed, args.seed + args.repeats)
     names = (*CONTROLLERS, *(() if args.no_variants else VARIANTS))
     runs, per_seed = {}, {}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.support.bench import load_bench
 
@@ -73,3 +75,24 @@ def test_autoscale_frontier_hpa_target_sets_its_standing_headroom() -> None:
     high = fr._figures(tcfg, trace, [1], lambda: sim.make_hpa(tcfg, "gpu", 0.9))
     assert default == at_70
     assert low["replica_seconds"] > default["replica_seconds"] > high["replica_seconds"]
+
+
+def test_autoscale_frontier_bad_input_is_one_line_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("seconds,requests_per_second\n0,abc\n")
+    for argv, words in (
+        (["--trace", str(bad)], "not a number"),
+        (["--trace", str(tmp_path / "absent.csv")], "No such file"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--policy", "plan_utilization=3"], "plan_utilization"),
+    ):
+        try:
+            fr.main([*argv, "--out", str(tmp_path / "out.json")])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"{argv} was accepted")
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
