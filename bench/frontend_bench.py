@@ -7,7 +7,7 @@ What runs, in ONE run on this machine (side by side, so the ratios share the mac
 - the **floor**: the same HTTP stack as ``kubeinfer-runtime`` (uvicorn + httptools + uvloop +
   Starlette, the same socket options) answering every ``POST .../infer`` with a fixed 100-byte JSON
   response, no model, no decoding (``--floor-server``, started as its own process);
-- ``kubeinfer-runtime serve`` with the tiny 2-layer BERT of ``tests/support/runtime_tiny.py`` (the
+- ``kubeinfer-runtime serve`` with the tiny 2-layer BERT of ``hack/devtools/runtime_tiny.py`` (the
   model costs almost nothing: what is measured is the serving path), then with the bundled
   all-MiniLM-L6-v2 (fp32), each with its default batching settings;
 - per server, three request encodings of one text row (a random held-out sentence): **json** (JSON
@@ -65,7 +65,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # for tests.support
+    sys.path.insert(0, str(ROOT))  # for hack.devtools
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -580,8 +580,8 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models.huggingface import heldout_sentences
 
-    from tests.support.runtime_proc import RuntimeProcess
-    from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
+    from hack.devtools.runtime_proc import RuntimeProcess
+    from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
     sentences = heldout_sentences()
     rng = np.random.default_rng(args.seed)

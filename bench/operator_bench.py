@@ -42,7 +42,7 @@ from kubeinfer.operator import k8s, rfc3339  # noqa: E402
 
 import hack.cluster  # noqa: E402
 from hack.cluster import DEFAULT_BIN_DIR, start, stop  # noqa: E402
-from tests.support.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, api_write_counts  # noqa: E402
+from hack.devtools.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, api_write_counts  # noqa: E402
 
 NOT_DELETE = WRITE_VERBS - {"DELETE"}  # the namespace controller deletes earlier repeats' namespaces
 WATCHED = {"deployments", "services", "configmaps", "poddisruptionbudgets", "inferenceservices", "events"}

@@ -7,7 +7,7 @@
    for b = 1 … B (B = max batch size, 32), each the median over repeats of batches of b random
    held-out sentences. A least-squares fit s(b) = a + c·b gives the physical limit of a batching
    server X(B) = B / s(B) = B / (a + c·B) (DESIGN.md, "Benchmarks").
-2. A real ``kubeinfer-runtime serve`` process (``tests/support/runtime_proc.py``) gets open-loop
+2. A real ``kubeinfer-runtime serve`` process (``hack/devtools/runtime_proc.py``) gets open-loop
    Poisson load (seeded arrival times; one random held-out sentence per request, JSON input, binary
    output) at rising rates. The configurations run side by side in ONE process, switched through the
    watched config file (hot reload, verified on ``/metrics``), interleaved rate by rate so the
@@ -61,7 +61,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # for tests.support.runtime_proc
+    sys.path.insert(0, str(ROOT))  # for hack.devtools.runtime_proc
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -834,7 +834,7 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models.device import THREADS_ENV
 
-    from tests.support.runtime_proc import RuntimeProcess
+    from hack.devtools.runtime_proc import RuntimeProcess
 
     args = argparse.Namespace(**{**vars(args), "quantization": quantization})
     started = time.monotonic()

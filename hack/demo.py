@@ -69,8 +69,8 @@ from hack.cluster import (  # noqa: E402
     start,
     stop,
 )
+from hack.devtools.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config  # noqa: E402
 from hack.podnetwork import NODE_IP  # noqa: E402
-from tests.support.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config  # noqa: E402
 
 NAMESPACE = "demo"
 ISVC = "minilm"

@@ -5,7 +5,7 @@
   ``$KUBEINFER_TEST_KUBECONFIG`` when set. Fails with "run make setup" if the binaries are missing.
 - ``namespace`` (function): name of a fresh namespace (its ``default`` ServiceAccount exists),
   deleted after the test.
-- ``prometheus`` (function): a started :class:`tests.support.prom.PrometheusServer`, 1 s scrape
+- ``prometheus`` (function): a started :class:`hack.devtools.prom.PrometheusServer`, 1 s scrape
   interval, file_sd targets (``.set_targets``), stopped after the test.
 - ``prometheus_factory`` (function): ``factory(scrape_interval=1.0, **kwargs) -> PrometheusServer``
   (started); every server it made is stopped after the test.
@@ -17,7 +17,7 @@ the first deletion of a custom-resource owner after its CRD was created may take
 cascade (later ones are prompt). Pods never run on this control plane (no kubelet, no scheduler): the
 tests that need running pods are in tests/e2e, on a one-node cluster (tests/e2e/conftest.py).
 
-See the docstrings of tests/support/cluster.py and tests/support/prom.py for the APIs.
+See the docstrings of tests/support/cluster.py and hack/devtools/prom.py for the APIs.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from hack.cluster import DEFAULT_BIN_DIR, ClusterError, check_binaries, start, stop
+from hack.devtools.prom import PrometheusServer
 from tests.support.cluster import Cluster
-from tests.support.prom import PrometheusServer
 
 
 @pytest.fixture(scope="session")

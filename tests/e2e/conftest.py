@@ -26,9 +26,9 @@ import yaml
 
 from hack import images
 from hack.cluster import ClusterError, check_binaries, leftovers, start, stop
+from hack.devtools.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config
 from hack.podnetwork import NODE_IP
 from tests.support.cluster import Cluster, wait_until
-from tests.support.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeinfer"

@@ -39,9 +39,9 @@ import pytest
 import yaml
 from kubeinfer.operator.api import parse_duration
 
+from hack.devtools.prom import PrometheusServer
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE, runtime_pods
 from tests.support.cluster import Cluster, wait_until
-from tests.support.prom import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaled"

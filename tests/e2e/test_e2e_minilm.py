@@ -24,9 +24,9 @@ import pytest
 import tritonclient.http as httpclient
 from kubeinfer.operator.api import DEFAULT_IMAGE
 
+from hack.devtools.prom import PrometheusServer
 from tests.e2e.conftest import isvc_condition, runtime_pods, wait_isvc
 from tests.support.cluster import Cluster, wait_until
-from tests.support.prom import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "minilm"

@@ -25,9 +25,9 @@ import httpx
 import pytest
 import yaml
 
+from hack.devtools.prom import PrometheusServer
 from tests.e2e.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, runtime_pods
 from tests.support.cluster import Cluster, wait_until
-from tests.support.prom import PrometheusServer
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A denial as the operator, kopf or an HTTP client logs it (not any "403", e.g. a timestamp's ms).

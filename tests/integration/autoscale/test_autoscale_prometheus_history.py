@@ -26,7 +26,7 @@ from kubeinfer.operator.autoscale.signals import default_queries
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import start_http_server
 
-from tests.support.prom import PrometheusServer
+from hack.devtools.prom import PrometheusServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from tests.support.cluster import Cluster, wait_until
-from tests.support.operator_proc import TEST_ENV, OperatorProcess
 from tests.unit.chart.helm_render import CHART
 
 CRDS_DIR = CHART / "crds"

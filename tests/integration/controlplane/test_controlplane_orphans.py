@@ -31,7 +31,7 @@ def test_prometheus_dies_with_a_killed_parent(tmp_path: Path) -> None:
         import sys, time
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
-        from tests.support.prom import PrometheusServer
+        from hack.devtools.prom import PrometheusServer
         prom = PrometheusServer(Path({str(tmp_path)!r})).start()
         print(prom._proc.pid, flush=True)
         time.sleep(120)

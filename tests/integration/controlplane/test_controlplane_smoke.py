@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from hack.devtools.prom import PrometheusServer
 from tests.support.cluster import Cluster, KubectlError, wait_until
-from tests.support.prom import PrometheusServer
 
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",

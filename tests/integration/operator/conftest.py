@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from tests.support.cluster import Cluster, wait_until
-from tests.support.operator_proc import TEST_ENV, OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubeinfer.operator import api
 
+from hack.devtools.operator_proc import OperatorProcess
 from tests.support.cluster import Cluster, wait_until
-from tests.support.operator_proc import OperatorProcess
 
 
 def _closed_port() -> int:

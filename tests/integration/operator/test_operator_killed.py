@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from tests.integration.operator.test_operator_reconcile import _get, _isvc_manifest, _ready
 from tests.support.cluster import Cluster, wait_until
-from tests.support.operator_proc import TEST_ENV, OperatorProcess
 
 
 @pytest.fixture

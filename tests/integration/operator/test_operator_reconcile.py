@@ -16,8 +16,8 @@ from kubeinfer.operator.build import build_configmap, build_deployment, build_pd
 from kubeinfer.operator.reconcile import plan
 from kubeinfer.runtime.config import RuntimeConfig
 
+from hack.devtools.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, api_write_series, series_diff
 from tests.support.cluster import Cluster, wait_until
-from tests.support.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, api_write_series, series_diff
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kubeinfer.operator import api, rfc3339
 
+from hack.devtools.operator_proc import OperatorProcess
 from tests.support.cluster import Cluster, wait_until
 from tests.support.kstatus import compute as kstatus_compute
-from tests.support.operator_proc import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.runtime_proc import RuntimeProcess
-from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
+from hack.devtools.runtime_proc import RuntimeProcess
+from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
 INFER = "/v2/models/tiny/infer"
 

@@ -23,8 +23,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.support.runtime_proc import RuntimeConfig, RuntimeProcess
-from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
+from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
+from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -23,8 +23,8 @@ import tritonclient.http as httpclient
 from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.runtime_proc import RuntimeProcess
-from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
+from hack.devtools.runtime_proc import RuntimeProcess
+from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
 pytestmark = pytest.mark.timeout(300)
 

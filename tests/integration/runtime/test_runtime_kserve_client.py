@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from hack.devtools.runtime_proc import RuntimeProcess
+from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 from tests.support import kserve_client
-from tests.support.runtime_proc import RuntimeProcess
-from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
 pytestmark = pytest.mark.timeout(600)
 

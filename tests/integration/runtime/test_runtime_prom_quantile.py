@@ -11,7 +11,7 @@ import pytest
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import CollectorRegistry, start_http_server
 
-from tests.support.prom import PrometheusServer
+from hack.devtools.prom import PrometheusServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.support.runtime_proc import RuntimeConfig, RuntimeProcess
+from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""Pure helpers of hack/ (cluster, controlplane, pki, procs) and tests/support/prom.py: ports,
+"""Pure helpers of hack/ (cluster, controlplane, pki, procs) and hack/devtools/prom.py: ports,
 kubeconfigs, flags, configs."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from hack import cluster as hc
 from hack import controlplane as cp
 from hack import pki, procs
-from tests.support import prom
+from hack.devtools import prom
 
 
 def test_free_port_is_bindable_and_respects_exclude() -> None:

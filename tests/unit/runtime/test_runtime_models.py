@@ -21,7 +21,7 @@ from kubeinfer.runtime.models.huggingface import TextEmbeddingModel, heldout_pai
 from kubeinfer.runtime.models.quantize import QuantizationError
 from kubeinfer.runtime.models.torchscript import TorchScriptModel
 
-from tests.support.runtime_tiny import TORCHSCRIPT_IO, tiny_hf_config, tiny_hf_dir, tiny_torchscript
+from hack.devtools.runtime_tiny import TORCHSCRIPT_IO, tiny_hf_config, tiny_hf_dir, tiny_torchscript
 
 
 def texts(*items: bytes | str) -> np.ndarray:

@@ -17,7 +17,7 @@ from kubeinfer.runtime.models.quantize import (
 )
 from torch import nn
 
-from tests.support.runtime_tiny import tiny_hf_config, tiny_hf_dir
+from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
 CPU = torch.device("cpu")
 

@@ -2,7 +2,7 @@
 
 Plain class, usable outside pytest (the demo uses it)::
 
-    from tests.support.prom import PrometheusServer
+    from hack.devtools.prom import PrometheusServer
     with PrometheusServer(Path("/tmp/prom"), scrape_interval=1.0) as prom:
         prom.set_targets([("127.0.0.1:8081", {"namespace": "demo", "inferenceservice": "minilm"})])
         prom.wait_for_scrape("127.0.0.1:8081")

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tests.support.runtime_proc import RuntimeProcess, RuntimeConfig
+    from hack.devtools.runtime_proc import RuntimeProcess, RuntimeConfig
 
     cfg = RuntimeConfig.model_validate({"batching": {"max_batch_size": 8}})
     with RuntimeProcess(cfg) as rt:              # starts on a free port, waits until ready
