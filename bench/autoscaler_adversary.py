@@ -1,4 +1,4 @@
-"""Adversarial steps: the unseen trace that beats each controller's standing headroom (issue 10).
+"""Adversarial steps: the unseen trace that beats each controller's standing headroom.
 
     .venv/bin/python bench/autoscaler_adversary.py                  # every CSV in bench/traces/
     .venv/bin/python bench/autoscaler_adversary.py --traces DIR --out results.json
@@ -7,7 +7,7 @@
 FILE`` alone simulates the runtime as measured now, ``bench/results/runtime.json``, whose replicas are
 slower than the ones bench/traces/ was shaped for: pass ``--service-model`` for those.)
 
-Issue 10 asks for an autoscaler whose SLO attainment is at least the HPA-on-GPU's, at no more
+The autoscaler's target is an SLO attainment at least the HPA-on-GPU's, at no more
 replica-seconds, on every trace, including traces nobody tuned it on. A controller that is cheaper
 than the HPA stands, at some moments, with fewer replicas than the HPA has. This benchmark writes the
 unseen trace that finds such a moment: for each trace it runs ``kubeinfer`` and ``hpa_gpu`` (the same
@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autoscaler_sim as sim
 
 DEFAULT_OUT = sim.ROOT / "bench" / "results" / "autoscaler_adversary.json"
-#: The two controllers compared (issue 10's baseline is the HPA on GPU utilization).
+#: The two controllers compared (the autoscaler's baseline is the HPA on GPU utilization).
 PAIR = ("kubeinfer", "hpa_gpu")
 #: Ticks at the start of a trace that are not probed: the first cold start and the controllers'
 #: first reaction (the initial replica count is the same for both).

@@ -1,4 +1,4 @@
-"""Seeded discrete-event simulation of the autoscaler against HPA-style baselines (issues 4 and 10).
+"""Seeded discrete-event simulation of the autoscaler against HPA-style baselines.
 
     .venv/bin/python bench/autoscaler_sim.py                       # every CSV in bench/traces/
     .venv/bin/python bench/autoscaler_sim.py --trace FILE.csv      # one trace (repeatable)
@@ -53,8 +53,9 @@ Beside ``traces`` the JSON carries ``variants`` (kubeinfer's policy with a part 
 missing must be 0, and the controller acts again once it returns), ``restarts`` (kubeinfer's operator
 restarting half-way through compressed_day, with and without the arrival history read back),
 ``config``, ``tuned_on`` (the traces the policy's tunables were chosen on; the others are held out)
-and ``summary`` (the issue-10 targets per trace, with every miss stated). ``bench/results/autoscaler.md``
-gets the same table as printed.
+and ``summary`` (the autoscaler's targets per trace: SLO attainment and replica-seconds against
+HPA-on-GPU and the oracle, with every miss stated). ``bench/results/autoscaler.md`` gets the same
+table as printed.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ SERVICE_MODEL_FILE = "service_model.json"
 DEFAULT_A_SECONDS = 0.015
 DEFAULT_C_SECONDS = 0.0015
 CONTROLLERS = ("kubeinfer", "hpa_gpu", "hpa_p99", "fixed", "oracle")
-#: The traces kubeinfer's tunables were chosen on (issue 4's four); every other trace is held out.
+#: The traces kubeinfer's tunables were chosen on (the first four written); every other trace is held out.
 TUNED_ON = ("step", "ramp", "diurnal", "mmpp")
 #: Traces written after the policy's last change and run with it once: never seen in tuning.
 UNSEEN = ("canary_shift", "retry_leak", "heavy_tail_spikes")
@@ -928,8 +929,8 @@ def make_oracle(cfg: SimConfig, rates: np.ndarray) -> Controller:
     return tick
 
 
-#: kubeinfer's policy with a part switched off (``variants`` in the JSON): the control law before
-#: issue 10 (no SLO-capacity rule, no cold-start timeout, no burst headroom), the cold-start timeout
+#: kubeinfer's policy with a part switched off (``variants`` in the JSON): the reactive control law
+#: alone (no SLO-capacity rule, no cold-start timeout, no burst headroom), the cold-start timeout
 #: off, the burst headroom off (the capacity rule as of the second pass), the batch-timeout lever off
 #: (its bounds pinned to the start value), the hold of a level the traffic left suddenly off (pass 7).
 VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
@@ -1163,9 +1164,10 @@ def run_faults(cfg: SimConfig, traces: dict[str, Trace], seed: int) -> dict[str,
 def summarize(
     traces: dict[str, dict[str, dict[str, float]]], per_seed: dict[str, dict[str, list[float]]] | None = None
 ) -> dict[str, Any]:
-    """Issue 10's targets per trace, and the misses in words with their figures; with ``per_seed`` (each
-    seed's SLO attainment per trace and controller), on how many seeds kubeinfer's SLO attainment is at
-    least HPA-on-GPU's."""
+    """The autoscaler's targets per trace (SLO attainment and replica-seconds against HPA-on-GPU, SLO
+    0.99, at most 1.3x the oracle's replica-seconds), and the misses in words with their figures; with
+    ``per_seed`` (each seed's SLO attainment per trace and controller), on how many seeds kubeinfer's
+    SLO attainment is at least HPA-on-GPU's."""
     summary: dict[str, Any] = {}
     for name, rows in traces.items():
         k, h, o = rows["kubeinfer"], rows["hpa_gpu"], rows["oracle"]

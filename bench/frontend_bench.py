@@ -32,7 +32,7 @@ under a fixed load per encoding; the collapsed stacks are summarised as the shar
 stage (HTTP/gRPC stack, decode, validate, batcher, tokenize, model, encode, metrics) and the top
 self-time functions, in ``profile`` of the JSON. ``--no-profile`` skips it.
 
-Front-end processes (``server.httpWorkers``, issue 13 item 3): every runtime is measured with each
+Front-end processes (``server.httpWorkers``): every runtime is measured with each
 count of ``--workers`` (default ``1,2``) in the same run, one after the other: ``workers["1"]`` is the
 one-process runtime, ``workers["2"]`` two HTTP front-end processes in front of the model process (JSON
 and binary only: gRPC stays in the model process, so its figures would be the one-process ones).

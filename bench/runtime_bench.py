@@ -35,7 +35,7 @@ started before the load and interleaved with the others rate by rate, and s(b) f
 interleaved rounds: the thread counts side by side in one run (``by_threads``; the top level is the
 runtime's default count's).
 
-Targets (issue 13 item 5, 2-core CPU): batched max SLO rate ≥ 3× batching off and ≥ 85 % of X(B),
+Targets (2-core CPU): batched max SLO rate ≥ 3× batching off and ≥ 85 % of X(B),
 in fp32 (``none``) and ``int8-dynamic``; low-load P99 ≤ s(1) + 5 ms. Every mode in ``--quantization``
 runs in turn (``by_quantization``); the top-level figures are int8-dynamic's. The script reports what
 it measures; it never asserts them. Run time per mode is bounded by ``--budget`` (default 300 s) plus

@@ -1,5 +1,5 @@
-"""The kopf peering object and the chart, in both orders, with the real helm binary and API server
-(issue 9 item 5): an operator run locally first (it creates the peering object, without Helm's
+"""The kopf peering object and the chart, in both orders, with the real helm binary and API server:
+an operator run locally first (it creates the peering object, without Helm's
 ownership metadata) must not break a later ``helm install`` of the chart; a chart installed first
 must not keep a local operator from starting on its peering object."""
 

@@ -1,4 +1,4 @@
-"""Rollouts as GitOps tools read them, on the real API server and controller-manager (issue 9).
+"""Rollouts as GitOps tools read them, on the real API server and controller-manager.
 
 Pods get their status as a kubelet would set it (``kubectl patch --subresource=status``): Ready, or
 waiting in ImagePullBackOff. The ReplicaSet and Deployment controllers count them as in a cluster
