@@ -17,9 +17,12 @@ Steps (each printed with its elapsed time):
    probe) and the InferenceService says Ready; ``kubectl get pods -o wide`` shows the real pod;
 4. send real sentences through ``tritonclient.http`` to the Service's ClusterIP (kube-proxy) and
    print which pairs are paraphrases (cosine similarity of the embeddings);
-5. drive a load burst through the Service and print, every few seconds, the offered rate, P99 (from
-   Prometheus), the replicas and the batch timeout as the autoscaler acts, until the pod it adds is
-   Ready (``kubectl get pods -o wide`` again); then ``kubectl get kisvc`` and a summary;
+5. measure what one replica serves (a short closed-loop probe), wait with no load until the probe's
+   requests have left the autoscaler's window (else the warm phase's P99 counts them and the
+   autoscaler scales out before the burst), then drive a warm phase, a load burst and a cool phase
+   through the Service and print, every few seconds, the offered rate, P99 (from Prometheus), the
+   replicas and the batch timeout as the autoscaler acts; the burst goes on until the pod it adds
+   is Ready (``kubectl get pods -o wide`` again); then ``kubectl get kisvc`` and a summary;
 6. stop everything it started (pods, node, control plane, Prometheus) and check that nothing is left
    on the machine, also on Ctrl-C / SIGTERM.
 
@@ -94,6 +97,15 @@ DEMO_AUTOSCALING = {
 
 #: The operator's autoscaler period for the demo (chart value ``autoscaleIntervalSeconds``, default 15).
 AUTOSCALE_INTERVAL_SECONDS = 3
+#: The runtime pods' label selector in PromQL, as the autoscaler's default queries write it.
+SELECTOR = f'namespace="{NAMESPACE}",inferenceservice="{ISVC}"'
+#: The table's P99: the autoscaler's default P99 query over the demo's window.
+P99_QUERY = (
+    "histogram_quantile(0.99, sum by (le) (rate(kubeinfer_request_duration_seconds_bucket"
+    f"{{{SELECTOR}}}[{DEMO_AUTOSCALING['window']}])))"
+)
+#: The autoscaler's request rate over its window: 0 once the capacity probe's requests have left it.
+REQUEST_RATE_QUERY = f"sum(rate(kubeinfer_requests_total{{{SELECTOR}}}[{DEMO_AUTOSCALING['window']}]))"
 
 SENTENCES = [
     "The cat sat on the mat.",
@@ -117,6 +129,9 @@ LATE_SECONDS = 2.0
 #: The burst goes on (at most this many seconds past ``--burst-seconds``) until the pod the
 #: autoscaler added is Ready: a pod start (image, model load, quantization, warmup) takes ~45 s here.
 BURST_EXTENSION_SECONDS = 150.0
+#: How long past the autoscaler's window the demo waits, at most, for the capacity probe's requests
+#: to leave it (Prometheus scrapes every second; more means the scrapes are late).
+PROBE_CLEAR_MARGIN_SECONDS = 20.0
 
 
 def _seconds(duration: str) -> float:
@@ -131,6 +146,35 @@ def _seconds(duration: str) -> float:
 
 def say(msg: str = "") -> None:
     print(msg, flush=True)
+
+
+def wait_window_clear(
+    request_rate: Callable[[], float | None],
+    timeout: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    interval: float = 1.0,
+) -> float | None:
+    """Wait, sending nothing, until ``request_rate()`` (the autoscaler's request rate over its
+    window) reads 0 or no series: every request sent before has left the window, so the P99 the
+    autoscaler reads from then on is the next phase's alone. Returns the seconds waited, or None
+    when ``timeout`` passed first.
+
+    Why idle: while the probe's latencies are still in the window the P99 is over target, and only
+    with nothing in flight does the autoscaler read that as a drained backlog and hold; at the warm
+    phase's 5 requests/s it would scale out on the probe's own P99."""
+    t0 = clock()
+    while True:
+        try:
+            rate = request_rate()
+        except Exception:
+            rate = math.nan  # Prometheus did not answer: not known to be clear
+        if rate is None or rate == 0.0:
+            return clock() - t0
+        if clock() - t0 >= timeout:
+            return None
+        sleep(interval)
 
 
 def step(n: int, msg: str) -> None:
@@ -549,6 +593,8 @@ class Demo:
         assert self.prom is not None
         burst_rate = self._burst_rate()
         self.summary["burst_rate"] = burst_rate
+        if self.args.burst_rate is None:
+            self._let_probe_leave_window()
         say(
             f"  every request opens its own connection to {self.url}: kube-proxy balances connections,\n"
             "  so a pod the autoscaler adds gets its share as soon as it is Ready"
@@ -560,10 +606,7 @@ class Demo:
         ]
         load = _Load(f"http://{self.url}/v2/models/minilm/infer")
         self.summary["stats"] = load.stats
-        p99_query = (
-            "histogram_quantile(0.99, sum by (le) (rate(kubeinfer_request_duration_seconds_bucket"
-            f'{{namespace="{NAMESPACE}",inferenceservice="{ISVC}"}}[10s])))'
-        )
+        p99_query = P99_QUERY
         say(f"  P99 = {p99_query}")
         say(
             f"  {'t':>5} {'phase':<6} {'offered/s':>9} {'ok/s':>6} {'429':>4} {'late':>4} {'P99':>8} "
@@ -589,6 +632,25 @@ class Demo:
             f"(4 s closed-loop probe); the burst offers {BURST_FACTOR}x that: {burst_rate:.0f}/s"
         )
         return float(burst_rate)
+
+    def _let_probe_leave_window(self) -> None:
+        """Send nothing until the capacity probe's requests have left the autoscaler's window, so the
+        warm phase's P99 is the warm phase's (see ``wait_window_clear``)."""
+        assert self.prom is not None
+        prom = self.prom
+        window = DEMO_AUTOSCALING["window"]
+        say(
+            f"  no load until the probe's requests have left the autoscaler's {window} window\n"
+            "  (its P99 would otherwise count them during the warm phase)"
+        )
+        waited = wait_window_clear(
+            lambda: prom.query_value(REQUEST_RATE_QUERY),
+            _seconds(window) + PROBE_CLEAR_MARGIN_SECONDS,
+        )
+        if waited is None:
+            say(f"  the request rate over {window} did not reach 0 in time: the P99 may count the probe")
+        else:
+            say(f"  the window is clear after {waited:.0f}s")
 
     def _offer(
         self,
