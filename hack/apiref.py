@@ -4,8 +4,8 @@
 The CRD (``crds/inferenceservices.kubeinfer.io.yaml``, written by ``make crds`` from
 ``operator/api.py``) is what the API server validates against, so the reference is taken from it:
 every ``spec`` field with its type, default, validation and description, then the cross-field CEL
-rules. README.md embeds the output between ``<!-- apiref:begin -->`` and ``<!-- apiref:end -->``;
-``tests/unit/chart/test_chart_readme.py`` fails when they differ. Regenerate with::
+rules. docs/api.md embeds the output between ``<!-- apiref:begin -->`` and ``<!-- apiref:end -->``;
+``tests/unit/chart/test_chart_apiref.py`` fails when they differ. Regenerate with::
 
     .venv/bin/python hack/apiref.py --write
 """
@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "crds" / "inferenceservices.kubeinfer.io.yaml"
-README = ROOT / "README.md"
+API_DOC = ROOT / "docs" / "api.md"
 BEGIN, END = "<!-- apiref:begin -->", "<!-- apiref:end -->"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
 
@@ -159,23 +159,23 @@ def render(crd_path: Path = CRD) -> str:
     return "\n".join(out) + "\n"
 
 
-def splice(readme: str, body: str) -> str:
-    """Replace the text between the markers in ``readme`` with ``body``. Raises ValueError if absent."""
+def splice(doc: str, body: str) -> str:
+    """Replace the text between the markers in ``doc`` with ``body``. Raises ValueError if absent."""
     try:
-        head, rest = readme.split(BEGIN, 1)
+        head, rest = doc.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
     except ValueError as e:
-        raise ValueError(f"README.md lacks the {BEGIN} ... {END} markers") from e
+        raise ValueError(f"docs/api.md lacks the {BEGIN} ... {END} markers") from e
     return f"{head}{BEGIN}\n{body}{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="update README.md in place")
+    ap.add_argument("--write", action="store_true", help="update docs/api.md in place")
     args = ap.parse_args(argv)
     body = render()
     if args.write:
-        README.write_text(splice(README.read_text(), body))
+        API_DOC.write_text(splice(API_DOC.read_text(), body))
     else:
         sys.stdout.write(body)
     return 0

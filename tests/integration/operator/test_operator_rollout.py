@@ -7,7 +7,7 @@ with nodes. Checked: ``Ready`` false during a rollout and true after it; a broke
 mid-rollout (``updatedReady`` "0/1" while ``replicas`` is 2); kstatus's reading of the object
 (Reconciling/Stalled/observedGeneration); Events Normal for a healthy start and rollout, Warning for
 the fault only; AutoscalingActive and ``status.observed`` gone after autoscaling is turned off; and
-the README's Argo CD health check (Lua, run with lupa) on these objects in each state.
+the Argo CD health check of docs/status-and-gitops.md (Lua, run with lupa) on these objects in each state.
 """
 
 from __future__ import annotations
@@ -130,15 +130,18 @@ def kstatus(obj: dict[str, Any]) -> str:
 
 
 def argocd_health_script() -> str:
-    """The Lua health check of README's "Argo CD health check" section (its only ```lua block)."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```lua\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) == 1, "README must carry exactly one ```lua block: the Argo CD health check"
+    """The Lua health check of docs/status-and-gitops.md's "Argo CD health check" section (its only
+    ```lua block)."""
+    doc = (ROOT / "docs" / "status-and-gitops.md").read_text()
+    blocks = re.findall(r"```lua\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) == 1, (
+        "docs/status-and-gitops.md must carry exactly one ```lua block: the Argo CD health check"
+    )
     return blocks[0]
 
 
 def argocd_health(obj: dict[str, Any]) -> dict[str, str]:
-    """Run the README's script as Argo CD does: the object in the global ``obj``, the script's
+    """Run the documented script as Argo CD does: the object in the global ``obj``, the script's
     return value the health (``status``, ``message``)."""
     lupa = pytest.importorskip("lupa")
     lua = lupa.LuaRuntime(unpack_returned_tuples=True)

@@ -1,6 +1,6 @@
-"""README's Argo CD health check (its ```lua block), run with a Lua interpreter (lupa) on the status
-the operator computes in each state; the same script runs against the API server's objects in
-tests/integration/operator/test_operator_rollout.py."""
+"""The Argo CD health check of docs/status-and-gitops.md (its ```lua block), run with a Lua
+interpreter (lupa) on the status the operator computes in each state; the same script runs against
+the API server's objects in tests/integration/operator/test_operator_rollout.py."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from kubeinfer.operator.reconcile import plan
 from tests.unit.operator.test_operator_health import deployment, health, pod, replicaset
 
 lupa = pytest.importorskip("lupa")
-README = Path(__file__).resolve().parents[3] / "README.md"
+GITOPS_DOC = Path(__file__).resolve().parents[3] / "docs" / "status-and-gitops.md"
 
 
 def argocd(obj: dict[str, Any]) -> tuple[str, str]:
-    (script,) = re.findall(r"```lua\n(.*?)```", README.read_text(), flags=re.S)
+    (script,) = re.findall(r"```lua\n(.*?)```", GITOPS_DOC.read_text(), flags=re.S)
     lua = lupa.LuaRuntime(unpack_returned_tuples=True)
     lua.globals().obj = lua.table_from(obj, recursive=True)
     hs = lua.execute(script)

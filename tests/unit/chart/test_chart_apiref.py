@@ -1,15 +1,17 @@
-"""README.md's InferenceService reference is the one generated from the CRD (hack/apiref.py)."""
+"""docs/api.md's InferenceService reference is the one generated from the CRD (hack/apiref.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hack.apiref import BEGIN, END, README, render, splice
+from hack.apiref import API_DOC, BEGIN, END, render, splice
 
 
-def test_chart_readme_field_reference_matches_the_crd() -> None:
-    text = README.read_text()
-    assert splice(text, render()) == text, "README.md is stale: run `.venv/bin/python hack/apiref.py --write`"
+def test_chart_api_doc_field_reference_matches_the_crd() -> None:
+    text = API_DOC.read_text()
+    assert splice(text, render()) == text, (
+        "docs/api.md is stale: run `.venv/bin/python hack/apiref.py --write`"
+    )
 
 
 def test_chart_apiref_covers_every_spec_field() -> None:
