@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, RuntimeConfig
+from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
 
 log = logging.getLogger("kubeinfer.runtime")
@@ -108,18 +109,6 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     server = RuntimeServer(cfg, config_path=args.config, overrides=overrides_from(args))
     await server.start()
     return await server.wait()
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (a dependency; libuv's loop costs the serving path
-    less CPU per request than asyncio's, and the event loop shares the cores with torch), else
-    ``None`` (asyncio's default loop)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 def main(argv: Sequence[str] | None = None) -> int:

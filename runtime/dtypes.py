@@ -1,7 +1,8 @@
 """Open Inference Protocol datatypes: one table of what each one is in numpy and in torch.
 
 Every other table of datatypes in the runtime reads from ``DATATYPES``: the protocol codec
-(``kubeinfer.runtime.protocol``: decoding, encoding, ``datatype_of``), the input checks of
+(``kubeinfer.runtime.protocol``: decoding, encoding, ``datatype_of``), the gRPC transport's typed
+contents (``kubeinfer.runtime.grpc_server``), the input checks of
 ``ServableModel.validate`` (``kubeinfer.runtime.models.base``) and the TorchScript loader's casts
 (``kubeinfer.runtime.models.torchscript``).
 
@@ -64,6 +65,9 @@ class DatatypeInfo:
             float32: ``torch.Tensor.numpy()`` has no bfloat16).
         declarable: a model may declare an input or output of this datatype
             (``kubeinfer.runtime.config.Datatype``).
+        contents: the gRPC ``InferTensorContents`` field that holds its values when a request sends
+            them typed rather than in ``raw_input_contents``, or None where the protocol has none
+            (FP16, BF16: raw only).
     """
 
     numpy: np.dtype[Any]
@@ -71,31 +75,36 @@ class DatatypeInfo:
     torch: str | None
     host: np.dtype[Any]
     declarable: bool
+    contents: str | None = None
 
 
-def _plain(dtype: Any, torch_name: str | None, *, declarable: bool = True) -> DatatypeInfo:
+def _plain(
+    dtype: Any, torch_name: str | None, contents: str | None, *, declarable: bool = True
+) -> DatatypeInfo:
     dt = np.dtype(dtype)
-    return DatatypeInfo(dt, (dt.name,), torch_name, dt, declarable)
+    return DatatypeInfo(dt, (dt.name,), torch_name, dt, declarable, contents)
 
 
 #: Every protocol datatype, in the protocol's order (error messages list them in this order).
 DATATYPES: dict[str, DatatypeInfo] = {
-    "BOOL": _plain(np.bool_, "bool"),
-    "UINT8": _plain(np.uint8, "uint8"),
-    "UINT16": _plain(np.uint16, None, declarable=False),
-    "UINT32": _plain(np.uint32, None, declarable=False),
-    "UINT64": _plain(np.uint64, None, declarable=False),
-    "INT8": _plain(np.int8, "int8"),
-    "INT16": _plain(np.int16, "int16"),
-    "INT32": _plain(np.int32, "int32"),
-    "INT64": _plain(np.int64, "int64"),
-    "FP16": _plain(np.float16, "float16"),
+    "BOOL": _plain(np.bool_, "bool", "bool_contents"),
+    "UINT8": _plain(np.uint8, "uint8", "uint_contents"),
+    "UINT16": _plain(np.uint16, None, "uint_contents", declarable=False),
+    "UINT32": _plain(np.uint32, None, "uint_contents", declarable=False),
+    "UINT64": _plain(np.uint64, None, "uint64_contents", declarable=False),
+    "INT8": _plain(np.int8, "int8", "int_contents"),
+    "INT16": _plain(np.int16, "int16", "int_contents"),
+    "INT32": _plain(np.int32, "int32", "int_contents"),
+    "INT64": _plain(np.int64, "int64", "int64_contents"),
+    "FP16": _plain(np.float16, "float16", None),
     "BF16": DatatypeInfo(
         np.dtype(ml_dtypes.bfloat16), ("bfloat16", "float32"), "bfloat16", np.dtype(np.float32), True
     ),
-    "FP32": _plain(np.float32, "float32"),
-    "FP64": _plain(np.float64, "float64"),
-    "BYTES": DatatypeInfo(np.dtype(object), ("object", "bytes"), None, np.dtype(object), True),
+    "FP32": _plain(np.float32, "float32", "fp32_contents"),
+    "FP64": _plain(np.float64, "float64", "fp64_contents"),
+    "BYTES": DatatypeInfo(
+        np.dtype(object), ("object", "bytes"), None, np.dtype(object), True, "bytes_contents"
+    ),
 }
 
 #: numpy dtype of each protocol datatype (``DATATYPES[name].numpy``).

@@ -15,10 +15,13 @@ processes (``kubeinfer.runtime.frontend``) and answers their messages (``kubeinf
   waits for them (SIGKILL after ``timeout``), closes the ROUTER. ``RuntimeServer`` calls it after its
   drain, so every queued request has its reply by then.
 
-Answers (``handle``): ``infer`` -> the batcher (same checks and errors as ``RuntimeServer.infer``; the
-request's remaining ``timeout`` from ``ipc.remaining_timeout_us``), counted in the model process's
-metrics (request duration from the front end's receipt to the reply); ``status`` -> readiness and
-model metadata; ``metrics`` -> the exposition; ``count`` -> a response a front end gave itself.
+The IPC endpoint (``handle``) is a transport like REST and gRPC: it decodes a front end's message,
+calls the model process's data plane (``kubeinfer.runtime.dataplane.DataPlane``) and encodes the
+answer. ``infer`` -> ``DataPlane.infer`` (the same admission, validation, deadline, metrics and errors
+as a request served in this process; its duration counts from the front end's receipt);
+``status`` -> readiness; ``model`` -> model metadata, ``model_ready`` -> model readiness (errors such as
+404 cross as ``Header.error``); ``metrics`` -> the exposition; ``count`` -> an outcome a front end
+decided itself (``DataPlane.count``).
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubeinfer.runtime import ipc
-from kubeinfer.runtime.errors import HTTPError, InferenceError
+from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.dataplane import DataPlane, InferCall
+from kubeinfer.runtime.errors import HTTPError
 
 if TYPE_CHECKING:
     import zmq
-    from kubeinfer.runtime.server import RuntimeServer
 
 log = logging.getLogger("kubeinfer.runtime.frontend_pool")
 
@@ -85,15 +89,17 @@ class _Slot:
 
 
 class FrontEndPool:
-    """The front-end processes of one ``RuntimeServer`` and the IPC endpoint they talk to.
+    """The front-end processes of one model process and the IPC endpoint they talk to.
 
     Args:
-        server: the model process's server (its batcher, model, metrics, readiness).
+        plane: the model process's data plane (what the endpoint answers with; its metrics).
+        cfg: the runtime configuration (each front end gets it, with the real port).
         workers: how many front ends (``server.http_workers``).
     """
 
-    def __init__(self, server: RuntimeServer, workers: int) -> None:
-        self.server = server
+    def __init__(self, plane: DataPlane, cfg: RuntimeConfig, workers: int) -> None:
+        self.plane = plane
+        self.cfg = cfg
         self.workers = workers
         self.address = f"ipc://@kubeinfer-{os.getpid()}-{secrets.token_hex(6)}"
         self.port = 0
@@ -114,7 +120,7 @@ class FrontEndPool:
     async def start(self) -> int:
         """Reserve the port, start the endpoint and the front ends, wait for their ``hello``. Returns the
         HTTP port. Raises ``RuntimeError`` if a front end does not come up in time."""
-        cfg = self.server.cfg
+        cfg = self.cfg
         self._reserved = reserve_port(cfg.server.host, cfg.server.port)
         self.port = self._reserved.getsockname()[1]
         self._endpoint = ipc.ModelEndpoint(self.address, self.handle)
@@ -136,7 +142,7 @@ class FrontEndPool:
         return self.port
 
     def _spawn(self, slot: _Slot) -> None:
-        cfg = self.server.cfg.model_copy(deep=True)
+        cfg = self.cfg.model_copy(deep=True)
         cfg.server.port = self.port
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         cmd = [sys.executable, "-m", "kubeinfer.runtime.frontend", "--ipc", self.address]
@@ -164,9 +170,7 @@ class FrontEndPool:
                 if time.monotonic() - slot.started < RESTART_INTERVAL_SECONDS:
                     continue
                 slot.restarts += 1
-                self.server.metrics.frontend_restarts.labels(
-                    self.server.cfg.model.name, str(slot.index)
-                ).inc()
+                self.plane.metrics.frontend_restarts.labels(self.cfg.model.name, str(slot.index)).inc()
                 log.warning(
                     "front end %d (pid %d) exited with %s; starting it again (restart %d)",
                     slot.index,
@@ -227,17 +231,23 @@ class FrontEndPool:
     async def handle(
         self, header: ipc.Header, frames: list[zmq.Frame]
     ) -> tuple[ipc.Header, Sequence[Any]] | None:
-        """Answer one message from a front end (``ipc.Handler``)."""
+        """Answer one message from a front end (``ipc.Handler``). Raises ``InferenceError`` (sent back
+        as ``Header.error``)."""
         op = header.op
+        plane = self.plane
         if op == "infer":
             return await self._infer(header, frames)
-        server = self.server
         if op == "status":
-            return ipc.Header(op="reply", info=server.status_info()), []
+            return ipc.Header(op="reply", info={"reason": await plane.readiness()}), []
+        if op == "model":
+            return ipc.Header(op="reply", info=await plane.model_metadata(header.model, header.version)), []
+        if op == "model_ready":
+            await plane.model_ready(header.model, header.version)
+            return ipc.Header(op="reply"), []
         if op == "metrics":
-            return ipc.Header(op="reply"), [server.metrics.exposition()]
+            return ipc.Header(op="reply"), [await plane.metrics_text()]
         if op == "count":
-            server.metrics.count_request(header.code, header.seconds)
+            plane.count(header.code, header.seconds)
         elif op == "hello":
             self._hello[header.code] = header.pid
             self._hello_changed.set()
@@ -246,24 +256,10 @@ class FrontEndPool:
         return None
 
     async def _infer(self, header: ipc.Header, frames: list[zmq.Frame]) -> tuple[ipc.Header, Sequence[Any]]:
-        server = self.server
-        server.metrics.inflight.inc()
-        status = 500
-        try:
-            batcher = server.batcher
-            if server.draining or batcher is None:
-                raise HTTPError(
-                    "shutting down" if server.draining else f"model '{server.model_name}' is not ready", 503
-                )
+        async def decode() -> InferCall:
             inputs = ipc.decode_tensors(header.tensors, frames)
-            timeout_us = ipc.remaining_timeout_us(header.timeout_us, header.received, time.monotonic())
-            outputs = await batcher.infer(inputs, priority=header.priority, timeout_us=timeout_us)
-            specs, out = ipc.encode_tensors(outputs)
-            status = 200
-            return ipc.Header(op="reply", tensors=specs), out
-        except InferenceError as exc:
-            status = exc.status
-            raise
-        finally:
-            server.metrics.inflight.dec()
-            server.metrics.count_request(status, max(0.0, time.monotonic() - header.received))
+            return InferCall(inputs, header.outputs, header.priority, header.timeout_us)
+
+        outputs = await self.plane.infer(header.received, header.model, header.version, decode)
+        specs, out = ipc.encode_tensors(outputs)
+        return ipc.Header(op="reply", tensors=specs), out

@@ -1,9 +1,10 @@
 """The gRPC front end: the Open Inference Protocol's ``inference.GRPCInferenceService``.
 
 Served on its own port (``server.grpc_port``, ``--grpc-port``, default 8081) by grpcio's asyncio
-server (``grpc.aio``) on the runtime's event loop, sharing the HTTP front end's state
-(``RuntimeServer``: model, batcher, readiness, metrics), so batching, priorities, queue limits and
-the drain apply to both. The message and service classes are the ones ``tritonclient[grpc]`` ships
+server (``grpc.aio``) on the runtime's event loop. A transport over the data plane
+(``kubeinfer.runtime.dataplane``), like REST: it decodes the protobuf messages, calls the plane and
+encodes its answers, so admission, validation, batching, priorities, queue limits, metrics and the
+drain are the same for both. The message and service classes are the ones ``tritonclient[grpc]`` ships
 (``tritonclient.grpc.service_pb2`` / ``service_pb2_grpc``, generated from Triton's
 ``grpc_service.proto``, a superset of KServe's ``open_inference_grpc.proto`` with the same package
 and field numbers): ``tritonclient.grpc`` and KServe's gRPC client work unchanged.
@@ -28,22 +29,18 @@ count gRPC requests with the REST status code, so one ``kubeinfer_requests_total
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import numpy as np
-from kubeinfer.runtime.dtypes import NUMPY_DTYPES
+from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane
+from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
-from kubeinfer.runtime.protocol import deserialize_bytes, serialize_bytes
+from kubeinfer.runtime.protocol import raw_buffer, tensor_from_raw
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-if TYPE_CHECKING:
-    from kubeinfer.runtime.server import RuntimeServer
-
-log = logging.getLogger("kubeinfer.runtime.grpc")
+log = logging.getLogger("kubeinfer.runtime.grpc_server")
 
 #: REST status -> gRPC status code.
 STATUS_CODES: dict[int, grpc.StatusCode] = {
@@ -56,24 +53,6 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
-#: ``InferTensorContents`` field holding each datatype's values (the typed, non-raw input form).
-CONTENTS_FIELDS: dict[str, str] = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-
-_LITTLE_ENDIAN = sys.byteorder == "little"
-
 
 def _param(params: Any, key: str) -> Any:
     """The value of a request's ``InferParameter`` ``key`` (None if absent)."""
@@ -83,26 +62,10 @@ def _param(params: Any, key: str) -> Any:
     return None if which is None else getattr(params[key], which)
 
 
-def _tensor_from_raw(name: str, datatype: str, shape: list[int], raw: bytes) -> np.ndarray:
-    """A tensor from its raw little-endian bytes. Raises ``ProtocolError`` if the sizes disagree."""
-    count = int(np.prod(shape)) if shape else 1
-    if datatype == "BYTES":
-        return deserialize_bytes(raw, count, name).reshape(shape)
-    dtype = NUMPY_DTYPES[datatype]
-    expected = count * dtype.itemsize
-    if len(raw) != expected:
-        raise ProtocolError(
-            f"input tensor '{name}': {datatype} shape {shape} needs {expected} bytes of raw_input_contents, "
-            f"got {len(raw)}",
-            tensor=name,
-        )
-    array = np.frombuffer(raw, dtype=dtype if _LITTLE_ENDIAN else dtype.newbyteorder("<"))
-    return array.astype(dtype, copy=False).reshape(shape)
-
-
 def _tensor_from_contents(name: str, datatype: str, shape: list[int], contents: Any) -> np.ndarray:
-    """A tensor from the typed ``InferTensorContents``. Raises ``ProtocolError``."""
-    field = CONTENTS_FIELDS.get(datatype)
+    """A tensor from the typed ``InferTensorContents`` (``DatatypeInfo.contents`` names the field).
+    Raises ``ProtocolError``."""
+    field = DATATYPES[datatype].contents
     if field is None:
         raise ProtocolError(
             f"input tensor '{name}': datatype {datatype} can only be sent in raw_input_contents",
@@ -129,7 +92,8 @@ def _tensor_from_contents(name: str, datatype: str, shape: list[int], contents: 
 
 
 def decode_infer_request(request: Any) -> dict[str, np.ndarray]:
-    """The input tensors of a ``ModelInferRequest`` by name.
+    """The input tensors of a ``ModelInferRequest`` by name: from ``raw_input_contents`` (the raw
+    layout, ``protocol.tensor_from_raw``) or the typed ``contents``.
 
     Raises:
         ProtocolError: unknown datatype, bad shape, a duplicate input, raw contents that do not match
@@ -151,7 +115,7 @@ def decode_infer_request(request: Any) -> dict[str, np.ndarray]:
         if datatype not in NUMPY_DTYPES:
             raise ProtocolError(
                 f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
-                name,
+                tensor=name,
             )
         shape = [int(d) for d in tensor.shape]
         if any(d < 0 for d in shape):
@@ -161,171 +125,121 @@ def decode_infer_request(request: Any) -> dict[str, np.ndarray]:
                 f"input tensor '{name}': shared memory is not supported by this server", tensor=name
             )
         if raw:
-            inputs[name] = _tensor_from_raw(name, datatype, shape, raw[i])
+            inputs[name] = tensor_from_raw(name, datatype, shape, raw[i], f"raw_input_contents[{i}]")
         else:
             inputs[name] = _tensor_from_contents(name, datatype, shape, tensor.contents)
     return inputs
 
 
-def raw_bytes(array: np.ndarray, datatype: str) -> bytes:
-    """The raw little-endian bytes of an output (BYTES length-prefixed), cast to ``datatype``."""
-    if datatype == "BYTES":
-        return serialize_bytes(array)
-    dtype = NUMPY_DTYPES[datatype]
-    if not _LITTLE_ENDIAN:
-        dtype = dtype.newbyteorder("<")
-    return np.ascontiguousarray(array, dtype=dtype).tobytes()
+def queue_parameters(request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, Any]:
+    """``priority`` and ``timeout`` (microseconds) of a request; the gRPC deadline when it sets no
+    ``timeout``. Raises ``ProtocolError`` for a boolean value."""
+    params = request.parameters
+    priority = _param(params, "priority")
+    timeout_us = _param(params, "timeout")
+    if isinstance(priority, bool) or isinstance(timeout_us, bool):
+        raise ProtocolError("parameters 'priority' and 'timeout' must be integers")
+    if timeout_us is None:
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout_us = max(1, int(remaining * 1e6))
+    return priority, timeout_us
+
+
+def _tensors(specs: list[dict[str, Any]]) -> list[Any]:
+    return [
+        service_pb2.ModelMetadataResponse.TensorMetadata(
+            name=s["name"], datatype=s["datatype"], shape=list(s["shape"])
+        )
+        for s in specs
+    ]
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """``inference.GRPCInferenceService`` over a ``RuntimeServer``'s model and batcher."""
+    """``inference.GRPCInferenceService`` over a data plane (``dataplane.Plane``)."""
 
-    def __init__(self, server: RuntimeServer) -> None:
-        self.server = server
+    def __init__(self, plane: Plane) -> None:
+        self.plane = plane
+
+    @staticmethod
+    async def _abort(context: grpc.aio.ServicerContext, exc: InferenceError) -> Any:
+        await context.abort(STATUS_CODES.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
 
     # ----- health and metadata ---------------------------------------------------------------------
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return service_pb2.ServerLiveResponse(live=True)
+        return service_pb2.ServerLiveResponse(live=await self.plane.liveness() is None)
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return service_pb2.ServerReadyResponse(ready=self.server.ready)
+        return service_pb2.ServerReadyResponse(ready=await self.plane.readiness() is None)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self._check_model(request.name, request.version, context)
-        return service_pb2.ModelReadyResponse(ready=self.server.ready)
+        try:
+            await self.plane.model_ready(request.name, request.version)
+        except InferenceError as exc:
+            if exc.status != 503:
+                return await self._abort(context, exc)
+            return service_pb2.ModelReadyResponse(ready=False)
+        return service_pb2.ModelReadyResponse(ready=True)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        from kubeinfer.runtime.server import SERVER_NAME, SERVER_VERSION
-
-        return service_pb2.ServerMetadataResponse(
-            name=SERVER_NAME, version=SERVER_VERSION, extensions=["binary_tensor_data"]
-        )
+        return service_pb2.ServerMetadataResponse(**SERVER_METADATA)
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        from kubeinfer.runtime.server import MODEL_VERSION
-
-        await self._check_model(request.name, request.version, context)
-        model = self.server.model
-        if model is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"model '{self.server.model_name}' is loading")
-        assert model is not None
-
-        def tensors(specs: Sequence[Any]) -> list[Any]:
-            return [
-                service_pb2.ModelMetadataResponse.TensorMetadata(
-                    name=s.name, datatype=s.datatype, shape=list(s.shape)
-                )
-                for s in specs
-            ]
-
-        return service_pb2.ModelMetadataResponse(
-            name=model.name,
-            versions=[MODEL_VERSION],
-            platform="pytorch",
-            inputs=tensors(model.inputs),
-            outputs=tensors(model.outputs),
-        )
-
-    async def _check_model(self, name: str, version: str, context: grpc.aio.ServicerContext) -> None:
         try:
-            self._model_known(name, version)
+            doc = await self.plane.model_metadata(request.name, request.version)
         except InferenceError as exc:
-            await context.abort(STATUS_CODES[exc.status], str(exc))
-
-    def _model_known(self, name: str, version: str) -> None:
-        from kubeinfer.runtime.server import MODEL_VERSION
-
-        if name != self.server.model_name:
-            raise InferenceError(
-                f"unknown model '{name}'; this server serves '{self.server.model_name}'", 404
-            )
-        if version not in ("", MODEL_VERSION):
-            raise InferenceError(
-                f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404
-            )
+            return await self._abort(context, exc)
+        return service_pb2.ModelMetadataResponse(
+            name=doc["name"],
+            versions=doc["versions"],
+            platform=doc["platform"],
+            inputs=_tensors(doc["inputs"]),
+            outputs=_tensors(doc["outputs"]),
+        )
 
     # ----- inference -------------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Decode, queue on the shared batcher, answer raw outputs; every outcome in the metrics."""
-        metrics = self.server.metrics
-        t0 = time.perf_counter()
-        metrics.inflight.inc()
-        status, message = 500, ""
+        """Decode, call the plane, answer raw outputs (every outcome counted by the plane)."""
+        received = time.monotonic()
+        plane = self.plane
+
+        async def decode() -> InferCall:
+            inputs = decode_infer_request(request)
+            priority, timeout_us = queue_parameters(request, context)
+            return InferCall(inputs, [o.name for o in request.outputs], priority, timeout_us)
+
         try:
-            response = await self._infer(request, context)
-            status = 200
-            return response
+            outputs = await plane.infer(received, request.model_name, request.model_version, decode)
         except InferenceError as exc:
-            status, message = exc.status, exc.message
-        except Exception as exc:  # the process never dies on a request
-            log.exception("gRPC infer failed")
-            message = f"internal error: {type(exc).__name__}: {exc}"
-        finally:
-            metrics.inflight.dec()
-            metrics.count_request(status, time.perf_counter() - t0)
-        await context.abort(STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), message)
-
-    async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        from kubeinfer.runtime.server import MODEL_VERSION
-
-        server = self.server
-        self._model_known(request.model_name, request.model_version)
-        batcher, model = server.batcher, server.model
-        if server.draining or batcher is None or model is None:
-            message = "shutting down" if server.draining else f"model '{server.model_name}' is not ready"
-            raise InferenceError(message, 503)
-        inputs = decode_infer_request(request)
-        declared = {s.name: s.datatype for s in model.outputs}
-        names = [o.name for o in request.outputs] or list(declared)
-        for name in names:
-            if name not in declared:
-                raise ProtocolError(
-                    f"unknown output '{name}' requested; model '{model.name}' has: {', '.join(declared)}"
-                )
-        priority, timeout_us = self._queue_parameters(request, context)
-        outputs = await batcher.infer(inputs, priority=priority, timeout_us=timeout_us)
+            return await self._abort(context, exc)
         response = service_pb2.ModelInferResponse(
-            model_name=model.name, model_version=MODEL_VERSION, id=request.id
+            model_name=plane.model_name, model_version=MODEL_VERSION, id=request.id
         )
-        for name in names:
-            array = outputs[name]
+        for name, array in outputs.items():
+            datatype = datatype_of(array)
             tensor = response.outputs.add()
-            tensor.name, tensor.datatype = name, declared[name]
+            tensor.name, tensor.datatype = name, datatype
             tensor.shape.extend(array.shape)
-            response.raw_output_contents.append(raw_bytes(array, declared[name]))
+            response.raw_output_contents.append(bytes(raw_buffer(array, datatype)))
         return response
 
-    @staticmethod
-    def _queue_parameters(request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, Any]:
-        """``priority`` and ``timeout`` (microseconds) of a request; the gRPC deadline when it sets no
-        ``timeout``."""
-        params = request.parameters
-        priority = _param(params, "priority")
-        timeout_us = _param(params, "timeout")
-        if isinstance(priority, bool) or isinstance(timeout_us, bool):
-            raise ProtocolError("parameters 'priority' and 'timeout' must be integers")
-        if timeout_us is None:
-            remaining = context.time_remaining()
-            if remaining is not None:
-                timeout_us = max(1, int(remaining * 1e6))
-        return priority, timeout_us
 
-
-def create_grpc_server(server: RuntimeServer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """A ``grpc.aio`` server with the inference service on ``host:port`` (0 = any free port), not
-    started; returns it and the bound port. Messages up to 4 x ``limits.max_request_bytes``.
+def create_grpc_server(
+    plane: Plane, host: str, port: int, max_message_bytes: int
+) -> tuple[grpc.aio.Server, int]:
+    """A ``grpc.aio`` server with the inference service over ``plane`` on ``host:port`` (0 = any free
+    port), not started; returns it and the bound port. Messages up to ``max_message_bytes``.
 
     Call it, then ``await grpc_server.start()``, on the running event loop. Raises ``RuntimeError``
     when the port cannot be bound."""
-    limit = 4 * server.cfg.limits.max_request_bytes
     grpc_server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server), grpc_server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), grpc_server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = grpc_server.add_insecure_port(address)
     if not bound:

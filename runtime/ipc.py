@@ -17,11 +17,14 @@ tensor extension's layout (each element a 4-byte little-endian length, then the 
 
 Operations (``Header.op``), front end -> model process:
 
-- ``infer``: tensors, ``priority`` and ``timeout_us`` as the request sent them (the batcher validates
-  them), ``received`` (``time.monotonic()`` when the front end got the request; CLOCK_MONOTONIC is one
+- ``infer``: ``model`` and ``version`` as the request named them, tensors, the requested ``outputs``,
+  ``priority`` and ``timeout_us`` as the request sent them (the data plane judges them all),
+  ``received`` (``time.monotonic()`` when the front end got the request; CLOCK_MONOTONIC is one
   clock for every process of the machine): the request's deadline travels with it
-  (``remaining_timeout_us``). Reply: the output tensors, or ``error``.
-- ``status``: reply ``info`` = ``{"ready": bool, "reason": str, "metadata": model metadata or None}``.
+  (``dataplane.remaining_timeout_us``). Reply: the output tensors, or ``error``.
+- ``status``: reply ``info`` = ``{"reason": None when ready, else why not}``.
+- ``model`` / ``model_ready``: ``model``, ``version``; reply ``info`` = the model metadata / nothing,
+  or ``error`` (404 unknown model, 503 loading or not ready).
 - ``metrics``: reply frame 1 = the Prometheus exposition of the model process (one ``/metrics`` for the
   pod: the front ends proxy it).
 - ``count``: a response the front end gave itself (bad request, unknown model): ``code``, ``seconds``;
@@ -44,9 +47,10 @@ from typing import Any
 import msgspec
 import numpy as np
 import zmq
-from kubeinfer.runtime.dtypes import DATATYPES, datatype_of
+from kubeinfer.runtime.dataplane import remaining_timeout_us as remaining_timeout_us
+from kubeinfer.runtime.dtypes import datatype_of
 from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
-from kubeinfer.runtime.protocol import deserialize_bytes, serialize_bytes
+from kubeinfer.runtime.protocol import raw_buffer, tensor_from_raw
 
 log = logging.getLogger("kubeinfer.runtime.ipc")
 
@@ -76,7 +80,10 @@ class Header(msgspec.Struct, omit_defaults=True):
 
     op: str = ""
     id: int = 0
+    model: str = ""
+    version: str = ""
     tensors: list[TensorSpec] = msgspec.field(default_factory=list)
+    outputs: list[str] = msgspec.field(default_factory=list)
     priority: Any = None
     timeout_us: Any = None
     received: float = 0.0
@@ -108,47 +115,29 @@ def _view(frame: Buffer) -> memoryview:
 def encode_tensors(tensors: Mapping[str, np.ndarray]) -> tuple[list[TensorSpec], list[Buffer]]:
     """Specs and frames of ``tensors`` (name -> array of a protocol datatype; BYTES as object arrays).
 
-    Numeric arrays are sent as themselves (C-contiguous, little-endian: a copy only if they are not
-    already), BYTES as one length-prefixed buffer. Raises ``ValueError`` for an array of no protocol
-    datatype."""
+    Each frame is the tensor's raw layout (``protocol.raw_buffer``): a numeric array is sent as itself
+    when it is C-contiguous and little-endian (else as a copy that is), BYTES as one length-prefixed
+    buffer. Raises ``ValueError`` for an array of no protocol datatype."""
     specs: list[TensorSpec] = []
     frames: list[Buffer] = []
     for name, array in tensors.items():
         datatype = datatype_of(array)
         specs.append((name, datatype, list(array.shape)))
-        if datatype == "BYTES":
-            frames.append(serialize_bytes(array))
-        else:
-            dtype = array.dtype if array.dtype.itemsize == 1 else array.dtype.newbyteorder("<")
-            # as bytes: a buffer numpy can export whatever the dtype (ml_dtypes' bfloat16 cannot)
-            frames.append(np.ascontiguousarray(array, dtype=dtype).reshape(-1).view(np.uint8))
+        frames.append(raw_buffer(array, datatype))
     return specs, frames
 
 
 def decode_tensors(specs: Sequence[TensorSpec], frames: Sequence[Buffer]) -> dict[str, np.ndarray]:
-    """The arrays of ``specs``, read in place from ``frames`` (numeric: ``np.frombuffer``, no copy).
+    """The arrays of ``specs``, read in place from ``frames`` (``protocol.tensor_from_raw``: numeric
+    tensors with ``np.frombuffer``, no copy).
 
     Raises ``ProtocolError`` if the number of frames or a frame's size does not match its spec."""
     if len(specs) != len(frames):
         raise ProtocolError(f"ipc: {len(specs)} tensors declared, {len(frames)} frames sent")
-    out: dict[str, np.ndarray] = {}
-    for (name, datatype, shape), frame in zip(specs, frames, strict=True):
-        view = _view(frame)
-        count = int(np.prod(shape, dtype=np.int64))
-        if datatype == "BYTES":
-            out[name] = deserialize_bytes(view, count, name).reshape(shape)
-            continue
-        info = DATATYPES.get(datatype)
-        if info is None:
-            raise ProtocolError(f"ipc: tensor '{name}' has unknown datatype {datatype!r}")
-        dtype = info.numpy
-        if len(view) != count * dtype.itemsize:
-            raise ProtocolError(
-                f"ipc: tensor '{name}' {datatype}{shape} needs {count * dtype.itemsize} bytes, "
-                f"frame has {len(view)}"
-            )
-        out[name] = np.frombuffer(view, dtype=dtype).reshape(shape)
-    return out
+    return {
+        name: tensor_from_raw(name, datatype, shape, _view(frame), "frame")
+        for (name, datatype, shape), frame in zip(specs, frames, strict=True)
+    }
 
 
 def error_info(exc: InferenceError) -> ErrorInfo:
@@ -161,28 +150,6 @@ def raise_error(info: ErrorInfo) -> None:
     """Raise the ``InferenceError`` subclass ``info`` names, with its status, message and headers."""
     cls = ERROR_KINDS.get(info.kind, InferenceError)
     raise cls(info.message, info.status, info.headers)
-
-
-def remaining_timeout_us(timeout_us: Any, received: float, now: float) -> Any:
-    """The queue timeout left to a request received at ``received`` (monotonic seconds) by ``now``.
-
-    A positive integer ``timeout_us`` (Triton's ``timeout`` parameter, microseconds) shrinks by the
-    time the request spent in the front end and the IPC, at least 1 us; any other value (None, 0, a bad
-    value the batcher will refuse with 400) is returned unchanged.
-
-    Raises:
-        ServingError: 504 when the whole timeout passed before the request reached the queue.
-    """
-    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0 or not received:
-        return timeout_us
-    left = timeout_us - int((now - received) * 1e6)
-    if left <= 0:
-        raise ServingError(
-            f"request timed out after {(now - received) * 1e3:.1f} ms before it reached the queue "
-            "(timeout parameter)",
-            504,
-        )
-    return left
 
 
 def _socket(ctx: zmq.Context[zmq.Socket[bytes]], kind: int) -> zmq.Socket[bytes]:

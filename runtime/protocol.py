@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def _elements(shape: list[int]) -> int:
+def _elements(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
@@ -89,7 +89,7 @@ def deserialize_bytes(buf: bytes | memoryview, count: int, name: str) -> np.ndar
     if count * 4 > len(view):  # before allocating: every element takes at least its 4-byte length
         raise ProtocolError(
             f"input tensor '{name}': {count} BYTES elements need at least {count * 4} bytes, "
-            f"binary_data_size is {len(view)}",
+            f"the data has {len(view)}",
             tensor=name,
         )
     out = np.empty(count, dtype=object)
@@ -238,20 +238,55 @@ def _flatten(data: list[Any]) -> list[Any]:
     return out
 
 
-def _from_binary(name: str, datatype: str, shape: list[int], chunk: memoryview) -> np.ndarray:
+def tensor_from_raw(
+    name: str, datatype: str, shape: Sequence[int], buf: bytes | memoryview, source: str = "its binary data"
+) -> np.ndarray:
+    """A tensor from its raw layout: the one decoder of the REST binary extension, gRPC's
+    ``raw_input_contents`` and the front ends' IPC frames.
+
+    Args:
+        name: the tensor's name (error messages name it).
+        datatype: a protocol datatype (``kubeinfer.runtime.dtypes.DATATYPES``).
+        shape: its dimensions.
+        buf: row-major little-endian values (BYTES: each element a 4-byte little-endian length, then the
+            bytes).
+        source: what holds ``buf``, for the message ("its binary data", "raw_input_contents[0]", "frame").
+
+    Returns an array of ``shape`` and ``datatype``'s numpy dtype, read in place where the layout is the
+    host's (``np.frombuffer``: no copy). Raises ``ProtocolError`` if ``buf`` does not hold exactly the
+    tensor, or ``datatype`` is none of the protocol's.
+    """
     count = _elements(shape)
     if datatype == "BYTES":
-        return deserialize_bytes(chunk, count, name).reshape(shape)
-    dt = _LITTLE[datatype]
-    expected = count * dt.itemsize
-    if len(chunk) != expected:
+        return deserialize_bytes(buf, count, name).reshape(shape)
+    dt = _LITTLE.get(datatype)
+    if dt is None:
         raise ProtocolError(
-            f"input tensor '{name}': {datatype} shape {shape} needs {expected} bytes of binary data, "
-            f"binary_data_size is {len(chunk)}",
+            f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
             tensor=name,
         )
-    arr = np.frombuffer(chunk, dtype=dt).reshape(shape)
+    expected = count * dt.itemsize
+    if len(buf) != expected:
+        raise ProtocolError(
+            f"input tensor '{name}': {datatype} shape {list(shape)} needs {expected} bytes, "
+            f"{source} has {len(buf)}",
+            tensor=name,
+        )
+    arr = np.frombuffer(buf, dtype=dt).reshape(shape)
     return arr.astype(NUMPY_DTYPES[datatype], copy=False) if dt != NUMPY_DTYPES[datatype] else arr
+
+
+def raw_buffer(array: np.ndarray, datatype: str) -> bytes | np.ndarray:
+    """The raw layout of ``array`` as ``datatype`` (cast when its dtype differs): the one encoder of the
+    REST binary extension, gRPC's ``raw_output_contents`` and the IPC frames.
+
+    Returns a buffer: a C-contiguous little-endian ``uint8`` array (a view of ``array`` when it already
+    is one: no copy), or ``bytes`` for BYTES (each element length-prefixed; ``str`` as UTF-8).
+    """
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    # as uint8: a buffer numpy can export whatever the dtype (ml_dtypes' bfloat16 cannot)
+    return np.ascontiguousarray(array, dtype=_LITTLE[datatype]).reshape(-1).view(np.uint8)
 
 
 def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
@@ -353,7 +388,7 @@ def _input(
                 f"({len(view) - pos} bytes left; is Inference-Header-Content-Length set?)",
                 tensor=name,
             )
-        return name, _from_binary(name, datatype, shape, view[pos : pos + size]), pos + size
+        return name, tensor_from_raw(name, datatype, shape, view[pos : pos + size]), pos + size
     if "data" in raw:
         return name, _from_json_data(name, datatype, shape, raw["data"]), pos
     raise ProtocolError(
@@ -396,19 +431,15 @@ def _json_data(array: np.ndarray, datatype: str) -> list[Any]:
     return values
 
 
-def _binary(array: np.ndarray, datatype: str) -> bytes:
-    if datatype == "BYTES":
-        return serialize_bytes(array)
-    return np.ascontiguousarray(array, dtype=_LITTLE[datatype]).tobytes()
-
-
-def check_outputs(request: InferRequest, model_name: str, declared: Sequence[str]) -> None:
-    """Check that every output the request names is one of the model's ``declared`` outputs.
+def check_outputs(requested: InferRequest | Iterable[str], model_name: str, declared: Sequence[str]) -> None:
+    """Check that every output a request names (``requested``: the request, or the names) is one of the
+    model's ``declared`` outputs; no names means all of them.
 
     Raises:
         ProtocolError: an unknown output (400), naming it and the model's outputs.
     """
-    for name in request.outputs:
+    names = requested.outputs if isinstance(requested, InferRequest) else requested
+    for name in names:
         if name not in declared:
             raise ProtocolError(
                 f"unknown output '{name}' requested; model '{model_name}' has: {', '.join(declared)}"
@@ -439,7 +470,7 @@ def encode_response(
     """
     names = list(request.outputs) if request.outputs else list(outputs)
     entries: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[Any] = []  # bytes, or uint8 arrays (raw_buffer)
     for name in names:
         array = outputs[name]
         datatype = (datatypes or {}).get(name) or datatype_of(array)
@@ -449,7 +480,7 @@ def encode_response(
         binary = request.binary_data_output if flag is None else flag
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            blob = _binary(array, datatype)
+            blob = raw_buffer(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

@@ -1,0 +1,328 @@
+"""The data plane: what the runtime does with a request, whichever transport carried it.
+
+The transports decode their wire format into an ``InferCall``, call the data plane and encode what it
+returns; nothing else. They are REST (``kubeinfer.runtime.rest``, served by ``server`` in one process
+and by the HTTP front-end processes, ``frontend``), gRPC (``grpc_server``) and the IPC endpoint of the
+model process (``frontend_pool``). What happens to a request between decoding and encoding happens here,
+once, so every transport answers the same input the same way:
+
+- the model check: a request for another model or version is refused (404, ``check_model``);
+- admission: not ready or draining (503); the queue's limits are the batcher's (429, 504);
+- validation: the requested outputs against the model's (400), the inputs against the model's
+  tensors (``ServableModel.validate`` through the batcher: 400, 413);
+- the request's deadline: a ``timeout`` parameter counts from the request's receipt, also when it
+  crossed from a front-end process (``remaining_timeout_us``);
+- metrics: every infer request in flight and every outcome, with its status code and its
+  receipt-to-answer seconds (``DataPlane.infer``; ``DataPlane.count`` for an outcome a front-end
+  process decided itself);
+- errors: every failure is one ``InferenceError`` with its status; any other exception becomes a
+  500 that names it (``internal_error``): the process never dies on a request;
+- the protocol extensions served by more than one transport: health (``liveness``, ``readiness``),
+  server metadata (``SERVER_METADATA``) and model metadata and readiness.
+
+``DataPlane`` lives in the model process, which owns the model and the batcher. A front-end process
+reaches it through ``frontend.RemotePlane``, which has the same methods (``Plane``); the model
+process's IPC endpoint answers those calls with this ``DataPlane``.
+
+Modelled on KServe's Python model server (``kserve/protocol/dataplane.py``: one data plane, REST and
+gRPC as thin adapters over it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from kubeinfer.runtime.batching import Batcher, BatchSettings
+from kubeinfer.runtime.dtypes import NUMPY_DTYPES
+from kubeinfer.runtime.errors import HTTPError, InferenceError, ServingError
+from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.models.base import ServableModel
+from kubeinfer.runtime.protocol import check_outputs
+
+from kubeinfer import __version__
+
+log = logging.getLogger("kubeinfer.runtime.dataplane")
+
+SERVER_NAME = "kubeinfer"
+SERVER_VERSION = __version__
+#: The one version of its one model a runtime serves.
+MODEL_VERSION = "1"
+#: The Open Inference Protocol extensions this server implements (server metadata ``extensions``).
+EXTENSIONS: tuple[str, ...] = ("binary_tensor_data",)
+#: Server metadata (``GET /v2``, gRPC ``ServerMetadata``).
+SERVER_METADATA: dict[str, Any] = {
+    "name": SERVER_NAME,
+    "version": SERVER_VERSION,
+    "extensions": list(EXTENSIONS),
+}
+
+SHUTTING_DOWN = "shutting down"
+LOADING = "model loading or warming up"
+
+
+@dataclass
+class InferCall:
+    """One decoded infer request, as every transport hands it to the data plane.
+
+    Attributes:
+        inputs: input name -> array (first dimension: rows; BYTES as ``object`` arrays of ``bytes``).
+        outputs: the output names requested, in order; empty for all of the model's.
+        priority: the ``priority`` parameter as sent (1 = highest; the batcher judges it).
+        timeout_us: the ``timeout`` parameter as sent (microseconds in the queue; the batcher judges it).
+    """
+
+    inputs: dict[str, np.ndarray]
+    outputs: Sequence[str] = ()
+    priority: Any = None
+    timeout_us: Any = None
+
+
+#: An async callable that decodes a request: the transport's part, run inside the data plane's count.
+Decoder = Callable[[], Awaitable[InferCall]]
+
+
+class Plane(Protocol):
+    """What a transport calls: the model process's ``DataPlane``, or a front end's ``RemotePlane``."""
+
+    model_name: str
+
+    async def liveness(self) -> str | None:
+        """None when live, else why not."""
+
+    async def readiness(self) -> str | None:
+        """None when ready to serve, else why not."""
+
+    async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        """The v2 model metadata; raises ``HTTPError`` 404 (unknown model) or 503 (loading)."""
+
+    async def model_ready(self, name: str, version: str | None) -> None:
+        """Returns when the model is ready; raises ``HTTPError`` 404 (unknown model) or 503 (not ready)."""
+
+    async def infer(
+        self, received: float, name: str, version: str | None, decode: Decoder
+    ) -> dict[str, np.ndarray]:
+        """Check the model, admit, decode, validate, queue and run one request; every outcome counted
+        once. The model check and admission come before ``decode``: a request for another model gets
+        404, and one that arrives while the model loads gets 503, whatever its body.
+
+        Args:
+            received: ``time.monotonic()`` at the request's receipt.
+            name, version: the model and version the request names ("" or None: the default version).
+            decode: the transport's decoder (reads and decodes the body).
+
+        Returns the requested outputs (all of the model's when none is named), each cast to its declared
+        datatype. Raises ``InferenceError`` with the request's status."""
+
+    async def metrics_text(self) -> bytes:
+        """The Prometheus text exposition of the model process."""
+
+
+def check_model(served: str, name: str, version: str | None) -> None:
+    """Refuse a request for a model or version this server does not serve.
+
+    Raises:
+        HTTPError: 404 when ``name`` is not ``served`` or ``version`` is neither empty nor ``MODEL_VERSION``.
+    """
+    if name != served:
+        raise HTTPError(f"unknown model '{name}'; this server serves '{served}'", 404)
+    if version not in (None, "", MODEL_VERSION):
+        raise HTTPError(f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404)
+
+
+def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
+    """The v2 model metadata of ``model``: name, versions, platform, inputs and outputs (name,
+    datatype, shape with -1 for a variable dimension)."""
+    return {
+        "name": model.name,
+        "versions": [MODEL_VERSION],
+        "platform": "pytorch",
+        "inputs": [s.model_dump() for s in model.inputs],
+        "outputs": [s.model_dump() for s in model.outputs],
+    }
+
+
+def not_ready_error(model_name: str) -> HTTPError:
+    """The 503 of a request that arrives before the model is loaded and warmed up."""
+    return HTTPError(f"model '{model_name}' is not ready", 503)
+
+
+def internal_error(exc: BaseException) -> InferenceError:
+    """The 500 a client gets for an exception that is no ``InferenceError`` (a bug, not its request)."""
+    return InferenceError(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def remaining_timeout_us(timeout_us: Any, received: float, now: float) -> Any:
+    """The queue timeout left to a request received at ``received`` (monotonic seconds) by ``now``.
+
+    A positive integer ``timeout_us`` (Triton's ``timeout`` parameter, microseconds) shrinks by the
+    time the request spent before the queue (decoding, a front end and the IPC), at least 1 us; any
+    other value (None, 0, a bad value the batcher will refuse with 400) is returned unchanged.
+    CLOCK_MONOTONIC is one clock for every process of the machine.
+
+    Raises:
+        ServingError: 504 when the whole timeout passed before the request reached the queue.
+    """
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0 or not received:
+        return timeout_us
+    left = timeout_us - int((now - received) * 1e6)
+    if left <= 0:
+        raise ServingError(
+            f"request timed out after {(now - received) * 1e3:.1f} ms before it reached the queue "
+            "(timeout parameter)",
+            504,
+        )
+    return left
+
+
+def as_declared(
+    outputs: Mapping[str, np.ndarray], declared: Mapping[str, str], names: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """The outputs ``names`` (all of ``declared`` when empty), each cast to its declared datatype
+    (a model's BF16 output comes back as float32 from torch; a cast only when the dtype differs)."""
+    out: dict[str, np.ndarray] = {}
+    for name in names or declared:
+        array = outputs[name]
+        datatype = declared[name]
+        if datatype != "BYTES" and array.dtype != NUMPY_DTYPES[datatype]:
+            array = array.astype(NUMPY_DTYPES[datatype])
+        out[name] = array
+    return out
+
+
+class DataPlane:
+    """The model process's data plane: the served model, its batcher, readiness and the request path.
+
+    Life cycle (driven by ``RuntimeServer``): ``attach`` a loaded, warmed-up model (ready) ->
+    ``announce_shutdown`` (not ready, still serving) -> ``drain`` (new requests 503, queued ones
+    finish) -> ``close``.
+
+    Args:
+        model_name: the model this runtime serves (requests for another get 404).
+        metrics: the runtime's metrics (requests, in flight; the batcher's).
+        executors: batch executor threads for the batcher.
+    """
+
+    def __init__(self, model_name: str, metrics: RuntimeMetrics, executors: int = 1) -> None:
+        self.model_name = model_name
+        self.metrics = metrics
+        self.executors = executors
+        self.model: ServableModel | None = None
+        self.batcher: Batcher | None = None
+        self.draining = False
+        self.stopping = False
+        self._declared: dict[str, str] = {}
+
+    # ----- life cycle ------------------------------------------------------------------------------
+    def attach(self, model: ServableModel, settings: BatchSettings) -> None:
+        """Serve ``model`` (loaded and warmed up): start its batcher on the running loop; ready.
+
+        Raises ``ValueError`` for settings the batcher refuses (over the warmed maximum batch)."""
+        batcher = Batcher(model, settings, executors=self.executors, metrics=self.metrics)
+        batcher.start()
+        self._declared = {s.name: s.datatype for s in model.outputs}
+        self.model = model
+        self.batcher = batcher
+
+    def announce_shutdown(self) -> None:
+        """Readiness turns false; infer requests are still served (until ``drain``)."""
+        self.stopping = True
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Not ready; new infer requests get 503; wait for queued and running requests (``timeout``
+        seconds at most). Returns False if requests were still pending at the timeout."""
+        self.draining = True
+        if self.batcher is None:
+            return True
+        complete: bool = await self.batcher.drain(timeout)
+        return complete
+
+    def close(self) -> None:
+        """Stop the batcher's threads."""
+        if self.batcher is not None:
+            self.batcher.close()
+
+    # ----- health and metadata ---------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """Model loaded and warmed up, and not shutting down."""
+        return self.batcher is not None and not self.draining and not self.stopping
+
+    def not_ready_reason(self) -> str | None:
+        """None when ready, else ``SHUTTING_DOWN`` or ``LOADING``."""
+        if self.ready:
+            return None
+        return SHUTTING_DOWN if self.draining or self.stopping else LOADING
+
+    async def liveness(self) -> str | None:
+        """None: the model process answers while it runs."""
+        return None
+
+    async def readiness(self) -> str | None:
+        """None when ready, else why not (``not_ready_reason``)."""
+        return self.not_ready_reason()
+
+    async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        """The model's v2 metadata. Raises ``HTTPError`` 404 (another model) or 503 (still loading)."""
+        check_model(self.model_name, name, version)
+        if self.model is None:
+            raise HTTPError(f"model '{self.model_name}' is loading", 503)
+        return model_metadata_doc(self.model)
+
+    async def model_ready(self, name: str, version: str | None) -> None:
+        """Returns when ready. Raises ``HTTPError`` 404 (another model) or 503 (not ready)."""
+        check_model(self.model_name, name, version)
+        if not self.ready:
+            raise not_ready_error(self.model_name)
+
+    async def metrics_text(self) -> bytes:
+        """The Prometheus text exposition (``RuntimeMetrics.exposition``)."""
+        return self.metrics.exposition()
+
+    # ----- inference -------------------------------------------------------------------------------
+    def count(self, status: int, seconds: float) -> None:
+        """Count an outcome decided outside this process (a front end's own refusal)."""
+        self.metrics.count_request(status, seconds)
+
+    async def infer(
+        self, received: float, name: str, version: str | None, decode: Decoder
+    ) -> dict[str, np.ndarray]:
+        """See ``Plane.infer``: in flight while it runs; its status and seconds from ``received``
+        counted once, whatever the outcome."""
+        metrics = self.metrics
+        metrics.inflight.inc()
+        status = 500
+        try:
+            check_model(self.model_name, name, version)
+            batcher = self._admit()
+            outputs = await self._serve(batcher, await decode(), received)
+            status = 200
+            return outputs
+        except InferenceError as exc:
+            status = exc.status
+            raise
+        except Exception as exc:  # the process never dies on a request
+            log.exception("infer failed")
+            raise internal_error(exc) from exc
+        finally:
+            metrics.inflight.dec()
+            metrics.count_request(status, max(0.0, time.monotonic() - received))
+
+    def _admit(self) -> Batcher:
+        """The batcher, or ``HTTPError`` 503 while the model loads or once the drain began (a drain that
+        begins after this check is the batcher's 503)."""
+        batcher = self.batcher
+        if self.draining or batcher is None:
+            raise HTTPError(SHUTTING_DOWN, 503) if self.draining else not_ready_error(self.model_name)
+        return batcher
+
+    async def _serve(self, batcher: Batcher, call: InferCall, received: float) -> dict[str, np.ndarray]:
+        declared = self._declared
+        check_outputs(call.outputs, self.model_name, list(declared))
+        timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
+        outputs = await batcher.infer(call.inputs, priority=call.priority, timeout_us=timeout_us)
+        return as_declared(outputs, declared, call.outputs)

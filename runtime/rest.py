@@ -1,0 +1,298 @@
+"""The Open Inference Protocol (KServe v2) REST transport: routes over a data plane (``Plane``).
+
+One ``RestApp`` serves the model process's ``DataPlane`` (``server.http_workers`` 1) or, in a front-end
+process, a ``frontend.RemotePlane``: the same routes, bodies and status codes either way. It decodes
+the HTTP request, calls the plane, encodes the answer; nothing else.
+
+Routes (``{v}`` forms are what ``tritonclient.http`` uses when given a model version; the server
+serves version ``1`` of its one model):
+
+- ``GET /v2/health/live``: 200 ``{"live": true}``; 503 ``{"live": false, "error": ...}`` when a front
+  end's model process does not answer.
+- ``GET /v2/health/ready``: 200 ``{"ready": true}`` once the model is loaded and warmed up, 503
+  ``{"ready": false, "error": ...}`` before and while draining (the bodies of KServe's model server).
+- ``GET /v2``: server metadata. ``GET /v2/models/{name}[/versions/{v}]``: model metadata.
+- ``GET /v2/models/{name}[/versions/{v}]/ready``: 200 ``{"name": ..., "ready": true}``, 503 not (yet)
+  ready, 404 unknown model.
+- ``POST /v2/models/{name}[/versions/{v}]/infer``: inference (JSON or binary tensor data).
+- ``GET /metrics``: Prometheus text format (``kubeinfer.runtime.metrics``).
+
+Errors are ``{"error": "..."}``: 400 malformed request / wrong datatype or shape / bad parameter;
+404 unknown model or version; 413 over ``limits`` (HTTP body over 4 x ``max_request_bytes`` -- JSON
+text of numbers takes several bytes per binary byte --, tensor bytes, elements, text tokens, rows over
+the warmed maximum batch); 429 queue full (``Retry-After``); 500 the model failed on this request;
+503 not ready or shutting down; 504 the request's ``timeout`` passed while it was queued.
+
+Also here, for both HTTP servers: the listening socket (``listen_socket``), uvicorn with kubeinfer's
+signal handling (``UvicornServer``) and the event loop (``event_loop_factory``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import socket
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane
+from kubeinfer.runtime.errors import HTTPError, InferenceError
+from kubeinfer.runtime.protocol import decode_request, encode_json, encode_response
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+log = logging.getLogger("kubeinfer.runtime.rest")
+
+#: HTTP body limit relative to ``limits.max_request_bytes`` (JSON encodes numbers in several bytes).
+BODY_LIMIT_FACTOR = 4
+JSON = "application/json"
+# Health bodies as KServe's model server answers them (its Python SDK's is_server_live/ready read them;
+# tritonclient reads only the status code).
+_LIVE = encode_json({"live": True})
+_READY = encode_json({"ready": True})
+_SERVER_METADATA = encode_json(SERVER_METADATA)
+#: The infer routes, matched before (instead of through) Starlette's middleware and router.
+_INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+
+
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    """``{"error": message}`` with ``status``."""
+    return Response(encode_json({"error": message}), status, headers=dict(headers or {}), media_type=JSON)
+
+
+async def inference_error_response(request: Request, exc: Exception) -> Response:
+    """The one place an ``InferenceError`` (``kubeinfer.runtime.errors``) becomes a response: a Starlette
+    exception handler, registered for the whole hierarchy."""
+    assert isinstance(exc, InferenceError)
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+class RestApp:
+    """The v2 REST routes over ``plane``; ``self.app`` is the ASGI app uvicorn serves.
+
+    ``POST .../infer`` goes straight to ``infer``, skipping Starlette's middleware stack and its
+    route-by-route matching (the per-request cost of the HTTP front end); every other route goes through
+    a Starlette router with the one ``InferenceError`` handler. Both answer errors as ``error_response``.
+
+    Args:
+        plane: the data plane (``DataPlane`` in the model process, ``RemotePlane`` in a front end).
+        cfg: the runtime configuration; an HTTP body may be ``BODY_LIMIT_FACTOR`` times its
+            ``limits.max_request_bytes`` (read per request).
+    """
+
+    def __init__(self, plane: Plane, cfg: RuntimeConfig) -> None:
+        self.plane = plane
+        self.cfg = cfg
+        self.router = Starlette(
+            routes=[
+                Route("/v2/health/live", self.live, methods=["GET"]),
+                Route("/v2/health/ready", self.ready, methods=["GET"]),
+                Route("/v2", self.server_metadata, methods=["GET"]),
+                Route("/v2/models/{name}", self.model_metadata, methods=["GET"]),
+                Route("/v2/models/{name}/versions/{version}", self.model_metadata, methods=["GET"]),
+                Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
+                Route("/v2/models/{name}/versions/{version}/ready", self.model_ready, methods=["GET"]),
+                Route("/v2/models/{name}/infer", self.infer, methods=["POST"]),
+                Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+            ],
+            exception_handlers={InferenceError: inference_error_response},
+        )
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI entry: ``POST .../infer`` straight to ``infer``, the rest through the router."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _INFER_PATH.fullmatch(scope["path"])
+            if match is not None:
+                scope["path_params"] = {k: v for k, v in match.groupdict().items() if v is not None}
+                try:
+                    response = await self.infer(Request(scope, receive))
+                except InferenceError as exc:
+                    response = error_response(exc.status, exc.message, exc.headers)
+                await response(scope, receive, send)
+                return
+        await self.router(scope, receive, send)
+
+    # ----- health and metadata ---------------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        """200 ``{"live": true}``; 503 ``{"live": false, "error": why}``."""
+        why = await self.plane.liveness()
+        if why is None:
+            return Response(_LIVE, 200, media_type=JSON)
+        return Response(encode_json({"live": False, "error": why}), 503, media_type=JSON)
+
+    async def ready(self, request: Request) -> Response:
+        """200 ``{"ready": true}``; 503 ``{"ready": false, "error": why}`` while loading or shutting down."""
+        why = await self.plane.readiness()
+        if why is None:
+            return Response(_READY, 200, media_type=JSON)
+        return Response(encode_json({"ready": False, "error": why}), 503, media_type=JSON)
+
+    async def server_metadata(self, request: Request) -> Response:
+        """Server metadata: name, version, extensions."""
+        return Response(_SERVER_METADATA, 200, media_type=JSON)
+
+    async def model_metadata(self, request: Request) -> Response:
+        """The model's metadata; 404 unknown model, 503 loading."""
+        params = request.path_params
+        doc = await self.plane.model_metadata(params["name"], params.get("version"))
+        return Response(encode_json(doc), 200, media_type=JSON)
+
+    async def model_ready(self, request: Request) -> Response:
+        """200 ``{"name": model, "ready": true}``; 503 not (yet) ready; 404 unknown model or version."""
+        params = request.path_params
+        await self.plane.model_ready(params["name"], params.get("version"))
+        return Response(encode_json({"name": params["name"], "ready": True}), 200, media_type=JSON)
+
+    async def metrics(self, request: Request) -> Response:
+        """The Prometheus exposition."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(await self.plane.metrics_text(), 200, media_type=CONTENT_TYPE_LATEST)
+
+    # ----- inference -------------------------------------------------------------------------------
+    async def infer(self, request: Request) -> Response:
+        """``POST .../infer``: decode the body (JSON or binary tensor data), call the plane, encode the
+        outputs as the request asked (binary or JSON per output). Raises ``InferenceError``."""
+        received = time.monotonic()
+        params = request.path_params
+        decoded = None
+
+        async def decode() -> InferCall:
+            nonlocal decoded
+            body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
+            decoded = decode_request(body, request_header_length(request))
+            return InferCall(decoded.inputs, list(decoded.outputs), decoded.priority, decoded.timeout_us)
+
+        outputs = await self.plane.infer(received, params["name"], params.get("version"), decode)
+        assert decoded is not None
+        body, header_length = encode_response(self.plane.model_name, outputs, decoded)
+        if header_length is not None:
+            headers = {"Inference-Header-Content-Length": str(header_length)}
+            return Response(body, 200, headers=headers, media_type="application/octet-stream")
+        return Response(body, 200, media_type=JSON)
+
+
+def request_header_length(request: Request) -> int | None:
+    """``Inference-Header-Content-Length`` as an int, None without it; ``HTTPError`` 400 if not an int."""
+    raw = request.headers.get("inference-header-content-length")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise HTTPError(f"Inference-Header-Content-Length must be an integer, got {raw!r}", 400) from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed (gzip, deflate); ``HTTPError`` 413 over ``limit`` bytes (sent or
+    decompressed), 400 for an unknown Content-Encoding or corrupt compressed data."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(f"request body of {declared} bytes is over the limit of {limit} bytes", 413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(f"request body is over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise HTTPError(f"unsupported Content-Encoding '{encoding}'; use gzip, deflate or none", 400)
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    decomp = zlib.decompressobj(wbits)
+    try:
+        out = decomp.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise HTTPError(f"request body is not valid {encoding} data: {exc}", 400) from None
+    if len(out) > limit or decomp.unconsumed_tail:
+        raise HTTPError(f"decompressed request body is over the limit of {limit} bytes", 413)
+    return out
+
+
+def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A non-blocking listening TCP socket on ``host:port`` (IPv6 when ``host`` has a colon); with
+    ``reuse_port``, ``SO_REUSEPORT`` (the front-end processes of ``server.http_workers`` share the port).
+
+    Accepted connections inherit TCP_NODELAY (Linux): uvicorn writes a response's head and body in two
+    writes, and with Nagle the body waits for the client's delayed ACK (~40 ms per response).
+    Raises ``OSError`` if the address is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def uvicorn_config(app: Callable[..., Any], graceful_seconds: int) -> uvicorn.Config:
+    """uvicorn's settings for both HTTP servers: ``app`` as ASGI3 (a bound coroutine method, which
+    uvicorn would guess to be ASGI2), no lifespan, no access log, 30 s keep-alive, and
+    ``graceful_seconds`` for the requests in flight at shutdown."""
+    return uvicorn.Config(
+        app,
+        interface="asgi3",
+        lifespan="off",
+        log_level=logging.WARNING,
+        access_log=False,
+        timeout_graceful_shutdown=graceful_seconds,
+        timeout_keep_alive=30,
+    )
+
+
+class UvicornServer(uvicorn.Server):
+    """uvicorn's server with kubeinfer's signal handling.
+
+    With ``on_signal`` (the one-process server): the first SIGTERM/SIGINT calls it
+    (``RuntimeServer.stop``: drain, then close) instead of uvicorn's handler, which would close the
+    listener at once and re-raise the signal, so the process would not exit 0; a second signal exits at
+    once. Without it (a front-end process): deaf to SIGINT (the model process decides when the front ends
+    stop; a Ctrl-C reaches the whole process group), SIGTERM as uvicorn does (graceful shutdown).
+    """
+
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+        self._signalled = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._on_signal is None:
+            if sig != signal.SIGINT:
+                super().handle_exit(sig, frame)
+            return
+        if self._signalled:
+            log.warning("second signal %s: exiting without waiting", sig)
+            self.should_exit = True
+            self.force_exit = True
+            return
+        self._signalled = True
+        log.info("signal %s: draining (not ready, new requests 503)", sig)
+        self._on_signal()
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (a dependency; libuv's loop costs the serving path
+    less CPU per request than asyncio's, and the event loop shares the cores with torch), else
+    ``None`` (asyncio's default loop)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

@@ -1,0 +1,210 @@
+"""Every transport answers the same bad input the same way: one data plane under thin adapters.
+
+One ``DataPlane`` with a fake model, reached four ways at once, each through a real client of its wire
+format: REST in one process (``RestApp`` on the ``DataPlane``), REST in a front end (``RestApp`` on a
+``RemotePlane``, over a real ZeroMQ connection to the model process's IPC endpoint,
+``FrontEndPool.handle``), and gRPC (a real ``grpc.aio`` server on loopback, ``tritonclient.grpc.aio``).
+For each bad input: the same status (gRPC: its code for that status), the same message, and exactly
+one count of that status in ``kubeinfer_requests_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpcclient
+from kubeinfer.runtime import ipc
+from kubeinfer.runtime.batching import BatchSettings
+from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.frontend import RemotePlane
+from kubeinfer.runtime.frontend_pool import FrontEndPool
+from kubeinfer.runtime.grpc_server import STATUS_CODES, create_grpc_server
+from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.rest import RestApp
+from tritonclient.utils import InferenceServerException
+
+from tests.unit.runtime.runtime_fakes import FakeModel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Case:
+    """One request: which model and version, the tensor ``x`` as sent, outputs named, priority."""
+
+    model: str = "fake"
+    version: str = ""
+    x: np.ndarray = field(default_factory=lambda: np.ones((1, 2), np.float32))
+    outputs: list[str] = field(default_factory=list)
+    priority: int = 0
+
+
+#: (what, the request, its status, a part of its message).
+BAD: list[tuple[str, Case, int, str]] = [
+    ("unknown model", Case(model="nope"), 404, "unknown model 'nope'"),
+    ("unknown version", Case(version="7"), 404, "unknown version '7'"),
+    ("wrong datatype", Case(x=np.ones((1, 2), np.int64)), 400, "expected datatype FP32"),
+    ("wrong shape", Case(x=np.ones((1, 3), np.float32)), 400, "input tensor 'x': expected shape"),
+    ("bad priority", Case(priority=5), 400, "priority"),
+    ("rows over the warmed maximum", Case(x=np.ones((9, 2), np.float32)), 413, "over the largest batch"),
+    ("unknown output", Case(outputs=["zz"]), 400, "unknown output 'zz'"),
+    ("the model fails on it", Case(x=np.full((1, 2), -1, np.float32)), 500, "poisoned row"),
+]
+
+
+def rest_body(case: Case) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "inputs": [
+            {
+                "name": "x",
+                "datatype": "FP32" if case.x.dtype == np.float32 else "INT64",
+                "shape": list(case.x.shape),
+                "data": case.x.reshape(-1).tolist(),
+            }
+        ],
+        "outputs": [{"name": o} for o in case.outputs],
+    }
+    if case.priority:
+        doc["parameters"] = {"priority": case.priority}
+    return doc
+
+
+@dataclass
+class Transports:
+    plane: DataPlane
+    model: FakeModel
+    rest: httpx.AsyncClient
+    frontend: httpx.AsyncClient
+    grpc: grpcclient.InferenceServerClient
+
+    def count(self, status: int) -> float:
+        value = self.plane.metrics.registry.get_sample_value(
+            "kubeinfer_requests_total", {"model": "fake", "code": str(status)}
+        )
+        return value or 0.0
+
+    async def via_rest(self, client: httpx.AsyncClient, case: Case) -> tuple[int, str]:
+        version = f"/versions/{case.version}" if case.version else ""
+        r = await client.post(f"/v2/models/{case.model}{version}/infer", json=rest_body(case))
+        return r.status_code, r.json()["error"] if r.status_code != 200 else ""
+
+    async def via_grpc(self, case: Case) -> tuple[str, str]:
+        inp = grpcclient.InferInput(
+            "x", list(case.x.shape), "FP32" if case.x.dtype == np.float32 else "INT64"
+        )
+        inp.set_data_from_numpy(case.x)
+        outputs = [grpcclient.InferRequestedOutput(o) for o in case.outputs] or None
+        try:
+            await self.grpc.infer(
+                case.model, [inp], model_version=case.version, outputs=outputs, priority=case.priority
+            )
+        except InferenceServerException as exc:
+            return str(exc.status()), str(exc.message())
+        return "StatusCode.OK", ""
+
+
+@pytest.fixture
+async def transports(tmp_path: Path) -> AsyncIterator[Transports]:
+    cfg = RuntimeConfig.model_validate({"model": {"name": "fake"}})
+    plane = DataPlane("fake", RuntimeMetrics("fake"))
+    model = FakeModel(max_batch_size=8)
+    address = f"ipc://{tmp_path}/model.sock"
+    endpoint = ipc.ModelEndpoint(address, FrontEndPool(plane, cfg, workers=0).handle)
+    serving = asyncio.get_running_loop().create_task(endpoint.run())
+    ipc_client = ipc.ModelClient(address)
+    await ipc_client.start()
+    grpc_server, port = create_grpc_server(plane, "127.0.0.1", 0, 1 << 22)
+    await grpc_server.start()
+    rest = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=RestApp(plane, cfg).app), base_url="http://one"
+    )
+    front = RestApp(RemotePlane("fake", ipc_client), cfg)
+    frontend = httpx.AsyncClient(transport=httpx.ASGITransport(app=front.app), base_url="http://front")
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        yield Transports(plane, model, rest, frontend, grpc)
+    finally:
+        await grpc.close()
+        await rest.aclose()
+        await frontend.aclose()
+        await grpc_server.stop(grace=0)
+        await ipc_client.close()
+        serving.cancel()
+        endpoint.close()
+        plane.close()
+
+
+async def until(cond: Any) -> None:
+    for _ in range(400):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+async def test_every_transport_gives_a_bad_input_the_same_outcome_counted_once(
+    transports: Transports,
+) -> None:
+    t = transports
+    t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+    for what, case, status, message in BAD:
+        before = t.count(status)
+        one_status, one_message = await t.via_rest(t.rest, case)
+        front_status, front_message = await t.via_rest(t.frontend, case)
+        code, grpc_message = await t.via_grpc(case)
+        assert (one_status, front_status) == (status, status), (what, one_message, front_message)
+        assert code == str(STATUS_CODES[status]), (what, grpc_message)
+        assert message in one_message, (what, one_message)
+        assert front_message == one_message == grpc_message, what
+        # each counted exactly once (a front end's own refusals arrive as a one-way message)
+        await until(lambda status=status, before=before: t.count(status) >= before + 3)
+        await asyncio.sleep(0.02)
+        assert t.count(status) == before + 3, what
+    good = Case(x=np.array([[1.0, 2.0]], np.float32), outputs=["y"])
+    assert (await t.via_rest(t.rest, good))[0] == 200
+    assert (await t.via_rest(t.frontend, good))[0] == 200
+    assert (await t.via_grpc(good))[0] == "StatusCode.OK"
+    assert t.plane.metrics.registry.get_sample_value("kubeinfer_inflight_requests", {"model": "fake"}) == 0
+
+
+async def test_not_ready_and_draining_are_the_same_503_everywhere(transports: Transports) -> None:
+    t = transports
+    case = Case()
+    loading = [await t.via_rest(t.rest, case), await t.via_rest(t.frontend, case)]
+    assert loading == [(503, "model 'fake' is not ready")] * 2
+    assert await t.via_grpc(case) == ("StatusCode.UNAVAILABLE", "model 'fake' is not ready")
+    assert (await t.rest.get("/v2/health/ready")).json() == {
+        "ready": False,
+        "error": "model loading or warming up",
+    }
+    assert (await t.frontend.get("/v2/health/ready")).json() == {
+        "ready": False,
+        "error": "model loading or warming up",
+    }
+    assert not await t.grpc.is_server_ready()
+    assert not await t.grpc.is_model_ready("fake")
+
+    t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+    assert await t.grpc.is_model_ready("fake")
+    for client in (t.rest, t.frontend):
+        assert (await client.get("/v2/models/fake/ready")).status_code == 200
+        assert (await client.get("/v2/models/nope/ready")).status_code == 404
+        meta = (await client.get("/v2/models/fake")).json()
+        assert [o["name"] for o in meta["outputs"]] == ["y", "n"]
+    grpc_meta = await t.grpc.get_model_metadata("fake", as_json=True)
+    assert [o["name"] for o in grpc_meta["outputs"]] == ["y", "n"]
+    assert (await t.rest.get("/v2")).json() == (await t.frontend.get("/v2")).json()
+
+    assert await t.plane.drain(1.0)
+    draining = [await t.via_rest(t.rest, case), await t.via_rest(t.frontend, case)]
+    assert draining == [(503, "shutting down")] * 2
+    assert await t.via_grpc(case) == ("StatusCode.UNAVAILABLE", "shutting down")
+    assert (await t.frontend.get("/v2/health/ready")).json() == {"ready": False, "error": "shutting down"}
