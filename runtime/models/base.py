@@ -153,20 +153,17 @@ class ServableModel(ABC):
             rows = n
             total_elements += int(math.prod(array.shape))
             total_bytes += tensor_nbytes(array)
-            if total_elements > self.limits.max_request_elements:
-                raise InputError(
-                    f"input tensor '{spec.name}': request has {total_elements} elements, over the "
-                    f"limit of {self.limits.max_request_elements}",
-                    tensor=spec.name,
-                    status=413,
-                )
-            if total_bytes > self.limits.max_request_bytes:
-                raise InputError(
-                    f"input tensor '{spec.name}': request carries {total_bytes} bytes, over the "
-                    f"limit of {self.limits.max_request_bytes}",
-                    tensor=spec.name,
-                    status=413,
-                )
+            for total, limit, what in (
+                (total_elements, self.limits.max_request_elements, "has {} elements"),
+                (total_bytes, self.limits.max_request_bytes, "carries {} bytes"),
+            ):
+                if total > limit:
+                    raise InputError(
+                        f"input tensor '{spec.name}': request {what.format(total)}, "
+                        f"over the limit of {limit}",
+                        tensor=spec.name,
+                        status=413,
+                    )
             self._validate_tensor(spec, array)
         assert rows is not None  # the model declares at least one input
         return rows
