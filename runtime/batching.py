@@ -71,7 +71,7 @@ from kubeinfer.runtime.executor import BatchExecutor, QueuedRequest
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import ServableModel
 
-log = logging.getLogger("kubeinfer.runtime.batching")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, RuntimeConfig
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
 
-log = logging.getLogger("kubeinfer.runtime")
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:

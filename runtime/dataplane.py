@@ -46,7 +46,7 @@ from kubeinfer.runtime.protocol import check_outputs
 
 from kubeinfer import __version__
 
-log = logging.getLogger("kubeinfer.runtime.dataplane")
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "kubeinfer"
 SERVER_VERSION = __version__

@@ -36,7 +36,7 @@ from kubeinfer.runtime.errors import InputError, ServingError
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import ServableModel
 
-log = logging.getLogger("kubeinfer.runtime.executor")
+log = logging.getLogger(__name__)
 
 _seq = itertools.count()
 

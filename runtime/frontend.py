@@ -41,7 +41,7 @@ from kubeinfer.runtime.dataplane import Decoder, check_model, internal_error, no
 from kubeinfer.runtime.errors import InferenceError
 from kubeinfer.runtime.rest import RestApp, UvicornServer, event_loop_factory, listen_socket, uvicorn_config
 
-log = logging.getLogger("kubeinfer.runtime.frontend")
+log = logging.getLogger(__name__)
 
 #: Seconds the health routes wait for the model process (the pod's livenessProbe times out at 5 s).
 LIVE_TIMEOUT_SECONDS = 3.0

@@ -49,7 +49,7 @@ from kubeinfer.runtime.errors import HTTPError
 if TYPE_CHECKING:
     import zmq
 
-log = logging.getLogger("kubeinfer.runtime.frontend_pool")
+log = logging.getLogger(__name__)
 
 #: Seconds ``start`` waits for every front end's ``hello``.
 START_TIMEOUT_SECONDS = 60.0

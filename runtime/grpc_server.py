@@ -40,7 +40,7 @@ from kubeinfer.runtime.errors import InferenceError, ProtocolError
 from kubeinfer.runtime.protocol import raw_buffer, tensor_from_raw
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-log = logging.getLogger("kubeinfer.runtime.grpc_server")
+log = logging.getLogger(__name__)
 
 #: REST status -> gRPC status code.
 STATUS_CODES: dict[int, grpc.StatusCode] = {

@@ -52,7 +52,7 @@ from kubeinfer.runtime.dtypes import datatype_of
 from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
 from kubeinfer.runtime.protocol import raw_buffer, tensor_from_raw
 
-log = logging.getLogger("kubeinfer.runtime.ipc")
+log = logging.getLogger(__name__)
 
 #: The error classes a reply may name (``ErrorInfo.kind``).
 ERROR_KINDS: dict[str, type[InferenceError]] = {

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import pydantic
 from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
 
-log = logging.getLogger("kubeinfer.runtime.reload")
+log = logging.getLogger(__name__)
 
 PollResult = Literal["unchanged", "applied", "error"]
 

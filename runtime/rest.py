@@ -50,7 +50,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-log = logging.getLogger("kubeinfer.runtime.rest")
+log = logging.getLogger(__name__)
 
 #: HTTP body limit relative to ``limits.max_request_bytes`` (JSON encodes numbers in several bytes).
 BODY_LIMIT_FACTOR = 4

@@ -32,7 +32,7 @@ from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from kubeinfer.runtime.service_time import calibrate_model
 
-log = logging.getLogger("kubeinfer.runtime.server")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
