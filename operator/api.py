@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, ModelFormat, Quantization
@@ -695,53 +695,6 @@ CONDITION_RECONCILING = "Reconciling"
 CONDITION_STALLED = "Stalled"
 #: AutoscalingActive: the autoscaler's; removed when autoscaling is off.
 CONDITION_AUTOSCALING_ACTIVE = "AutoscalingActive"
-
-
-def set_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    type_: str,
-    status: ConditionStatus,
-    reason: str,
-    message: str,
-    now: str,
-    observed_generation: int,
-) -> list[dict[str, Any]]:
-    """``conditions`` (``status.conditions`` items, camelCase) with the one of type ``type_`` set.
-
-    The model is apimachinery's ``meta.SetStatusCondition``: a new type is appended; an existing one
-    is replaced in place, keeping its ``lastTransitionTime`` unless ``status`` changes (then it is
-    ``now``, an RFC 3339 string). Every other item is copied unchanged. Pure: the input is not
-    modified.
-    """
-    out = [dict(c) for c in conditions]
-    transition = now
-    for i, c in enumerate(out):
-        if c.get("type") != type_:
-            continue
-        if c.get("status") == status and c.get("lastTransitionTime"):
-            transition = str(c["lastTransitionTime"])
-        out[i] = _condition(type_, status, reason, message, transition, observed_generation)
-        return out
-    out.append(_condition(type_, status, reason, message, transition, observed_generation))
-    return out
-
-
-def _condition(
-    type_: str, status: str, reason: str, message: str, transition: str, generation: int
-) -> dict[str, Any]:
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": transition,
-        "observedGeneration": generation,
-    }
-
-
-def remove_condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> list[dict[str, Any]]:
-    """``conditions`` without the one of type ``type_`` (``meta.RemoveStatusCondition``)."""
-    return [dict(c) for c in conditions if c.get("type") != type_]
 
 
 def object_reference(body: Mapping[str, Any]) -> dict[str, Any]:

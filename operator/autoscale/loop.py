@@ -22,16 +22,18 @@ Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
   WithinTolerance, TargetMet) and the hold's words as message on a tick that holds; False with
   PrometheusUnavailable, QueryError, MetricsMissing, InvalidMetrics, StaleMetrics, UnusableSignals or
   NoDeployment. ``observed`` also when that condition changes. The message alone changing (new numbers,
-  same kind of hold) writes nothing, so a tick that changes nothing in kind writes nothing.
+  same kind of hold) writes nothing, so a tick that changes nothing in kind writes nothing. Written
+  through ``kubeinfer.operator.status.StatusWriter`` (compare before patch, conflict retry).
 
-Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the kopf
-memo). After an operator restart it is re-derived from ``status.lastDecision.time``: that time counts
-as the last scale-up, scale-down and timeout change (so every cooldown is honoured), and the
-stabilization window starts afresh (no scale-in during the first window after a restart). The arrival
-samples the burst headroom learns from are read back from Prometheus: on the first tick whose signals
-are known, one range query of the arrival-rate PromQL over the last ``burst_memory_seconds`` at the
-tick's interval (``policy.restore_arrivals``), so bursts learned before a restart (an upgrade, a leader
-change) keep their headroom. It is tried once; if it fails the headroom relearns from new samples.
+Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the
+kopf memo). After an operator restart it is re-derived from
+``status.lastDecision.time``: that time counts as the last scale-up, scale-down and timeout change (so
+every cooldown is honoured), and the stabilization window starts afresh (no scale-in during the first
+window after a restart). The arrival samples the burst headroom learns from are read back from
+Prometheus: on the first tick whose signals are known, one range query of the arrival-rate PromQL over
+the last ``burst_memory_seconds`` at the tick's interval (``policy.restore_arrivals``), so bursts
+learned before a restart (an upgrade, a leader change) keep their headroom. It is tried once; if it
+fails the headroom relearns from new samples.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-from kubeinfer.operator import api, k8s, rfc3339
+from kubeinfer.operator import api, k8s, rfc3339, status
 from kubeinfer.operator.autoscale import prometheus
 from kubeinfer.operator.autoscale import signals as sig
 from kubeinfer.operator.autoscale.policy import (
@@ -129,27 +131,26 @@ def observed_status(obs: Observation, when: str) -> dict[str, Any]:
 
 
 def condition_after(
-    conditions: list[Mapping[str, Any]], status: str, reason: str, message: str, now: str, generation: int
+    conditions: list[Mapping[str, Any]],
+    status_: api.ConditionStatus,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int,
 ) -> list[dict[str, Any]] | None:
-    """The conditions list with ``AutoscalingActive`` set (:func:`api.set_condition`), or ``None``
-    when its status, reason and observedGeneration are already those (the message alone changing is
-    not worth a write; a new generation is, so that every condition's observedGeneration is current)."""
+    """The conditions list with ``AutoscalingActive`` set (:func:`status.set_condition`; the message cut
+    to 1000 characters), or ``None`` when its status, reason and observedGeneration are already those
+    (the message alone changing is not worth a write; a new generation is, so that every condition's
+    observedGeneration is current)."""
     previous = next((c for c in conditions if c.get("type") == api.CONDITION_AUTOSCALING_ACTIVE), None)
-    unchanged = (status, reason, generation)
+    unchanged = (status_, reason, generation)
     if (
         previous is not None
         and (previous.get("status"), previous.get("reason"), previous.get("observedGeneration")) == unchanged
     ):
         return None
-    return api.set_condition(
-        conditions,
-        api.CONDITION_AUTOSCALING_ACTIVE,
-        status,  # type: ignore[arg-type]
-        reason,
-        message[:1000],
-        now,
-        generation,
-    )
+    state = status.ConditionState(status_, reason, message[:1000])
+    return status.put_condition(conditions, api.CONDITION_AUTOSCALING_ACTIVE, state, now, generation)
 
 
 def decision_status(decision: Decision, observation: Observation, when: str) -> dict[str, Any]:
@@ -169,29 +170,29 @@ def decision_status(decision: Decision, observation: Observation, when: str) -> 
     return patch
 
 
-def condition_of(reading: sig.Reading, decision: Decision) -> tuple[str, str, str]:
-    """``AutoscalingActive`` as ``(status, reason, message)``: False with the signal problem, or
-    UnusableSignals when the policy cannot act on the values; True with the kind of hold, else Active.
+def condition_of(reading: sig.Reading, decision: Decision) -> status.ConditionState:
+    """``AutoscalingActive``: False with the signal problem, or UnusableSignals when the policy cannot
+    act on the values; True with the kind of hold, else Active.
 
     Written when the kind of hold changes (:func:`condition_after` compares status and reason only),
     never per tick for new numbers in the message: a steady resync writes nothing."""
     if reading.condition_reason is not None:
-        return "False", reading.condition_reason, reading.observation.unknown_reason or "unknown signals"
+        unknown = reading.observation.unknown_reason or "unknown signals"
+        return status.ConditionState("False", reading.condition_reason, unknown)
     if not decision.known:
-        return "False", UNUSABLE_SIGNALS, decision.reason
+        return status.ConditionState("False", UNUSABLE_SIGNALS, decision.reason)
     if decision.hold is not None:
-        return "True", decision.hold, decision.reason
-    return "True", ACTIVE, f"last decision: {decision.reason}"
+        return status.ConditionState("True", decision.hold, decision.reason)
+    return status.ConditionState("True", ACTIVE, f"last decision: {decision.reason}")
 
 
 @dataclass
 class _Memory:
-    """In-memory state of one InferenceService: the policy's, the last status patch, and the
-    signal problem of the last read (``None``: readable) with its back-off: ``failures`` reads in a
-    row found Prometheus unavailable, the next read not before ``retry_at`` (monotonic seconds)."""
+    """In-memory state of one InferenceService: the policy's, and the signal problem of the last read
+    (``None``: readable) with its back-off: ``failures`` reads in a row found Prometheus unavailable,
+    the next read not before ``retry_at`` (monotonic seconds)."""
 
     state: State
-    last_patch: dict[str, Any] = field(default_factory=dict)
     signal_problem: str | None = None
     failures: int = 0
     retry_at: float = 0.0
@@ -218,6 +219,7 @@ class Autoscaler:
 
     ``signals_factory`` creates the Prometheus client once (from the operator settings);
     ``monotonic`` and ``wall`` are injected clocks (seconds; ``datetime``).
+    Status is written by ``status_writer`` (field manager ``kubeinfer-autoscaler``), made from ``kube``.
     """
 
     kube: k8s.Kube
@@ -225,12 +227,17 @@ class Autoscaler:
     interval_seconds: float = 15.0
     monotonic: Callable[[], float] = time.monotonic
     wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    status_writer: status.StatusWriter = field(init=False)
     _signals: prometheus.PrometheusSignals | None = None
     _memory: dict[tuple[str, str], _Memory] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.status_writer = status.StatusWriter(self.kube, api.AUTOSCALER_FIELD_MANAGER)
+
     def forget(self, namespace: str, name: str) -> None:
-        """Drop the policy state of one InferenceService."""
+        """Drop the policy state and the status memory of one InferenceService."""
         self._memory.pop((namespace, name), None)
+        self.status_writer.forget(namespace, name)
 
     def close(self) -> None:
         """Close the Prometheus client."""
@@ -290,10 +297,11 @@ class Autoscaler:
         now, wall = self.monotonic(), self.wall()
         when = rfc3339.format_time(wall)
         mem = self._memory_for(isvc, now)
-        status: Mapping[str, Any] = body.get("status") or {}
+        current_status: Mapping[str, Any] = body.get("status") or {}
 
         if deployment is None:
-            await self._patch_status(isvc, body, mem, {}, "False", NO_DEPLOYMENT, "no Deployment yet", when)
+            no_deployment = status.ConditionState("False", NO_DEPLOYMENT, "no Deployment yet")
+            await self._write_status(isvc, body, {}, no_deployment, when)
             return TickResult(None, NO_DEPLOYMENT)
 
         if now < mem.retry_at:  # Prometheus was unavailable: wait out the back-off, read nothing
@@ -319,17 +327,17 @@ class Autoscaler:
         dstatus = deployment.get("status") or {}
         current = Current(
             replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
-            batch_timeout_seconds=isvc.spec.batch_timeout_in_force(status.get("batchTimeout")),
+            batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
             ready_replicas=int(dstatus.get("readyReplicas") or 0),
         )
         decision = decide(reading.observation, current, policy, mem.state, now)
         mem.state = decision.state
         result = TickResult(decision, reading.condition_reason or ACTIVE)
 
-        patch = decision_status(decision, reading.observation, when)
-        cond = condition_of(reading, decision)
-        result.wrote_status = await self._patch_status(
-            isvc, body, mem, patch, *cond, when, reading.observation
+        fields = decision_status(decision, reading.observation, when)
+        condition = condition_of(reading, decision)
+        result.wrote_status = await self._write_status(
+            isvc, body, fields, condition, when, reading.observation
         )
 
         if decision.replicas_changed:
@@ -424,58 +432,41 @@ class Autoscaler:
                 logger.info("%s: %s: %s", where, reason, reading.observation.unknown_reason)
         mem.signal_problem = reason
 
-    async def _patch_status(
+    async def _write_status(
         self,
         isvc: api.InferenceService,
         body: Mapping[str, Any],
-        mem: _Memory,
-        patch: dict[str, Any],
-        cond_status: str,
-        cond_reason: str,
-        cond_message: str,
+        fields: Mapping[str, Any],
+        condition: status.ConditionState,
         when: str,
         observation: Observation | None = None,
     ) -> bool:
-        """Merge-patch ``status`` with ``patch`` plus the condition when it changes. Returns True if
-        a request was sent. A 409 (someone else wrote status) re-reads the object and retries once,
-        unless its generation moved (the decision was for the old spec)."""
-        path = k8s.resource_path(api.API_VERSION, api.PLURAL, isvc.namespace, isvc.name)
+        """Write ``fields`` plus ``AutoscalingActive`` when its kind changes (:func:`condition_after`;
+        then also ``observed``, from ``observation``) through :attr:`status_writer`: only what differs, a 409
+        re-reads the object and computes them again, unless its generation moved (the decision was for
+        the old spec). Returns True if a request was sent."""
 
-        async def write(current: Mapping[str, Any]) -> bool:
-            if int((current.get("metadata") or {}).get("generation") or 0) != isvc.generation:
+        def desire(current: Mapping[str, Any]) -> dict[str, Any] | None:
+            if status.generation_of(current) != isvc.generation:
                 # the spec moved since this tick read it (autoscaling turned off, say: the operator
                 # removed AutoscalingActive): a decision for the old spec writes nothing
-                return False
-            status: Mapping[str, Any] = current.get("status") or {}
-            full = dict(patch)
+                return None
             conditions = condition_after(
-                list(status.get("conditions") or []),
-                cond_status,
-                cond_reason,
-                cond_message,
+                list((current.get("status") or {}).get("conditions") or []),
+                condition.status,
+                condition.reason,
+                condition.message,
                 when,
                 isvc.generation,
             )
+            full = dict(fields)
             if conditions is not None:
                 full["conditions"] = conditions
                 if observation is not None and "observed" not in full:
                     full["observed"] = observed_status(observation, when)
-            full = {k: v for k, v in full.items() if status.get(k) != v}
-            if not full or full == mem.last_patch:
-                # Nothing new, or exactly what we wrote last time and the watch has not caught up.
-                return False
-            merge: dict[str, Any] = {"status": full}
-            if "conditions" in full:
-                merge["metadata"] = {
-                    "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")
-                }
-            await self.kube.patch_merge(
-                path, merge, field_manager=api.AUTOSCALER_FIELD_MANAGER, subresource="status"
-            )
-            mem.last_patch = full
-            return True
+            return full
 
-        return bool(await self.kube.retry_on_conflict(path, body, write))
+        return (await self.status_writer.update(body, desire)).sent
 
 
 def for_memo(memo: Any, kube: k8s.Kube, settings: Settings) -> Autoscaler:

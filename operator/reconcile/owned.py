@@ -19,7 +19,7 @@ from kubeinfer.operator.build import build_configmap, build_deployment, build_pd
 class BuildInputs:
     """What the builders need beyond the InferenceService: the batch timeout in force (seconds) and
     ``spec.replicas`` of the Deployment (``None`` = leave it to its other owner, see
-    ``plan.desired_replicas``)."""
+    ``replicas.desired_replicas``)."""
 
     batch_timeout_seconds: float
     replicas: int | None

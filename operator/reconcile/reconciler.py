@@ -1,9 +1,10 @@
 """Level-based reconciliation of one InferenceService: read current state, plan, apply the difference.
 
 A steady-state reconcile makes no write request at all: owned objects are compared (applied-hash +
-subset, see :mod:`kubeinfer.operator.reconcile.plan`) against the operator's in-memory view (kopf
+subset, see :mod:`kubeinfer.operator.reconcile.diff`) against the operator's in-memory view (kopf
 indexes fed by watches, overlaid with the responses of its own applies), status is patched only
-when a field differs, and Events are posted only on transitions.
+when a field differs (:class:`kubeinfer.operator.status.StatusWriter`), and Events are posted only
+on transitions (:mod:`kubeinfer.operator.reconcile.events`).
 """
 
 from __future__ import annotations
@@ -18,33 +19,32 @@ from typing import Any
 import pydantic
 from kubeinfer.operator import api, k8s, metrics, rfc3339
 from kubeinfer.operator.build.common import selector_string
-from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
+from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
+from kubeinfer.operator.reconcile.replicas import desired_replicas
+from kubeinfer.operator.reconcile.rollout import rollout_of
+from kubeinfer.operator.status import (
+    ConditionState,
+    StatusWrite,
+    StatusWriter,
+    generation_of,
+    isvc_path,
+    object_key,
+    resource_version,
+)
 
 logger = logging.getLogger("kubeinfer.operator.reconcile")
 
 #: ``lookup(kind, namespace, name)`` → the current object as last seen, or ``None``.
 Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
 
-__all__ = ["OWNED_KINDS", "Lookup", "Reconciler", "apply_if_changed", "isvc_path"]
-
-
-def _rv(obj: Mapping[str, Any] | None) -> int:
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
-def isvc_path(namespace: str, name: str) -> str:
-    """API path of an InferenceService."""
-    path: str = k8s.resource_path(api.API_VERSION, api.PLURAL, namespace, name)
-    return path
+__all__ = ["OWNED_KINDS", "Lookup", "Reconciler", "apply_if_changed"]
 
 
 async def apply_if_changed(
     kube: k8s.Kube, desired: dict[str, Any], current: Mapping[str, Any] | None
-) -> tuple[plan.Action, dict[str, Any] | None]:
+) -> tuple[Action, dict[str, Any] | None]:
     """Server-side apply ``desired`` (field manager ``kubeinfer``) unless ``current`` already matches.
 
     For the autoscaler: ``apply_if_changed(kube, build_configmap(isvc, timeout), current_cm)``
@@ -56,7 +56,7 @@ async def apply_if_changed(
     Raises:
         k8s.TransientError / k8s.PermanentError: the apply failed.
     """
-    action = plan.plan_apply(desired, current)
+    action = plan_apply(desired, current)
     if action == "none":
         return action, None
     stored = await kube.apply(desired, field_manager=api.FIELD_MANAGER, force=True)
@@ -68,23 +68,28 @@ class Reconciler:
     """Reconciles InferenceServices; one instance per operator process.
 
     ``clock`` returns RFC 3339 UTC strings (injected in tests). ``retry_delay``: base of the retry
-    back-off after a transient API error, seconds (see :func:`plan.retry_delay`; at most
+    back-off after a transient API error, seconds (see :func:`backoff.retry_delay`; at most
     ``max_retry_delay``); ``api_error_threshold``: consecutive failed reconciles of one
-    InferenceService before ``Ready=False ApiServerError`` is written.
+    InferenceService before ``Ready=False ApiServerError`` is written. Status is written by
+    ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
     """
 
     kube: k8s.Kube
     clock: Callable[[], str] = rfc3339.now
     retry_delay: float = 5.0
-    max_retry_delay: float = plan.RETRY_DELAY_MAX_SECONDS
-    api_error_threshold: int = plan.API_ERROR_THRESHOLD
+    max_retry_delay: float = backoff.RETRY_DELAY_MAX_SECONDS
+    api_error_threshold: int = backoff.API_ERROR_THRESHOLD
+    status_writer: StatusWriter = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     _retries: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
-    _events: dict[tuple[str, str], list[plan.Event]] = field(default_factory=dict)
+    _events: dict[tuple[str, str], list[events.Event]] = field(default_factory=dict)
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _replicasets_refused: bool = False
+
+    def __post_init__(self) -> None:
+        self.status_writer = StatusWriter(self.kube, api.FIELD_MANAGER)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the memory of a deleted InferenceService."""
@@ -92,6 +97,7 @@ class Reconciler:
         self.bodies.pop((namespace, name), None)
         self._events.pop((namespace, name), None)
         self._failures.pop((namespace, name), None)
+        self.status_writer.forget(namespace, name)
         for owned in OWNED:
             self._applied.pop((owned.kind, namespace, owned.name_of(name)), None)
         task = self._retries.pop((namespace, name), None)
@@ -106,15 +112,14 @@ class Reconciler:
         """The newer of the watched object and the response of our own last apply."""
         seen = lookup(kind, namespace, name)
         mine = self._applied.get((kind, namespace, name))
-        if mine is not None and _rv(mine) > _rv(seen):
+        if mine is not None and resource_version(mine) > resource_version(seen):
             return mine
         if mine is not None:
             del self._applied[(kind, namespace, name)]
         return seen
 
     def _schedule_retry(self, body: Mapping[str, Any], lookup: Lookup, delay: float) -> None:
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace")), str(meta.get("name")))
+        key = object_key(body)
         if key in self._retries and not self._retries[key].done():
             return
 
@@ -138,14 +143,13 @@ class Reconciler:
         Warning Event) until a reconcile succeeds. Permanent ones become ``Ready=False`` (reason
         ReconcileFailed) and a Warning Event. Never raises for API errors.
         """
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace")), str(meta.get("name")))
-        if meta.get("deletionTimestamp"):
+        key = object_key(body)
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             known = self.bodies.get(key)
-            if known is not None and (latest or _rv(known) > _rv(body)):
+            if known is not None and (latest or resource_version(known) > resource_version(body)):
                 body = known  # our own status patch may be newer than the watched body
             else:
                 self.bodies[key] = body
@@ -164,7 +168,7 @@ class Reconciler:
                 body = self.bodies.get(key, body)  # a 409's re-read may have a newer one
                 metrics.RECONCILE_ERRORS.labels(kind="transient").inc()
                 failures = self._failures[key] = self._failures.get(key, 0) + 1
-                delay = plan.retry_delay(
+                delay = backoff.retry_delay(
                     failures, base=self.retry_delay, cap=self.max_retry_delay, retry_after=exc.retry_after
                 )
                 logger.warning(
@@ -204,8 +208,8 @@ class Reconciler:
 
     def _remember(self, body: Mapping[str, Any]) -> None:
         """Keep ``body`` as the latest known InferenceService unless a newer one is known."""
-        key = _key(body)
-        if _rv(body) >= _rv(self.bodies.get(key)):
+        key = object_key(body)
+        if resource_version(body) >= resource_version(self.bodies.get(key)):
             self.bodies[key] = body
 
     async def _reconcile(self, body: Mapping[str, Any], lookup: Lookup) -> None:
@@ -222,7 +226,7 @@ class Reconciler:
         deployment = self._current(lookup, "Deployment", namespace, name)
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
-            replicas=plan.desired_replicas(isvc, deployment),
+            replicas=desired_replicas(isvc, deployment),
         )
         built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
         desired = [obj for obj in built.values() if obj is not None]
@@ -248,8 +252,8 @@ class Reconciler:
 
         error = errors[-1] if errors else None
         state = await self._observe(isvc, deployment, error)
-        desired_status = plan.desired_status(isvc, deployment, state, current_status, self.clock())
-        await self._write_status(body, current_status, desired_status)
+        desired_status = report.desired_status(isvc, deployment, state, current_status, self.clock())
+        await self._write_status(body, desired_status)
 
     def _record_apply(
         self,
@@ -257,11 +261,11 @@ class Reconciler:
         isvc: api.InferenceService,
         obj: dict[str, Any],
         current: Mapping[str, Any] | None,
-        outcome: tuple[plan.Action, dict[str, Any] | None] | BaseException,
+        outcome: tuple[Action, dict[str, Any] | None] | BaseException,
         errors: list[str],
     ) -> dict[str, Any] | None:
         """Remember one apply's response and post its Events (DriftReverted; the update's, see
-        :func:`plan.update_events`). Returns the stored object (``None``: nothing was sent, or it
+        :func:`events.update_events`). Returns the stored object (``None``: nothing was sent, or it
         failed). A permanent error is appended to ``errors``; any other exception is raised."""
         kind, obj_name = obj["kind"], obj["metadata"]["name"]
         if isinstance(outcome, k8s.PermanentError):
@@ -276,7 +280,7 @@ class Reconciler:
         if action == "revert":
             self._event_later(body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning")
         elif action == "update":
-            for type_, reason, message in plan.update_events(obj, current, isvc):
+            for type_, reason, message in events.update_events(obj, current, isvc):
                 self._event_later(body, reason, message, type_)
         return stored
 
@@ -296,8 +300,8 @@ class Reconciler:
 
     async def _observe(
         self, isvc: api.InferenceService, deployment: Mapping[str, Any] | None, error: str | None
-    ) -> plan.Health:
-        """:func:`plan.health` from the PersistentVolumeClaims and, while a rollout is not complete,
+    ) -> diagnosis.Health:
+        """:func:`diagnosis.health` from the PersistentVolumeClaims and, while a rollout is not complete,
         the ReplicaSets and pods (listed only then: a steady state reads nothing more)."""
         namespace = isvc.namespace
         missing: list[str] = []
@@ -306,13 +310,13 @@ class Reconciler:
                 missing.append(claim)
         pods: list[dict[str, Any]] = []
         replicasets: list[dict[str, Any]] = []
-        if deployment is not None and not missing and not plan.rollout_of(deployment).complete:
+        if deployment is not None and not missing and not rollout_of(deployment).complete:
             selector = selector_string(isvc)
             replicasets, pods = await asyncio.gather(
                 self._replicasets(namespace, selector),
                 self.kube.list(k8s.POD.path(namespace), label_selector=selector),
             )
-        return plan.health(
+        return diagnosis.health(
             deployment,
             missing_pvcs=missing,
             error=error,
@@ -321,68 +325,68 @@ class Reconciler:
             replicasets=replicasets,
         )
 
-    async def _write_status(
-        self,
-        body: Mapping[str, Any],
-        current_status: Mapping[str, Any],
-        desired_status: dict[str, Any],
-    ) -> None:
-        """Merge-patch the status fields that differ (none: no request), then post the Events of the
-        conditions' transitions (:func:`plan.transition_events`), once per transition."""
-        meta = body.get("metadata") or {}
-        namespace, name = str(meta["namespace"]), str(meta["name"])
-        patch = plan.status_patch(desired_status, current_status)
-        if patch:
-            merge: dict[str, Any] = {"status": patch}
-            if "conditions" in patch:  # optimistic concurrency: the autoscaler writes conditions too
-                merge["metadata"] = {"resourceVersion": meta.get("resourceVersion")}
-            stored = await self.kube.patch_merge(
-                isvc_path(namespace, name), merge, field_manager=api.FIELD_MANAGER, subresource="status"
-            )
-            if _rv(stored) > _rv(self.bodies.get((namespace, name))):
-                self.bodies[(namespace, name)] = stored
-        if "conditions" not in patch:
+    async def _write_status(self, body: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
+        """Write the ``desired`` status fields computed from ``body`` (the fields that differ; none: no
+        request); a 409 goes up to :meth:`reconcile`, which re-reads the object and reconciles again."""
+        self._after_status(await self.status_writer.write(body, desired))
+
+    def _after_status(self, written: StatusWrite) -> None:
+        """Keep the stored object as the latest body, then post the Events of the conditions'
+        transitions (:func:`events.transition_events`), once per transition."""
+        if not written.patch:
             return
-        events = plan.transition_events(current_status.get("conditions") or [], patch["conditions"])
-        if events and self._events.get((namespace, name)) != events:
-            self._events[(namespace, name)] = events  # the watch may not show our patch yet
-            for type_, reason, message in events:
+        body, key = written.body, object_key(written.body)
+        if written.stored is not None and resource_version(written.stored) > resource_version(
+            self.bodies.get(key)
+        ):
+            self.bodies[key] = written.stored
+        if "conditions" not in written.patch:
+            return
+        found = events.transition_events(written.before.get("conditions") or [], written.patch["conditions"])
+        if found and self._events.get(key) != found:
+            self._events[key] = found  # the watch may not show our patch yet
+            for type_, reason, message in found:
                 self._event_later(body, reason, message, type_)
 
     async def _write_api_error(self, body: Mapping[str, Any], failures: int, error: str) -> None:
-        """Write ``Ready=False ApiServerError`` when :func:`plan.api_error_state` says so (best effort).
+        """Write ``Ready=False ApiServerError`` when :func:`backoff.api_error_state` says so (best
+        effort).
 
         A 409 (stale resourceVersion: the autoscaler wrote status) re-reads the object and tries once
         more; any other API error is logged (the API server may refuse this write too; the retry of
         the reconcile goes on).
         """
-        key = _key(body)
 
-        async def write(current: Mapping[str, Any]) -> None:
+        def desire(current: Mapping[str, Any]) -> dict[str, Any] | None:
             self._remember(current)
             current_status: Mapping[str, Any] = current.get("status") or {}
-            ready = plan.api_error_state(current_status, failures, error, threshold=self.api_error_threshold)
+            ready = backoff.api_error_state(
+                current_status, failures, error, threshold=self.api_error_threshold
+            )
             if ready is None:
-                return
-            generation = int((current.get("metadata") or {}).get("generation") or 0)
-            desired = {"conditions": plan.ready_conditions(current_status, ready, self.clock(), generation)}
-            await self._write_status(current, current_status, desired)
+                return None
+            generation = generation_of(current)
+            return {"conditions": report.ready_conditions(current_status, ready, self.clock(), generation)}
 
         try:
-            await self.kube.retry_on_conflict(isvc_path(*key), body, write)
+            written = await self.status_writer.update(body, desire)
         except k8s.KubeError as exc:
-            logger.warning("reconcile %s/%s: writing Ready=False ApiServerError failed: %s", *key, exc)
+            logger.warning(
+                "reconcile %s/%s: writing Ready=False ApiServerError failed: %s", *object_key(body), exc
+            )
+            return
+        self._after_status(written)
 
     async def _write_invalid(
         self, body: Mapping[str, Any], current_status: Mapping[str, Any], message: str
     ) -> None:
-        ready = plan.ReadyState("False", "InvalidSpec", message[:2000])
-        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        ready = ConditionState("False", "InvalidSpec", message[:2000])
+        generation = generation_of(body)
         desired = {
             "observedGeneration": generation,
-            "conditions": plan.fault_conditions(current_status, ready, self.clock(), generation),
+            "conditions": report.fault_conditions(current_status, ready, self.clock(), generation),
         }
-        await self._write_status(body, current_status, desired)
+        await self._write_status(body, desired)
 
     async def _delete_unwanted(self, body: Mapping[str, Any], lookup: Lookup, kind: str) -> None:
         """Delete the owned object of ``kind`` that the spec no longer wants (its builder gave ``None``:
@@ -396,8 +400,3 @@ class Reconciler:
         if await self.kube.delete(owned.resource.path(namespace, name)):
             self._event_later(body, "Deleted", f"deleted {kind} {name} (one replica)")
         self._applied.pop((kind, namespace, name), None)
-
-
-def _key(body: Mapping[str, Any]) -> tuple[str, str]:
-    meta = body.get("metadata") or {}
-    return str(meta.get("namespace")), str(meta.get("name"))

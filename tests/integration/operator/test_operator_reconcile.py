@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kubeinfer.operator import api
 from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
-from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile import diff, replicas
 from kubeinfer.runtime.config import RuntimeConfig
 
 from hack.devtools.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, api_write_series, series_diff
@@ -106,11 +106,11 @@ def test_example_produces_expected_objects(
     )
     dep = wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message="Deployment")
 
-    expected_dep = build_deployment(isvc, replicas=plan.desired_replicas(isvc, None))
-    assert plan.is_subset(expected_dep["spec"]["template"], dep["spec"]["template"])
+    expected_dep = build_deployment(isvc, replicas=replicas.desired_replicas(isvc, None))
+    assert diff.is_subset(expected_dep["spec"]["template"], dep["spec"]["template"])
     assert dep["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
     assert dep["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubeinfer"
-    assert plan.is_subset(build_service(isvc)["spec"], svc["spec"])
+    assert diff.is_subset(build_service(isvc)["spec"], svc["spec"])
     cfg = RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"])
     expected_cfg = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
     assert cfg == RuntimeConfig.from_yaml(expected_cfg)

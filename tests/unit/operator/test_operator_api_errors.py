@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 from kubeinfer.operator import k8s
-from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile import backoff, report
 from kubeinfer.operator.reconcile.reconciler import Reconciler
+from kubeinfer.operator.status import ConditionState as ReadyState
 
 WEBHOOK_ERROR = (
     'PATCH /apis/apps/v1/namespaces/ns/deployments/m: 500 Internal error occurred: failed calling webhook "'
@@ -19,24 +20,24 @@ WEBHOOK_ERROR = (
 
 
 def test_retry_delay_backs_off_exponentially_up_to_the_cap() -> None:
-    delays = [plan.retry_delay(n, base=5.0, cap=60.0) for n in range(1, 8)]
+    delays = [backoff.retry_delay(n, base=5.0, cap=60.0) for n in range(1, 8)]
     assert delays == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]
-    assert plan.retry_delay(1, base=5.0, cap=60.0, retry_after=30.0) == 30.0
-    assert plan.retry_delay(1000, base=5.0, cap=60.0) == 60.0
+    assert backoff.retry_delay(1, base=5.0, cap=60.0, retry_after=30.0) == 30.0
+    assert backoff.retry_delay(1000, base=5.0, cap=60.0) == 60.0
 
 
 def test_api_error_state_only_at_threshold_and_only_on_transition() -> None:
     ready = {"type": "Ready", "status": "True", "reason": "MinimumReplicasAvailable", "message": "1/1"}
     status = {"conditions": [ready]}
-    assert plan.api_error_state(status, 2, "boom", threshold=3) is None
-    state = plan.api_error_state(status, 3, "boom", threshold=3)
-    assert state == plan.ReadyState(
+    assert backoff.api_error_state(status, 2, "boom", threshold=3) is None
+    state = backoff.api_error_state(status, 3, "boom", threshold=3)
+    assert state == ReadyState(
         "False", "ApiServerError", "3 consecutive reconciles failed; retrying with back-off: boom"
     )
     shown = {"conditions": [{"type": "Ready", "status": "False", "reason": "ApiServerError", "message": "x"}]}
-    assert plan.api_error_state(shown, 7, "boom", threshold=3) is None
-    assert plan.api_error_state({}, 3, "e" * 5000, threshold=3) is not None
-    long_state = plan.api_error_state({}, 3, "e" * 5000, threshold=3)
+    assert backoff.api_error_state(shown, 7, "boom", threshold=3) is None
+    assert backoff.api_error_state({}, 3, "e" * 5000, threshold=3) is not None
+    long_state = backoff.api_error_state({}, 3, "e" * 5000, threshold=3)
     assert long_state is not None and long_state.message.endswith(": " + "e" * 1000)
 
 
@@ -49,8 +50,8 @@ def test_ready_conditions_keeps_other_types_and_transition_time() -> None:
         "message": "",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
-    state = plan.ReadyState("False", "ApiServerError", "m")
-    conds = plan.ready_conditions({"conditions": [previous, other]}, state, "2026-02-02T00:00:00Z", 4)
+    state = ReadyState("False", "ApiServerError", "m")
+    conds = report.ready_conditions({"conditions": [previous, other]}, state, "2026-02-02T00:00:00Z", 4)
     assert conds == [
         {
             "type": "Ready",
@@ -62,7 +63,7 @@ def test_ready_conditions_keeps_other_types_and_transition_time() -> None:
         },
         other,
     ]
-    flipped = plan.ready_conditions({"conditions": [previous]}, plan.ReadyState("True", "A", ""), "T2", 4)
+    flipped = report.ready_conditions({"conditions": [previous]}, ReadyState("True", "A", ""), "T2", 4)
     assert flipped[0]["lastTransitionTime"] == "T2"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile import diagnosis, report
 
 from tests.unit.operator.test_operator_health import deployment, health, pod, replicaset
 
@@ -25,10 +25,10 @@ def argocd(obj: dict[str, Any]) -> tuple[str, str]:
     return str(hs["status"]), str(hs["message"])
 
 
-def isvc(state: plan.Health | None, *, generation: int = 2, observed: int = 2) -> dict[str, Any]:
+def isvc(state: diagnosis.Health | None, *, generation: int = 2, observed: int = 2) -> dict[str, Any]:
     status: dict[str, Any] = {"observedGeneration": observed}
     if state is not None:
-        status["conditions"] = plan.conditions_for({}, state, "T", generation, autoscaling=False)
+        status["conditions"] = report.conditions_for({}, state, "T", generation, autoscaling=False)
     return {"metadata": {"name": "m", "generation": generation}, "status": status}
 
 

@@ -1,15 +1,15 @@
-"""``api.set_condition``/``remove_condition`` (the model: apimachinery's meta.SetStatusCondition) and the
+"""``status.set_condition``/``remove_condition`` (the model: apimachinery's meta.SetStatusCondition) and the
 owned-kinds table that drives the reconciler, the handlers and ``k8s``."""
 
 from __future__ import annotations
 
-from kubeinfer.operator import api, k8s
+from kubeinfer.operator import k8s, status
 from kubeinfer.operator.reconcile import owned
 
 
 def test_set_condition_appends_a_new_type_and_copies_the_others() -> None:
     other = {"type": "Ready", "status": "True", "reason": "R"}
-    out = api.set_condition([other], "Serving", "True", "PodsReady", "1 ready", "T1", 3)
+    out = status.set_condition([other], "Serving", "True", "PodsReady", "1 ready", "T1", 3)
     assert out == [
         other,
         {
@@ -25,19 +25,19 @@ def test_set_condition_appends_a_new_type_and_copies_the_others() -> None:
 
 
 def test_set_condition_keeps_the_transition_time_unless_the_status_changes() -> None:
-    first = api.set_condition([], "Ready", "False", "Progressing", "a", "T1", 1)
-    same = api.set_condition(first, "Ready", "False", "ImagePullBackOff", "b", "T2", 2)
+    first = status.set_condition([], "Ready", "False", "Progressing", "a", "T1", 1)
+    same = status.set_condition(first, "Ready", "False", "ImagePullBackOff", "b", "T2", 2)
     assert same[0]["lastTransitionTime"] == "T1" and same[0]["reason"] == "ImagePullBackOff"
     assert same[0]["observedGeneration"] == 2
-    flipped = api.set_condition(same, "Ready", "True", "Ready", "c", "T3", 2)
+    flipped = status.set_condition(same, "Ready", "True", "Ready", "c", "T3", 2)
     assert flipped[0]["lastTransitionTime"] == "T3" and len(flipped) == 1
 
 
 def test_set_condition_replaces_in_place() -> None:
     conds = [{"type": "A", "status": "True"}, {"type": "B", "status": "True"}]
-    out = api.set_condition(conds, "A", "False", "X", "", "T", 1)
+    out = status.set_condition(conds, "A", "False", "X", "", "T", 1)
     assert [c["type"] for c in out] == ["A", "B"] and out[0]["status"] == "False"
-    assert api.remove_condition(out, "A") == [{"type": "B", "status": "True"}]
+    assert status.remove_condition(out, "A") == [{"type": "B", "status": "True"}]
 
 
 def test_owned_kinds_table_names_paths_and_plurals() -> None:

@@ -1,4 +1,4 @@
-"""plan.health: Ready (serving the current generation), Serving, Reconciling, Stalled, the counts, and
+"""diagnosis.health: Ready (serving the current generation), Serving, Reconciling, Stalled, the counts, and
 the Events of their transitions; kstatus semantics (Reconciling/Stalled present only while true)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from typing import Any
 
 from kubeinfer.operator import api
 from kubeinfer.operator.build import build_configmap, build_deployment
-from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile import diagnosis, report, rollout
+from kubeinfer.operator.reconcile import events as reconcile_events
 
 AVAILABLE = {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}
 
@@ -16,7 +17,7 @@ def deployment(
     *, desired: int = 1, replicas: int, updated: int, ready: int, generation: int = 2, observed: int = 2
 ) -> dict[str, Any]:
     return {
-        "metadata": {"generation": generation, "annotations": {plan.REVISION_ANNOTATION: "2"}},
+        "metadata": {"generation": generation, "annotations": {rollout.REVISION_ANNOTATION: "2"}},
         "spec": {"replicas": desired},
         "status": {
             "observedGeneration": observed,
@@ -32,8 +33,8 @@ def deployment(
 def replicaset(revision: str, template_hash: str, ready: int) -> dict[str, Any]:
     return {
         "metadata": {
-            "annotations": {plan.REVISION_ANNOTATION: revision},
-            "labels": {plan.POD_TEMPLATE_HASH_LABEL: template_hash},
+            "annotations": {rollout.REVISION_ANNOTATION: revision},
+            "labels": {rollout.POD_TEMPLATE_HASH_LABEL: template_hash},
         },
         "status": {"readyReplicas": ready},
     }
@@ -46,15 +47,15 @@ def pod(name: str, template_hash: str, waiting: str | None = None) -> dict[str, 
             {"name": "runtime", "state": {"waiting": {"reason": waiting, "message": f"{waiting} msg"}}}
         ]
     return {
-        "metadata": {"name": name, "labels": {plan.POD_TEMPLATE_HASH_LABEL: template_hash}},
+        "metadata": {"name": name, "labels": {rollout.POD_TEMPLATE_HASH_LABEL: template_hash}},
         "status": {"containerStatuses": statuses},
     }
 
 
 def health(
     dep: dict[str, Any], pods: list[dict[str, Any]] | None = None, rs: list[Any] | None = None
-) -> plan.Health:
-    return plan.health(dep, missing_pvcs=[], error=None, namespace="ns", pods=pods, replicasets=rs)
+) -> diagnosis.Health:
+    return diagnosis.health(dep, missing_pvcs=[], error=None, namespace="ns", pods=pods, replicasets=rs)
 
 
 def test_rollout_in_flight_is_not_ready_but_serving_with_counts() -> None:
@@ -109,10 +110,10 @@ def test_complete_only_when_observed_updated_available_and_no_old_pod() -> None:
 
 def test_conditions_remove_the_abnormal_true_ones_when_false() -> None:
     rolling = health(deployment(replicas=2, updated=1, ready=1))
-    conds = plan.conditions_for({}, rolling, "T1", 2, autoscaling=False)
+    conds = report.conditions_for({}, rolling, "T1", 2, autoscaling=False)
     assert [c["type"] for c in conds] == ["Ready", "Serving", "Reconciling"]
     assert all(c["observedGeneration"] == 2 for c in conds)
-    done = plan.conditions_for(
+    done = report.conditions_for(
         {"conditions": conds}, health(deployment(replicas=1, updated=1, ready=1)), "T2", 2, autoscaling=False
     )
     assert [c["type"] for c in done] == ["Ready", "Serving"]
@@ -121,28 +122,30 @@ def test_conditions_remove_the_abnormal_true_ones_when_false() -> None:
 
 
 def test_events_normal_for_a_healthy_start_and_rollout_warning_for_faults() -> None:
-    def conds(h: plan.Health, before: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return plan.conditions_for({"conditions": before}, h, "T", 1, autoscaling=False)
+    def conds(h: diagnosis.Health, before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return report.conditions_for({"conditions": before}, h, "T", 1, autoscaling=False)
 
-    creating = conds(plan.health(None, missing_pvcs=[], error=None, namespace="ns"), [])
+    creating = conds(diagnosis.health(None, missing_pvcs=[], error=None, namespace="ns"), [])
     assert (
-        plan.transition_events([], creating) == []
+        reconcile_events.transition_events([], creating) == []
     )  # Progressing/Creating: no Event (Created is the apply's)
     pending = conds(health(deployment(replicas=1, updated=1, ready=0)), creating)
-    assert plan.transition_events(creating, pending) == []  # still rolling out: nothing new
+    assert reconcile_events.transition_events(creating, pending) == []  # still rolling out: nothing new
     done = conds(health(deployment(replicas=1, updated=1, ready=1)), pending)
-    assert plan.transition_events(pending, done) == [
+    assert reconcile_events.transition_events(pending, done) == [
         ("Normal", "RolloutFinished", "Ready=True: 1/1 replicas ready")
     ]
     rolling = conds(health(deployment(replicas=2, updated=1, ready=1)), done)
-    assert plan.transition_events(done, rolling) == []  # Ready True -> Progressing: expected
+    assert reconcile_events.transition_events(done, rolling) == []  # Ready True -> Progressing: expected
     rs = [replicaset("1", "old", 1), replicaset("2", "new", 0)]
     broken = conds(
         health(deployment(replicas=2, updated=1, ready=1), [pod("b", "new", "ErrImagePull")], rs), rolling
     )
-    assert [(t, r) for t, r, _ in plan.transition_events(rolling, broken)] == [("Warning", "ErrImagePull")]
+    assert [(t, r) for t, r, _ in reconcile_events.transition_events(rolling, broken)] == [
+        ("Warning", "ErrImagePull")
+    ]
     fixed = conds(health(deployment(replicas=1, updated=1, ready=1)), broken)
-    assert [(t, r) for t, r, _ in plan.transition_events(broken, fixed)] == [
+    assert [(t, r) for t, r, _ in reconcile_events.transition_events(broken, fixed)] == [
         ("Normal", "MinimumReplicasAvailable")
     ]
 
@@ -157,15 +160,17 @@ def _isvc(**spec: Any) -> api.InferenceService:
 def test_update_events_tell_a_rollout_from_a_scale_and_a_batch_timeout_change() -> None:
     isvc = _isvc()
     dep = build_deployment(isvc, replicas=1)
-    assert plan.update_events(build_deployment(isvc, replicas=3), dep, isvc) == [
+    assert reconcile_events.update_events(build_deployment(isvc, replicas=3), dep, isvc) == [
         ("Normal", "Scaled", "replicas 1 → 3")
     ]
     other = _isvc(model={"uri": "/models/v2"})
-    events = plan.update_events(build_deployment(other, replicas=1), dep, other)
+    events = reconcile_events.update_events(build_deployment(other, replicas=1), dep, other)
     assert [(t, r) for t, r, _ in events] == [("Normal", "RolloutStarted")] and "generation 3" in events[0][2]
-    assert plan.update_events(dep, dep, isvc) == []
-    cm = plan.update_events(build_configmap(isvc, 0.009), build_configmap(isvc, 0.005), isvc)
+    assert reconcile_events.update_events(dep, dep, isvc) == []
+    cm = reconcile_events.update_events(build_configmap(isvc, 0.009), build_configmap(isvc, 0.005), isvc)
     assert cm == [("Normal", "BatchTimeoutChanged", "batch timeout 5ms → 9ms")]
     auto = _isvc(autoscaling={"enabled": True})  # the autoscaler posts Autoscaled for its own changes
-    assert plan.update_events(build_configmap(auto, 0.009), build_configmap(auto, 0.005), auto) == []
-    assert plan.update_events(dep, None, isvc) == []  # a creation: the Created Event
+    assert (
+        reconcile_events.update_events(build_configmap(auto, 0.009), build_configmap(auto, 0.005), auto) == []
+    )
+    assert reconcile_events.update_events(dep, None, isvc) == []  # a creation: the Created Event

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.operator import api
+from kubeinfer.operator import api, status
 from kubeinfer.operator.build import build_service
-from kubeinfer.operator.reconcile import plan
+from kubeinfer.operator.reconcile import diagnosis, diff, replicas, report
+from kubeinfer.operator.status import ConditionState as ReadyState
 
 
 def _isvc(**spec: Any) -> api.InferenceService:
@@ -20,25 +21,25 @@ def _isvc(**spec: Any) -> api.InferenceService:
 def test_is_subset_ignores_server_defaults_and_normalizes_quantities() -> None:
     desired = {"a": {"cpu": "1", "list": [{"x": 1}], "empty": []}, "b": "8Gi"}
     current = {"a": {"cpu": "1000m", "list": [{"x": 1, "default": True}], "extra": 3}, "b": "8Gi", "c": 1}
-    assert plan.is_subset(desired, current)
-    assert not plan.is_subset({"a": {"cpu": "2"}}, current)
-    assert not plan.is_subset({"a": {"list": [{"x": 1}, {"x": 2}]}}, current)
+    assert diff.is_subset(desired, current)
+    assert not diff.is_subset({"a": {"cpu": "2"}}, current)
+    assert not diff.is_subset({"a": {"list": [{"x": 1}, {"x": 2}]}}, current)
 
 
 def test_plan_apply_create_update_revert_none() -> None:
     desired = build_service(_isvc())
-    assert plan.plan_apply(desired, None) == "create"
+    assert diff.plan_apply(desired, None) == "create"
     current = {**desired, "spec": {**desired["spec"], "clusterIP": "10.0.0.1", "sessionAffinity": "None"}}
-    assert plan.plan_apply(desired, current) == "none"
+    assert diff.plan_apply(desired, current) == "none"
     edited = {**current, "spec": {**current["spec"], "type": "NodePort"}}
-    assert plan.plan_apply(desired, edited) == "revert"
+    assert diff.plan_apply(desired, edited) == "revert"
     changed = build_service(_isvc(model={"uri": "/m"}))  # same Service: the hash is of the Service itself
-    assert plan.plan_apply(changed, current) == "none"
+    assert diff.plan_apply(changed, current) == "none"
     stale = {
         **current,
         "metadata": {**current["metadata"], "annotations": {"kubeinfer.io/applied-hash": "old"}},
     }
-    assert plan.plan_apply(desired, stale) == "update"
+    assert diff.plan_apply(desired, stale) == "update"
 
 
 def _dep(replicas: int, managers: list[str]) -> dict[str, Any]:
@@ -48,13 +49,13 @@ def _dep(replicas: int, managers: list[str]) -> dict[str, Any]:
 
 def test_desired_replicas_never_fights_the_autoscaler() -> None:
     off = _isvc(replicas=3)
-    assert plan.desired_replicas(off, _dep(7, ["kubeinfer-autoscaler"])) == 3
+    assert replicas.desired_replicas(off, _dep(7, ["kubeinfer-autoscaler"])) == 3
     on = _isvc(autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 5})
-    assert plan.desired_replicas(on, None) == 2  # create at minReplicas
-    assert plan.desired_replicas(on, _dep(4, ["kubeinfer"])) == 4  # sole owner: keep the value
-    assert plan.desired_replicas(on, _dep(4, ["kubeinfer-autoscaler"])) is None  # leave it alone
-    assert plan.desired_replicas(on, _dep(9, ["kubeinfer-autoscaler"])) == 5  # clamp into bounds
-    assert plan.desired_replicas(on, _dep(1, ["kubectl"])) == 2
+    assert replicas.desired_replicas(on, None) == 2  # create at minReplicas
+    assert replicas.desired_replicas(on, _dep(4, ["kubeinfer"])) == 4  # sole owner: keep the value
+    assert replicas.desired_replicas(on, _dep(4, ["kubeinfer-autoscaler"])) is None  # leave it alone
+    assert replicas.desired_replicas(on, _dep(9, ["kubeinfer-autoscaler"])) == 5  # clamp into bounds
+    assert replicas.desired_replicas(on, _dep(1, ["kubectl"])) == 2
 
 
 def _deployment(*conds: dict[str, str], ready: int = 0, replicas: int = 1) -> dict[str, Any]:
@@ -71,14 +72,14 @@ def _deployment(*conds: dict[str, str], ready: int = 0, replicas: int = 1) -> di
 
 
 def test_ready_state_from_deployment_conditions() -> None:
-    ok = plan.ready_state(
+    ok = diagnosis.ready_state(
         _deployment({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}, ready=1),
         missing_pvcs=[],
         error=None,
         namespace="ns",
     )
     assert (ok.status, ok.reason, ok.message) == ("True", "MinimumReplicasAvailable", "1/1 replicas ready")
-    failed = plan.ready_state(
+    failed = diagnosis.ready_state(
         _deployment(
             {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
             {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "quota"},
@@ -88,14 +89,14 @@ def test_ready_state_from_deployment_conditions() -> None:
         namespace="ns",
     )
     assert (failed.status, failed.reason, failed.message) == ("False", "FailedCreate", "quota")
-    stuck = plan.ready_state(
+    stuck = diagnosis.ready_state(
         _deployment({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}),
         missing_pvcs=[],
         error=None,
         namespace="ns",
     )
     assert stuck.reason == "ProgressDeadlineExceeded"
-    pvc = plan.ready_state(None, missing_pvcs=["models"], error=None, namespace="ns")
+    pvc = diagnosis.ready_state(None, missing_pvcs=["models"], error=None, namespace="ns")
     assert (pvc.status, pvc.reason) == ("False", "PersistentVolumeClaimNotFound")
     assert "models" in pvc.message
 
@@ -115,16 +116,16 @@ def test_pod_problems_surface_while_unavailable() -> None:
     unavailable = _deployment(
         {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"}
     )
-    state = plan.ready_state(unavailable, missing_pvcs=[], error=None, namespace="ns", pods=[pod])
+    state = diagnosis.ready_state(unavailable, missing_pvcs=[], error=None, namespace="ns", pods=[pod])
     assert (state.status, state.reason) == ("False", "ImagePullBackOff")
     assert "bad image x" in state.message
     pending = {"metadata": {"name": "p2"}, "status": {"phase": "Pending"}}
-    assert plan.pod_problem([pending]) is None
+    assert diagnosis.pod_problem([pending]) is None
     unschedulable = {
         "metadata": {"name": "p3"},
         "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]},
     }
-    assert plan.pod_problem([unschedulable]) == plan.ReadyState("False", "Unschedulable", "pod p3: ")
+    assert diagnosis.pod_problem([unschedulable]) == ReadyState("False", "Unschedulable", "pod p3: ")
     gpu = {
         **unschedulable,
         "spec": {
@@ -144,7 +145,7 @@ def test_pod_problems_surface_while_unavailable() -> None:
             }
         ]
     }
-    state = plan.pod_problem([gpu])
+    state = diagnosis.pod_problem([gpu])
     assert state is not None and state.reason == "Unschedulable"
     assert state.message == (
         "pod p3: 0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. "
@@ -154,7 +155,7 @@ def test_pod_problems_surface_while_unavailable() -> None:
 
 def test_status_keeps_transition_time_and_other_conditions() -> None:
     isvc = _isvc(autoscaling={"enabled": True})
-    ready = plan.ReadyState("False", "MinimumReplicasUnavailable", "m")
+    ready = ReadyState("False", "MinimumReplicasUnavailable", "m")
     other = {"type": "AutoscalingActive", "status": "True", "reason": "X", "message": ""}
     previous = {
         "type": "Ready",
@@ -164,18 +165,18 @@ def test_status_keeps_transition_time_and_other_conditions() -> None:
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
     current = {"conditions": [previous, other]}
-    desired = plan.desired_status(
-        isvc, _deployment(), plan.Health(ready), current, now="2026-02-02T00:00:00Z"
+    desired = report.desired_status(
+        isvc, _deployment(), diagnosis.Health(ready), current, now="2026-02-02T00:00:00Z"
     )
     assert desired["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert other in desired["conditions"]
-    off = plan.desired_status(_isvc(), _deployment(), plan.Health(ready), current, now="T")
+    off = report.desired_status(_isvc(), _deployment(), diagnosis.Health(ready), current, now="T")
     assert [c["type"] for c in off["conditions"]] == ["Ready", "Serving"]  # AutoscalingActive removed
     assert off["observed"] is None  # a merge patch's None deletes the autoscaler's observed signals
     assert desired["batchTimeout"] == "5ms"
     assert desired["url"] == "http://m.ns.svc.cluster.local:8080"
-    assert plan.status_patch(desired, desired) == {}
-    patch = plan.status_patch(desired, {**desired, "replicas": 9})
+    assert status.status_patch(desired, desired) == {}
+    patch = status.status_patch(desired, {**desired, "replicas": 9})
     assert patch == {"replicas": desired["replicas"]}
 
 
@@ -207,7 +208,7 @@ def test_crash_loop_carries_exit_code_and_termination_message() -> None:
             "message": "loading model\nerror: calibration file /models/calib.jsonl not found\n",
         }
     )
-    assert plan.pod_problem([pod]) == plan.ReadyState(
+    assert diagnosis.pod_problem([pod]) == ReadyState(
         "False",
         "CrashLoopBackOff",
         "pod p4 container runtime: back-off 40s restarting failed container=runtime; "
@@ -218,7 +219,7 @@ def test_crash_loop_carries_exit_code_and_termination_message() -> None:
 def test_crash_loop_termination_message_keeps_its_last_300_chars() -> None:
     cause = "error: calibration file missing"
     log = "x" * 1000 + "\n" + cause
-    state = plan.pod_problem([_crashing_pod({"exitCode": 1, "message": log})])
+    state = diagnosis.pod_problem([_crashing_pod({"exitCode": 1, "message": log})])
     assert state is not None
     prefix = "pod p4 container runtime: back-off 40s restarting failed container=runtime; last exit code 1: "
     assert state.message == prefix + "..." + "x" * (300 - len(cause) - 1) + "\n" + cause
@@ -226,7 +227,7 @@ def test_crash_loop_termination_message_keeps_its_last_300_chars() -> None:
 
 
 def test_crash_loop_without_message_still_gives_exit_code() -> None:
-    state = plan.pod_problem([_crashing_pod({"exitCode": 137, "reason": "OOMKilled"})])
+    state = diagnosis.pod_problem([_crashing_pod({"exitCode": 137, "reason": "OOMKilled"})])
     assert state is not None
     assert state.message.endswith("; last exit code 137 (OOMKilled)")
-    assert plan.last_termination({"name": "runtime", "lastState": {}}) is None
+    assert diagnosis.last_termination({"name": "runtime", "lastState": {}}) is None

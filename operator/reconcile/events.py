@@ -1,0 +1,92 @@
+"""The Events the reconciler posts: for an update of an owned object, and for a transition of the
+Ready condition (never for a resync that changes nothing). Pure: no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+from kubeinfer.operator import api
+from kubeinfer.operator.reconcile.diff import is_subset
+from kubeinfer.operator.status import conditions_of
+from kubeinfer.runtime.config import CONFIG_FILE
+
+#: Ready=False reasons of a healthy start-up or rollout: no Event (the rollout's own Events say it).
+EXPECTED_NOT_READY_REASONS = frozenset({"Creating", "Progressing"})
+
+#: An Event to post: ``(type, reason, message)``; type ``Normal`` or ``Warning``.
+Event = tuple[str, str, str]
+
+
+def _batch_timeout_of(configmap: Mapping[str, Any] | None) -> float | None:
+    """``batching.max_queue_delay_seconds`` of a runtime ConfigMap (``None`` if absent or unreadable)."""
+    text = ((configmap or {}).get("data") or {}).get(CONFIG_FILE)
+    try:
+        value = (yaml.safe_load(text or "") or {}).get("batching", {}).get("max_queue_delay_seconds")
+        return float(value) if value is not None else None
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def update_events(
+    desired: Mapping[str, Any], current: Mapping[str, Any] | None, isvc: api.InferenceService
+) -> list[Event]:
+    """Normal Events for an update of an owned object from ``current`` to ``desired``: a Deployment
+    whose pod template changes ``RolloutStarted``; one whose replicas alone change ``Scaled``
+    (``spec.replicas`` with autoscaling off or clamped into its bounds; the autoscaler posts its own
+    ``Autoscaled``); a ConfigMap whose batch timeout changes, with autoscaling off,
+    ``BatchTimeoutChanged`` (the runtime reloads it without a restart)."""
+    if current is None:
+        return []
+    if desired.get("kind") == "Deployment":
+        want, have = desired.get("spec") or {}, current.get("spec") or {}
+        if not is_subset(want.get("template") or {}, have.get("template") or {}):
+            return [
+                ("Normal", "RolloutStarted", f"rolling out a new pod template (generation {isvc.generation})")
+            ]
+        if "replicas" in want and want["replicas"] != have.get("replicas"):
+            return [("Normal", "Scaled", f"replicas {have.get('replicas')} → {want['replicas']}")]
+    if desired.get("kind") == "ConfigMap" and not isvc.spec.autoscaling.enabled:
+        old, new = _batch_timeout_of(current), _batch_timeout_of(desired)
+        if old is not None and new is not None and old != new:
+            message = f"batch timeout {api.format_duration(old)} → {api.format_duration(new)}"
+            return [("Normal", "BatchTimeoutChanged", message)]
+    return []
+
+
+def transition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """The Events for the change of ``status.conditions`` from ``before`` to ``after``.
+
+    Normal for expected transitions: ``RolloutFinished`` when Ready turns true as a rollout
+    (Reconciling) ends, else the Ready reason when Ready turns true (e.g. a fault cleared); the
+    start of a rollout or a scale is the apply's Event (:func:`update_events`). Warning only for
+    faults: Ready turning false, or changing reason while false, with a reason not in
+    :data:`EXPECTED_NOT_READY_REASONS`. Nothing when the conditions did not change in status or
+    reason (a new message alone, e.g. new counts).
+    """
+    old, new = (
+        conditions_of({"status": {"conditions": before}}),
+        conditions_of({"status": {"conditions": after}}),
+    )
+
+    def key(conds: Mapping[str, Mapping[str, Any]], type_: str) -> tuple[str, str]:
+        c = conds.get(type_) or {}
+        return str(c.get("status", "")), str(c.get("reason", ""))
+
+    events: list[Event] = []
+    rec_before, rec_after = key(old, api.CONDITION_RECONCILING)[0], key(new, api.CONDITION_RECONCILING)[0]
+    ready = new.get(api.CONDITION_READY)
+    if ready is None or key(old, api.CONDITION_READY) == key(new, api.CONDITION_READY):
+        return events
+    status, reason, message = (
+        str(ready.get("status")),
+        str(ready.get("reason")),
+        str(ready.get("message", "")),
+    )
+    if status == "True":
+        finished = rec_before == "True" and rec_after != "True"
+        events.append(("Normal", "RolloutFinished" if finished else reason, f"Ready=True: {message}"))
+    elif reason not in EXPECTED_NOT_READY_REASONS:
+        events.append(("Warning", reason, f"Ready={status}: {message}"))
+    return events

@@ -1,0 +1,93 @@
+"""The status fields the reconciler owns, computed from a :class:`~diagnosis.Health`: the conditions
+(Ready first, Serving, Reconciling and Stalled while true), ``observedGeneration``, the counts, the
+selector, the URL and the batch timeout in force. Pure: no I/O (the write is
+:class:`kubeinfer.operator.status.StatusWriter`'s)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubeinfer.operator import api, status
+from kubeinfer.operator.build.common import selector_string
+from kubeinfer.operator.reconcile.diagnosis import Health
+from kubeinfer.operator.reconcile.replicas import initial_replicas
+from kubeinfer.operator.reconcile.rollout import Rollout
+from kubeinfer.operator.status import ConditionState
+
+
+def ready_conditions(
+    current_status: Mapping[str, Any], ready: ConditionState, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """``status.conditions`` with the Ready condition set to ``ready`` (first), the other types kept
+    as they are (:func:`status.set_condition`: ``lastTransitionTime``, ``now`` when it changes, is
+    kept unless the status changes)."""
+    conds = [c for c in current_status.get("conditions") or [] if isinstance(c, Mapping)]
+    out = status.put_condition(conds, api.CONDITION_READY, ready, now, generation)
+    return sorted(out, key=lambda c: c.get("type") != api.CONDITION_READY)
+
+
+def conditions_for(
+    current_status: Mapping[str, Any], state: Health, now: str, generation: int, *, autoscaling: bool
+) -> list[dict[str, Any]]:
+    """``status.conditions``: Ready (first), Serving, Reconciling and Stalled (removed when false)
+    set from ``state``; AutoscalingActive (the autoscaler's) kept while autoscaling is on, removed when
+    it is off; every condition the operator sets carries ``generation``."""
+    conds = ready_conditions(current_status, state.ready, now, generation)
+    for type_, value in (
+        (api.CONDITION_SERVING, state.serving),
+        (api.CONDITION_RECONCILING, state.reconciling),
+        (api.CONDITION_STALLED, state.stalled),
+    ):
+        conds = status.put_condition(conds, type_, value, now, generation)
+    if not autoscaling:
+        conds = status.remove_condition(conds, api.CONDITION_AUTOSCALING_ACTIVE)
+    return conds
+
+
+def fault_conditions(
+    current_status: Mapping[str, Any], ready: ConditionState, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """``status.conditions`` for a fault found before the Deployment is looked at (an invalid spec):
+    Ready and ``Stalled=True`` with its reason, Reconciling removed, the other types kept."""
+    conds = ready_conditions(current_status, ready, now, generation)
+    conds = status.remove_condition(conds, api.CONDITION_RECONCILING)
+    stalled = ConditionState("True", ready.reason, ready.message)
+    return status.put_condition(conds, api.CONDITION_STALLED, stalled, now, generation)
+
+
+def desired_status(
+    isvc: api.InferenceService,
+    deployment: Mapping[str, Any] | None,
+    state: Health,
+    current_status: Mapping[str, Any],
+    now: str,
+) -> dict[str, Any]:
+    """The status fields the operator owns (camelCase), given the current status (for transitions).
+
+    Conditions from :func:`conditions_for` (``now``: RFC 3339; a condition keeps its
+    ``lastTransitionTime`` unless its status changes). Counts mirror the Deployment's
+    (:func:`status.counts`: ``replicas`` counts old and surge pods too; ``updatedReplicas``,
+    ``readyReplicas``); ``updatedReady`` is ``updated-ready/desired`` (the Replicas printer column).
+    ``batchTimeout``: with autoscaling off the spec's maxQueueDelay; with it on, only filled in when
+    the autoscaler has not set one yet (the value in force, so the printer column is never empty).
+    With autoscaling off, the autoscaler's ``observed`` is removed (``None`` in a merge patch deletes
+    the field).
+    """
+    autoscaling = isvc.spec.autoscaling.enabled
+    rollout = state.rollout or Rollout(desired=initial_replicas(isvc))
+    out: dict[str, Any] = {
+        "observedGeneration": isvc.generation,
+        "conditions": conditions_for(current_status, state, now, isvc.generation, autoscaling=autoscaling),
+        **status.counts(deployment),
+        "updatedReady": rollout.summary(),
+        "selector": selector_string(isvc),
+        "url": api.service_url(isvc.name, isvc.namespace),
+    }
+    if not autoscaling:
+        out["observed"] = None
+    if not autoscaling or not current_status.get("batchTimeout"):
+        out["batchTimeout"] = api.format_duration(
+            isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))
+        )
+    return out
