@@ -18,7 +18,8 @@ once, so every transport answers the same input the same way:
 - errors: every failure is one ``InferenceError`` with its status; any other exception becomes a
   500 that names it (``internal_error``): the process never dies on a request;
 - the protocol extensions served by more than one transport: health (``liveness``, ``readiness``),
-  server metadata (``SERVER_METADATA``) and model metadata and readiness.
+  server metadata (``SERVER_METADATA``), model metadata and readiness, and Triton's statistics
+  extension (``statistics``, kept by ``RuntimeMetrics`` beside the Prometheus metrics).
 
 ``DataPlane`` lives in the model process, which owns the model and the batcher. A front-end process
 reaches it through ``frontend.RemotePlane``, which has the same methods (``Plane``); the model
@@ -53,7 +54,7 @@ SERVER_VERSION = __version__
 #: The one version of its one model a runtime serves.
 MODEL_VERSION = "1"
 #: The Open Inference Protocol extensions this server implements (server metadata ``extensions``).
-EXTENSIONS: tuple[str, ...] = ("binary_tensor_data",)
+EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics")
 #: Server metadata (``GET /v2``, gRPC ``ServerMetadata``).
 SERVER_METADATA: dict[str, Any] = {
     "name": SERVER_NAME,
@@ -117,6 +118,10 @@ class Plane(Protocol):
 
         Returns the requested outputs (all of the model's when none is named), each cast to its declared
         datatype. Raises ``InferenceError`` with the request's status."""
+
+    async def statistics(self, name: str, version: str | None) -> list[dict[str, Any]]:
+        """Triton's ``model_stats`` for ``name`` (all models when empty) and ``version`` (all when
+        empty); raises ``HTTPError`` 404 for a model or version this server does not serve."""
 
     async def metrics_text(self) -> bytes:
         """The Prometheus text exposition of the model process."""
@@ -278,6 +283,12 @@ class DataPlane:
         check_model(self.model_name, name, version)
         if not self.ready:
             raise not_ready_error(self.model_name)
+
+    async def statistics(self, name: str, version: str | None) -> list[dict[str, Any]]:
+        """See ``Plane.statistics``: one ``$model_stat`` (``kubeinfer.runtime.statistics``)."""
+        if name:
+            check_model(self.model_name, name, version)
+        return [self.metrics.statistics.doc(self.model_name, MODEL_VERSION)]
 
     async def metrics_text(self) -> bytes:
         """The Prometheus text exposition (``RuntimeMetrics.exposition``)."""

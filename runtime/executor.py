@@ -154,7 +154,7 @@ class BatchExecutor:
                 req.timer.cancel()
         still = [r for r in live if not r.future.done()]
         for req in still:
-            self.metrics.queue_duration.observe(now - req.enqueued)
+            self.metrics.observe_queue(now - req.enqueued)
         return still
 
     @contextlib.contextmanager
@@ -184,19 +184,21 @@ class BatchExecutor:
         if error is None:
             try:
                 if prepared is None:
-                    outputs = await loop.run_in_executor(
+                    outputs, prep_seconds = await loop.run_in_executor(
                         self._exec_pool, self._preprocess_execute, [r.inputs for r in reqs]
                     )
+                    infer_seconds = time.perf_counter() - t0 - prep_seconds
                 else:
                     outputs = await loop.run_in_executor(self._exec_pool, self.model.execute, prepared)
+                    infer_seconds = time.perf_counter() - t0
+                t1 = time.perf_counter()
                 deliver(reqs, outputs)
             except Exception as exc:
                 error = exc
             else:
-                seconds, rows = prep_seconds + time.perf_counter() - t0, sum(r.rows for r in reqs)
-                self.metrics.compute_duration.observe(seconds)
-                self.metrics.batch_size.observe(rows)
-                self.metrics.service_time.observe(rows, seconds)
+                rows = sum(r.rows for r in reqs)
+                output_seconds = time.perf_counter() - t1
+                self.metrics.observe_batch(rows, len(reqs), prep_seconds, infer_seconds, output_seconds)
                 return
         if len(reqs) == 1:
             reqs[0].fail(self._explain(error))
@@ -211,8 +213,14 @@ class BatchExecutor:
         for half in (reqs[:mid], reqs[mid:]):
             await self._settle(half)
 
-    def _preprocess_execute(self, batch: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        return self.model.execute(self.model.preprocess(batch))
+    def _preprocess_execute(
+        self, batch: list[Mapping[str, np.ndarray]]
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Preprocess and execute on this thread; the outputs and the preprocess seconds."""
+        t0 = time.perf_counter()
+        prepared = self.model.preprocess(batch)
+        prep_seconds = time.perf_counter() - t0
+        return self.model.execute(prepared), prep_seconds
 
     def _explain(self, exc: BaseException) -> BaseException:
         if isinstance(exc, InputError):

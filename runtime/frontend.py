@@ -111,6 +111,12 @@ class RemotePlane:
         """Returns when the model is ready. Raises ``HTTPError`` 404 or 503."""
         await self._call(ipc.Header(op="model_ready", model=name, version=version or ""))
 
+    async def statistics(self, name: str, version: str | None) -> list[dict[str, Any]]:
+        """The model process's statistics (``DataPlane.statistics``)."""
+        reply, _ = await self._call(ipc.Header(op="stats", model=name, version=version or ""))
+        stats: list[dict[str, Any]] = (reply.info or {})["model_stats"]
+        return stats
+
     async def metrics_text(self) -> bytes:
         """The model process's exposition."""
         _, frames = await self._call(ipc.Header(op="metrics"))

@@ -19,9 +19,9 @@ The IPC endpoint (``handle``) is a transport like REST and gRPC: it decodes a fr
 calls the model process's data plane (``kubeinfer.runtime.dataplane.DataPlane``) and encodes the
 answer. ``infer`` -> ``DataPlane.infer`` (the same admission, validation, deadline, metrics and errors
 as a request served in this process; its duration counts from the front end's receipt);
-``status`` -> readiness; ``model`` -> model metadata, ``model_ready`` -> model readiness (errors such as
-404 cross as ``Header.error``); ``metrics`` -> the exposition; ``count`` -> an outcome a front end
-decided itself (``DataPlane.count``).
+``status`` -> readiness; ``model`` -> model metadata, ``model_ready`` -> model readiness, ``stats`` ->
+the statistics extension (errors such as 404 cross as ``Header.error``); ``metrics`` -> the
+exposition; ``count`` -> an outcome a front end decided itself (``DataPlane.count``).
 """
 
 from __future__ import annotations
@@ -244,6 +244,9 @@ class FrontEndPool:
         if op == "model_ready":
             await plane.model_ready(header.model, header.version)
             return ipc.Header(op="reply"), []
+        if op == "stats":
+            stats = await plane.statistics(header.model, header.version)
+            return ipc.Header(op="reply", info={"model_stats": stats}), []
         if op == "metrics":
             return ipc.Header(op="reply"), [await plane.metrics_text()]
         if op == "count":

@@ -10,8 +10,9 @@ drain are the same for both. The message and service classes are the ones ``trit
 and field numbers): ``tritonclient.grpc`` and KServe's gRPC client work unchanged.
 
 RPCs: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
-``ModelInfer``. Other Triton RPCs (repository, shared memory, statistics, streaming) answer
-UNIMPLEMENTED.
+``ModelInfer``, ``ModelStatistics`` (Triton's statistics extension). Every other RPC of the service
+(repository, shared memory, trace, logging, streaming) answers UNIMPLEMENTED with a message that names
+it, and logs nothing (grpcio's generated base class would log an ERROR with a traceback).
 
 ``ModelInfer`` inputs come from ``raw_input_contents`` (one entry per input, in input order; the
 binary layouts of the REST binary extension: little-endian, BYTES as 4-byte length + bytes) or from
@@ -146,6 +147,35 @@ def queue_parameters(request: Any, context: grpc.aio.ServicerContext) -> tuple[A
     return priority, timeout_us
 
 
+def _duration(doc: dict[str, int]) -> Any:
+    return service_pb2.StatisticDuration(count=doc["count"], ns=doc["ns"])
+
+
+def statistics_message(stat: dict[str, Any]) -> Any:
+    """A ``ModelStatistics`` message from the statistics extension's ``$model_stat`` JSON object."""
+    batches = [
+        service_pb2.InferBatchStatistics(
+            batch_size=b["batch_size"],
+            compute_input=_duration(b["compute_input"]),
+            compute_infer=_duration(b["compute_infer"]),
+            compute_output=_duration(b["compute_output"]),
+        )
+        for b in stat["batch_stats"]
+    ]
+    inference = service_pb2.InferStatistics(
+        **{key: _duration(value) for key, value in stat["inference_stats"].items()}
+    )
+    return service_pb2.ModelStatistics(
+        name=stat["name"],
+        version=stat["version"],
+        last_inference=stat["last_inference"],
+        inference_count=stat["inference_count"],
+        execution_count=stat["execution_count"],
+        inference_stats=inference,
+        batch_stats=batches,
+    )
+
+
 def _tensors(specs: list[dict[str, Any]]) -> list[Any]:
     return [
         service_pb2.ModelMetadataResponse.TensorMetadata(
@@ -197,6 +227,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             outputs=_tensors(doc["outputs"]),
         )
 
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            stats = await self.plane.statistics(request.name, request.version)
+        except InferenceError as exc:
+            return await self._abort(context, exc)
+        return service_pb2.ModelStatisticsResponse(model_stats=[statistics_message(s) for s in stats])
+
     # ----- inference -------------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Decode, call the plane, answer raw outputs (every outcome counted by the plane)."""
@@ -222,6 +259,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             tensor.shape.extend(array.shape)
             response.raw_output_contents.append(bytes(raw_buffer(array, datatype)))
         return response
+
+
+def _unimplemented(rpc: str) -> Any:
+    async def handler(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"{rpc} is not implemented by this server; it serves health, metadata, ModelInfer and "
+            "ModelStatistics",
+        )
+
+    handler.__name__ = rpc
+    return handler
+
+
+#: The service's RPCs, from its descriptor.
+RPCS = [m.name for m in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods]
+for _rpc in RPCS:
+    if _rpc not in InferenceServicer.__dict__:
+        setattr(InferenceServicer, _rpc, _unimplemented(_rpc))
 
 
 def create_grpc_server(

@@ -23,8 +23,8 @@ Operations (``Header.op``), front end -> model process:
   clock for every process of the machine): the request's deadline travels with it
   (``dataplane.remaining_timeout_us``). Reply: the output tensors, or ``error``.
 - ``status``: reply ``info`` = ``{"reason": None when ready, else why not}``.
-- ``model`` / ``model_ready``: ``model``, ``version``; reply ``info`` = the model metadata / nothing,
-  or ``error`` (404 unknown model, 503 loading or not ready).
+- ``model`` / ``model_ready`` / ``stats``: ``model``, ``version``; reply ``info`` = the model metadata /
+  nothing / ``{"model_stats": [...]}``, or ``error`` (404 unknown model, 503 loading or not ready).
 - ``metrics``: reply frame 1 = the Prometheus exposition of the model process (one ``/metrics`` for the
   pod: the front ends proxy it).
 - ``count``: a response the front end gave itself (bad request, unknown model): ``code``, ``seconds``;

@@ -29,6 +29,10 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
 - ``kubeinfer_shed_requests_total{priority, reason}`` counter: requests answered 429 because the queue
   was full, by priority level (1 highest): ``refused`` at arrival, or ``displaced`` from the queue by an
   arrival of a higher priority.
+
+The same calls (``count_request``, ``observe_queue``, ``observe_batch``) feed ``statistics``, the
+model's statistics of Triton's statistics extension (``kubeinfer.runtime.statistics``), so the two
+never disagree.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 
 from kubeinfer.runtime.service_time import ServiceTimeFit
+from kubeinfer.runtime.statistics import ModelStatistics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 #: Width of the sliding window of the CPU utilization figure, seconds.
@@ -247,6 +252,8 @@ class RuntimeMetrics:
             ["model", "frontend"],
             registry=r,
         )
+        #: Triton's statistics extension, fed by the same calls (``kubeinfer.runtime.statistics``).
+        self.statistics = ModelStatistics()
         self.busy = BusyTracker(executors)
         self.device_utilization.set_function(self.busy.ratio)
         self.service_time = ServiceTimeFit()
@@ -265,6 +272,23 @@ class RuntimeMetrics:
         """Record one answered infer request: its status code and receipt-to-response seconds."""
         self._requests.labels(self.model, str(code)).inc()
         self.request_duration.observe(seconds)
+        self.statistics.request(code, seconds, time.time_ns() // 1_000_000)
+
+    def observe_queue(self, seconds: float) -> None:
+        """Record one request's queue time: enqueue to its batch's start on an executor, seconds."""
+        self.queue_duration.observe(seconds)
+        self.statistics.queued(seconds)
+
+    def observe_batch(
+        self, rows: int, requests: int, input_s: float, infer_s: float, output_s: float
+    ) -> None:
+        """Record a batch run successfully: ``rows`` rows of ``requests`` requests, its preprocess,
+        execute and output-splitting seconds (compute = preprocess + execute; the service-time fit)."""
+        compute = input_s + infer_s
+        self.compute_duration.observe(compute)
+        self.batch_size.observe(rows)
+        self.service_time.observe(rows, compute)
+        self.statistics.batch(rows, requests, input_s, infer_s, output_s)
 
     def use_device(self, device: str) -> None:
         """Switch utilization/memory to NVML and torch for a CUDA ``device`` (e.g. ``cuda:0``).

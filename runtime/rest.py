@@ -14,14 +14,17 @@ serves version ``1`` of its one model):
 - ``GET /v2``: server metadata. ``GET /v2/models/{name}[/versions/{v}]``: model metadata.
 - ``GET /v2/models/{name}[/versions/{v}]/ready``: 200 ``{"name": ..., "ready": true}``, 503 not (yet)
   ready, 404 unknown model.
+- ``GET /v2/models[/{name}[/versions/{v}]]/stats``: Triton's statistics extension
+  (``kubeinfer.runtime.statistics``).
 - ``POST /v2/models/{name}[/versions/{v}]/infer``: inference (JSON or binary tensor data).
 - ``GET /metrics``: Prometheus text format (``kubeinfer.runtime.metrics``).
 
-Errors are ``{"error": "..."}``: 400 malformed request / wrong datatype or shape / bad parameter;
-404 unknown model or version; 413 over ``limits`` (HTTP body over 4 x ``max_request_bytes`` -- JSON
-text of numbers takes several bytes per binary byte --, tensor bytes, elements, text tokens, rows over
-the warmed maximum batch); 429 queue full (``Retry-After``); 500 the model failed on this request;
-503 not ready or shutting down; 504 the request's ``timeout`` passed while it was queued.
+Errors are ``{"error": "..."}``, unknown routes (404) and methods (405) included: 400 malformed
+request / wrong datatype or shape / bad parameter; 404 unknown model or version; 413 over ``limits``
+(HTTP body over 4 x ``max_request_bytes`` -- JSON text of numbers takes several bytes per binary
+byte --, tensor bytes, elements, text tokens, rows over the warmed maximum batch); 429 queue full
+(``Retry-After``); 500 the model failed on this request; 503 not ready or shutting down; 504 the
+request's ``timeout`` passed while it was queued.
 
 Also here, for both HTTP servers: the listening socket (``listen_socket``), uvicorn with kubeinfer's
 signal handling (``UvicornServer``) and the event loop (``event_loop_factory``).
@@ -46,6 +49,7 @@ from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane
 from kubeinfer.runtime.errors import HTTPError, InferenceError
 from kubeinfer.runtime.protocol import decode_request, encode_json, encode_response
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -76,6 +80,21 @@ async def inference_error_response(request: Request, exc: Exception) -> Response
     return error_response(exc.status, exc.message, exc.headers)
 
 
+async def route_error_response(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route 404, a method the route does not take 405) in the
+    protocol's error shape, ``{"error": ...}``, with their status and headers (``Allow``)."""
+    assert isinstance(exc, StarletteHTTPException)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404:
+        message = f"no route {request.url.path}; the Open Inference Protocol routes are under /v2"
+    elif exc.status_code == 405:
+        allowed = headers.get("allow") or headers.get("Allow") or ""
+        message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, message, headers)
+
+
 class RestApp:
     """The v2 REST routes over ``plane``; ``self.app`` is the ASGI app uvicorn serves.
 
@@ -97,6 +116,9 @@ class RestApp:
                 Route("/v2/health/live", self.live, methods=["GET"]),
                 Route("/v2/health/ready", self.ready, methods=["GET"]),
                 Route("/v2", self.server_metadata, methods=["GET"]),
+                Route("/v2/models/stats", self.statistics, methods=["GET"]),
+                Route("/v2/models/{name}/stats", self.statistics, methods=["GET"]),
+                Route("/v2/models/{name}/versions/{version}/stats", self.statistics, methods=["GET"]),
                 Route("/v2/models/{name}", self.model_metadata, methods=["GET"]),
                 Route("/v2/models/{name}/versions/{version}", self.model_metadata, methods=["GET"]),
                 Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
@@ -105,7 +127,10 @@ class RestApp:
                 Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
-            exception_handlers={InferenceError: inference_error_response},
+            exception_handlers={
+                InferenceError: inference_error_response,
+                StarletteHTTPException: route_error_response,
+            },
         )
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -152,6 +177,12 @@ class RestApp:
         params = request.path_params
         await self.plane.model_ready(params["name"], params.get("version"))
         return Response(encode_json({"name": params["name"], "ready": True}), 200, media_type=JSON)
+
+    async def statistics(self, request: Request) -> Response:
+        """Triton's statistics extension: ``{"model_stats": [...]}``; 404 unknown model or version."""
+        params = request.path_params
+        stats = await self.plane.statistics(params.get("name", ""), params.get("version"))
+        return Response(encode_json({"model_stats": stats}), 200, media_type=JSON)
 
     async def metrics(self, request: Request) -> Response:
         """The Prometheus exposition."""

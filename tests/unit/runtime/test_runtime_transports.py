@@ -208,3 +208,96 @@ async def test_not_ready_and_draining_are_the_same_503_everywhere(transports: Tr
     assert draining == [(503, "shutting down")] * 2
     assert await t.via_grpc(case) == ("StatusCode.UNAVAILABLE", "shutting down")
     assert (await t.frontend.get("/v2/health/ready")).json() == {"ready": False, "error": "shutting down"}
+
+
+def sample(t: Transports, name: str, **labels: str) -> float:
+    return t.plane.metrics.registry.get_sample_value(name, {"model": "fake", **labels}) or 0.0
+
+
+async def test_statistics_are_the_same_on_every_transport_and_agree_with_the_metrics(
+    transports: Transports,
+) -> None:
+    t = transports
+    t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+    good = [Case(x=np.full((rows, 2), 1.0, np.float32)) for rows in (1, 2, 3)]
+    for case in good:
+        assert (await t.via_rest(t.rest, case))[0] == 200
+        assert (await t.via_rest(t.frontend, case))[0] == 200
+        assert (await t.via_grpc(case))[0] == "StatusCode.OK"
+    for _, case, _, _ in BAD[:3]:
+        await t.via_rest(t.frontend, case)
+    await until(lambda: sample(t, "kubeinfer_requests_total", code="404") == 2)
+    one = (await t.rest.get("/v2/models/stats")).json()
+    assert (await t.frontend.get("/v2/models/fake/stats")).json() == one
+    assert (await t.rest.get("/v2/models/fake/versions/1/stats")).json() == one
+    (stat,) = one["model_stats"]
+    grpc_stats = await t.grpc.get_inference_statistics("fake")
+    (message,) = grpc_stats.model_stats
+    assert (message.name, message.version) == (stat["name"], stat["version"]) == ("fake", "1")
+    assert (
+        message.inference_count == stat["inference_count"]
+        and message.execution_count == stat["execution_count"]
+    )
+    for key, value in stat["inference_stats"].items():
+        got = getattr(message.inference_stats, key)
+        assert (got.count, got.ns) == (value["count"], value["ns"]), key
+    assert [b.batch_size for b in message.batch_stats] == [b["batch_size"] for b in stat["batch_stats"]]
+
+    # Triton's meaning: rows are inferences, batches are executions, each request counted once
+    inference = stat["inference_stats"]
+    assert inference["success"]["count"] == 9 and inference["fail"]["count"] == 3
+    assert stat["inference_count"] == 3 * (1 + 2 + 3)
+    assert 1 <= stat["execution_count"] <= 9
+    assert inference["queue"]["count"] == inference["compute_infer"]["count"] == 9
+    assert sum(b["compute_infer"]["count"] for b in stat["batch_stats"]) == stat["execution_count"]
+    assert stat["last_inference"] > 1_700_000_000_000  # milliseconds since the epoch
+    # ... and the same calls fed /metrics
+    assert inference["success"]["count"] == sample(t, "kubeinfer_requests_total", code="200")
+    failed = sum(sample(t, "kubeinfer_requests_total", code=c) for c in ("400", "404", "413", "500"))
+    assert inference["fail"]["count"] == failed
+    assert inference["queue"]["count"] == sample(t, "kubeinfer_queue_duration_seconds_count")
+    assert inference["queue"]["ns"] == pytest.approx(
+        sample(t, "kubeinfer_queue_duration_seconds_sum") * 1e9, abs=100
+    )
+    assert stat["execution_count"] == sample(t, "kubeinfer_batch_size_count")
+    assert stat["inference_count"] == sample(t, "kubeinfer_batch_size_sum")
+    compute_ns = sum(b["compute_input"]["ns"] + b["compute_infer"]["ns"] for b in stat["batch_stats"])
+    assert compute_ns == pytest.approx(sample(t, "kubeinfer_compute_duration_seconds_sum") * 1e9, abs=100)
+    total_ns = inference["success"]["ns"] + inference["fail"]["ns"]
+    assert total_ns == pytest.approx(sample(t, "kubeinfer_request_duration_seconds_sum") * 1e9, abs=100)
+
+    for client in (t.rest, t.frontend):
+        for path in ("/v2/models/nope/stats", "/v2/models/fake/versions/3/stats"):
+            r = await client.get(path)
+            assert r.status_code == 404 and "unknown" in r.json()["error"], path
+    meta = (await t.rest.get("/v2")).json()
+    assert "statistics" in meta["extensions"]
+
+
+async def test_unknown_routes_and_methods_answer_the_protocol_error_shape(transports: Transports) -> None:
+    t = transports
+    for client in (t.rest, t.frontend):
+        r = await client.get("/v2/no/such/route")
+        assert r.status_code == 404 and "/v2/no/such/route" in r.json()["error"]
+        r = await client.get("/v2/models/fake/infer")
+        assert r.status_code == 405 and "POST" in r.json()["error"] and "POST" in r.headers["allow"]
+        r = await client.delete("/v2/health/live")
+        assert r.status_code == 405 and r.headers["content-type"] == "application/json"
+
+
+async def test_grpc_methods_not_served_answer_unimplemented_without_an_error_log(
+    transports: Transports, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = transports
+    caplog.set_level("DEBUG")
+    for call in (
+        t.grpc.get_model_repository_index,
+        t.grpc.get_system_shared_memory_status,
+        t.grpc.get_log_settings,
+    ):
+        with pytest.raises(InferenceServerException) as info:
+            await call()
+        assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+        assert "not implemented by this server" in str(info.value.message())
+    errors = [r for r in caplog.records if r.levelno >= 40]
+    assert not errors, [r.getMessage() for r in errors]
