@@ -48,25 +48,27 @@ def _configure_logging(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse settings, export them to the environment (read by ``handlers`` at import), run kopf."""
+    """Read the settings once (environment, then flags), register the handlers with them, run kopf.
+
+    The settings reach the handlers as arguments (:func:`handlers.register`) and through kopf's memo
+    (the startup handler creates the controllers from them). Returns 0 when kopf stops.
+    """
     settings = Settings.from_args(argv)
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        os.environ[f"KUBEINFER_{name.upper()}"] = ",".join(value) if isinstance(value, list) else str(value)
-    if settings.kubeconfig:
+    if settings.kubeconfig:  # kopf's own login reads the kubeconfig from the environment
         os.environ["KUBECONFIG"] = settings.kubeconfig
     _configure_logging(settings)
 
     import kopf
     from kubeinfer.operator import handlers, metrics
 
-    del handlers  # imported for its decorators
+    registry = handlers.register(settings)
     metrics.serve(settings.metrics_port, settings.bind_address)
     liveness = (
         f"http://{settings.bind_address}:{settings.health_port}/healthz" if settings.health_port else None
     )
     kopf.run(
+        registry=registry,
+        memo=kopf.Memo({handlers.SETTINGS_MEMO_KEY: settings}),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         standalone=not settings.peering,

@@ -1,7 +1,9 @@
 """The autoscaler's per-InferenceService timer body: query → decide → actuate.
 
-Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
-``KUBEINFER_AUTOSCALE_INTERVAL_SECONDS`` (default 15 s) for each InferenceService.
+Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` (through
+``kubeinfer.operator.controllers``, which creates the one ``Autoscaler`` with the reconciler at startup
+and closes it at cleanup) every ``KUBEINFER_AUTOSCALE_INTERVAL_SECONDS`` (default 15 s) for each
+InferenceService.
 
 - ``spec.autoscaling.enabled: false`` → nothing is read or written (and the in-memory policy state of
   that InferenceService is dropped).
@@ -26,7 +28,7 @@ Called by the ``@kopf.timer`` in ``kubeinfer.operator.handlers`` every
   through ``kubeinfer.operator.status.StatusWriter`` (compare before patch, conflict retry).
 
 Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the
-kopf memo). After an operator restart it is re-derived from
+``Autoscaler``, one per operator process). After an operator restart it is re-derived from
 ``status.lastDecision.time``: that time counts as the last scale-up, scale-down and timeout change (so
 every cooldown is honoured), and the stabilization window starts afresh (no scale-in during the first
 window after a restart). The arrival samples the burst headroom learns from are read back from
@@ -215,10 +217,11 @@ SignalsFactory = Callable[[], prometheus.PrometheusSignals]
 
 @dataclass
 class Autoscaler:
-    """One per operator process (kept in the kopf memo).
+    """One per operator process, created and closed with the reconciler
+    (``kubeinfer.operator.controllers``).
 
-    ``signals_factory`` creates the Prometheus client once (from the operator settings);
-    ``monotonic`` and ``wall`` are injected clocks (seconds; ``datetime``).
+    ``signals_factory`` creates the Prometheus client on the first read (from the operator settings,
+    :func:`from_settings`); ``monotonic`` and ``wall`` are injected clocks (seconds; ``datetime``).
     Status is written by ``status_writer`` (field manager ``kubeinfer-autoscaler``), made from ``kube``.
     """
 
@@ -240,7 +243,7 @@ class Autoscaler:
         self.status_writer.forget(namespace, name)
 
     def close(self) -> None:
-        """Close the Prometheus client."""
+        """Close the Prometheus client (a later tick would open a new one)."""
         if self._signals is not None:
             self._signals.close()
             self._signals = None
@@ -469,19 +472,12 @@ class Autoscaler:
         return (await self.status_writer.update(body, desire)).sent
 
 
-def for_memo(memo: Any, kube: k8s.Kube, settings: Settings) -> Autoscaler:
-    """The operator's ``Autoscaler``, created on first use and kept in the kopf memo (attribute
-    ``autoscaler``, as ``handlers`` keeps ``reconciler``).
-
-    ``settings``: the operator settings (``prometheus_*``, ``autoscale_interval_seconds``).
-    """
-    scaler = getattr(memo, "autoscaler", None)
-    if not isinstance(scaler, Autoscaler):
-        config = prometheus.PrometheusConfig.from_settings(settings)
-        scaler = Autoscaler(
-            kube=kube,
-            signals_factory=lambda: prometheus.PrometheusSignals(config),
-            interval_seconds=settings.autoscale_interval_seconds,
-        )
-        memo.autoscaler = scaler
-    return scaler
+def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:
+    """The operator's ``Autoscaler`` from its settings (``prometheus_*`` for the client it opens on
+    the first read, ``autoscale_interval_seconds``)."""
+    config = prometheus.PrometheusConfig.from_settings(settings)
+    return Autoscaler(
+        kube=kube,
+        signals_factory=lambda: prometheus.PrometheusSignals(config),
+        interval_seconds=settings.autoscale_interval_seconds,
+    )

@@ -92,7 +92,7 @@ class Reconciler:
         self.status_writer = StatusWriter(self.kube, api.FIELD_MANAGER)
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop the memory of a deleted InferenceService."""
+        """Drop the memory of a deleted InferenceService (its pending retry is cancelled)."""
         self._locks.pop((namespace, name), None)
         self.bodies.pop((namespace, name), None)
         self._events.pop((namespace, name), None)
@@ -103,6 +103,17 @@ class Reconciler:
         task = self._retries.pop((namespace, name), None)
         if task is not None:
             task.cancel()
+
+    async def close(self, grace_seconds: float = 5.0) -> None:
+        """At shutdown: cancel the pending retries, give the Events still being posted up to
+        ``grace_seconds`` to finish, then cancel them."""
+        for task in self._retries.values():
+            task.cancel()
+        self._retries.clear()
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=grace_seconds)
+            for task in pending:
+                task.cancel()
 
     def forget_object(self, kind: str, namespace: str, name: str) -> None:
         """Drop the remembered apply response of an owned object (it was deleted)."""

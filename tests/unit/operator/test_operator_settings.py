@@ -36,7 +36,7 @@ def test_bad_value_names_the_setting() -> None:
 
 
 def test_helm_release_gives_the_peering_object_helms_ownership_metadata() -> None:
-    from kubeinfer.operator.handlers import helm_ownership
+    from kubeinfer.operator.peering import helm_ownership
 
     assert helm_ownership(Settings.from_env({})) == {}
     meta = helm_ownership(

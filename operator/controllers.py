@@ -1,0 +1,122 @@
+"""The operator's two controllers, the reconciler and the autoscaler, over one API client: created
+together at startup, fed by the kopf handlers, closed together at cleanup.
+
+``kubeinfer.operator.handlers`` turns each kopf call into one call of :class:`Controllers`, which
+decides what the event means for both: a deleted InferenceService is forgotten by the reconciler and
+by the autoscaler (its policy state, its remembered status), an owned object's change reconciles its
+InferenceService, the autoscaler's timer runs one tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubeinfer.operator import api, k8s
+from kubeinfer.operator.autoscale import loop
+from kubeinfer.operator.peering import ensure_peering
+from kubeinfer.operator.reconcile import Reconciler
+from kubeinfer.operator.reconcile.reconciler import Lookup
+from kubeinfer.operator.settings import Settings
+from kubeinfer.operator.status import object_key
+
+__all__ = ["Controllers"]
+
+
+@dataclass
+class Controllers:
+    """The reconciler and the autoscaler of one operator process, and their API client ``kube``."""
+
+    kube: k8s.Kube
+    reconciler: Reconciler
+    autoscaler: loop.Autoscaler
+
+    @classmethod
+    def create(cls, kube: k8s.Kube, settings: Settings) -> Controllers:
+        """Both controllers over ``kube``, configured by ``settings`` (read once, at startup)."""
+        return cls(kube, Reconciler(kube), loop.from_settings(kube, settings))
+
+    @classmethod
+    async def start(cls, settings: Settings) -> Controllers:
+        """Connect to the API server (``settings.kubeconfig``, else in-cluster), create both controllers
+        and, with ``settings.peering`` set, make sure the kopf peering object exists.
+
+        Raises:
+            k8s.PermanentError: no usable Kubernetes configuration, or the peering object cannot be
+                read or created (the API client is closed again).
+            k8s.TransientError: the API server did not answer while the peering object was checked.
+        """
+        kube = await k8s.Kube.from_environment(settings.kubeconfig)
+        try:
+            if settings.peering:
+                await ensure_peering(kube, settings)
+        except BaseException:
+            await kube.close()
+            raise
+        return cls.create(kube, settings)
+
+    async def close(self) -> None:
+        """Close the autoscaler (its Prometheus client), the reconciler (its pending retries), then the
+        API client."""
+        self.autoscaler.close()
+        await self.reconciler.close()
+        await self.kube.close()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what both controllers remember of a deleted InferenceService."""
+        self.reconciler.forget(namespace, name)
+        self.autoscaler.forget(namespace, name)
+
+    async def isvc_event(self, event_type: str | None, body: Mapping[str, Any], lookup: Lookup) -> None:
+        """An InferenceService watch event (``None``: the initial listing): ``DELETED`` forgets it,
+        anything else reconciles it."""
+        if event_type == "DELETED":
+            self.forget(*object_key(body))
+            return
+        await self.reconciler.reconcile(body, lookup)
+
+    async def owned_event(
+        self,
+        event_type: str | None,
+        kind: str,
+        namespace: str,
+        name: str,
+        owner: Mapping[str, Any] | None,
+        lookup: Lookup,
+    ) -> None:
+        """An owned object of ``kind`` changed (status, hand edit, deletion): reconcile its
+        InferenceService ``owner`` (``None``: not known). The initial listing and our own creation
+        (``None``, ``ADDED``) have nothing to compare yet; a ``DELETED`` object (deleted by hand) has
+        the reconciler's last apply forgotten first, so that it is created again."""
+        if event_type in (None, "ADDED"):
+            return
+        if event_type == "DELETED":
+            self.reconciler.forget_object(kind, namespace, name)
+        if owner is not None:
+            await self.reconciler.reconcile(owner, lookup)
+
+    async def pod_event(
+        self, event_type: str | None, owner: Mapping[str, Any] | None, lookup: Lookup
+    ) -> None:
+        """A runtime pod changed (scheduled or not, pulling, crashed, ready): reconcile its
+        InferenceService ``owner``, so that a lasting pod problem reaches the Ready condition when the
+        kubelet or the scheduler reports it (the Deployment's status does not change then). The initial
+        listing and deletions are left to the Deployment's events."""
+        if event_type in (None, "DELETED") or owner is None:
+            return
+        await self.reconciler.reconcile(owner, lookup)
+
+    async def resync(self, body: Mapping[str, Any], lookup: Lookup, *, indexed: bool) -> None:
+        """The periodic level-based resync (writes nothing when nothing changed). Skipped when the
+        InferenceService is no longer ``indexed``: kopf can leave a timer running for an object deleted
+        right after its finalizer was released; such a timer must not write."""
+        if indexed:
+            await self.reconciler.reconcile(body, lookup)
+
+    async def autoscale(self, body: Mapping[str, Any], lookup: Lookup) -> None:
+        """The autoscaler's control step for one InferenceService (a no-op when autoscaling is off)."""
+        namespace, name = object_key(body)
+        deployment = lookup("Deployment", namespace, name)
+        configmap = lookup("ConfigMap", namespace, api.configmap_name(name))
+        await self.autoscaler.tick(body, deployment, configmap)
