@@ -717,7 +717,11 @@ class ObservedSignals(_Status):
     """The signals the autoscaler last read from Prometheus. ``None`` = unknown (never a zero)."""
 
     p99_seconds: float | None = None
-    gpu_utilization: float | None = Field(default=None, description="Ratio 0..1.")
+    gpu_utilization: float | None = Field(
+        default=None,
+        description="Utilization, ratio 0..1: the GPUs' (DCGM), else the runtime's device utilization "
+        "(NVML on CUDA; on a service without a GPU, the share of time the runtime's executor is busy).",
+    )
     request_rate: float | None = Field(default=None, description="Requests per second.")
     queue_size: float | None = Field(default=None, description="Queued requests (sum over replicas).")
     arrival_rate: float | None = Field(

@@ -26,6 +26,8 @@ InferenceService.
   NoDeployment. ``observed`` also when that condition changes. The message alone changing (new numbers,
   same kind of hold) writes nothing, so a tick that changes nothing in kind writes nothing. Written
   through ``kubeinfer.operator.status.StatusWriter`` (compare before patch, conflict retry).
+- Words: for a service without a GPU, the utilization is the runtime executor's busy time, and the
+  reasons and messages say so (``wording.for_device``), not "GPU".
 
 Policy state (cooldown clocks, the stabilization window's recommendations) lives in memory (the
 ``Autoscaler``, one per operator process). After an operator restart it is re-derived from
@@ -46,12 +48,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pydantic
 from kubeinfer.operator import api, k8s, rfc3339, status
-from kubeinfer.operator.autoscale import prometheus
+from kubeinfer.operator.autoscale import prometheus, wording
 from kubeinfer.operator.autoscale import signals as sig
 from kubeinfer.operator.autoscale.policy import (
     Current,
@@ -322,7 +324,9 @@ class Autoscaler:
         # Samples older than the query window are stale: the one threshold, applied by
         # policy.check_observation both when reading and when deciding.
         policy = policy_from_spec(spec, stale_after_seconds=window_s)
-        reading = await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds)
+        reading = _for_device(
+            await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds), isvc
+        )
         self._note_reading(isvc, mem, reading, now)
         if mem.history_pending and reading.condition_reason is None:
             await self._restore_history(isvc, mem, queries.arrival_rate, policy, now, wall)
@@ -334,6 +338,9 @@ class Autoscaler:
             ready_replicas=int(dstatus.get("readyReplicas") or 0),
         )
         decision = decide(reading.observation, current, policy, mem.state, now)
+        decision = replace(
+            decision, reason=wording.for_device(decision.reason, gpus=isvc.spec.resources.gpus)
+        )
         mem.state = decision.state
         result = TickResult(decision, reading.condition_reason or ACTIVE)
 
@@ -481,3 +488,12 @@ def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:
         signals_factory=lambda: prometheus.PrometheusSignals(config),
         interval_seconds=settings.autoscale_interval_seconds,
     )
+
+
+def _for_device(reading: sig.Reading, isvc: api.InferenceService) -> sig.Reading:
+    """``reading`` with its unknown reason in the words of ``isvc``'s device (:mod:`wording`)."""
+    unknown = reading.observation.unknown_reason
+    if unknown is None:
+        return reading
+    worded = wording.for_device(unknown, gpus=isvc.spec.resources.gpus)
+    return replace(reading, observation=replace(reading.observation, unknown_reason=worded))
