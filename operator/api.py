@@ -75,18 +75,22 @@ def parse_duration(text: str) -> float:
     return sum(float(num) * _UNIT_SECONDS[unit] for num, unit in _DURATION_PART_RE.findall(text))
 
 
-def format_duration(seconds: float) -> str:
+def format_duration(seconds: float, *, significant: int | None = None) -> str:
     """Render float seconds as the shortest exact-enough Go duration string.
 
     Sub-second values are rendered in ms (``0.005`` → ``"5ms"``, ``0.0125`` → ``"12.5ms"``), values
     below 1 ms in us, others in s (``90.0`` → ``"90s"``). Precision: 3 decimals of the unit.
-    ``parse_duration(format_duration(x))`` equals ``x`` to within 1 ns.
+    ``parse_duration(format_duration(x))`` equals ``x`` to within 1 ns. ``significant``: round
+    ``seconds`` to that many significant digits first, for a measured value that a person reads
+    (``0.023353``, 3 → ``"23.4ms"``).
 
     Raises:
         ValueError: ``seconds`` is negative, NaN or infinite.
     """
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"duration must be finite and >= 0, got {seconds!r}")
+    if significant is not None:
+        seconds = float(f"{seconds:.{significant}g}")
     if seconds == 0:
         return "0s"
     if seconds < 1e-3:
@@ -716,7 +720,12 @@ class Condition(_Status):
 class ObservedSignals(_Status):
     """The signals the autoscaler last read from Prometheus. ``None`` = unknown (never a zero)."""
 
-    p99_seconds: float | None = None
+    p99: str | None = Field(
+        default=None,
+        description="P99 request latency as a duration rounded to 3 significant digits, e.g. '23.4ms' "
+        "(the P99 printer column; p99Seconds is the same value in seconds).",
+    )
+    p99_seconds: float | None = Field(default=None, description="P99 request latency, seconds.")
     gpu_utilization: float | None = Field(
         default=None,
         description="Utilization, ratio 0..1: the GPUs' (DCGM), else the runtime's device utilization "

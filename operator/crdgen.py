@@ -210,9 +210,9 @@ def inference_service_crd() -> dict[str, Any]:
                         },
                         {
                             "name": "P99",
-                            "type": "number",
-                            "jsonPath": ".status.observed.p99Seconds",
-                            "description": "Observed P99 request latency, seconds.",
+                            "type": "string",
+                            "jsonPath": ".status.observed.p99",
+                            "description": "Observed P99 request latency, a duration such as 23.4ms.",
                         },
                         {"name": "Batch-Timeout", "type": "string", "jsonPath": ".status.batchTimeout"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

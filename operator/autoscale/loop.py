@@ -115,13 +115,17 @@ def policy_from_spec(spec: api.AutoscalingSpec, *, stale_after_seconds: float) -
 
 
 def observed_status(obs: Observation, when: str) -> dict[str, Any]:
-    """``status.observed`` (camelCase); unknown signals are ``None`` (never 0)."""
+    """``status.observed`` (camelCase); unknown signals are ``None`` (never 0). ``p99`` is the P99 as a
+    duration a person reads (``23.4ms``, 3 significant digits: the P99 printer column), ``p99Seconds``
+    the same in seconds (6 decimals)."""
 
     def num(x: float | None, digits: int) -> float | None:
         return None if x is None or math.isnan(x) or math.isinf(x) else round(x, digits)
 
+    p99 = num(obs.p99_seconds, 6)
     return {
-        "p99Seconds": num(obs.p99_seconds, 6),
+        "p99": None if p99 is None or p99 < 0 else api.format_duration(p99, significant=3),
+        "p99Seconds": p99,
         "gpuUtilization": num(obs.gpu_utilization, 4),
         "requestRate": num(obs.request_rate, 3),
         "queueSize": num(obs.queue_size, 1),
