@@ -69,7 +69,7 @@ from kubeinfer.operator.build.configmap import build_configmap
 from kubeinfer.operator.settings import Settings
 from kubeinfer.runtime.config import CONFIG_FILE
 
-logger = logging.getLogger("kubeinfer.operator.autoscale")
+logger = logging.getLogger(__name__)
 
 #: Upper bound of the back-off between reads of one service's signals while Prometheus is unavailable, s.
 SIGNAL_RETRY_MAX_SECONDS = 120.0

@@ -34,7 +34,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-logger = logging.getLogger("kubeinfer.operator.autoscale.prometheus")
+logger = logging.getLogger(__name__)
 
 __all__ = ["PrometheusConfig", "PrometheusSignals"]
 

@@ -58,7 +58,7 @@ from kubeinfer.operator.autoscale.policy import (
     check_observation,
 )
 
-logger = logging.getLogger("kubeinfer.operator.autoscale.signals")
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Queries",

@@ -34,7 +34,7 @@ from kubeinfer.operator.status import (
     resource_version,
 )
 
-logger = logging.getLogger("kubeinfer.operator.reconcile")
+logger = logging.getLogger(__name__)
 
 #: ``lookup(kind, namespace, name)`` → the current object as last seen, or ``None``.
 Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
