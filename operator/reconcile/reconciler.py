@@ -45,10 +45,8 @@ __all__ = ["OWNED_KINDS", "Lookup", "Reconciler", "apply_if_changed"]
 async def apply_if_changed(
     kube: k8s.Kube, desired: dict[str, Any], current: Mapping[str, Any] | None
 ) -> tuple[Action, dict[str, Any] | None]:
-    """Server-side apply ``desired`` (field manager ``kubeinfer``) unless ``current`` already matches.
-
-    For the autoscaler: ``apply_if_changed(kube, build_configmap(isvc, timeout), current_cm)``
-    (``current`` may be ``None``: then it applies; a no-op apply changes nothing on the server).
+    """Server-side apply ``desired`` (field manager ``kubeinfer``) unless ``current`` already matches
+    (:func:`kubeinfer.operator.reconcile.diff.plan_apply`; ``current`` ``None``: it applies).
 
     Returns:
         The action taken and the stored object (``None`` when nothing was sent).
