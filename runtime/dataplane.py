@@ -42,7 +42,7 @@ from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES
 from kubeinfer.runtime.errors import HTTPError, InferenceError, ServingError
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.models.base import ServableModel
+from kubeinfer.runtime.models.base import TOKEN_COUNTS, ServableModel
 from kubeinfer.runtime.protocol import check_outputs
 
 from kubeinfer import __version__
@@ -75,12 +75,15 @@ class InferCall:
         outputs: the output names requested, in order; empty for all of the model's.
         priority: the ``priority`` parameter as sent (1 = highest; the batcher judges it).
         timeout_us: the ``timeout`` parameter as sent (microseconds in the queue; the batcher judges it).
+        usage: also return the model's per-row token counts (``models.base.TOKEN_COUNTS``, INT64
+            [rows]) where the model reports them.
     """
 
     inputs: dict[str, np.ndarray]
     outputs: Sequence[str] = ()
     priority: Any = None
     timeout_us: Any = None
+    usage: bool = False
 
 
 #: An async callable that decodes a request: the transport's part, run inside the data plane's count.
@@ -134,7 +137,8 @@ def check_model(served: str, name: str, version: str | None) -> None:
         HTTPError: 404 when ``name`` is not ``served`` or ``version`` is neither empty nor ``MODEL_VERSION``.
     """
     if name != served:
-        raise HTTPError(f"unknown model '{name}'; this server serves '{served}'", 404)
+        # Triton's wording first: its clients and examples look for "Request for unknown model"
+        raise HTTPError(f"Request for unknown model '{name}': this server serves '{served}'", 404)
     if version not in (None, "", MODEL_VERSION):
         raise HTTPError(f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404)
 
@@ -336,4 +340,7 @@ class DataPlane:
         check_outputs(call.outputs, self.model_name, list(declared))
         timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
         outputs = await batcher.infer(call.inputs, priority=call.priority, timeout_us=timeout_us)
-        return as_declared(outputs, declared, call.outputs)
+        result = as_declared(outputs, declared, call.outputs)
+        if call.usage and TOKEN_COUNTS in outputs:
+            result[TOKEN_COUNTS] = outputs[TOKEN_COUNTS]
+        return result

@@ -39,6 +39,7 @@ from kubeinfer.runtime import ipc
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import Decoder, check_model, internal_error, not_ready_error
 from kubeinfer.runtime.errors import InferenceError
+from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.rest import RestApp, UvicornServer, event_loop_factory, listen_socket, uvicorn_config
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class RemotePlane:
             version=version or "",
             tensors=specs,
             outputs=list(call.outputs),
+            usage=call.usage,
             priority=call.priority,
             timeout_us=call.timeout_us,
             received=received,
@@ -164,7 +166,8 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
     sock = listen_socket(cfg.server.host, cfg.server.port, reuse_port=True)
     client = ipc.ModelClient(address)
     await client.start()
-    rest = RestApp(RemotePlane(cfg.model.name, client), cfg)
+    plane = RemotePlane(cfg.model.name, client)
+    rest = RestApp(plane, cfg, OpenAIRoutes(plane, cfg).routes)
     server = UvicornServer(uvicorn_config(rest.app, graceful_seconds=30))
     await client.send(ipc.Header(op="hello", pid=os.getpid(), code=index))
     log.info("front end %d listening on %s:%d (pid %d)", index, cfg.server.host, cfg.server.port, os.getpid())

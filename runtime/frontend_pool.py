@@ -261,7 +261,7 @@ class FrontEndPool:
     async def _infer(self, header: ipc.Header, frames: list[zmq.Frame]) -> tuple[ipc.Header, Sequence[Any]]:
         async def decode() -> InferCall:
             inputs = ipc.decode_tensors(header.tensors, frames)
-            return InferCall(inputs, header.outputs, header.priority, header.timeout_us)
+            return InferCall(inputs, header.outputs, header.priority, header.timeout_us, header.usage)
 
         outputs = await self.plane.infer(header.received, header.model, header.version, decode)
         specs, out = ipc.encode_tensors(outputs)

@@ -17,7 +17,8 @@ tensor extension's layout (each element a 4-byte little-endian length, then the 
 
 Operations (``Header.op``), front end -> model process:
 
-- ``infer``: ``model`` and ``version`` as the request named them, tensors, the requested ``outputs``,
+- ``infer``: ``model`` and ``version`` as the request named them, tensors, the requested ``outputs``
+  (and ``usage``: the model's token counts too),
   ``priority`` and ``timeout_us`` as the request sent them (the data plane judges them all),
   ``received`` (``time.monotonic()`` when the front end got the request; CLOCK_MONOTONIC is one
   clock for every process of the machine): the request's deadline travels with it
@@ -84,6 +85,7 @@ class Header(msgspec.Struct, omit_defaults=True):
     version: str = ""
     tensors: list[TensorSpec] = msgspec.field(default_factory=list)
     outputs: list[str] = msgspec.field(default_factory=list)
+    usage: bool = False
     priority: Any = None
     timeout_us: Any = None
     received: float = 0.0

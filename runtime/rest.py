@@ -39,7 +39,7 @@ import signal
 import socket
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -52,7 +52,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,10 @@ class RestApp:
         plane: the data plane (``DataPlane`` in the model process, ``RemotePlane`` in a front end).
         cfg: the runtime configuration; an HTTP body may be ``BODY_LIMIT_FACTOR`` times its
             ``limits.max_request_bytes`` (read per request).
+        routes: more routes on the same port (``openai_api.OpenAIRoutes.routes``).
     """
 
-    def __init__(self, plane: Plane, cfg: RuntimeConfig) -> None:
+    def __init__(self, plane: Plane, cfg: RuntimeConfig, routes: Sequence[BaseRoute] = ()) -> None:
         self.plane = plane
         self.cfg = cfg
         self.router = Starlette(
@@ -126,6 +127,7 @@ class RestApp:
                 Route("/v2/models/{name}/infer", self.infer, methods=["POST"]),
                 Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
+                *routes,
             ],
             exception_handlers={
                 InferenceError: inference_error_response,

@@ -28,6 +28,7 @@ from kubeinfer.runtime.frontend_pool import DRAIN_LINGER_SECONDS, FrontEndPool
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import ServableModel, load_model
+from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from kubeinfer.runtime.service_time import calibrate_model
@@ -76,7 +77,7 @@ class RuntimeServer:
         self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.executors)
         #: What every transport calls: admission, validation, the batcher, metrics, errors.
         self.plane = DataPlane(cfg.model.name, self.metrics, cfg.executors)
-        self.rest = RestApp(self.plane, cfg)
+        self.rest = RestApp(self.plane, cfg, OpenAIRoutes(self.plane, cfg).routes)
         #: The ASGI app uvicorn serves (``RestApp.app``).
         self.app: Callable[..., Any] = self.rest.app
         self.host = cfg.server.host

@@ -47,6 +47,13 @@ REPORT_COMPARE_SECONDS = "quantization_compare_seconds"
 REPORT_WARMUP_SECONDS = "warmup_seconds"
 
 
+#: The per-row token counts (INT64 [rows], special tokens included) that a text model's ``execute``
+#: returns beside its declared outputs: what a request cost in tokens (the ``usage`` of the
+#: OpenAI-compatible routes). Not in the model's metadata; the data plane passes it on only to a call
+#: that asks for it (``dataplane.InferCall.usage``).
+TOKEN_COUNTS = "token_count"
+
+
 def tensor_nbytes(array: np.ndarray) -> int:
     """Payload size of a tensor in bytes; for BYTES tensors the sum of the element lengths."""
     if array.dtype == object:

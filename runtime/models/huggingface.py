@@ -35,6 +35,7 @@ from kubeinfer.runtime.models.base import (
     REPORT_RETRIEVAL_AGREEMENT,
     REPORT_RETRIEVAL_AGREEMENT_ALL,
     REPORT_WARMUP_SECONDS,
+    TOKEN_COUNTS,
     ServableModel,
     batch_buckets,
 )
@@ -231,10 +232,12 @@ class TextEmbeddingModel(ServableModel):
         return TokenizedBatch(tensors=tensors, rows=len(texts))
 
     def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
-        """Embed a tokenized batch: ``{output_name: float32 [rows, dim]}``, unit L2 norm per row."""
+        """Embed a tokenized batch: ``{output_name: float32 [rows, dim]}``, unit L2 norm per row, and
+        ``TOKEN_COUNTS``: int64 [rows], each row's tokens (special tokens included, after truncation)."""
         with torch.inference_mode():
             embedding = self._embed(prepared)
-        return {self.output_name: embedding.numpy()}
+        tokens = prepared.tensors["attention_mask"].sum(dim=1).to(torch.int64).numpy()
+        return {self.output_name: embedding.numpy(), TOKEN_COUNTS: tokens}
 
     def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
         inputs = {k: to_device(v, self.torch_device) for k, v in prepared.tensors.items()}
