@@ -126,6 +126,37 @@ def test_tritonclient_through_the_cluster_ip_returns_embeddings(cluster: Cluster
     assert paraphrase > unrelated + 0.2, (paraphrase, unrelated)
 
 
+def test_clients_people_use_through_the_service_get_the_same_answers(cluster: Cluster, ns: str) -> None:
+    """The OpenAI SDK, Triton's statistics (REST and gRPC) and the protocol's error shape, through the
+    Service's ClusterIP as a pod in the cluster reaches them."""
+    import httpx
+    import openai
+    import tritonclient.grpc as grpcclient
+
+    url = _cluster_ip(cluster, ns)
+    expected = _embed(url, SENTENCES)
+    client = openai.OpenAI(base_url=f"http://{url}/v1", api_key="unused", max_retries=0, timeout=30)
+    response = client.embeddings.create(model=NAME, input=SENTENCES)
+    got = np.array([d.embedding for d in response.data], dtype=np.float32)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert response.usage.prompt_tokens > len(SENTENCES)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="text-embedding-3-small", input="x")
+
+    rest_stats = httpclient.InferenceServerClient(url).get_inference_statistics(NAME)["model_stats"]
+    assert [s["name"] for s in rest_stats] == [NAME] and rest_stats[0]["inference_count"] >= 2 * len(
+        SENTENCES
+    )
+    svc = cluster.get_json("service", NAME, "-n", ns)
+    grpc_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
+    grpc = grpcclient.InferenceServerClient(f"{svc['spec']['clusterIP']}:{grpc_port}")
+    (grpc_stats,) = grpc.get_inference_statistics(NAME).model_stats
+    assert grpc_stats.inference_count >= rest_stats[0]["inference_count"]
+
+    r = httpx.get(f"http://{url}/v2/no/such/route", timeout=10)
+    assert r.status_code == 404 and "error" in r.json()
+
+
 def test_prometheus_discovers_the_pod_and_the_autoscaler_reads_its_metrics(
     cluster: Cluster, ns: str, node_prometheus: PrometheusServer
 ) -> None:
