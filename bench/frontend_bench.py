@@ -462,9 +462,10 @@ async def find_max_rate(
 #: innermost frame outwards names the stage of a sample.
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("metrics", ("prometheus_client", "runtime/metrics.py")),
-    ("encode response", ("encode_response", "_json_data", "_binary (", "serialize_bytes", "_encode_infer")),
-    ("decode request", ("decode_request", "_from_json_data", "_from_binary", "deserialize_bytes",
-                        "_decode_infer", "_read_body")),
+    ("encode response", ("encode_response", "_json_data", "raw_buffer", "serialize_bytes",
+                         "encode_tensors", "raw_output_contents")),
+    ("decode request", ("decode_request", "_from_json_data", "tensor_from_raw", "deserialize_bytes",
+                        "decode_infer_request", "decode_tensors", "read_body")),
     ("validate", ("validate (", "_validate_tensor", "_decode_rows", "priority_level")),
     ("tokenize", ("tokenize", "preprocess", "tokenization_utils", "tokenizers")),
     ("model (torch)", ("torch/", "execute (", "_embed (")),
