@@ -34,16 +34,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES
-from kubeinfer.runtime.errors import HTTPError, InferenceError, ServingError
+from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import TOKEN_COUNTS, ServableModel
-from kubeinfer.runtime.protocol import check_outputs
+from kubeinfer.runtime.protocol import RegionRef, SharedInput, check_outputs, raw_buffer, tensor_from_raw
+from kubeinfer.runtime.shared_memory import SharedMemoryRegistry
 
 from kubeinfer import __version__
 
@@ -77,6 +78,8 @@ class InferCall:
         timeout_us: the ``timeout`` parameter as sent (microseconds in the queue; the batcher judges it).
         usage: also return the model's per-row token counts (``models.base.TOKEN_COUNTS``, INT64
             [rows]) where the model reports them.
+        shm_inputs: inputs left in registered shared-memory regions (name -> datatype, shape, where).
+        shm_outputs: outputs to write into regions (name -> where); also named in ``outputs``.
     """
 
     inputs: dict[str, np.ndarray]
@@ -84,6 +87,8 @@ class InferCall:
     priority: Any = None
     timeout_us: Any = None
     usage: bool = False
+    shm_inputs: Mapping[str, SharedInput] = field(default_factory=dict)
+    shm_outputs: Mapping[str, RegionRef] = field(default_factory=dict)
 
 
 #: An async callable that decodes a request: the transport's part, run inside the data plane's count.
@@ -125,6 +130,13 @@ class Plane(Protocol):
     async def statistics(self, name: str, version: str | None) -> list[dict[str, Any]]:
         """Triton's ``model_stats`` for ``name`` (all models when empty) and ``version`` (all when
         empty); raises ``HTTPError`` 404 for a model or version this server does not serve."""
+
+    async def shared_memory(
+        self, kind: str, action: str, name: str | None, spec: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Triton's shared-memory extension: ``kind`` "system" or "cuda", ``action`` "status",
+        "register" (``spec``: key, offset, byte_size) or "unregister", region ``name`` (all when None).
+        Returns the regions' status (empty for register and unregister); raises ``InputError`` 400."""
 
     async def metrics_text(self) -> bytes:
         """The Prometheus text exposition of the model process."""
@@ -224,6 +236,8 @@ class DataPlane:
         self.batcher: Batcher | None = None
         self.draining = False
         self.stopping = False
+        #: Triton's system shared-memory regions, registered by clients in the pod.
+        self.shm = SharedMemoryRegistry()
         self._declared: dict[str, str] = {}
 
     # ----- life cycle ------------------------------------------------------------------------------
@@ -251,9 +265,10 @@ class DataPlane:
         return complete
 
     def close(self) -> None:
-        """Stop the batcher's threads."""
+        """Stop the batcher's threads; unmap the shared-memory regions."""
         if self.batcher is not None:
             self.batcher.close()
+        self.shm.close()
 
     # ----- health and metadata ---------------------------------------------------------------------
     @property
@@ -293,6 +308,30 @@ class DataPlane:
         if name:
             check_model(self.model_name, name, version)
         return [self.metrics.statistics.doc(self.model_name, MODEL_VERSION)]
+
+    async def shared_memory(
+        self, kind: str, action: str, name: str | None, spec: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """See ``Plane.shared_memory``: system regions in ``self.shm``; no CUDA regions are held (status
+        lists none, unregistering succeeds, registering is refused)."""
+        if kind == "cuda":
+            if action == "register":
+                raise InputError(
+                    "CUDA shared memory is not supported by this server; use system shared memory"
+                )
+            if action == "status" and name:
+                raise InputError(f"unable to find cuda shared memory region '{name}'")
+            return []
+        if action == "register":
+            assert name is not None
+            self.shm.register(
+                name, str(spec.get("key", "")), int(spec.get("offset", 0)), int(spec.get("byte_size", 0))
+            )
+            return []
+        if action == "unregister":
+            self.shm.unregister(name or None)
+            return []
+        return self.shm.status(name or None)
 
     async def metrics_text(self) -> bytes:
         """The Prometheus text exposition (``RuntimeMetrics.exposition``)."""
@@ -338,9 +377,23 @@ class DataPlane:
     async def _serve(self, batcher: Batcher, call: InferCall, received: float) -> dict[str, np.ndarray]:
         declared = self._declared
         check_outputs(call.outputs, self.model_name, list(declared))
+        inputs = self._with_shared_inputs(call) if call.shm_inputs else call.inputs
         timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
-        outputs = await batcher.infer(call.inputs, priority=call.priority, timeout_us=timeout_us)
+        outputs = await batcher.infer(inputs, priority=call.priority, timeout_us=timeout_us)
         result = as_declared(outputs, declared, call.outputs)
+        for name, ref in call.shm_outputs.items():
+            self.shm.write(ref, name, raw_buffer(result[name], declared[name]))
         if call.usage and TOKEN_COUNTS in outputs:
             result[TOKEN_COUNTS] = outputs[TOKEN_COUNTS]
         return result
+
+    def _with_shared_inputs(self, call: InferCall) -> dict[str, np.ndarray]:
+        """The call's inputs with those it left in shared memory read (copied) from their regions.
+        Raises ``InputError``/``ProtocolError`` 400 (a region not registered, sizes that differ)."""
+        inputs = dict(call.inputs)
+        for name, (datatype, shape, ref) in call.shm_inputs.items():
+            if name in inputs:
+                raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
+            source = f"shared memory region '{ref.region}' (shared_memory_byte_size)"
+            inputs[name] = tensor_from_raw(name, datatype, shape, self.shm.read(ref, name), source)
+        return inputs

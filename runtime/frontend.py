@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,6 +118,15 @@ class RemotePlane:
         stats: list[dict[str, Any]] = (reply.info or {})["model_stats"]
         return stats
 
+    async def shared_memory(
+        self, kind: str, action: str, name: str | None, spec: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """The model process's shared-memory registry (``DataPlane.shared_memory``)."""
+        info = {"kind": kind, "action": action, "name": name, "spec": dict(spec)}
+        reply, _ = await self._call(ipc.Header(op="shm", info=info))
+        regions: list[dict[str, Any]] = (reply.info or {})["regions"]
+        return regions
+
     async def metrics_text(self) -> bytes:
         """The model process's exposition."""
         _, frames = await self._call(ipc.Header(op="metrics"))
@@ -152,6 +161,11 @@ class RemotePlane:
             tensors=specs,
             outputs=list(call.outputs),
             usage=call.usage,
+            shm_inputs=[
+                (n, d, list(shape), r.region, r.offset, r.byte_size)
+                for n, (d, shape, r) in call.shm_inputs.items()
+            ],
+            shm_outputs=[(n, r.region, r.offset, r.byte_size) for n, r in call.shm_outputs.items()],
             priority=call.priority,
             timeout_us=call.timeout_us,
             received=received,

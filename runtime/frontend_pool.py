@@ -45,6 +45,7 @@ from kubeinfer.runtime import ipc
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane, InferCall
 from kubeinfer.runtime.errors import HTTPError
+from kubeinfer.runtime.protocol import RegionRef
 
 if TYPE_CHECKING:
     import zmq
@@ -247,6 +248,12 @@ class FrontEndPool:
         if op == "stats":
             stats = await plane.statistics(header.model, header.version)
             return ipc.Header(op="reply", info={"model_stats": stats}), []
+        if op == "shm":
+            info = header.info or {}
+            regions = await plane.shared_memory(
+                info["kind"], info["action"], info.get("name"), info.get("spec") or {}
+            )
+            return ipc.Header(op="reply", info={"regions": regions}), []
         if op == "metrics":
             return ipc.Header(op="reply"), [await plane.metrics_text()]
         if op == "count":
@@ -261,7 +268,17 @@ class FrontEndPool:
     async def _infer(self, header: ipc.Header, frames: list[zmq.Frame]) -> tuple[ipc.Header, Sequence[Any]]:
         async def decode() -> InferCall:
             inputs = ipc.decode_tensors(header.tensors, frames)
-            return InferCall(inputs, header.outputs, header.priority, header.timeout_us, header.usage)
+            return InferCall(
+                inputs,
+                header.outputs,
+                header.priority,
+                header.timeout_us,
+                header.usage,
+                shm_inputs={
+                    n: (d, list(shape), RegionRef(r, o, b)) for n, d, shape, r, o, b in header.shm_inputs
+                },
+                shm_outputs={n: RegionRef(r, o, b) for n, r, o, b in header.shm_outputs},
+            )
 
         outputs = await self.plane.infer(header.received, header.model, header.version, decode)
         specs, out = ipc.encode_tensors(outputs)

@@ -10,8 +10,10 @@ drain are the same for both. The message and service classes are the ones ``trit
 and field numbers): ``tritonclient.grpc`` and KServe's gRPC client work unchanged.
 
 RPCs: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
-``ModelInfer``, ``ModelStatistics`` (Triton's statistics extension). Every other RPC of the service
-(repository, shared memory, trace, logging, streaming) answers UNIMPLEMENTED with a message that names
+``ModelInfer``, ``ModelStatistics`` (Triton's statistics extension), and the shared-memory extension's
+``SystemSharedMemory*`` and ``CudaSharedMemory*`` (``kubeinfer.runtime.shared_memory``; inputs and
+outputs with ``shared_memory_region`` parameters). Every other RPC of the service (repository, trace,
+logging, streaming) answers UNIMPLEMENTED with a message that names
 it, and logs nothing (grpcio's generated base class would log an ERROR with a traceback).
 
 ``ModelInfer`` inputs come from ``raw_input_contents`` (one entry per input, in input order; the
@@ -38,7 +40,7 @@ import numpy as np
 from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
-from kubeinfer.runtime.protocol import raw_buffer, tensor_from_raw
+from kubeinfer.runtime.protocol import RegionRef, SharedInput, raw_buffer, region_ref, tensor_from_raw
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -92,13 +94,22 @@ def _tensor_from_contents(name: str, datatype: str, shape: list[int], contents: 
     return np.array(values, dtype=dtype).reshape(shape)
 
 
-def decode_infer_request(request: Any) -> dict[str, np.ndarray]:
+_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def _region(name: str, params: Any, what: str) -> RegionRef | None:
+    """The shared-memory region a tensor's ``InferParameter`` map names, or None."""
+    return region_ref(name, {key: _param(params, key) for key in _SHM_PARAMETERS if key in params}, what)
+
+
+def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str, SharedInput]]:
     """The input tensors of a ``ModelInferRequest`` by name: from ``raw_input_contents`` (the raw
-    layout, ``protocol.tensor_from_raw``) or the typed ``contents``.
+    layout, ``protocol.tensor_from_raw``) or the typed ``contents``; and those left in shared memory
+    (name -> datatype, shape, region), which the data plane reads.
 
     Raises:
         ProtocolError: unknown datatype, bad shape, a duplicate input, raw contents that do not match
-            the inputs or their sizes.
+            the inputs or their sizes, bad shared-memory parameters.
     """
     if not request.inputs:
         raise ProtocolError("request must have at least one input")
@@ -109,9 +120,10 @@ def decode_infer_request(request: Any) -> dict[str, np.ndarray]:
             "send all inputs raw or none"
         )
     inputs: dict[str, np.ndarray] = {}
+    shared: dict[str, SharedInput] = {}
     for i, tensor in enumerate(request.inputs):
         name, datatype = tensor.name, tensor.datatype
-        if name in inputs:
+        if name in inputs or name in shared:
             raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
         if datatype not in NUMPY_DTYPES:
             raise ProtocolError(
@@ -121,15 +133,14 @@ def decode_infer_request(request: Any) -> dict[str, np.ndarray]:
         shape = [int(d) for d in tensor.shape]
         if any(d < 0 for d in shape):
             raise ProtocolError(f"input tensor '{name}': shape {shape} has a negative dimension", tensor=name)
-        if "shared_memory_region" in tensor.parameters:
-            raise ProtocolError(
-                f"input tensor '{name}': shared memory is not supported by this server", tensor=name
-            )
-        if raw:
+        ref = _region(name, tensor.parameters, "input tensor")
+        if ref is not None:
+            shared[name] = (datatype, shape, ref)
+        elif raw:
             inputs[name] = tensor_from_raw(name, datatype, shape, raw[i], f"raw_input_contents[{i}]")
         else:
             inputs[name] = _tensor_from_contents(name, datatype, shape, tensor.contents)
-    return inputs
+    return inputs, shared
 
 
 def queue_parameters(request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, Any]:
@@ -240,10 +251,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         received = time.monotonic()
         plane = self.plane
 
+        shm_outputs: dict[str, RegionRef] = {}
+
         async def decode() -> InferCall:
-            inputs = decode_infer_request(request)
+            inputs, shm_inputs = decode_infer_request(request)
             priority, timeout_us = queue_parameters(request, context)
-            return InferCall(inputs, [o.name for o in request.outputs], priority, timeout_us)
+            for o in request.outputs:
+                ref = _region(o.name, o.parameters, "output")
+                if ref is not None:
+                    shm_outputs[o.name] = ref
+            names = [o.name for o in request.outputs]
+            return InferCall(
+                inputs, names, priority, timeout_us, shm_inputs=shm_inputs, shm_outputs=shm_outputs
+            )
 
         try:
             outputs = await plane.infer(received, request.model_name, request.model_version, decode)
@@ -257,16 +277,64 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             tensor = response.outputs.add()
             tensor.name, tensor.datatype = name, datatype
             tensor.shape.extend(array.shape)
-            response.raw_output_contents.append(bytes(raw_buffer(array, datatype)))
+            ref = shm_outputs.get(name)
+            if ref is None:
+                response.raw_output_contents.append(bytes(raw_buffer(array, datatype)))
+            else:  # written into the region by the data plane; an empty entry keeps the positions
+                tensor.parameters["shared_memory_region"].string_param = ref.region
+                tensor.parameters["shared_memory_byte_size"].int64_param = ref.byte_size
+                response.raw_output_contents.append(b"")
         return response
+
+    # ----- shared memory ---------------------------------------------------------------------------
+    async def _shm(
+        self, context: Any, kind: str, action: str, name: str, spec: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        try:
+            return await self.plane.shared_memory(kind, action, name or None, spec)
+        except InferenceError as exc:
+            await self._abort(context, exc)
+            raise  # abort raised already
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        regions = await self._shm(context, "system", "status", request.name, {})
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for r in regions:
+            response.regions[r["name"]].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]
+                )
+            )
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        spec = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
+        await self._shm(context, "system", "register", request.name, spec)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._shm(context, "system", "unregister", request.name, {})
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._shm(context, "cuda", "status", request.name, {})
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._shm(context, "cuda", "register", request.name, {})
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._shm(context, "cuda", "unregister", request.name, {})
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
 
 
 def _unimplemented(rpc: str) -> Any:
     async def handler(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
-            f"{rpc} is not implemented by this server; it serves health, metadata, ModelInfer and "
-            "ModelStatistics",
+            f"{rpc} is not implemented by this server; it serves health, metadata, ModelInfer, "
+            "ModelStatistics and system shared memory",
         )
 
     handler.__name__ = rpc

@@ -26,6 +26,9 @@ Operations (``Header.op``), front end -> model process:
 - ``status``: reply ``info`` = ``{"reason": None when ready, else why not}``.
 - ``model`` / ``model_ready`` / ``stats``: ``model``, ``version``; reply ``info`` = the model metadata /
   nothing / ``{"model_stats": [...]}``, or ``error`` (404 unknown model, 503 loading or not ready).
+- ``shm``: ``info`` = ``{"kind", "action", "name", "spec"}`` (the shared-memory extension); reply ``info``
+  = ``{"regions": [...]}`` or ``error``. An ``infer`` names its shared-memory tensors in
+  ``shm_inputs``/``shm_outputs``: the model process reads and writes the regions.
 - ``metrics``: reply frame 1 = the Prometheus exposition of the model process (one ``/metrics`` for the
   pod: the front ends proxy it).
 - ``count``: a response the front end gave itself (bad request, unknown model): ``code``, ``seconds``;
@@ -86,6 +89,10 @@ class Header(msgspec.Struct, omit_defaults=True):
     tensors: list[TensorSpec] = msgspec.field(default_factory=list)
     outputs: list[str] = msgspec.field(default_factory=list)
     usage: bool = False
+    #: inputs left in shared memory: (name, datatype, shape, region, offset, byte_size)
+    shm_inputs: list[tuple[str, str, list[int], str, int, int]] = msgspec.field(default_factory=list)
+    #: outputs to write into shared memory: (name, region, offset, byte_size)
+    shm_outputs: list[tuple[str, str, int, int]] = msgspec.field(default_factory=list)
     priority: Any = None
     timeout_us: Any = None
     received: float = 0.0

@@ -54,6 +54,8 @@ class InferRequest:
         priority: ``parameters.priority`` (Triton: 1 highest, 0 default) or None.
         timeout_us: ``parameters.timeout`` (microseconds) or None.
         parameters: every request-level parameter as sent.
+        shm_inputs: inputs left in a registered shared-memory region: name -> (datatype, shape, where).
+        shm_outputs: outputs to write into a region: name -> where (also in ``outputs``).
     """
 
     id: str | None
@@ -63,6 +65,48 @@ class InferRequest:
     priority: Any = None
     timeout_us: Any = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    shm_inputs: dict[str, SharedInput] = field(default_factory=dict)
+    shm_outputs: dict[str, RegionRef] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RegionRef:
+    """Where a tensor lies in a registered shared-memory region (Triton's shared-memory extension):
+    the region's name, the offset in it and the size, in bytes."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+#: An input left in shared memory: its datatype, shape and place.
+SharedInput = tuple[str, list[int], RegionRef]
+
+
+def region_ref(name: str, params: Mapping[str, Any], what: str) -> RegionRef | None:
+    """The region a tensor's parameters name (``shared_memory_region``, ``shared_memory_byte_size``,
+    ``shared_memory_offset`` default 0), or None when they name none.
+
+    Args:
+        name: the tensor's name; what: "input tensor" or "output" (messages name both).
+
+    Raises:
+        ProtocolError: 400 for a region name that is no string, or a size or offset that is no
+            non-negative integer.
+    """
+    region = params.get("shared_memory_region")
+    if region is None:
+        return None
+    size, offset = params.get("shared_memory_byte_size"), params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise ProtocolError(f"{what} '{name}': shared_memory_region must be a region name", tensor=name)
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProtocolError(
+                f"{what} '{name}': {key} must be a non-negative integer, got {value!r}", tensor=name
+            )
+    assert isinstance(size, int) and isinstance(offset, int)
+    return RegionRef(region, offset, size)
 
 
 def _elements(shape: Sequence[int]) -> int:
@@ -309,16 +353,26 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise ProtocolError("request must have a non-empty 'inputs' list")
     inputs: dict[str, np.ndarray] = {}
+    shm_inputs: dict[str, SharedInput] = {}
     pos = header_length
     for i, raw in enumerate(raw_inputs):
-        name, array, pos = _input(i, raw, view, pos, inputs)
-        inputs[name] = array
+        name, array, pos = _input(i, raw, view, pos, {**inputs, **shm_inputs})
+        if isinstance(array, tuple):
+            shm_inputs[name] = array
+        else:
+            inputs[name] = array
     if pos != len(body):
         raise ProtocolError(f"request body has {len(body) - pos} bytes after the last input's binary data")
     raw_outputs = doc.get("outputs") or []
     if not isinstance(raw_outputs, list):
         raise ProtocolError("request 'outputs' must be a list")
-    outputs = dict(_output(i, raw) for i, raw in enumerate(raw_outputs))
+    outputs: dict[str, bool | None] = {}
+    shm_outputs: dict[str, RegionRef] = {}
+    for i, raw in enumerate(raw_outputs):
+        name, flag, ref = _output(i, raw)
+        outputs[name] = flag
+        if ref is not None:
+            shm_outputs[name] = ref
     rid = doc.get("id")
     return InferRequest(
         id=None if rid is None else str(rid),
@@ -328,6 +382,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         priority=params.get("priority"),
         timeout_us=params.get("timeout"),
         parameters=params,
+        shm_inputs=shm_inputs,
+        shm_outputs=shm_outputs,
     )
 
 
@@ -352,11 +408,11 @@ def _header(view: memoryview, header_length: int) -> tuple[dict[str, Any], dict[
 
 
 def _input(
-    i: int, raw: Any, view: memoryview, pos: int, seen: Mapping[str, np.ndarray]
-) -> tuple[str, np.ndarray, int]:
+    i: int, raw: Any, view: memoryview, pos: int, seen: Mapping[str, Any]
+) -> tuple[str, np.ndarray | SharedInput, int]:
     """Decode ``inputs[i]``; its binary data (if any) starts at ``pos`` of the body.
 
-    Returns (name, array, the position after its binary data)."""
+    Returns (name, the array or where it lies in shared memory, the position after its binary data)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
     name: str = raw["name"]
@@ -372,10 +428,9 @@ def _input(
     tparams = raw.get("parameters") or {}
     if not isinstance(tparams, dict):
         raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", tensor=name)
-    if "shared_memory_region" in tparams:
-        raise ProtocolError(
-            f"input tensor '{name}': shared memory is not supported by this server", tensor=name
-        )
+    ref = region_ref(name, tparams, "input tensor")
+    if ref is not None:
+        return name, (datatype, shape, ref), pos
     size = tparams.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -396,19 +451,17 @@ def _input(
     )
 
 
-def _output(i: int, raw: Any) -> tuple[str, bool | None]:
-    """``outputs[i]``: (name, its ``binary_data`` flag or None)."""
+def _output(i: int, raw: Any) -> tuple[str, bool | None, RegionRef | None]:
+    """``outputs[i]``: (name, its ``binary_data`` flag or None, the region to write it into or None)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
     oparams = raw.get("parameters") or {}
     if not isinstance(oparams, dict):
         raise ProtocolError(f"output '{raw['name']}': 'parameters' must be an object")
-    if "shared_memory_region" in oparams:
-        raise ProtocolError(f"output '{raw['name']}': shared memory is not supported by this server")
     if oparams.get("classification"):
         raise ProtocolError(f"output '{raw['name']}': the classification extension is not supported")
     flag = oparams.get("binary_data")
-    return raw["name"], None if flag is None else bool(flag)
+    return raw["name"], None if flag is None else bool(flag), region_ref(raw["name"], oparams, "output")
 
 
 def _json_data(array: np.ndarray, datatype: str) -> list[Any]:
@@ -479,7 +532,13 @@ def encode_response(
         flag = request.outputs.get(name)
         binary = request.binary_data_output if flag is None else flag
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary:
+        ref = request.shm_outputs.get(name)
+        if ref is not None:  # written into the region by the data plane: no data here
+            entry["parameters"] = {
+                "shared_memory_region": ref.region,
+                "shared_memory_byte_size": ref.byte_size,
+            }
+        elif binary:
             blob = raw_buffer(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

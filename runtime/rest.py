@@ -18,6 +18,8 @@ serves version ``1`` of its one model):
   (``kubeinfer.runtime.statistics``).
 - ``POST /v2/models/{name}[/versions/{v}]/infer``: inference (JSON or binary tensor data).
 - ``GET /metrics``: Prometheus text format (``kubeinfer.runtime.metrics``).
+- ``v2/systemsharedmemory/...`` and ``v2/cudasharedmemory/...``: Triton's shared-memory extension
+  (``kubeinfer.runtime.shared_memory``).
 
 Errors are ``{"error": "..."}``, unknown routes (404) and methods (405) included: 400 malformed
 request / wrong datatype or shape / bad parameter; 404 unknown model or version; 413 over ``limits``
@@ -39,10 +41,11 @@ import signal
 import socket
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+import msgspec
 import uvicorn
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane
@@ -127,6 +130,7 @@ class RestApp:
                 Route("/v2/models/{name}/infer", self.infer, methods=["POST"]),
                 Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
+                *self._shared_memory_routes(),
                 *routes,
             ],
             exception_handlers={
@@ -186,6 +190,39 @@ class RestApp:
         stats = await self.plane.statistics(params.get("name", ""), params.get("version"))
         return Response(encode_json({"model_stats": stats}), 200, media_type=JSON)
 
+    def _shared_memory_routes(self) -> list[Route]:
+        """Triton's shared-memory extension (``kubeinfer.runtime.shared_memory``), system and CUDA."""
+        routes: list[Route] = []
+        for kind, prefix in (("system", "/v2/systemsharedmemory"), ("cuda", "/v2/cudasharedmemory")):
+            for path, action, method in (
+                ("/status", "status", "GET"),
+                ("/region/{region}/status", "status", "GET"),
+                ("/region/{region}/register", "register", "POST"),
+                ("/unregister", "unregister", "POST"),
+                ("/region/{region}/unregister", "unregister", "POST"),
+            ):
+                routes.append(Route(prefix + path, self._shared_memory(kind, action), methods=[method]))
+        return routes
+
+    def _shared_memory(self, kind: str, action: str) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        async def handle(request: Request) -> Response:
+            spec: dict[str, Any] = {}
+            if action == "register":
+                body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
+                try:
+                    spec = msgspec.json.decode(body) if body else {}
+                except msgspec.DecodeError as exc:
+                    raise HTTPError(f"shared memory register body is not valid JSON: {exc}", 400) from None
+                if not isinstance(spec, dict):
+                    raise HTTPError("shared memory register body must be a JSON object", 400)
+            region = request.path_params.get("region")
+            regions = await self.plane.shared_memory(kind, action, region, spec)
+            if action != "status":
+                return Response(b"", 200, media_type=JSON)
+            return Response(encode_json(regions), 200, media_type=JSON)
+
+        return handle
+
     async def metrics(self, request: Request) -> Response:
         """The Prometheus exposition."""
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -204,7 +241,14 @@ class RestApp:
             nonlocal decoded
             body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
             decoded = decode_request(body, request_header_length(request))
-            return InferCall(decoded.inputs, list(decoded.outputs), decoded.priority, decoded.timeout_us)
+            return InferCall(
+                decoded.inputs,
+                list(decoded.outputs),
+                decoded.priority,
+                decoded.timeout_us,
+                shm_inputs=decoded.shm_inputs,
+                shm_outputs=decoded.shm_outputs,
+            )
 
         outputs = await self.plane.infer(received, params["name"], params.get("version"), decode)
         assert decoded is not None

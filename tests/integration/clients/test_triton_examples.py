@@ -83,10 +83,6 @@ def runtime(
         yield rt
 
 
-class ServerGap(Exception):
-    """A script failed the way a known gap of the server makes it fail (see ``Example.gap``)."""
-
-
 @dataclass(frozen=True)
 class Example:
     """One vendored script and what a successful run of it sends and prints."""
@@ -97,32 +93,14 @@ class Example:
     requests: int  # successful one-row infer requests for ``simple`` it sends
     passed: str | None  # its success line, where it prints one
     args: tuple[str, ...] = ()
-    # A known server gap: (what the failing script prints, why). The case is a strict xfail that
-    # only a ServerGap satisfies, so the script failing any other way is a real failure, and the
-    # script passing (the server fixed) is one too, until the gap is removed here.
-    gap: tuple[str, str] | None = None
 
     @property
     def id(self) -> str:
         return self.script.removesuffix(".py") + ("-" + "-".join(self.args) if self.args else "")
 
     def param(self) -> Any:
-        marks = (
-            [] if self.gap is None else [pytest.mark.xfail(strict=True, raises=ServerGap, reason=self.gap[1])]
-        )
-        return pytest.param(self, id=self.id, marks=marks)
+        return pytest.param(self, id=self.id)
 
-
-# The script's first call, unregister_system_shared_memory(), fails: the shared-memory extension is
-# not served.
-NO_SHARED_MEMORY_REST = (
-    "no route /v2/systemsharedmemory/unregister",
-    "Triton's shared-memory extension is not served: POST /v2/systemsharedmemory/unregister answers 404",
-)
-NO_SHARED_MEMORY_GRPC = (
-    "SystemSharedMemoryUnregister is not implemented",
-    "Triton's shared-memory extension is not served: gRPC SystemSharedMemoryUnregister answers UNIMPLEMENTED",
-)
 
 EXAMPLES_RUN = [
     # two infers (with and without requested outputs), then one for "wrong_model_name" whose error
@@ -146,7 +124,6 @@ EXAMPLES_RUN = [
         requests=3,
         passed=None,
         args=("-i", "http"),
-        gap=NO_SHARED_MEMORY_REST,
     ),
     Example(
         "reuse_infer_objects_client.py",
@@ -155,7 +132,6 @@ EXAMPLES_RUN = [
         requests=3,
         passed=None,
         args=("-i", "grpc"),
-        gap=NO_SHARED_MEMORY_GRPC,
     ),
     # two infers (with and without requested outputs)
     Example("simple_grpc_infer_client.py", "grpc", results=2, requests=2, passed="PASS: infer"),
@@ -231,8 +207,6 @@ def test_triton_example_runs_unchanged(example: Example, runtime: RuntimeProcess
     before = statistics(runtime)
     proc = run_example(example, runtime, tmp_path)
     output = f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
-    if proc.returncode != 0 and example.gap is not None and example.gap[0] in proc.stdout + proc.stderr:
-        raise ServerGap(output)
     assert proc.returncode == 0, output
     if example.passed is not None:
         assert example.passed in proc.stdout.splitlines(), output

@@ -292,7 +292,7 @@ async def test_grpc_methods_not_served_answer_unimplemented_without_an_error_log
     caplog.set_level("DEBUG")
     for call in (
         t.grpc.get_model_repository_index,
-        t.grpc.get_system_shared_memory_status,
+        t.grpc.get_trace_settings,
         t.grpc.get_log_settings,
     ):
         with pytest.raises(InferenceServerException) as info:
@@ -301,3 +301,36 @@ async def test_grpc_methods_not_served_answer_unimplemented_without_an_error_log
         assert "not implemented by this server" in str(info.value.message())
     errors = [r for r in caplog.records if r.levelno >= 40]
     assert not errors, [r.getMessage() for r in errors]
+
+
+async def test_a_shared_memory_region_not_registered_is_the_same_400_everywhere(
+    transports: Transports,
+) -> None:
+    t = transports
+    t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+    body = {
+        "inputs": [
+            {
+                "name": "x",
+                "datatype": "FP32",
+                "shape": [1, 2],
+                "parameters": {"shared_memory_region": "nope", "shared_memory_byte_size": 8},
+            }
+        ]
+    }
+    answers = [await c.post("/v2/models/fake/infer", json=body) for c in (t.rest, t.frontend)]
+    assert [r.status_code for r in answers] == [400, 400]
+    message = "tensor 'x': shared memory region 'nope' is not registered"
+    assert answers[0].json() == answers[1].json() == {"error": message}
+    inp = grpcclient.InferInput("x", [1, 2], "FP32")
+    inp.set_shared_memory("nope", 8)
+    with pytest.raises(InferenceServerException) as info:
+        await t.grpc.infer("fake", [inp])
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT" and info.value.message() == message
+    for client in (t.rest, t.frontend):
+        assert (await client.get("/v2/systemsharedmemory/status")).json() == []
+        r = await client.get("/v2/systemsharedmemory/region/nope/status")
+        assert r.status_code == 400 and "unable to find" in r.json()["error"]
+        assert (await client.post("/v2/cudasharedmemory/unregister")).status_code == 200
+        r = await client.post("/v2/cudasharedmemory/region/gpu0/register", json={"byte_size": 8})
+        assert r.status_code == 400 and "CUDA shared memory is not supported" in r.json()["error"]
