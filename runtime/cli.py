@@ -31,6 +31,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
+from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, RuntimeConfig
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
@@ -123,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         cfg = load_config(args)
+        BearerAuth.from_config(cfg)  # refuse to start open when authentication was asked for
     except Exception as exc:
         log.error("invalid configuration: %s", exc)
         return 2

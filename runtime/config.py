@@ -168,6 +168,13 @@ class ServerConfig(_Strict):
         description="SIGTERM: seconds to keep serving (readiness false) before refusing new requests, "
         "so that endpoints stop routing here first.",
     )
+    bearer_token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable holding a bearer token (the operator sets it from a "
+        "Secret): when set, every v2, OpenAI and gRPC route but health and /metrics requires "
+        "'Authorization: Bearer <token>'. The token itself is never in this file.",
+    )
 
 
 class RuntimeConfig(_Strict):
@@ -189,6 +196,8 @@ class RuntimeConfig(_Strict):
             del data["batching"]["priority_queue_sizes"]
         if self.server.http_workers == 1:  # optional too: one process, the file reads as before
             del data["server"]["http_workers"]
+        if self.server.bearer_token_env is None:  # optional: no authentication, the file reads as before
+            del data["server"]["bearer_token_env"]
         return yaml.safe_dump(data, sort_keys=True)
 
     @classmethod

@@ -37,6 +37,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 #: REST status -> gRPC status code.
 STATUS_CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -199,8 +201,22 @@ def _tensors(specs: list[dict[str, Any]]) -> list[Any]:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """``inference.GRPCInferenceService`` over a data plane (``dataplane.Plane``)."""
 
-    def __init__(self, plane: Plane) -> None:
+    def __init__(self, plane: Plane, auth: BearerAuth | None = None) -> None:
         self.plane = plane
+        self.auth = auth or BearerAuth(None)
+
+    def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
+        """Raises ``HTTPError`` 401 unless the call's ``authorization`` metadata carries the token."""
+        if self.auth.enabled:
+            metadata = dict(context.invocation_metadata() or ())
+            self.auth.check(metadata.get("authorization"))
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        """``_check_auth``, answered as UNAUTHENTICATED."""
+        try:
+            self._check_auth(context)
+        except InferenceError as exc:
+            await self._abort(context, exc)
 
     @staticmethod
     async def _abort(context: grpc.aio.ServicerContext, exc: InferenceError) -> Any:
@@ -214,6 +230,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return service_pb2.ServerReadyResponse(ready=await self.plane.readiness() is None)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         try:
             await self.plane.model_ready(request.name, request.version)
         except InferenceError as exc:
@@ -223,9 +240,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return service_pb2.ModelReadyResponse(ready=True)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         return service_pb2.ServerMetadataResponse(**SERVER_METADATA)
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         try:
             doc = await self.plane.model_metadata(request.name, request.version)
         except InferenceError as exc:
@@ -239,6 +258,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         )
 
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         try:
             stats = await self.plane.statistics(request.name, request.version)
         except InferenceError as exc:
@@ -254,6 +274,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         shm_outputs: dict[str, RegionRef] = {}
 
         async def decode() -> InferCall:
+            self._check_auth(context)
             inputs, shm_inputs = decode_infer_request(request)
             priority, timeout_us = queue_parameters(request, context)
             for o in request.outputs:
@@ -297,6 +318,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             raise  # abort raised already
 
     async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         regions = await self._shm(context, "system", "status", request.name, {})
         response = service_pb2.SystemSharedMemoryStatusResponse()
         for r in regions:
@@ -308,23 +330,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return response
 
     async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         spec = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
         await self._shm(context, "system", "register", request.name, spec)
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         await self._shm(context, "system", "unregister", request.name, {})
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         await self._shm(context, "cuda", "status", request.name, {})
         return service_pb2.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         await self._shm(context, "cuda", "register", request.name, {})
         return service_pb2.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
         await self._shm(context, "cuda", "unregister", request.name, {})
         return service_pb2.CudaSharedMemoryUnregisterResponse()
 
@@ -349,10 +376,11 @@ for _rpc in RPCS:
 
 
 def create_grpc_server(
-    plane: Plane, host: str, port: int, max_message_bytes: int
+    plane: Plane, host: str, port: int, max_message_bytes: int, auth: BearerAuth | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server with the inference service over ``plane`` on ``host:port`` (0 = any free
-    port), not started; returns it and the bound port. Messages up to ``max_message_bytes``.
+    port), not started; returns it and the bound port. Messages up to ``max_message_bytes``; with
+    ``auth``, every RPC but ServerLive and ServerReady requires the bearer token.
 
     Call it, then ``await grpc_server.start()``, on the running event loop. Raises ``RuntimeError``
     when the port cannot be bound."""
@@ -363,7 +391,7 @@ def create_grpc_server(
             ("grpc.so_reuseport", 0),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), grpc_server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane, auth), grpc_server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = grpc_server.add_insecure_port(address)
     if not bound:

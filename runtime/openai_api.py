@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import InferCall, Plane
 from kubeinfer.runtime.errors import InferenceError
@@ -53,6 +54,7 @@ _ENCODER = msgspec.json.Encoder()
 #: OpenAI's error ``type`` for an HTTP status (the SDKs pick their exception class from the status).
 ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
@@ -153,6 +155,7 @@ class OpenAIRoutes:
     def __init__(self, plane: Plane, cfg: RuntimeConfig) -> None:
         self.plane = plane
         self.cfg = cfg
+        self.auth = BearerAuth.from_config(cfg)
         self.created = int(time.time())
         self.routes = [
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
@@ -161,6 +164,10 @@ class OpenAIRoutes:
 
     async def models(self, request: Request) -> Response:
         """OpenAI's model list: the one model served."""
+        try:
+            self.auth.check(request.headers.get("authorization"))
+        except InferenceError as exc:
+            return error_response(exc)
         doc = {
             "object": "list",
             "data": [
@@ -193,6 +200,7 @@ class OpenAIRoutes:
 
     async def _embeddings(self, request: Request, received: float) -> Response:
         try:
+            self.auth.check(request.headers.get("authorization"))
             body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
             req = parse_embeddings_request(body)
             served = self.plane.model_name

@@ -47,6 +47,7 @@ from typing import Any
 
 import msgspec
 import uvicorn
+from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane
 from kubeinfer.runtime.errors import HTTPError, InferenceError
@@ -108,13 +109,18 @@ class RestApp:
     Args:
         plane: the data plane (``DataPlane`` in the model process, ``RemotePlane`` in a front end).
         cfg: the runtime configuration; an HTTP body may be ``BODY_LIMIT_FACTOR`` times its
-            ``limits.max_request_bytes`` (read per request).
+            ``limits.max_request_bytes`` (read per request); ``server.bearer_token_env`` turns on
+            bearer-token authentication (``kubeinfer.runtime.auth``).
+
+    Raises ``ValueError`` when ``server.bearer_token_env`` names a variable that is not set.
         routes: more routes on the same port (``openai_api.OpenAIRoutes.routes``).
     """
 
     def __init__(self, plane: Plane, cfg: RuntimeConfig, routes: Sequence[BaseRoute] = ()) -> None:
         self.plane = plane
         self.cfg = cfg
+        #: ``server.bearer_token_env``: every route but health and /metrics checks it
+        self.auth = BearerAuth.from_config(cfg)
         self.router = Starlette(
             routes=[
                 Route("/v2/health/live", self.live, methods=["GET"]),
@@ -168,24 +174,31 @@ class RestApp:
             return Response(_READY, 200, media_type=JSON)
         return Response(encode_json({"ready": False, "error": why}), 503, media_type=JSON)
 
+    def _authorize(self, request: Request) -> None:
+        self.auth.check(request.headers.get("authorization"))
+
     async def server_metadata(self, request: Request) -> Response:
         """Server metadata: name, version, extensions."""
+        self._authorize(request)
         return Response(_SERVER_METADATA, 200, media_type=JSON)
 
     async def model_metadata(self, request: Request) -> Response:
         """The model's metadata; 404 unknown model, 503 loading."""
+        self._authorize(request)
         params = request.path_params
         doc = await self.plane.model_metadata(params["name"], params.get("version"))
         return Response(encode_json(doc), 200, media_type=JSON)
 
     async def model_ready(self, request: Request) -> Response:
         """200 ``{"name": model, "ready": true}``; 503 not (yet) ready; 404 unknown model or version."""
+        self._authorize(request)
         params = request.path_params
         await self.plane.model_ready(params["name"], params.get("version"))
         return Response(encode_json({"name": params["name"], "ready": True}), 200, media_type=JSON)
 
     async def statistics(self, request: Request) -> Response:
         """Triton's statistics extension: ``{"model_stats": [...]}``; 404 unknown model or version."""
+        self._authorize(request)
         params = request.path_params
         stats = await self.plane.statistics(params.get("name", ""), params.get("version"))
         return Response(encode_json({"model_stats": stats}), 200, media_type=JSON)
@@ -206,6 +219,7 @@ class RestApp:
 
     def _shared_memory(self, kind: str, action: str) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         async def handle(request: Request) -> Response:
+            self._authorize(request)
             spec: dict[str, Any] = {}
             if action == "register":
                 body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
@@ -239,6 +253,7 @@ class RestApp:
 
         async def decode() -> InferCall:
             nonlocal decoded
+            self._authorize(request)
             body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
             decoded = decode_request(body, request_header_length(request))
             return InferCall(

@@ -116,7 +116,7 @@ class RuntimeServer:
             self._tasks.append(loop.create_task(watcher.run()))
         server = self.cfg.server
         self._grpc, grpc_port = create_grpc_server(
-            self.plane, server.host, server.grpc_port, 4 * self.cfg.limits.max_request_bytes
+            self.plane, server.host, server.grpc_port, 4 * self.cfg.limits.max_request_bytes, self.rest.auth
         )
         await self._grpc.start()
         log.info("grpc listening on %s:%d", self.host, grpc_port)

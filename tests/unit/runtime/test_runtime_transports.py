@@ -11,6 +11,7 @@ one count of that status in ``kubeinfer_requests_total``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from kubeinfer.runtime.frontend import RemotePlane
 from kubeinfer.runtime.frontend_pool import FrontEndPool
 from kubeinfer.runtime.grpc_server import STATUS_CODES, create_grpc_server
 from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.rest import RestApp
 from tritonclient.utils import InferenceServerException
 
@@ -111,9 +113,10 @@ class Transports:
         return "StatusCode.OK", ""
 
 
-@pytest.fixture
-async def transports(tmp_path: Path) -> AsyncIterator[Transports]:
-    cfg = RuntimeConfig.model_validate({"model": {"name": "fake"}})
+@contextlib.asynccontextmanager
+async def open_transports(tmp_path: Path, cfg: RuntimeConfig) -> AsyncIterator[Transports]:
+    """One ``DataPlane`` behind REST, a front end over real ZeroMQ and gRPC, as ``cfg`` configures
+    them (OpenAI routes on both REST apps; authentication where ``server.bearer_token_env`` says)."""
     plane = DataPlane("fake", RuntimeMetrics("fake"))
     model = FakeModel(max_batch_size=8)
     address = f"ipc://{tmp_path}/model.sock"
@@ -121,12 +124,12 @@ async def transports(tmp_path: Path) -> AsyncIterator[Transports]:
     serving = asyncio.get_running_loop().create_task(endpoint.run())
     ipc_client = ipc.ModelClient(address)
     await ipc_client.start()
-    grpc_server, port = create_grpc_server(plane, "127.0.0.1", 0, 1 << 22)
+    one = RestApp(plane, cfg, OpenAIRoutes(plane, cfg).routes)
+    grpc_server, port = create_grpc_server(plane, "127.0.0.1", 0, 1 << 22, one.auth)
     await grpc_server.start()
-    rest = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=RestApp(plane, cfg).app), base_url="http://one"
-    )
-    front = RestApp(RemotePlane("fake", ipc_client), cfg)
+    rest = httpx.AsyncClient(transport=httpx.ASGITransport(app=one.app), base_url="http://one")
+    remote = RemotePlane("fake", ipc_client)
+    front = RestApp(remote, cfg, OpenAIRoutes(remote, cfg).routes)
     frontend = httpx.AsyncClient(transport=httpx.ASGITransport(app=front.app), base_url="http://front")
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     try:
@@ -140,6 +143,12 @@ async def transports(tmp_path: Path) -> AsyncIterator[Transports]:
         serving.cancel()
         endpoint.close()
         plane.close()
+
+
+@pytest.fixture
+async def transports(tmp_path: Path) -> AsyncIterator[Transports]:
+    async with open_transports(tmp_path, RuntimeConfig.model_validate({"model": {"name": "fake"}})) as t:
+        yield t
 
 
 async def until(cond: Any) -> None:
@@ -334,3 +343,65 @@ async def test_a_shared_memory_region_not_registered_is_the_same_400_everywhere(
         assert (await client.post("/v2/cudasharedmemory/unregister")).status_code == 200
         r = await client.post("/v2/cudasharedmemory/region/gpu0/register", json={"byte_size": 8})
         assert r.status_code == 400 and "CUDA shared memory is not supported" in r.json()["error"]
+
+
+TOKEN = "s3cr3t-t0ken-value"
+
+
+async def test_bearer_token_guards_every_route_but_health_and_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBEINFER_TEST_TOKEN", TOKEN)
+    cfg = RuntimeConfig.model_validate(
+        {"model": {"name": "fake"}, "server": {"bearer_token_env": "KUBEINFER_TEST_TOKEN"}}
+    )
+    async with open_transports(tmp_path, cfg) as t:
+        t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+        body = rest_body(Case())
+        wrong = {"Authorization": "Bearer not-the-token"}
+        good = {"Authorization": f"Bearer {TOKEN}"}
+        for client in (t.rest, t.frontend):
+            for headers in ({}, wrong, {"Authorization": f"Basic {TOKEN}"}):
+                for method, path, payload in (
+                    ("POST", "/v2/models/fake/infer", body),
+                    ("GET", "/v2/models/fake", None),
+                    ("GET", "/v2", None),
+                    ("GET", "/v2/models/stats", None),
+                    ("GET", "/v2/systemsharedmemory/status", None),
+                ):
+                    r = await client.request(method, path, json=payload, headers=headers)
+                    assert r.status_code == 401, (path, headers, r.text)
+                    assert r.headers["www-authenticate"].startswith("Bearer")
+                    assert "not-the-token" not in r.text and TOKEN not in r.text
+                r = await client.post("/v1/embeddings", json={"model": "fake", "input": "x"}, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_request_error"
+            for path in ("/v2/health/live", "/v2/health/ready", "/metrics"):
+                assert (await client.get(path)).status_code == 200, path
+            r = await client.post("/v2/models/fake/infer", json=body, headers=good)
+            assert r.status_code == 200, r.text
+            assert (await client.get("/v2/models/fake", headers=good)).status_code == 200
+        inp = grpcclient.InferInput("x", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 2), np.float32))
+        assert await t.grpc.is_server_live() and await t.grpc.is_server_ready()
+        for headers in ({}, {"authorization": "Bearer not-the-token"}):
+            for call in (
+                t.grpc.infer("fake", [inp], headers=headers),
+                t.grpc.get_model_metadata("fake", headers=headers),
+                t.grpc.get_inference_statistics("fake", headers=headers),
+            ):
+                with pytest.raises(InferenceServerException) as info:
+                    await call
+                assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+                assert "not-the-token" not in str(info.value.message())
+        result = await t.grpc.infer("fake", [inp], headers={"authorization": f"Bearer {TOKEN}"})
+        assert result.as_numpy("y") is not None
+        # every refused infer counted once, as 401, in one process and through the front end
+        assert sample(t, "kubeinfer_requests_total", code="401") >= 8
+
+
+def test_a_token_variable_that_is_not_set_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBEINFER_TEST_TOKEN", raising=False)
+    cfg = RuntimeConfig.model_validate({"server": {"bearer_token_env": "KUBEINFER_TEST_TOKEN"}})
+    with pytest.raises(ValueError, match="KUBEINFER_TEST_TOKEN, which is not set"):
+        RestApp(DataPlane("fake", RuntimeMetrics("fake")), cfg)
+    assert "bearer_token_env" not in RuntimeConfig().to_yaml()  # off: the file reads as before
