@@ -62,7 +62,7 @@ import logging
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from kubeinfer.runtime.config import BatchingConfig
@@ -355,6 +355,13 @@ class Batcher:
             )
         return priority
 
+    def check_parameters(self, priority: Any, timeout_us: Any) -> int:
+        """The queue level of a request's ``priority``, after checking it and its ``timeout``. Raises
+        ``InputError`` (400) for either out of its range (also for a request answered from the cache)."""
+        level = self.priority_level(priority)
+        _check_timeout(timeout_us)
+        return level
+
     async def infer(
         self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
     ) -> dict[str, np.ndarray]:
@@ -372,8 +379,7 @@ class Batcher:
         """
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
-        level = self.priority_level(priority)
-        _check_timeout(timeout_us)
+        level = self.check_parameters(priority, timeout_us)
         rows = self._rows(inputs)
         self._admit(level)
         loop = asyncio.get_running_loop()

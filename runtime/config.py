@@ -177,6 +177,18 @@ class ServerConfig(_Strict):
     )
 
 
+class CacheConfig(_Strict):
+    """The response cache (``kubeinfer.runtime.cache``): a request whose input tensors were answered
+    before gets the same outputs without the queue and the model."""
+
+    enabled: bool = False
+    max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of cached outputs (and keys) kept; least recently used entries go first.",
+    )
+
+
 class RuntimeConfig(_Strict):
     """The whole runtime configuration (``runtime.yaml``)."""
 
@@ -186,6 +198,7 @@ class RuntimeConfig(_Strict):
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     device: Device = "auto"
     executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
 
@@ -198,6 +211,8 @@ class RuntimeConfig(_Strict):
             del data["server"]["http_workers"]
         if self.server.bearer_token_env is None:  # optional: no authentication, the file reads as before
             del data["server"]["bearer_token_env"]
+        if not self.cache.enabled:  # optional: no cache, the file reads as before
+            del data["cache"]
         return yaml.safe_dump(data, sort_keys=True)
 
     @classmethod

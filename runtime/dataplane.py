@@ -12,6 +12,8 @@ once, so every transport answers the same input the same way:
   tensors (``ServableModel.validate`` through the batcher: 400, 413);
 - the request's deadline: a ``timeout`` parameter counts from the request's receipt, also when it
   crossed from a front-end process (``remaining_timeout_us``);
+- the response cache (``kubeinfer.runtime.cache``): a request already answered skips the queue and
+  the model;
 - metrics: every infer request in flight and every outcome, with its status code and its
   receipt-to-answer seconds (``DataPlane.infer``; ``DataPlane.count`` for an outcome a front-end
   process decided itself);
@@ -39,6 +41,8 @@ from typing import Any, Protocol
 
 import numpy as np
 from kubeinfer.runtime.batching import Batcher, BatchSettings
+from kubeinfer.runtime.cache import ResponseCache, cache_key
+from kubeinfer.runtime.config import CacheConfig
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES
 from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
 from kubeinfer.runtime.metrics import RuntimeMetrics
@@ -80,6 +84,7 @@ class InferCall:
             [rows]) where the model reports them.
         shm_inputs: inputs left in registered shared-memory regions (name -> datatype, shape, where).
         shm_outputs: outputs to write into regions (name -> where); also named in ``outputs``.
+        cache: read and fill the response cache (where it is on); a request's ``cache`` parameter.
     """
 
     inputs: dict[str, np.ndarray]
@@ -89,6 +94,7 @@ class InferCall:
     usage: bool = False
     shm_inputs: Mapping[str, SharedInput] = field(default_factory=dict)
     shm_outputs: Mapping[str, RegionRef] = field(default_factory=dict)
+    cache: bool = True
 
 
 #: An async callable that decodes a request: the transport's part, run inside the data plane's count.
@@ -226,9 +232,12 @@ class DataPlane:
         model_name: the model this runtime serves (requests for another get 404).
         metrics: the runtime's metrics (requests, in flight; the batcher's).
         executors: batch executor threads for the batcher.
+        cache: the response cache's settings (``cache.enabled``: ``kubeinfer.runtime.cache``).
     """
 
-    def __init__(self, model_name: str, metrics: RuntimeMetrics, executors: int = 1) -> None:
+    def __init__(
+        self, model_name: str, metrics: RuntimeMetrics, executors: int = 1, cache: CacheConfig | None = None
+    ) -> None:
         self.model_name = model_name
         self.metrics = metrics
         self.executors = executors
@@ -238,6 +247,8 @@ class DataPlane:
         self.stopping = False
         #: Triton's system shared-memory regions, registered by clients in the pod.
         self.shm = SharedMemoryRegistry()
+        #: The response cache, or None when ``cache.enabled`` is off.
+        self.cache = ResponseCache(cache.max_bytes) if cache is not None and cache.enabled else None
         self._declared: dict[str, str] = {}
 
     # ----- life cycle ------------------------------------------------------------------------------
@@ -378,14 +389,32 @@ class DataPlane:
         declared = self._declared
         check_outputs(call.outputs, self.model_name, list(declared))
         inputs = self._with_shared_inputs(call) if call.shm_inputs else call.inputs
-        timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
-        outputs = await batcher.infer(inputs, priority=call.priority, timeout_us=timeout_us)
+        outputs, key, lookup = None, None, 0.0
+        if self.cache is not None and call.cache:
+            batcher.check_parameters(call.priority, call.timeout_us)  # a hit answers what a miss would
+            t0 = time.perf_counter()
+            key = cache_key(inputs)
+            outputs = self.cache.get(key)
+            lookup = time.perf_counter() - t0
+            if outputs is not None:
+                self._count_cache(True, lookup, 0)
+        if outputs is None:
+            timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
+            outputs = await batcher.infer(inputs, priority=call.priority, timeout_us=timeout_us)
+            if self.cache is not None and key is not None:
+                t1 = time.perf_counter()
+                evicted = self.cache.put(key, outputs)
+                self._count_cache(False, lookup + time.perf_counter() - t1, evicted)
         result = as_declared(outputs, declared, call.outputs)
         for name, ref in call.shm_outputs.items():
             self.shm.write(ref, name, raw_buffer(result[name], declared[name]))
         if call.usage and TOKEN_COUNTS in outputs:
             result[TOKEN_COUNTS] = outputs[TOKEN_COUNTS]
         return result
+
+    def _count_cache(self, hit: bool, seconds: float, evicted: int) -> None:
+        assert self.cache is not None
+        self.metrics.observe_cache(hit, seconds, evicted, self.cache.bytes, self.cache.entries)
 
     def _with_shared_inputs(self, call: InferCall) -> dict[str, np.ndarray]:
         """The call's inputs with those it left in shared memory read (copied) from their regions.

@@ -161,6 +161,7 @@ class RemotePlane:
             tensors=specs,
             outputs=list(call.outputs),
             usage=call.usage,
+            cache=call.cache,
             shm_inputs=[
                 (n, d, list(shape), r.region, r.offset, r.byte_size)
                 for n, (d, shape, r) in call.shm_inputs.items()

@@ -278,6 +278,7 @@ class FrontEndPool:
                     n: (d, list(shape), RegionRef(r, o, b)) for n, d, shape, r, o, b in header.shm_inputs
                 },
                 shm_outputs={n: RegionRef(r, o, b) for n, r, o, b in header.shm_outputs},
+                cache=header.cache,
             )
 
         outputs = await self.plane.infer(header.received, header.model, header.version, decode)

@@ -41,7 +41,14 @@ from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
-from kubeinfer.runtime.protocol import RegionRef, SharedInput, raw_buffer, region_ref, tensor_from_raw
+from kubeinfer.runtime.protocol import (
+    RegionRef,
+    SharedInput,
+    cache_parameter,
+    raw_buffer,
+    region_ref,
+    tensor_from_raw,
+)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -282,8 +289,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 if ref is not None:
                     shm_outputs[o.name] = ref
             names = [o.name for o in request.outputs]
+            cache = cache_parameter(_param(request.parameters, "cache"))
             return InferCall(
-                inputs, names, priority, timeout_us, shm_inputs=shm_inputs, shm_outputs=shm_outputs
+                inputs,
+                names,
+                priority,
+                timeout_us,
+                shm_inputs=shm_inputs,
+                shm_outputs=shm_outputs,
+                cache=cache,
             )
 
         try:

@@ -89,6 +89,7 @@ class Header(msgspec.Struct, omit_defaults=True):
     tensors: list[TensorSpec] = msgspec.field(default_factory=list)
     outputs: list[str] = msgspec.field(default_factory=list)
     usage: bool = False
+    cache: bool = True
     #: inputs left in shared memory: (name, datatype, shape, region, offset, byte_size)
     shm_inputs: list[tuple[str, str, list[int], str, int, int]] = msgspec.field(default_factory=list)
     #: outputs to write into shared memory: (name, region, offset, byte_size)

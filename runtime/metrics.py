@@ -26,6 +26,9 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   at warmup), a in seconds and c in seconds per row; NaN until fitted. The autoscaler's SLO-capacity rule
   reads them.
 - ``kubeinfer_config_reload_errors_total`` counter: config-file changes rejected by the watcher.
+- ``kubeinfer_cache_hits_total``, ``kubeinfer_cache_misses_total``, ``kubeinfer_cache_evictions_total``
+  counters and ``kubeinfer_cache_bytes``, ``kubeinfer_cache_entries`` gauges: the response cache
+  (``kubeinfer.runtime.cache``; Triton's ``nv_cache_num_hits_per_model`` and friends), 0 when it is off.
 - ``kubeinfer_shed_requests_total{priority, reason}`` counter: requests answered 429 because the queue
   was full, by priority level (1 highest): ``refused`` at arrival, or ``displaced`` from the queue by an
   arrival of a higher priority.
@@ -246,6 +249,21 @@ class RuntimeMetrics:
             ["model", "priority", "reason"],
             registry=r,
         )
+        self.cache_hits = Counter(
+            "kubeinfer_cache_hits", "Requests answered from the response cache.", labels, registry=r
+        ).labels(model)
+        self.cache_misses = Counter(
+            "kubeinfer_cache_misses", "Response-cache look-ups that found nothing.", labels, registry=r
+        ).labels(model)
+        self.cache_evictions = Counter(
+            "kubeinfer_cache_evictions", "Responses evicted from the cache to make room.", labels, registry=r
+        ).labels(model)
+        self.cache_bytes = Gauge(
+            "kubeinfer_cache_bytes", "Bytes held by the response cache.", labels, registry=r
+        ).labels(model)
+        self.cache_entries = Gauge(
+            "kubeinfer_cache_entries", "Responses held by the response cache.", labels, registry=r
+        ).labels(model)
         self.frontend_restarts = Counter(
             "kubeinfer_frontend_restarts",
             "HTTP front-end processes started again after they exited (server.httpWorkers > 1).",
@@ -289,6 +307,16 @@ class RuntimeMetrics:
         self.batch_size.observe(rows)
         self.service_time.observe(rows, compute)
         self.statistics.batch(rows, requests, input_s, infer_s, output_s)
+
+    def observe_cache(self, hit: bool, seconds: float, evicted: int, held_bytes: int, entries: int) -> None:
+        """Record a response-cache look-up (a hit, or a miss and its insertion), its seconds, the
+        entries it evicted and what the cache holds now."""
+        (self.cache_hits if hit else self.cache_misses).inc()
+        if evicted:
+            self.cache_evictions.inc(evicted)
+        self.cache_bytes.set(held_bytes)
+        self.cache_entries.set(entries)
+        self.statistics.cache(hit, seconds)
 
     def use_device(self, device: str) -> None:
         """Switch utilization/memory to NVML and torch for a CUDA ``device`` (e.g. ``cuda:0``).

@@ -83,6 +83,20 @@ class RegionRef:
 SharedInput = tuple[str, list[int], RegionRef]
 
 
+def cache_parameter(value: Any) -> bool:
+    """A request's ``cache`` parameter: whether it may be answered from, and fill, the response cache
+    (absent: yes).
+
+    Raises:
+        ProtocolError: 400 for a value that is no boolean.
+    """
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise ProtocolError(f"parameter 'cache' must be true or false, got {value!r:.40}")
+    return value
+
+
 def region_ref(name: str, params: Mapping[str, Any], what: str) -> RegionRef | None:
     """The region a tensor's parameters name (``shared_memory_region``, ``shared_memory_byte_size``,
     ``shared_memory_offset`` default 0), or None when they name none.

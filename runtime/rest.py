@@ -51,7 +51,7 @@ from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane
 from kubeinfer.runtime.errors import HTTPError, InferenceError
-from kubeinfer.runtime.protocol import decode_request, encode_json, encode_response
+from kubeinfer.runtime.protocol import cache_parameter, decode_request, encode_json, encode_response
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
@@ -263,6 +263,7 @@ class RestApp:
                 decoded.timeout_us,
                 shm_inputs=decoded.shm_inputs,
                 shm_outputs=decoded.shm_outputs,
+                cache=cache_parameter(decoded.parameters.get("cache")),
             )
 
         outputs = await self.plane.infer(received, params["name"], params.get("version"), decode)

@@ -76,7 +76,7 @@ class RuntimeServer:
         self.model_name = cfg.model.name
         self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.executors)
         #: What every transport calls: admission, validation, the batcher, metrics, errors.
-        self.plane = DataPlane(cfg.model.name, self.metrics, cfg.executors)
+        self.plane = DataPlane(cfg.model.name, self.metrics, cfg.executors, cfg.cache)
         self.rest = RestApp(self.plane, cfg, OpenAIRoutes(self.plane, cfg).routes)
         #: The ASGI app uvicorn serves (``RestApp.app``).
         self.app: Callable[..., Any] = self.rest.app

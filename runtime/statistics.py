@@ -13,6 +13,8 @@ What ``GET /v2/models[/{name}[/versions/{v}]]/stats`` and gRPC ``ModelStatistics
   ``compute_infer`` (``execute``) and ``compute_output`` (splitting the batch's outputs back to its
   requests), each counted once per request with its batch's duration.
 - ``batch_stats``: per batch size (rows), the same three durations counted once per execution.
+- ``cache_hit`` / ``cache_miss``: the response cache's look-ups (``kubeinfer.runtime.cache``); a hit
+  is a success that counts no inference and no execution.
 
 The counters are fed by ``kubeinfer.runtime.metrics.RuntimeMetrics`` in the same calls that feed the
 Prometheus metrics (``count_request``, ``observe_queue``, ``observe_batch``), so ``/stats`` and
@@ -97,6 +99,11 @@ class ModelStatistics:
         ):
             self.inference[name].add(seconds, requests)
             getattr(stats, name).add(seconds)
+
+    def cache(self, hit: bool, seconds: float) -> None:
+        """A response-cache look-up: a hit (look-up and copy out) or a miss (look-up and, once the model
+        answered, insertion), with its seconds."""
+        self.inference["cache_hit" if hit else "cache_miss"].add(seconds)
 
     def doc(self, name: str, version: str) -> dict[str, Any]:
         """The ``$model_stat`` JSON object of the statistics extension for model ``name`` ``version``."""

@@ -117,7 +117,7 @@ class Transports:
 async def open_transports(tmp_path: Path, cfg: RuntimeConfig) -> AsyncIterator[Transports]:
     """One ``DataPlane`` behind REST, a front end over real ZeroMQ and gRPC, as ``cfg`` configures
     them (OpenAI routes on both REST apps; authentication where ``server.bearer_token_env`` says)."""
-    plane = DataPlane("fake", RuntimeMetrics("fake"))
+    plane = DataPlane("fake", RuntimeMetrics("fake"), cache=cfg.cache)
     model = FakeModel(max_batch_size=8)
     address = f"ipc://{tmp_path}/model.sock"
     endpoint = ipc.ModelEndpoint(address, FrontEndPool(plane, cfg, workers=0).handle)
@@ -405,3 +405,43 @@ def test_a_token_variable_that_is_not_set_refuses_to_start(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="KUBEINFER_TEST_TOKEN, which is not set"):
         RestApp(DataPlane("fake", RuntimeMetrics("fake")), cfg)
     assert "bearer_token_env" not in RuntimeConfig().to_yaml()  # off: the file reads as before
+
+
+async def test_the_response_cache_answers_repeats_byte_identical_on_every_transport(tmp_path: Path) -> None:
+    cfg = RuntimeConfig.model_validate(
+        {"model": {"name": "fake"}, "cache": {"enabled": True, "max_bytes": 4096}}
+    )
+    async with open_transports(tmp_path, cfg) as t:
+        t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+        body = rest_body(Case(x=np.array([[1.0, 2.0]], np.float32)))
+        first = await t.rest.post("/v2/models/fake/infer", json=body)
+        executed = len(t.model.batches)
+        repeats = [await c.post("/v2/models/fake/infer", json=body) for c in (t.rest, t.frontend, t.rest)]
+        assert [r.status_code for r in repeats] == [200, 200, 200]
+        assert all(r.content == first.content for r in repeats)  # byte-identical answers
+        assert len(t.model.batches) == executed  # the model did not run again
+        code, _ = await t.via_grpc(Case(x=np.array([[1.0, 2.0]], np.float32)))
+        assert code == "StatusCode.OK" and len(t.model.batches) == executed  # gRPC hits the same entry
+        # other values, or the cache parameter false, run the model
+        other = await t.rest.post(
+            "/v2/models/fake/infer", json=rest_body(Case(x=np.array([[3.0, 2.0]], np.float32)))
+        )
+        assert other.status_code == 200 and len(t.model.batches) == executed + 1
+        opted_out = await t.frontend.post(
+            "/v2/models/fake/infer", json={**body, "parameters": {"cache": False}}
+        )
+        assert opted_out.status_code == 200 and len(t.model.batches) == executed + 2
+        # what a miss would refuse, a hit refuses too
+        bad = await t.rest.post("/v2/models/fake/infer", json={**body, "parameters": {"priority": 9}})
+        assert bad.status_code == 400 and "priority" in bad.json()["error"]
+        for client in (t.rest, t.frontend):
+            r = await client.post("/v2/models/fake/infer", json={**body, "parameters": {"cache": "no"}})
+            assert r.status_code == 400 and "parameter 'cache'" in r.json()["error"]
+        assert sample(t, "kubeinfer_cache_hits_total") == 4
+        assert sample(t, "kubeinfer_cache_misses_total") == 2  # the first request and the other values
+        assert sample(t, "kubeinfer_cache_entries") == 2 and sample(t, "kubeinfer_cache_bytes") > 0
+        (stat,) = (await t.rest.get("/v2/models/fake/stats")).json()["model_stats"]
+        assert stat["inference_stats"]["cache_hit"]["count"] == 4
+        assert stat["inference_stats"]["cache_miss"]["count"] == 2
+        assert stat["inference_count"] == 3  # hits are no inferences (Triton's meaning)
+        assert stat["inference_stats"]["success"]["count"] == 7  # hits included
