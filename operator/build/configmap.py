@@ -34,7 +34,7 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
     """
     spec = isvc.spec
     calibration = spec.quantization.calibration
-    return RuntimeConfig(
+    cfg = RuntimeConfig(
         model=ModelConfig(
             name=spec.served_model_name(isvc.name),
             source=container_path(spec.model.uri),
@@ -68,6 +68,10 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         ),
         device=spec.runtime.device,
     )
+    if spec.server.auth is not None:
+        # set only with auth: left unset, runtime.yaml reads as it did before authentication existed
+        cfg.server = cfg.server.model_copy(update={"bearer_token_env": api.BEARER_TOKEN_ENV})
+    return cfg
 
 
 def config_hash(isvc: api.InferenceService) -> str:
@@ -80,6 +84,8 @@ def config_hash(isvc: api.InferenceService) -> str:
     data.pop("batching", None)
     if data["server"]["http_workers"] == 1:  # one process: the hash of a pod from before the field
         del data["server"]["http_workers"]
+    if data["server"].get("bearer_token_env") is None:  # no authentication: as before the field
+        data["server"].pop("bearer_token_env", None)
     digest: str = stable_hash(data)
     return digest
 

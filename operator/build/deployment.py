@@ -111,6 +111,16 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
     ]
+    auth = spec.server.auth
+    if auth is not None:
+        # the token reaches the runtime from the Secret through the kubelet: the operator never reads it
+        ref = auth.bearer_token_secret_ref
+        env.append(
+            {
+                "name": api.BEARER_TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": False}},
+            }
+        )
     for var in spec.runtime.env:
         env.append(var.model_dump(by_alias=True, exclude_none=True))
     startup_failures = math.ceil(startup_budget_seconds(isvc) / STARTUP_PERIOD_SECONDS)

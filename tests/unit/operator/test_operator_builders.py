@@ -13,9 +13,11 @@ from kubeinfer.operator import api
 from kubeinfer.operator.build import (
     build_configmap,
     build_deployment,
+    build_networkpolicy,
     build_pdb,
     build_service,
     runtime_config,
+    scraper_peer,
 )
 from kubeinfer.runtime.config import RuntimeConfig
 
@@ -23,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 UPDATE = os.environ.get("KUBEINFER_UPDATE_GOLDEN") == "1"
+#: The operator's Prometheus as the golden NetworkPolicies admit it (settings: prometheus_namespace).
+SCRAPERS = (scraper_peer("monitoring", {"app.kubernetes.io/name": "prometheus"}),)
 
 
 def _isvc(body: dict[str, Any]) -> api.InferenceService:
@@ -40,12 +44,17 @@ def _load(path: Path) -> dict[str, Any]:
 def _render(isvc: api.InferenceService) -> dict[str, Any]:
     timeout = isvc.spec.batch_timeout_in_force(isvc.status.batch_timeout)
     replicas = isvc.spec.autoscaling.min_replicas if isvc.spec.autoscaling.enabled else isvc.spec.replicas
-    return {
+    rendered = {
         "deployment": build_deployment(isvc, replicas=replicas),
         "service": build_service(isvc),
         "configmap": build_configmap(isvc, timeout),
         "pdb": build_pdb(isvc),
     }
+    # only where spec.server.allowFrom is set: the other golden files read as before the NetworkPolicy
+    policy = build_networkpolicy(isvc, SCRAPERS)
+    if policy is not None:
+        rendered["networkpolicy"] = policy
+    return rendered
 
 
 def _normalized(isvc: api.InferenceService) -> dict[str, Any]:

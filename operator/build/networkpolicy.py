@@ -1,0 +1,62 @@
+"""``build_networkpolicy``: who may connect to an InferenceService's pods (``spec.server.allowFrom``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubeinfer.operator import api
+from kubeinfer.operator.build.common import metadata, selector_labels, with_applied_hash
+
+#: The label the API server puts on every namespace (Kubernetes >= 1.21): its name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def scraper_peer(namespace: str, pod_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The ``NetworkPolicyPeer`` of a Prometheus running in ``namespace``: its pods labelled
+    ``pod_labels`` (every pod of that namespace when empty)."""
+    peer: dict[str, Any] = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: namespace}}}
+    if pod_labels:
+        peer["podSelector"] = {"matchLabels": dict(sorted(pod_labels.items()))}
+    return peer
+
+
+def build_networkpolicy(
+    isvc: api.InferenceService, scrapers: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any] | None:
+    """A ``networking.k8s.io/v1`` NetworkPolicy ``<isvc>`` selecting the runtime pods, or ``None`` when
+    ``spec.server.allowFrom`` is unset (no policy: every pod may connect, as without this field).
+
+    Ingress only (egress is left alone), from two kinds of peers:
+
+    - ``spec.server.allowFrom``, in its order, to the REST port (8080) and the gRPC port
+      (``spec.server.grpcPort``);
+    - ``scrapers`` (the operator's Prometheus, see :func:`scraper_peer`) to the REST port only, where the
+      runtime serves ``/metrics``, so that the autoscaler keeps its signals. The port also serves the
+      v2 routes: ``spec.server.auth`` is what guards those against a scraper.
+
+    The kubelet's probes come from the node, which NetworkPolicy always admits.
+    """
+    server = isvc.spec.server
+    if server.allow_from is None:
+        return None
+    rest = {"protocol": "TCP", "port": api.RUNTIME_PORT}
+    grpc = {"protocol": "TCP", "port": server.grpc_port}
+    ingress: list[dict[str, Any]] = [
+        {"from": [peer.to_k8s() for peer in server.allow_from], "ports": [rest, grpc]}
+    ]
+    if scrapers:
+        ingress.append({"from": [copy.deepcopy(dict(peer)) for peer in scrapers], "ports": [dict(rest)]})
+    obj: dict[str, Any] = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(isvc, isvc.name),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(isvc)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+    applied: dict[str, Any] = with_applied_hash(obj)
+    return applied
