@@ -9,19 +9,38 @@ InferenceService, the autoscaler's timer runs one tick.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubeinfer.operator import api, k8s
 from kubeinfer.operator.autoscale import loop
+from kubeinfer.operator.build import scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile import Reconciler
 from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.settings import Settings
 from kubeinfer.operator.status import object_key
 
-__all__ = ["Controllers"]
+__all__ = ["Controllers", "scrapers"]
+
+logger = logging.getLogger(__name__)
+
+
+def scrapers(settings: Settings) -> tuple[dict[str, Any], ...]:
+    """The NetworkPolicy peers of the Prometheus that scrapes the runtime pods
+    (:meth:`Settings.prometheus_namespace_in_force`, ``prometheus_pod_labels``); none when its
+    namespace is unknown (logged: a NetworkPolicy then admits no scraper but those in allowFrom)."""
+    namespace = settings.prometheus_namespace_in_force()
+    if not namespace:
+        logger.info(
+            "NetworkPolicies of InferenceServices admit no Prometheus to /metrics: its namespace is "
+            "not known from %s (set KUBEINFER_PROMETHEUS_NAMESPACE, or list it in spec.server.allowFrom)",
+            settings.prometheus_url,
+        )
+        return ()
+    return (scraper_peer(namespace, settings.prometheus_pod_labels),)
 
 
 @dataclass
@@ -35,7 +54,7 @@ class Controllers:
     @classmethod
     def create(cls, kube: k8s.Kube, settings: Settings) -> Controllers:
         """Both controllers over ``kube``, configured by ``settings`` (read once, at startup)."""
-        return cls(kube, Reconciler(kube), loop.from_settings(kube, settings))
+        return cls(kube, Reconciler(kube, scrapers=scrapers(settings)), loop.from_settings(kube, settings))
 
     @classmethod
     async def start(cls, settings: Settings) -> Controllers:

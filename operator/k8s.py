@@ -69,6 +69,7 @@ DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
 SERVICE = Resource("v1", "Service", "services")
 CONFIGMAP = Resource("v1", "ConfigMap", "configmaps")
 POD_DISRUPTION_BUDGET = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+NETWORK_POLICY = Resource("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 PERSISTENT_VOLUME_CLAIM = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 EVENT = Resource("v1", "Event", "events")
 POD = Resource("v1", "Pod", "pods")
@@ -82,6 +83,7 @@ _PLURALS: dict[tuple[str, str], str] = {
         SERVICE,
         CONFIGMAP,
         POD_DISRUPTION_BUDGET,
+        NETWORK_POLICY,
         PERSISTENT_VOLUME_CLAIM,
         EVENT,
         POD,

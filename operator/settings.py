@@ -7,8 +7,9 @@ import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class Settings(BaseModel):
@@ -37,6 +38,19 @@ class Settings(BaseModel):
     )
     prometheus_timeout_seconds: float = Field(
         default=5.0, gt=0, description="HTTP timeout of one Prometheus query, seconds"
+    )
+    prometheus_namespace: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+        max_length=63,
+        description="namespace of the Prometheus that scrapes the runtime pods: the NetworkPolicy of an "
+        "InferenceService with spec.server.allowFrom admits it to port 8080 (/metrics); empty = from "
+        "prometheus_url (NAME.NAMESPACE.svc...), else the chart's namespace for a bare NAME, else none",
+    )
+    prometheus_pod_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="labels of the Prometheus pods admitted to /metrics, comma-separated k=v; empty = "
+        "every pod of prometheus_namespace",
     )
     autoscale_interval_seconds: float = Field(
         default=15.0, gt=0, description="period of the autoscaler's decision per InferenceService, seconds"
@@ -73,6 +87,37 @@ class Settings(BaseModel):
     kubeconfig: str | None = Field(
         default=None, description="kubeconfig file (also KUBECONFIG); unset = in-cluster"
     )
+
+    @field_validator("prometheus_pod_labels", mode="before")
+    @classmethod
+    def _labels(cls, value: object) -> object:
+        """``k=v,k=v`` (as the environment and the flag give it) into a mapping."""
+        if not isinstance(value, str):
+            return value
+        labels: dict[str, str] = {}
+        for item in (i.strip() for i in value.split(",")):
+            if not item:
+                continue
+            key, sep, val = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"expected comma-separated key=value labels, got {item!r}")
+            labels[key.strip()] = val.strip()
+        return labels
+
+    def prometheus_namespace_in_force(self) -> str:
+        """The namespace of the Prometheus that scrapes the runtime pods, ``""`` when unknown:
+        ``prometheus_namespace``; else NAMESPACE of a ``prometheus_url`` host ``NAME.NAMESPACE.svc[...]``;
+        else, for a bare host ``NAME`` (a Service in the operator's namespace), ``helm_release_namespace``.
+        An IP address or another host name says nothing about where Prometheus runs."""
+        if self.prometheus_namespace:
+            return self.prometheus_namespace
+        host = urlsplit(self.prometheus_url).hostname or ""
+        labels = host.split(".")
+        if len(labels) >= 3 and labels[2] == "svc":
+            return labels[1]
+        if len(labels) == 1 and ":" not in host:  # not an IPv6 address
+            return self.helm_release_namespace
+        return ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -7,35 +7,44 @@ Adding an owned kind is one row here and one builder in ``kubeinfer.operator.bui
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubeinfer.operator import api, k8s
-from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+from kubeinfer.operator.build import (
+    build_configmap,
+    build_deployment,
+    build_networkpolicy,
+    build_pdb,
+    build_service,
+)
 
 
 @dataclass(frozen=True)
 class BuildInputs:
-    """What the builders need beyond the InferenceService: the batch timeout in force (seconds) and
+    """What the builders need beyond the InferenceService: the batch timeout in force (seconds),
     ``spec.replicas`` of the Deployment (``None`` = leave it to its other owner, see
-    ``replicas.desired_replicas``)."""
+    ``replicas.desired_replicas``) and the NetworkPolicy peers of the operator's Prometheus
+    (``scrapers``, admitted to the metrics port; from the operator's settings)."""
 
     batch_timeout_seconds: float
     replicas: int | None
+    scrapers: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
 class OwnedKind:
     """One owned kind: its API ``resource``, the kopf ``index`` (handler id) holding the current
-    objects, the object's name for an InferenceService name (``name_of``), and ``build`` (the
+    objects, the object's name for an InferenceService name (``name_of``), ``build`` (the
     desired object, or ``None`` when the InferenceService should not have one: then an existing one
-    is deleted)."""
+    is deleted) and ``unwanted`` (why ``build`` gives ``None``, for the deletion's Event)."""
 
     resource: k8s.Resource
     index: str
     name_of: Callable[[str], str]
     build: Callable[[api.InferenceService, BuildInputs], dict[str, Any] | None]
+    unwanted: str = ""
 
     @property
     def kind(self) -> str:
@@ -61,7 +70,20 @@ OWNED: tuple[OwnedKind, ...] = (
         _same_name,
         lambda isvc, inputs: build_deployment(isvc, replicas=inputs.replicas),
     ),
-    OwnedKind(k8s.POD_DISRUPTION_BUDGET, "kubeinfer_pdbs", _same_name, lambda isvc, _: build_pdb(isvc)),
+    OwnedKind(
+        k8s.POD_DISRUPTION_BUDGET,
+        "kubeinfer_pdbs",
+        _same_name,
+        lambda isvc, _: build_pdb(isvc),
+        "one replica",
+    ),
+    OwnedKind(
+        k8s.NETWORK_POLICY,
+        "kubeinfer_networkpolicies",
+        _same_name,
+        lambda isvc, inputs: build_networkpolicy(isvc, inputs.scrapers),
+        "spec.server.allowFrom unset",
+    ),
 )
 
 #: The owned kinds by kind name.

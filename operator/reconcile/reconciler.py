@@ -68,12 +68,15 @@ class Reconciler:
     ``clock`` returns RFC 3339 UTC strings (injected in tests). ``retry_delay``: base of the retry
     back-off after a transient API error, seconds (see :func:`backoff.retry_delay`; at most
     ``max_retry_delay``); ``api_error_threshold``: consecutive failed reconciles of one
-    InferenceService before ``Ready=False ApiServerError`` is written. Status is written by
-    ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
+    InferenceService before ``Ready=False ApiServerError`` is written. ``scrapers``: the
+    NetworkPolicy peers of the Prometheus that scrapes the runtime pods (admitted to their metrics
+    port when ``spec.server.allowFrom`` is set). Status is written by ``status_writer`` (field manager
+    ``kubeinfer``), made from ``kube``.
     """
 
     kube: k8s.Kube
     clock: Callable[[], str] = rfc3339.now
+    scrapers: tuple[Mapping[str, Any], ...] = ()
     retry_delay: float = 5.0
     max_retry_delay: float = backoff.RETRY_DELAY_MAX_SECONDS
     api_error_threshold: int = backoff.API_ERROR_THRESHOLD
@@ -236,6 +239,7 @@ class Reconciler:
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
             replicas=desired_replicas(isvc, deployment),
+            scrapers=self.scrapers,
         )
         built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
         desired = [obj for obj in built.values() if obj is not None]
@@ -399,7 +403,8 @@ class Reconciler:
 
     async def _delete_unwanted(self, body: Mapping[str, Any], lookup: Lookup, kind: str) -> None:
         """Delete the owned object of ``kind`` that the spec no longer wants (its builder gave ``None``:
-        a PodDisruptionBudget at one replica), with a Normal Event."""
+        a PodDisruptionBudget at one replica, a NetworkPolicy without ``spec.server.allowFrom``), with
+        a Normal Event."""
         meta = body.get("metadata") or {}
         namespace = str(meta["namespace"])
         owned = BY_KIND[kind]
@@ -407,5 +412,5 @@ class Reconciler:
         if self._current(lookup, kind, namespace, name) is None:
             return
         if await self.kube.delete(owned.resource.path(namespace, name)):
-            self._event_later(body, "Deleted", f"deleted {kind} {name} (one replica)")
+            self._event_later(body, "Deleted", f"deleted {kind} {name} ({owned.unwanted})")
         self._applied.pop((kind, namespace, name), None)
