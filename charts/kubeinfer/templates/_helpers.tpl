@@ -54,3 +54,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "kubeinfer.clusterwide" -}}
 {{- if not .Values.watchNamespaces -}}true{{- end -}}
 {{- end -}}
+
+{{/* A label map as the operator's settings read it: k=v,k=v (keys sorted). */}}
+{{- define "kubeinfer.labelList" -}}
+{{- $items := list -}}
+{{- range $k, $v := . -}}
+{{- $items = append $items (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $items -}}
+{{- end -}}

@@ -28,6 +28,10 @@ NAMESPACED = {
     *(("apps", "deployments/scale", v) for v in ("get", "patch")),
     *(("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")),
     *(("policy", "poddisruptionbudgets", v) for v in ("get", "list", "watch", "create", "patch", "delete")),
+    *(
+        ("networking.k8s.io", "networkpolicies", v)
+        for v in ("get", "list", "watch", "create", "patch", "delete")
+    ),
     ("", "persistentvolumeclaims", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
@@ -225,3 +229,41 @@ def test_chart_app_version_is_the_package_version() -> None:
     assert chart["appVersion"] == __version__
     assert chart["version"] == __version__  # the chart is released with the code it deploys
     assert f"ghcr.io/kubeinfer/runtime:{__version__}" == DEFAULT_IMAGE
+
+
+def test_chart_rbac_has_no_secret_access_in_any_mode() -> None:
+    """The operator never reads a Secret (the runtime pod references the bearer token's Secret): no
+    Role or ClusterRole of the chart names secrets, clusterwide or namespaced."""
+    for values in ({}, {"watchNamespaces": ["team-a"]}):
+        docs = render(values=values)
+        roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+        assert roles
+        for role in roles:
+            assert not {t for t in triples(role) if t[1] == "secrets"}, role["metadata"]["name"]
+
+
+def test_chart_prometheus_namespace_and_pod_labels_reach_the_operator_settings() -> None:
+    """prometheus.namespace and prometheus.podLabels become the settings that admit Prometheus to the
+    runtime pods' /metrics in their NetworkPolicy; unset, neither variable is set (the operator
+    derives the namespace from prometheus.url)."""
+    from kubeinfer.operator.settings import Settings
+
+    def env_of(values: dict[str, Any]) -> dict[str, str]:
+        (dep,) = by_kind(render(values=values), "Deployment")
+        return {
+            e["name"]: e["value"]
+            for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+            if "value" in e
+        }
+
+    labels = {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"}
+    env = env_of({"prometheus": {"namespace": "monitoring", "podLabels": labels}})
+    settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("KUBEINFER_")})
+    assert settings.prometheus_namespace_in_force() == "monitoring"
+    assert settings.prometheus_pod_labels == labels
+    plain = env_of({"prometheus": {"url": "http://prometheus-operated.obs.svc:9090"}})
+    assert "KUBEINFER_PROMETHEUS_NAMESPACE" not in plain and "KUBEINFER_PROMETHEUS_POD_LABELS" not in plain
+    derived = Settings.from_env({k: v for k, v in plain.items() if k.startswith("KUBEINFER_")})
+    assert derived.prometheus_namespace_in_force() == "obs"
+    default = Settings.from_env({k: v for k, v in env_of({}).items() if k.startswith("KUBEINFER_")})
+    assert default.prometheus_namespace_in_force() == "kubeinfer-system"  # bare `prometheus`: the release's
