@@ -3,7 +3,8 @@
 The model process (``RuntimeServer`` with ``kubeinfer.runtime.frontend_pool``) starts ``http_workers`` of
 these. Each one listens on the pod's HTTP port with ``SO_REUSEPORT`` (the kernel spreads new connections
 over them) and serves the same REST transport as the one-process server (``kubeinfer.runtime.rest``:
-routes, bodies, status codes), on a ``RemotePlane``: the model process's data plane reached over ZeroMQ
+routes, bodies, status codes) and the same gRPC service on the gRPC port (``SO_REUSEPORT`` too), on a
+``RemotePlane``: the model process's data plane reached over ZeroMQ
 (``kubeinfer.runtime.ipc``). The body is read and decoded here (JSON and the binary tensor extension,
 body limits, Content-Encoding) and the outputs encoded here; admission, validation, the batcher,
 metrics and errors are the model process's ``DataPlane``'s, so a request gets the same answer as in one
@@ -39,6 +40,7 @@ from kubeinfer.runtime import ipc
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import Decoder, check_model, internal_error, not_ready_error
 from kubeinfer.runtime.errors import InferenceError
+from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.rest import RestApp, UvicornServer, event_loop_factory, listen_socket, uvicorn_config
 
@@ -184,11 +186,28 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
     plane = RemotePlane(cfg.model.name, client)
     rest = RestApp(plane, cfg, OpenAIRoutes(plane, cfg).routes)
     server = UvicornServer(uvicorn_config(rest.app, graceful_seconds=30))
+    grpc_server, _ = create_grpc_server(
+        plane,
+        cfg.server.host,
+        cfg.server.grpc_port,
+        4 * cfg.limits.max_request_bytes,
+        rest.auth,
+        reuse_port=True,
+    )
+    await grpc_server.start()
     await client.send(ipc.Header(op="hello", pid=os.getpid(), code=index))
-    log.info("front end %d listening on %s:%d (pid %d)", index, cfg.server.host, cfg.server.port, os.getpid())
+    log.info(
+        "front end %d listening on %s:%d, gRPC :%d (pid %d)",
+        index,
+        cfg.server.host,
+        cfg.server.port,
+        cfg.server.grpc_port,
+        os.getpid(),
+    )
     try:
-        await server.serve(sockets=[sock])
+        await server.serve(sockets=[sock])  # until SIGTERM: uvicorn finishes the requests in flight
     finally:
+        await grpc_server.stop(grace=5.0)  # and gRPC its calls in flight
         await client.close()
     return 0
 

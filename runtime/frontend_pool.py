@@ -3,8 +3,9 @@ processes (``kubeinfer.runtime.frontend``) and answers their messages (``kubeinf
 
 ``FrontEndPool(server, workers)``, owned by ``RuntimeServer``:
 
-- ``start``: reserves the HTTP port (a socket bound with ``SO_REUSEPORT`` and never listening: it
-  holds the port, also a port-0 pick, and takes no connections), binds the ZeroMQ ROUTER on an
+- ``start``: reserves the HTTP and the gRPC port (sockets bound with ``SO_REUSEPORT`` and never
+  listening: they hold the ports, also port-0 picks, and take no connections; every front end serves
+  both), binds the ZeroMQ ROUTER on an
   abstract Unix socket (``ipc://@kubeinfer-PID-RANDOM``, nothing on disk), starts ``workers`` front
   ends (``python -m kubeinfer.runtime.frontend``, configuration on stdin, ``PR_SET_PDEATHSIG``: they
   die with this process) and waits until each says ``hello`` (listening).
@@ -104,7 +105,9 @@ class FrontEndPool:
         self.workers = workers
         self.address = f"ipc://@kubeinfer-{os.getpid()}-{secrets.token_hex(6)}"
         self.port = 0
+        self.grpc_port = 0
         self._reserved: socket.socket | None = None
+        self._reserved_grpc: socket.socket | None = None
         self._endpoint: ipc.ModelEndpoint | None = None
         self._slots = [_Slot(i) for i in range(workers)]
         self._hello: dict[int, int] = {}  # slot -> pid of its last hello
@@ -119,11 +122,14 @@ class FrontEndPool:
         return [s.proc.pid for s in self._slots if s.proc is not None and s.proc.poll() is None]
 
     async def start(self) -> int:
-        """Reserve the port, start the endpoint and the front ends, wait for their ``hello``. Returns the
-        HTTP port. Raises ``RuntimeError`` if a front end does not come up in time."""
+        """Reserve the HTTP and gRPC ports, start the endpoint and the front ends (each serves REST and
+        gRPC on them), wait for their ``hello``. Returns the HTTP port (the gRPC one is ``grpc_port``).
+        Raises ``RuntimeError`` if a front end does not come up in time."""
         cfg = self.cfg
         self._reserved = reserve_port(cfg.server.host, cfg.server.port)
         self.port = self._reserved.getsockname()[1]
+        self._reserved_grpc = reserve_port(cfg.server.host, cfg.server.grpc_port)
+        self.grpc_port = self._reserved_grpc.getsockname()[1]
         self._endpoint = ipc.ModelEndpoint(self.address, self.handle)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._endpoint.run()))
@@ -145,6 +151,7 @@ class FrontEndPool:
     def _spawn(self, slot: _Slot) -> None:
         cfg = self.cfg.model_copy(deep=True)
         cfg.server.port = self.port
+        cfg.server.grpc_port = self.grpc_port
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         cmd = [sys.executable, "-m", "kubeinfer.runtime.frontend", "--ipc", self.address]
         cmd += ["--index", str(slot.index), "--log-level", str(level)]
@@ -224,9 +231,10 @@ class FrontEndPool:
         if self._endpoint is not None:
             self._endpoint.close()
             self._endpoint = None
-        if self._reserved is not None:
-            self._reserved.close()
-            self._reserved = None
+        for sock in (self._reserved, self._reserved_grpc):
+            if sock is not None:
+                sock.close()
+        self._reserved = self._reserved_grpc = None
 
     # ----- messages ---------------------------------------------------------------------------------
     async def handle(

@@ -1,7 +1,9 @@
 """The gRPC front end: the Open Inference Protocol's ``inference.GRPCInferenceService``.
 
 Served on its own port (``server.grpc_port``, ``--grpc-port``, default 8081) by grpcio's asyncio
-server (``grpc.aio``) on the runtime's event loop. A transport over the data plane
+server (``grpc.aio``): in the model process over its ``DataPlane``, or, with ``server.http_workers``
+> 1, by every front-end process over its ``RemotePlane`` (``SO_REUSEPORT``), so that gRPC's
+decoding and encoding are spread over the front ends as REST's are. A transport over the data plane
 (``kubeinfer.runtime.dataplane``), like REST: it decodes the protobuf messages, calls the plane and
 encodes its answers, so admission, validation, batching, priorities, queue limits, metrics and the
 drain are the same for both. The message and service classes are the ones ``tritonclient[grpc]`` ships
@@ -390,11 +392,19 @@ for _rpc in RPCS:
 
 
 def create_grpc_server(
-    plane: Plane, host: str, port: int, max_message_bytes: int, auth: BearerAuth | None = None
+    plane: Plane,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    auth: BearerAuth | None = None,
+    *,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server with the inference service over ``plane`` on ``host:port`` (0 = any free
     port), not started; returns it and the bound port. Messages up to ``max_message_bytes``; with
-    ``auth``, every RPC but ServerLive and ServerReady requires the bearer token.
+    ``auth``, every RPC but ServerLive and ServerReady requires the bearer token; with ``reuse_port``
+    (the front-end processes), ``SO_REUSEPORT``: the kernel spreads connections over every process
+    that serves the port.
 
     Call it, then ``await grpc_server.start()``, on the running event loop. Raises ``RuntimeError``
     when the port cannot be bound."""
@@ -402,7 +412,7 @@ def create_grpc_server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane, auth), grpc_server)

@@ -6,7 +6,8 @@ adapters over it: REST (``kubeinfer.runtime.rest``) served by uvicorn in this pr
 ``server.http_workers`` > 1, by that many front-end processes (``kubeinfer.runtime.frontend``) that share
 the port and send decoded tensors here over ZeroMQ (``kubeinfer.runtime.ipc``;
 ``kubeinfer.runtime.frontend_pool`` starts, supervises and answers them); gRPC
-(``kubeinfer.runtime.grpc_server``) on its own port, in this process. The model, the batcher, the config
+(``kubeinfer.runtime.grpc_server``) on its own port, in this process or, with front ends, in each of
+them. The model, the batcher, the config
 watcher and the drain stay in this process.
 """
 
@@ -115,10 +116,17 @@ class RuntimeServer:
             )
             self._tasks.append(loop.create_task(watcher.run()))
         server = self.cfg.server
-        self._grpc, grpc_port = create_grpc_server(
-            self.plane, server.host, server.grpc_port, 4 * self.cfg.limits.max_request_bytes, self.rest.auth
-        )
-        await self._grpc.start()
+        if self._pool is not None:  # the front ends serve gRPC too
+            grpc_port = self._pool.grpc_port
+        else:
+            self._grpc, grpc_port = create_grpc_server(
+                self.plane,
+                server.host,
+                server.grpc_port,
+                4 * self.cfg.limits.max_request_bytes,
+                self.rest.auth,
+            )
+            await self._grpc.start()
         log.info("grpc listening on %s:%d", self.host, grpc_port)
         log.info("listening on http://%s:%d", self.host, self.port)
         self._serving = loop.create_task(serving)

@@ -87,6 +87,45 @@ def test_two_front_ends_share_the_port_and_tritonclient_works_unchanged(runtime:
         c.close()
 
 
+def test_the_front_ends_serve_grpc_too(runtime: RuntimeProcess) -> None:
+    """gRPC is decoded and encoded in the front-end processes (SO_REUSEPORT on the gRPC port), not in
+    the model process; its outcomes are counted in the model process's metrics like REST's."""
+    import tritonclient.grpc as grpcclient
+
+    pids = _frontends(runtime)
+
+    def listening(pid: int) -> bool:
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == runtime.grpc_port
+            for c in psutil.Process(pid).net_connections(kind="tcp")
+        )
+
+    assert all(listening(pid) for pid in pids.values())
+    assert not listening(runtime.pid)
+
+    def ok_count() -> float:
+        text = httpx.get(f"{runtime.url}/metrics", timeout=10).text
+        match = re.search(r'kubeinfer_requests_total\{code="200",model="tiny"\} (\S+)', text)
+        return float(match.group(1)) if match else 0.0
+
+    before = ok_count()
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per client
+    clients = [
+        grpcclient.InferenceServerClient(runtime.grpc_address, channel_args=own_connection) for _ in range(8)
+    ]
+    for i, client in enumerate(clients):
+        inp = grpcclient.InferInput("text", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([f"grpc sentence {i}".encode()], dtype=object))
+        out = client.infer("tiny", [inp]).as_numpy("embedding")
+        assert out is not None and out.shape == (1, 32)
+    assert clients[0].is_server_ready() and clients[0].is_model_ready("tiny")
+    assert clients[0].get_model_metadata("tiny").name == "tiny"
+    assert ok_count() == before + 8
+    assert sum(_served_by(pid, runtime.grpc_port) for pid in pids.values()) >= 8  # each channel, a front end
+    for client in clients:
+        client.close()
+
+
 class _Load:
     """``clients`` threads, each posting one-row requests on its own kept-alive connection until
     ``stop``; a lost connection is counted and replaced by a new one."""
