@@ -30,20 +30,32 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, RuntimeConfig
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
+from kubeinfer.runtime.termination import write_termination_message
 
 log = logging.getLogger(__name__)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal also reaches the termination log: without the arguments,
+    which may carry values expanded from Secrets (``$(VAR)`` in a container's args)."""
+
+    def error(self, message: str) -> NoReturn:
+        write_termination_message(
+            f"{self.prog}: invalid command-line arguments (the container log says which; "
+            "they are not repeated here)"
+        )
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``serve`` sub-command)."""
-    parser = argparse.ArgumentParser(
-        prog="kubeinfer-runtime", description="kubeinfer's batching model server"
-    )
+    parser = _Parser(prog="kubeinfer-runtime", description="kubeinfer's batching model server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over the Open Inference Protocol (KServe v2)")
     serve.add_argument(
@@ -127,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         BearerAuth.from_config(cfg)  # refuse to start open when authentication was asked for
     except Exception as exc:
         log.error("invalid configuration: %s", exc)
+        write_termination_message(f"invalid configuration: {exc}")
         return 2
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         code = runner.run(serve(cfg, args))

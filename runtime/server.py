@@ -33,6 +33,7 @@ from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from kubeinfer.runtime.service_time import calibrate_model
+from kubeinfer.runtime.termination import write_termination_message
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -238,8 +239,9 @@ class RuntimeServer:
             )
         except asyncio.CancelledError:  # shutting down during the load
             raise
-        except BaseException:
+        except BaseException as exc:
             log.exception("model load failed; exiting")
+            write_termination_message(f"model load failed: {type(exc).__name__}: {exc}")
             self._failed = True
             self._close_http(force=True)
 
