@@ -19,20 +19,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from kubeinfer.runtime.config import RuntimeConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, torch_dtype
-from kubeinfer.runtime.models.base import (
-    REPORT_COMPARE_SECONDS,
-    REPORT_COSINE_MEAN,
-    REPORT_LOAD_SECONDS,
-    REPORT_WARMUP_SECONDS,
-    ServableModel,
-    batch_buckets,
-)
+from kubeinfer.runtime.models.base import REPORT_COMPARE_SECONDS, REPORT_COSINE_MEAN, REPORT_LOAD_SECONDS
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
 from kubeinfer.runtime.models.quantize import (
     INT8_MODES,
@@ -41,11 +33,10 @@ from kubeinfer.runtime.models.quantize import (
     compare_embeddings,
     float_dtype,
 )
+from kubeinfer.runtime.models.tensors import TensorModel, stack
 
 log = logging.getLogger(__name__)
 
-#: Size of a variable (-1) non-batch dimension in warmup and example inputs.
-EXAMPLE_DIM = 8
 #: Rows of seeded random inputs used to compare a cast model with the fp32 one.
 COMPARE_ROWS = 64
 
@@ -58,7 +49,7 @@ class TensorBatch:
     rows: int
 
 
-class TorchScriptModel(ServableModel):
+class TorchScriptModel(TensorModel):
     """A scripted module served with declared inputs and outputs."""
 
     def __init__(
@@ -82,10 +73,6 @@ class TorchScriptModel(ServableModel):
         self.compute_dtype = float_dtype(cfg.quantization.mode)
         self._report: dict[str, float] = {}
 
-    def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Any:
-        """Requests batch together only if every input has the same non-batch dimensions."""
-        return tuple(tuple(inputs[spec.name].shape[1:]) for spec in self.inputs)
-
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TensorBatch:
         """Concatenate each input over the requests (rows in request order) as CPU tensors.
 
@@ -93,14 +80,7 @@ class TorchScriptModel(ServableModel):
             ValueError: the requests' non-batch dimensions differ (see ``batch_key``).
         """
         tensors = []
-        for spec in self.inputs:
-            parts = [np.asarray(request[spec.name]) for request in batch]
-            shapes = {p.shape[1:] for p in parts}
-            if len(shapes) > 1:
-                raise ValueError(
-                    f"input tensor '{spec.name}': requests in one batch differ in shape {shapes}"
-                )
-            array = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+        for spec, array in zip(self.inputs, stack(self.inputs, batch), strict=True):
             tensor = torch.from_numpy(
                 np.ascontiguousarray(array).astype(np.float32, copy=False)
                 if array.dtype.name == "bfloat16"
@@ -147,41 +127,6 @@ class TorchScriptModel(ServableModel):
                 host = host.float()
             out[spec.name] = host.numpy().astype(DATATYPES[spec.datatype].host, copy=False)
         return out
-
-    def example_inputs(self, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-        """Seeded random inputs of ``rows`` rows; -1 non-batch dimensions take ``EXAMPLE_DIM``."""
-        rng = np.random.default_rng(seed)
-        data: dict[str, np.ndarray] = {}
-        for spec in self.inputs:
-            shape = [rows] + [EXAMPLE_DIM if d == -1 else d for d in spec.shape[1:]]
-            if spec.datatype in ("FP16", "BF16", "FP32", "FP64"):
-                array = rng.standard_normal(shape).astype(
-                    np.float16 if spec.datatype == "FP16" else np.float32
-                )
-                if spec.datatype == "FP64":
-                    array = array.astype(np.float64)
-            elif spec.datatype == "BOOL":
-                array = rng.integers(0, 2, shape).astype(np.bool_)
-            else:
-                array = rng.integers(0, 100, shape).astype(DATATYPES[spec.datatype].host)
-            data[spec.name] = array
-        return data
-
-    def warmup(self, max_batch_size: int, steps: int) -> float:
-        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times; return seconds."""
-        started = time.perf_counter()
-        for rows in batch_buckets(max_batch_size):
-            prepared = self.preprocess([self.example_inputs(rows)])
-            for _ in range(steps):
-                self.execute(prepared)
-        self.max_batch_size = max_batch_size
-        seconds = time.perf_counter() - started
-        self._report[REPORT_WARMUP_SECONDS] = seconds
-        return seconds
-
-    def report(self) -> dict[str, float]:
-        """Load/comparison/warmup seconds and (cast models) mean cosine to fp32 outputs."""
-        return dict(self._report)
 
 
 def load_torchscript(cfg: RuntimeConfig) -> TorchScriptModel:

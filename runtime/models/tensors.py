@@ -1,0 +1,97 @@
+"""Models of declared tensors (TorchScript, ONNX): what they share apart from their engine.
+
+A tensor model takes and gives tensors whose first dimension is the batch; requests batch together
+when every input's other dimensions agree (``batch_key``), and a batch is each input's requests
+concatenated on that dimension (``stack``). Warmup runs seeded random inputs (``example_inputs``) at
+batch sizes 1, 2, 4, ..., the maximum. The engine's part is ``preprocess`` (the stacked arrays to its
+own tensors) and ``execute``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from kubeinfer.runtime.config import TensorConfig
+from kubeinfer.runtime.dtypes import DATATYPES
+from kubeinfer.runtime.models.base import REPORT_WARMUP_SECONDS, ServableModel, batch_buckets
+
+#: Size of a variable (-1) non-batch dimension in warmup and example inputs.
+EXAMPLE_DIM = 8
+
+
+def stack(specs: Sequence[TensorConfig], batch: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:
+    """Each declared input over the requests, concatenated on the batch dimension (request order).
+
+    Raises:
+        ValueError: the requests' non-batch dimensions differ (``TensorModel.batch_key`` keeps such
+            requests apart).
+    """
+    arrays = []
+    for spec in specs:
+        parts = [np.asarray(request[spec.name]) for request in batch]
+        shapes = {p.shape[1:] for p in parts}
+        if len(shapes) > 1:
+            raise ValueError(f"input tensor '{spec.name}': requests in one batch differ in shape {shapes}")
+        arrays.append(np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0])
+    return arrays
+
+
+def random_inputs(specs: Sequence[TensorConfig], rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs of ``rows`` rows for ``specs``; -1 non-batch dimensions take
+    ``EXAMPLE_DIM``; BYTES inputs are short ASCII strings."""
+    rng = np.random.default_rng(seed)
+    data: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = [rows] + [EXAMPLE_DIM if d == -1 else d for d in spec.shape[1:]]
+        if spec.datatype in ("FP16", "BF16", "FP32", "FP64"):
+            array = rng.standard_normal(shape).astype(np.float16 if spec.datatype == "FP16" else np.float32)
+            if spec.datatype == "FP64":
+                array = array.astype(np.float64)
+        elif spec.datatype == "BOOL":
+            array = rng.integers(0, 2, shape).astype(np.bool_)
+        elif spec.datatype == "BYTES":
+            array = np.array(
+                [f"x{v}".encode() for v in rng.integers(0, 100, int(np.prod(shape)))], dtype=object
+            )
+            array = array.reshape(shape)
+        else:
+            array = rng.integers(0, 100, shape).astype(DATATYPES[spec.datatype].host)
+        data[spec.name] = array
+    return data
+
+
+class TensorModel(ServableModel):
+    """The part of a declared-tensor model its engine does not change (see the module docstring).
+
+    Subclasses set the ``ServableModel`` attributes and ``_report``, and implement ``preprocess`` and
+    ``execute``.
+    """
+
+    _report: dict[str, float]
+
+    def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Any:
+        """Requests batch together only if every input has the same non-batch dimensions."""
+        return tuple(tuple(inputs[spec.name].shape[1:]) for spec in self.inputs)
+
+    def example_inputs(self, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded random inputs of ``rows`` rows (``random_inputs``)."""
+        return random_inputs(self.inputs, rows, seed)
+
+    def warmup(self, max_batch_size: int, steps: int) -> float:
+        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times; return seconds."""
+        started = time.perf_counter()
+        for rows in batch_buckets(max_batch_size):
+            prepared = self.preprocess([self.example_inputs(rows)])
+            for _ in range(steps):
+                self.execute(prepared)
+        self.max_batch_size = max_batch_size
+        seconds = time.perf_counter() - started
+        self._report[REPORT_WARMUP_SECONDS] = seconds
+        return seconds
+
+    def report(self) -> dict[str, float]:
+        """Load, comparison and warmup seconds, and the deviation figures that apply."""
+        return dict(self._report)
