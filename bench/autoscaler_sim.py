@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import quiet
 from kubeinfer.operator.autoscale.policy import (
     Current,
     Observation,
@@ -1325,6 +1326,7 @@ def add_run_arguments(ap: argparse.ArgumentParser, default_out: Path) -> None:
         "first --traces folder that has one, bench/traces/'s when no trace is named, else "
         "bench/results/runtime.json)",
     )
+    quiet.add_arguments(ap, simulation=True)
 
 
 def config_from_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[SimConfig, str]:
@@ -1396,19 +1398,21 @@ def run_per_trace(
     Returns the exit status, 0."""
     t0 = time.perf_counter()
     seeds = list(range(args.seed, args.seed + args.repeats))
-    rows = over_traces(fn, traces, args.jobs, cfg, seeds)
-    result: dict[str, Any] = {
-        "traces": rows,
-        "summary": summarize(rows),
-        "config": {
-            "seeds": seeds,
-            "service_time_source": source,
-            "policy_overrides": dict(cfg.policy_overrides),
-            "command": command,
-            **config,
-        },
-    }
-    write_results(args.out, result, table(result))
+    with quiet.quiet_run(Path(command.split()[0]).stem, args, simulation=True) as run:
+        rows = over_traces(fn, traces, args.jobs, cfg, seeds)
+        result: dict[str, Any] = {
+            "traces": rows,
+            "summary": summarize(rows),
+            "config": {
+                "seeds": seeds,
+                "service_time_source": source,
+                "policy_overrides": dict(cfg.policy_overrides),
+                "command": command,
+                **config,
+            },
+        }
+        result = run.stamp(result)
+        write_results(args.out, result, table(result))
     print(f"in {time.perf_counter() - t0:.0f}s")
     return 0
 
@@ -1446,6 +1450,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     t0 = time.perf_counter()
     traces = load_traces_or_exit(ap, args, cfg.mu)
+    with quiet.quiet_run("autoscaler_sim", args, simulation=True) as run:
+        result = run.stamp(simulate(args, cfg, source, traces, argv))
+        write_results(args.out, result, table(result))
+    print(f"in {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+def simulate(
+    args: argparse.Namespace,
+    cfg: SimConfig,
+    source: str,
+    traces: dict[str, Trace],
+    argv: Sequence[str] | None,
+) -> dict[str, Any]:
+    """``main``'s run: every controller (and variant) over ``traces``, the faults and restarts, the
+    config and the summary; ``source`` says where s(b) came from."""
+    a, c = cfg.a, cfg.c
     seeds = range(args.seed, args.seed + args.repeats)
     names = (*CONTROLLERS, *(() if args.no_variants else VARIANTS))
     runs, per_seed = {}, {}
@@ -1481,9 +1502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policy_overrides": dict(cfg.policy_overrides),
     }
     result["summary"] = summarize(result["traces"], per_seed)
-    write_results(args.out, result, table(result))
-    print(f"in {time.perf_counter() - t0:.0f}s")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

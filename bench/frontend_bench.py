@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -675,14 +676,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "frontend.json"))
+    quiet.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.floor_server:
+    if args.floor_server:  # a child of the run below, which holds the bench lock
         return floor_server("127.0.0.1")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
     logging.basicConfig(level=logging.WARNING)
+    with quiet.quiet_run("frontend_bench", args, log=progress) as run:
+        return measure(args, argv, run)
+
+
+def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
+    """Every server and encoding (``run_all``), the ratios to the floor, the JSON at ``args.out``
+    (stamped with ``run``'s machine fields, ``quiet.QuietRun``); returns the exit status, 0."""
     started = time.monotonic()
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kubeinfer-frontend-") as tmp:
         loop_factory = None
         with contextlib.suppress(ImportError):
@@ -726,10 +734,10 @@ def main(argv: list[str] | None = None) -> int:
             "client runs on the same machine (2 cores, shared with other work): max rates are a lower bound",
             "profile: py-spy record --nonblocking --rate 200 (sampling), tiny model, 70 % of max_slo_rps",
         ],
-        "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "elapsed_seconds": time.monotonic() - started,
         "command": ["bench/frontend_bench.py", *(sys.argv[1:] if argv is None else argv)],
     }
+    result = run.stamp(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
@@ -742,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name} {enc} workers {workers}: {cpu if cpu is None else round(cpu)} µs/req (all the "
                     f"pod's processes), max {one['max_slo_rps']:.0f}/s at P99 <= 100 ms"
                 )
-    progress(f"wrote {out} in {time.monotonic() - started:.0f} s")
+    noisy = " (noisy: not a source of figures)" if run.noisy else ""
+    progress(f"wrote {out} in {time.monotonic() - started:.0f} s{noisy}")
     return 0
 
 

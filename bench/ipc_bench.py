@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import quiet
 
 ROOT = Path(__file__).resolve().parents[1]
 ADDRESS = f"ipc://@kubeinfer-ipc-bench-{os.getpid()}"
@@ -100,19 +101,20 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "ipc.json"))
+    quiet.add_arguments(parser)
     args = parser.parse_args()
-    runs = [run_once(args.calls, args.concurrency) for _ in range(args.repeats)]
-    result: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    result.update(
-        runs=runs,
-        calls=args.calls,
-        concurrency=args.concurrency,
-        loadavg=os.getloadavg(),
-        cpus=os.cpu_count(),
-        command=["bench/ipc_bench.py", f"--calls={args.calls}", f"--concurrency={args.concurrency}"],
-    )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    with quiet.quiet_run("ipc_bench", args) as run:
+        runs = [run_once(args.calls, args.concurrency) for _ in range(args.repeats)]
+        result: dict[str, Any] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        result.update(
+            runs=runs,
+            calls=args.calls,
+            concurrency=args.concurrency,
+            command=["bench/ipc_bench.py", f"--calls={args.calls}", f"--concurrency={args.concurrency}"],
+        )
+        result = run.stamp(result)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(
         f"{result['calls_per_second']:.0f} calls/s, endpoint "
         f"{result['endpoint_cpu_us_per_call']:.1f} µs/call, client "

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import quiet
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -315,7 +317,18 @@ def main() -> int:
     )
     parser.add_argument("--kubectl", type=Path, default=DEFAULT_BIN_DIR / "kubectl")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/operator.json")
+    quiet.add_arguments(parser)
     args = parser.parse_args()
+    with quiet.quiet_run("operator_bench", args, log=log) as session:
+        result = session.stamp(measure(args))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """``--repeats`` runs on a fresh local cluster (or ``--kubeconfig``'s): their ``summarize``."""
     with tempfile.TemporaryDirectory(prefix="kubeinfer-bench-") as tmp:
         work = Path(tmp)
         info = None
@@ -333,11 +346,7 @@ def main() -> int:
         finally:
             if info is not None:
                 stop(info, log=lambda _m: None)
-    result = summarize(runs)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0
+    return summarize(runs)
 
 
 if __name__ == "__main__":

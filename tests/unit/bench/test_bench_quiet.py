@@ -6,6 +6,7 @@ the machine's load or touches the real lock a benchmark may be holding."""
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -290,3 +291,26 @@ def test_the_options_and_their_defaults() -> None:
     assert args.noisy is False
     assert args.lock_timeout == quiet.LOCK_TIMEOUT_SECONDS
     assert args.settle_seconds == quiet.SETTLE_SECONDS
+
+
+# --- every benchmark that measures goes through it ------------------------------------------------
+
+MEASURING = ("runtime_bench", "frontend_bench", "operator_bench", "ipc_bench")
+SIMULATIONS = ("autoscaler_sim",)  # adversary and frontier run through autoscaler_sim.run_per_trace
+
+
+@pytest.mark.parametrize("name", MEASURING + SIMULATIONS)
+def test_each_benchmark_runs_under_quiet_run(name: str) -> None:
+    tree = ast.parse((BENCH / f"{name}.py").read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "quiet_run"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "quiet"
+    ]
+    assert calls, f"bench/{name}.py does not measure under quiet.quiet_run"
+    simulation = any(kw.arg == "simulation" for call in calls for kw in call.keywords)
+    assert simulation == (name in SIMULATIONS)
