@@ -197,7 +197,8 @@ def _cel(rule: str, message: str, field_path: str | None = None, reason: str | N
 
 
 class TensorSpec(_Spec):
-    """A declared model input or output (TorchScript). ``shape``: -1 for a variable dimension."""
+    """A declared model input or output (TorchScript: required; ONNX: refines what the model declares).
+    ``shape``: -1 for a variable dimension."""
 
     name: str = Field(min_length=1, max_length=128)
     datatype: Datatype
@@ -224,6 +225,12 @@ class ModelSpec(_Spec):
                     ".uri",
                     "FieldValueInvalid",
                 ),
+                _cel(
+                    "self.format != 'onnx' || self.uri != 'default'",
+                    "spec.model.uri: the bundled default model is huggingface, not onnx",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
             ]
         }
     )
@@ -235,7 +242,11 @@ class ModelSpec(_Spec):
         description="'default' (bundled all-MiniLM-L6-v2), an absolute path inside the runtime image, "
         "or pvc://<claim>/<path> (mounted read-only).",
     )
-    format: ModelFormat = Field(default="huggingface", description="huggingface | torchscript")
+    format: ModelFormat = Field(
+        default="huggingface",
+        description="huggingface | torchscript | onnx (a .onnx file or its directory, run on ONNX Runtime; "
+        "its tensors are read from the model)",
+    )
     name: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
@@ -243,8 +254,18 @@ class ModelSpec(_Spec):
         description="Served model name (v2 protocol). Default: 'minilm' for the bundled model, else "
         "metadata.name.",
     )
-    inputs: list[TensorSpec] = Field(default_factory=list, max_length=16, description="TorchScript only.")
-    outputs: list[TensorSpec] = Field(default_factory=list, max_length=16, description="TorchScript only.")
+    inputs: list[TensorSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="TorchScript: required. ONNX: optional, refines the model's own (same names and "
+        "datatypes).",
+    )
+    outputs: list[TensorSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="TorchScript: required. ONNX: optional, refines the model's own (same names and "
+        "datatypes).",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
@@ -252,8 +273,8 @@ class ModelSpec(_Spec):
             raise ValueError(
                 "spec.model.inputs and spec.model.outputs are required when spec.model.format is torchscript"
             )
-        if self.format == "torchscript" and self.uri == BUNDLED_MODEL:
-            raise ValueError("spec.model.uri: the bundled default model is huggingface, not torchscript")
+        if self.format in ("torchscript", "onnx") and self.uri == BUNDLED_MODEL:
+            raise ValueError(f"spec.model.uri: the bundled default model is huggingface, not {self.format}")
         return self
 
 
@@ -779,6 +800,13 @@ class InferenceServiceSpec(_Spec):
                     "FieldValueInvalid",
                 ),
                 _cel(
+                    "self.model.format != 'onnx' || self.quantization.mode == 'none'",
+                    "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
+                    "use none",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
                     "!has(self.resources.gpuProduct) || self.resources.gpus > 0",
                     "spec.resources.gpuProduct requires spec.resources.gpus > 0",
                     ".resources.gpuProduct",
@@ -817,6 +845,11 @@ class InferenceServiceSpec(_Spec):
             )
         if self.runtime.device == "cuda" and gpus == 0:
             raise ValueError("spec.runtime.device cuda requires spec.resources.gpus > 0")
+        if self.model.format == "onnx" and self.quantization.mode != "none":
+            raise ValueError(
+                "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
+                "use none"
+            )
         if self.resources.gpu_product is not None and gpus == 0:
             raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
         if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):

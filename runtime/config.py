@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
-ModelFormat = Literal["huggingface", "torchscript"]
+ModelFormat = Literal["huggingface", "torchscript", "onnx"]
 Datatype = Literal[
     "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"
 ]
@@ -59,8 +59,14 @@ class ModelConfig(_Strict):
         description="'default' for the bundled all-MiniLM-L6-v2, else a file or directory path.",
     )
     format: ModelFormat = "huggingface"
-    inputs: list[TensorConfig] = Field(default_factory=list, description="TorchScript only.")
-    outputs: list[TensorConfig] = Field(default_factory=list, description="TorchScript only.")
+    inputs: list[TensorConfig] = Field(
+        default_factory=list,
+        description="TorchScript: required. ONNX: optional, refines what the model declares.",
+    )
+    outputs: list[TensorConfig] = Field(
+        default_factory=list,
+        description="TorchScript: required. ONNX: optional, refines what the model declares.",
+    )
     max_sequence_length: int = Field(default=256, ge=8, le=8192, description="Text models: tokens.")
 
     @model_validator(mode="after")

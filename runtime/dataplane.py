@@ -167,7 +167,7 @@ def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
     return {
         "name": model.name,
         "versions": [MODEL_VERSION],
-        "platform": "pytorch",
+        "platform": model.platform,
         "inputs": [s.model_dump() for s in model.inputs],
         "outputs": [s.model_dump() for s in model.outputs],
     }

@@ -68,6 +68,7 @@ class DatatypeInfo:
         contents: the gRPC ``InferTensorContents`` field that holds its values when a request sends
             them typed rather than in ``raw_input_contents``, or None where the protocol has none
             (FP16, BF16: raw only).
+        onnx: the ONNX Runtime type string of a tensor of it (``NodeArg.type``, ``tensor(float)``).
     """
 
     numpy: np.dtype[Any]
@@ -76,39 +77,55 @@ class DatatypeInfo:
     host: np.dtype[Any]
     declarable: bool
     contents: str | None = None
+    onnx: str | None = None
 
 
 def _plain(
-    dtype: Any, torch_name: str | None, contents: str | None, *, declarable: bool = True
+    dtype: Any, torch_name: str | None, contents: str | None, onnx: str, *, declarable: bool = True
 ) -> DatatypeInfo:
     dt = np.dtype(dtype)
-    return DatatypeInfo(dt, (dt.name,), torch_name, dt, declarable, contents)
+    return DatatypeInfo(dt, (dt.name,), torch_name, dt, declarable, contents, onnx)
 
 
 #: Every protocol datatype, in the protocol's order (error messages list them in this order).
 DATATYPES: dict[str, DatatypeInfo] = {
-    "BOOL": _plain(np.bool_, "bool", "bool_contents"),
-    "UINT8": _plain(np.uint8, "uint8", "uint_contents"),
-    "UINT16": _plain(np.uint16, None, "uint_contents", declarable=False),
-    "UINT32": _plain(np.uint32, None, "uint_contents", declarable=False),
-    "UINT64": _plain(np.uint64, None, "uint64_contents", declarable=False),
-    "INT8": _plain(np.int8, "int8", "int_contents"),
-    "INT16": _plain(np.int16, "int16", "int_contents"),
-    "INT32": _plain(np.int32, "int32", "int_contents"),
-    "INT64": _plain(np.int64, "int64", "int64_contents"),
-    "FP16": _plain(np.float16, "float16", None),
+    "BOOL": _plain(np.bool_, "bool", "bool_contents", "tensor(bool)"),
+    "UINT8": _plain(np.uint8, "uint8", "uint_contents", "tensor(uint8)"),
+    "UINT16": _plain(np.uint16, None, "uint_contents", "tensor(uint16)", declarable=False),
+    "UINT32": _plain(np.uint32, None, "uint_contents", "tensor(uint32)", declarable=False),
+    "UINT64": _plain(np.uint64, None, "uint64_contents", "tensor(uint64)", declarable=False),
+    "INT8": _plain(np.int8, "int8", "int_contents", "tensor(int8)"),
+    "INT16": _plain(np.int16, "int16", "int_contents", "tensor(int16)"),
+    "INT32": _plain(np.int32, "int32", "int_contents", "tensor(int32)"),
+    "INT64": _plain(np.int64, "int64", "int64_contents", "tensor(int64)"),
+    "FP16": _plain(np.float16, "float16", None, "tensor(float16)"),
     "BF16": DatatypeInfo(
-        np.dtype(ml_dtypes.bfloat16), ("bfloat16", "float32"), "bfloat16", np.dtype(np.float32), True
+        np.dtype(ml_dtypes.bfloat16),
+        ("bfloat16", "float32"),
+        "bfloat16",
+        np.dtype(np.float32),
+        True,
+        None,
+        "tensor(bfloat16)",
     ),
-    "FP32": _plain(np.float32, "float32", "fp32_contents"),
-    "FP64": _plain(np.float64, "float64", "fp64_contents"),
+    "FP32": _plain(np.float32, "float32", "fp32_contents", "tensor(float)"),
+    "FP64": _plain(np.float64, "float64", "fp64_contents", "tensor(double)"),
     "BYTES": DatatypeInfo(
-        np.dtype(object), ("object", "bytes"), None, np.dtype(object), True, "bytes_contents"
+        np.dtype(object),
+        ("object", "bytes"),
+        None,
+        np.dtype(object),
+        True,
+        "bytes_contents",
+        "tensor(string)",
     ),
 }
 
 #: numpy dtype of each protocol datatype (``DATATYPES[name].numpy``).
 NUMPY_DTYPES: dict[str, np.dtype[Any]] = {name: info.numpy for name, info in DATATYPES.items()}
+
+#: Protocol datatype of an ONNX Runtime tensor type (``tensor(float)`` -> ``FP32``).
+ONNX_TO_DATATYPE: dict[str, str] = {info.onnx: name for name, info in DATATYPES.items() if info.onnx}
 
 #: Protocol datatype of a numpy dtype name (``float32`` -> ``FP32``, ``object`` -> ``BYTES``).
 NUMPY_TO_DATATYPE: dict[str, str] = {info.numpy.name: name for name, info in DATATYPES.items()}

@@ -3,7 +3,8 @@
 ``tiny_hf_dir(path)`` writes a 2-layer, 32-wide BERT with random (seeded) weights and the bundled
 MiniLM tokenizer into ``path`` as a Hugging Face model directory (config.json, safetensors,
 tokenizer files): loads in well under a second. ``tiny_torchscript(path)`` saves a scripted
-two-input module.
+two-input module. ``simple_onnx(path)`` writes Triton's ``simple`` add/sub model as ONNX and
+``tiny_onnx_mlp(path)`` a small ONNX model of two outputs, every tensor declared by the model.
 """
 
 from __future__ import annotations
@@ -71,3 +72,63 @@ TORCHSCRIPT_IO = {
         {"name": "top", "datatype": "INT64", "shape": [-1]},
     ],
 }
+
+
+def simple_onnx(path: Path, elements: int = 16) -> Path:
+    """Write Triton's ``simple`` model as ONNX to ``path``: INT32 ``INPUT0``, ``INPUT1`` of shape
+    [batch, ``elements``] (a dynamic batch axis), ``OUTPUT0`` = their sum, ``OUTPUT1`` = their difference;
+    every tensor is declared by the model itself."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", elements])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        "simple",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every onnxruntime since 1.10 reads
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def tiny_onnx_mlp(path: Path, *, fixed_batch: bool = False) -> Path:
+    """Write a small ONNX model to ``path``: ``x`` FP32 [batch, 3] -> ``y`` = x @ W + b FP32 [batch, 4]
+    (seeded W, b) and ``top`` INT64 [batch] (the argmax of each row); with ``fixed_batch`` the batch
+    dimension is 1 (a model exported without a dynamic axis)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    batch: str | int = 1 if fixed_batch else "batch"
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+            helper.make_node("ArgMax", ["y"], ["top"], axis=1, keepdims=0),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4]),
+            helper.make_tensor_value_info("top", TensorProto.INT64, [batch]),
+        ],
+        initializer=[
+            numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float32), "W"),
+            numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

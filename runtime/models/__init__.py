@@ -1,4 +1,4 @@
-"""Model loaders: ``load_model(cfg) -> ServableModel`` (Hugging Face directory or TorchScript file).
+"""Model loaders: ``load_model(cfg) -> ServableModel`` (Hugging Face directory, TorchScript file, ONNX).
 
 torch and transformers are imported lazily, inside ``load_model``, so that importing the interface
 (``base``) stays cheap for the batcher's unit tests.
@@ -37,7 +37,8 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
     """Load, quantize and compare the model ``cfg.model`` describes, once per process.
 
     ``cfg.model.format`` picks the loader: ``huggingface`` (a directory, or ``default`` for the
-    bundled all-MiniLM-L6-v2) or ``torchscript`` (a file with declared inputs/outputs). The model
+    bundled all-MiniLM-L6-v2), ``torchscript`` (a file with declared inputs/outputs) or ``onnx`` (a
+    ``.onnx`` file or its directory, tensors read from the model, on ONNX Runtime). The model
     is not warmed up; call ``warmup`` before reporting ready.
 
     Raises:
@@ -48,6 +49,10 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
         from kubeinfer.runtime.models.torchscript import load_torchscript
 
         return load_torchscript(cfg)
+    if cfg.model.format == "onnx":
+        from kubeinfer.runtime.models.onnx import load_onnx
+
+        return load_onnx(cfg)
     from kubeinfer.runtime.models.huggingface import load_huggingface
 
     return load_huggingface(cfg)

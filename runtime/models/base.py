@@ -99,6 +99,8 @@ class ServableModel(ABC):
     name: str
     inputs: list[TensorConfig]
     outputs: list[TensorConfig]
+    #: The v2 model metadata's ``platform`` (Triton's names: ``pytorch``, ``onnxruntime_onnx``).
+    platform: str = "pytorch"
     device: str
     max_batch_size: int
     limits: LimitsConfig

@@ -2,8 +2,9 @@
 
 The scripts in ``tests/vendor/triton_client_examples`` are copied byte for byte from
 ``triton-inference-server/client`` (see the README there). Each one talks to Triton's ``simple``
-model, which this module builds as TorchScript: INT32 inputs ``INPUT0`` and ``INPUT1`` of shape
-[-1, 16], outputs ``OUTPUT0 = INPUT0 + INPUT1`` and ``OUTPUT1 = INPUT0 - INPUT1``. A script is run
+model, which this module builds as TorchScript (every tensor declared in the configuration) and as
+ONNX (every tensor read from the model by the runtime): INT32 inputs ``INPUT0`` and ``INPUT1`` of
+shape [-1, 16], outputs ``OUTPUT0 = INPUT0 + INPUT1`` and ``OUTPUT1 = INPUT0 - INPUT1``. A script is run
 as a subprocess with the venv's python and ``-u host:port`` (the REST port for the HTTP scripts, the
 gRPC port for the gRPC ones), once against one process and once with ``server.http_workers`` 2.
 
@@ -34,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
+from hack.devtools.runtime_tiny import simple_onnx
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,17 +55,21 @@ class Simple(nn.Module):
         return input0 + input1, input0 - input1
 
 
-def simple_config(path: Path, http_workers: int) -> RuntimeConfig:
-    """A CPU runtime serving the scripted ``Simple`` saved at ``path``."""
+def simple_config(path: Path, http_workers: int, fmt: str = "torchscript") -> RuntimeConfig:
+    """A CPU runtime serving ``simple`` saved at ``path``: the scripted ``Simple`` with every tensor
+    declared here, or (``fmt`` onnx) the ONNX model, whose tensors the runtime reads from the model."""
     tensor = {"datatype": "INT32", "shape": [-1, ELEMENTS]}
+    declared = {
+        "inputs": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
+        "outputs": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
+    }
     return RuntimeConfig.model_validate(
         {
             "model": {
                 "name": MODEL,
                 "source": str(path),
-                "format": "torchscript",
-                "inputs": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
-                "outputs": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
+                "format": fmt,
+                **(declared if fmt == "torchscript" else {}),
             },
             "device": "cpu",
             "batching": {"max_batch_size": 8, "max_queue_delay_seconds": 0.005},
@@ -72,13 +78,21 @@ def simple_config(path: Path, http_workers: int) -> RuntimeConfig:
     )
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "http_workers=2"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, "torchscript"), (2, "torchscript"), (1, "onnx"), (2, "onnx")],
+    ids=["one-process", "http_workers=2", "onnx-one-process", "onnx-http_workers=2"],
+)
 def runtime(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RuntimeProcess]:
-    path = tmp_path_factory.mktemp("simple") / "simple.pt"
-    torch.jit.save(torch.jit.script(Simple().eval()), str(path))
-    with RuntimeProcess(simple_config(path, request.param), ready_timeout=120) as rt:
+    workers, fmt = request.param
+    if fmt == "onnx":
+        path = simple_onnx(tmp_path_factory.mktemp("simple") / "simple.onnx")
+    else:
+        path = tmp_path_factory.mktemp("simple") / "simple.pt"
+        torch.jit.save(torch.jit.script(Simple().eval()), str(path))
+    with RuntimeProcess(simple_config(path, workers, fmt), ready_timeout=120) as rt:
         assert rt.grpc_port, f"no gRPC port in the log:\n{rt.tail()}"
         yield rt
 

@@ -49,6 +49,12 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.quantization.calibration",
     ),
     ("torchscript-no-io", {"model": {"uri": "/models/m.pt", "format": "torchscript"}}, "spec.model.inputs"),
+    (
+        "onnx-quantized",
+        {"model": {"uri": "/models/m.onnx", "format": "onnx"}, "quantization": {"mode": "int8-dynamic"}},
+        "spec.quantization.mode",
+    ),
+    ("onnx-default-uri", {"model": {"format": "onnx"}}, "spec.model.uri"),
     ("bad-uri", {"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
     ("bad-pvc-uri", {"model": {"uri": "pvc://Bad_Claim/x"}}, "spec.model.uri"),
     ("bad-duration", {"batching": {"maxQueueDelay": "5 ms"}}, "spec.batching.maxQueueDelay"),
