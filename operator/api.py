@@ -136,7 +136,8 @@ MAX_DEFAULT_HTTP_WORKERS = 8
 
 def cpu_cores(quantity: str) -> float:
     """A ``Quantity`` (``QUANTITY_PATTERN``) as a number: ``"500m"`` -> 0.5, ``"2"`` -> 2.0, ``"1e3"`` ->
-    1000.0 (for CPUs: cores). Raises ``ValueError`` for a string outside the pattern."""
+    1000.0 (for CPUs: cores; for bytes, ``"64Mi"`` -> 67108864.0). Raises ``ValueError`` for a string
+    outside the pattern."""
     match = re.fullmatch(QUANTITY_PATTERN, quantity)
     if match is None:
         raise ValueError(f"not a resource quantity: {quantity!r}")
@@ -589,6 +590,41 @@ class SecretKeyRef(_Spec):
     )
 
 
+#: Smallest ``spec.cache.maxBytes`` (the runtime's ``cache.max_bytes`` minimum).
+MIN_CACHE_BYTES = 1024
+
+
+class CacheSpec(_Spec):
+    """The runtime's response cache: a request whose input tensors were answered before gets the same
+    outputs without the queue and the model (a request opts out with the parameter ``cache: false``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"quantity(self.maxBytes).compareTo(quantity('{MIN_CACHE_BYTES}')) >= 0",
+                    f"spec.cache.maxBytes must be at least {MIN_CACHE_BYTES} bytes",
+                    ".maxBytes",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    max_bytes: Quantity = Field(
+        default="64Mi",
+        description="Bytes of cached outputs kept per replica (least recently used go first); counts "
+        "toward resources.memory.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> CacheSpec:
+        if cpu_cores(self.max_bytes) < MIN_CACHE_BYTES:
+            raise ValueError(f"spec.cache.maxBytes must be at least {MIN_CACHE_BYTES} bytes")
+        return self
+
+
 class AuthSpec(_Spec):
     """Authentication of the runtime's v2, OpenAI and gRPC routes (health and /metrics stay open)."""
 
@@ -833,6 +869,7 @@ class InferenceServiceSpec(_Spec):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     server: ServerSpec = Field(default_factory=ServerSpec)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
 
     @model_validator(mode="after")
     def _rules(self) -> InferenceServiceSpec:

@@ -9,6 +9,7 @@ from kubeinfer.operator.build.common import container_path, metadata, stable_has
 from kubeinfer.runtime.config import (
     CONFIG_FILE,
     BatchingConfig,
+    CacheConfig,
     ModelConfig,
     QuantizationConfig,
     RuntimeConfig,
@@ -68,6 +69,8 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         ),
         device=spec.runtime.device,
     )
+    if spec.cache.enabled:  # left off, runtime.yaml reads as it did before the cache existed
+        cfg.cache = CacheConfig(enabled=True, max_bytes=int(api.cpu_cores(spec.cache.max_bytes)))
     if spec.server.auth is not None:
         # set only with auth: left unset, runtime.yaml reads as it did before authentication existed
         cfg.server = cfg.server.model_copy(update={"bearer_token_env": api.BEARER_TOKEN_ENV})

@@ -55,6 +55,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.quantization.mode",
     ),
     ("onnx-default-uri", {"model": {"format": "onnx"}}, "spec.model.uri"),
+    ("cache-too-small", {"cache": {"enabled": True, "maxBytes": "512"}}, "spec.cache.maxBytes"),
     ("bad-uri", {"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
     ("bad-pvc-uri", {"model": {"uri": "pvc://Bad_Claim/x"}}, "spec.model.uri"),
     ("bad-duration", {"batching": {"maxQueueDelay": "5 ms"}}, "spec.batching.maxQueueDelay"),
