@@ -142,3 +142,20 @@ def test_v2_and_openai_requests_batch_together(runtime: RuntimeProcess) -> None:
     sizes_after = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}  # type: ignore[union-attr,index]
     assert sizes_after.get(4, 0) == sizes_before.get(4, 0) + 1, (sizes_before, sizes_after)
     assert after["inference_count"] == before["inference_count"] + 4  # type: ignore[operator]
+
+
+def test_langchains_openai_embeddings_class_works_unchanged(runtime: RuntimeProcess) -> None:
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: LangChain then sends the text, not tiktoken's token ids
+    # (an OpenAI model's vocabulary, which no other model shares)
+    embeddings = OpenAIEmbeddings(
+        model="tiny",
+        base_url=f"{runtime.url}/v1",
+        api_key="unused",  # type: ignore[arg-type]
+        check_embedding_ctx_length=False,
+        max_retries=0,
+    )
+    expected = v2_embeddings(runtime, TEXTS)
+    np.testing.assert_allclose(np.array(embeddings.embed_documents(TEXTS)), expected, atol=1e-6)
+    np.testing.assert_allclose(np.array(embeddings.embed_query(TEXTS[2])), expected[2], atol=1e-6)
