@@ -271,16 +271,32 @@ def request_sentences(seed: int, count: int = 512) -> list[str]:
     return [sentences[int(i)] for i in rng.choice(len(sentences), size=count)]
 
 
+def request_body(text: str, parameters: dict[str, Any] | None = None) -> bytes:
+    """One pre-encoded v2 JSON request of one text row, binary output requested; ``parameters``:
+    the request's parameters (e.g. ``{"cache": False}``), none when not given."""
+    body: dict[str, Any] = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}],
+        "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
+    }
+    if parameters:
+        body["parameters"] = parameters
+    return json.dumps(body).encode()
+
+
 def request_bodies(seed: int, count: int = 512) -> list[bytes]:
-    """Pre-encoded v2 JSON requests, one random held-out sentence each, binary output requested."""
-    bodies = []
-    for sentence in request_sentences(seed, count):
-        body = {
-            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [sentence]}],
-            "outputs": [{"name": "embedding", "parameters": {"binary_data": True}}],
-        }
-        bodies.append(json.dumps(body).encode())
-    return bodies
+    """Pre-encoded v2 JSON requests (``request_body``), one random held-out sentence each."""
+    return [request_body(sentence) for sentence in request_sentences(seed, count)]
+
+
+def client_session() -> Any:
+    """The load's HTTP client: an ``aiohttp.ClientSession`` with keep-alive connections (up to 1024),
+    a 10 s timeout per request and JSON requests; use it as ``async with``."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=1024, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=10.0)
+    headers = {"Content-Type": "application/json"}
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
 
 
 async def run_rate(
@@ -602,12 +618,7 @@ async def load_phase(runtimes: dict[int, Any], base: Any, args: argparse.Namespa
     """Low-load runs, then the interleaved rising-rate sweep, then its refinement, for every
     configuration: batching off and ``max_batch`` with each of ``--delays``, on each runtime
     (one per intra-op thread count)."""
-    import aiohttp
-
-    connector = aiohttp.TCPConnector(limit=1024, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=10.0)
-    headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+    async with client_session() as session:
         load = _Load(runtimes, base, args, session, request_bodies(args.seed))
         await _client_floor(load)
         await _low_load(load)
