@@ -56,6 +56,12 @@ restarting half-way through compressed_day, with and without the arrival history
 and ``summary`` (the autoscaler's targets per trace: SLO attainment and replica-seconds against
 HPA-on-GPU and the oracle, with every miss stated). ``bench/results/autoscaler.md`` gets the same
 table as printed.
+
+A simulation: no figure depends on the machine's load or speed (wall time appears only in progress
+lines), so there is no load check; the run (this script's, and ``run_per_trace``'s for the adversary
+and the frontier) holds ``bench/quiet.py``'s bench lock *shared*, so it never runs under a benchmark
+that measures time (it keeps the cores busy for minutes), nor one of those under it. The JSON's
+``machine`` records the CPU and the load all the same.
 """
 
 from __future__ import annotations

@@ -39,6 +39,10 @@ and binary only: gRPC stays in the model process, so its figures would be the on
 ``cpu_us_per_request`` is then the CPU of every process of the pod (the model process and its front
 ends, ``psutil`` children) over the requests answered; ``frontend_cpu_us_per_request`` the front ends'
 share; ``main_thread_*`` stays the model process's event loop.
+
+Like every benchmark that measures, it runs under ``bench/quiet.py``: the machine-wide bench lock, and
+no measurement while the 1-minute load average is over 0.5 unless ``--noisy`` (the JSON then says
+``"noisy": true``); ``machine`` in the JSON records the CPU, the cores and the load before and after.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@
 An echo ``ModelEndpoint`` (``kubeinfer.runtime.ipc``) in one process, a ``ModelClient`` in this one,
 ``--calls`` infer messages of one BYTES row each with ``--concurrency`` in flight; reported: calls per
 second, the endpoint process's CPU per call (its share of the model process's event loop) and the
-client's (its share of a front end's), medians of ``--repeats`` runs. The machine is shared: the
-figures are an upper bound of the cost on a quiet one.
+client's (its share of a front end's), medians of ``--repeats`` runs.
+
+Like every benchmark that measures, it runs under ``bench/quiet.py``: the machine-wide bench lock, and
+no measurement while the 1-minute load average is over 0.5 unless ``--noisy`` (the JSON then says
+``"noisy": true``); ``machine`` in the JSON records the CPU, the cores and the load before and after.
 """
 
 from __future__ import annotations

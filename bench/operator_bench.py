@@ -17,6 +17,10 @@ of ``--kubeconfig``), and measures:
   divided by the number of InferenceService resyncs observed (the operator's reconcile counter).
 
 Targets on the dev machine: >= 20 InferenceServices/s, RSS < 250 MB, 0 writes per resync.
+
+Like every benchmark that measures, it runs under ``bench/quiet.py``: the machine-wide bench lock, and
+no measurement while the 1-minute load average is over 0.5 unless ``--noisy`` (the JSON then says
+``"noisy": true``); ``machine`` in the JSON records the CPU, the cores and the load before and after.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ in fp32 (``none``) and ``int8-dynamic``; low-load P99 ≤ s(1) + 5 ms. Every mod
 runs in turn (``by_quantization``); the top-level figures are int8-dynamic's. The script reports what
 it measures; it never asserts them. Run time per mode is bounded by ``--budget`` (default 300 s) plus
 ``--refine-budget`` plus the model loads.
+
+Like every benchmark that measures, it runs under ``bench/quiet.py``: the machine-wide bench lock, and
+no measurement while the 1-minute load average is over 0.5 unless ``--noisy`` (the JSON then says
+``"noisy": true``); ``machine`` in the JSON records the CPU, the cores and the load before and after.
 """
 
 from __future__ import annotations

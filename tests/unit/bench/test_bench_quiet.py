@@ -314,3 +314,10 @@ def test_each_benchmark_runs_under_quiet_run(name: str) -> None:
     assert calls, f"bench/{name}.py does not measure under quiet.quiet_run"
     simulation = any(kw.arg == "simulation" for call in calls for kw in call.keywords)
     assert simulation == (name in SIMULATIONS)
+
+
+def test_no_committed_result_is_noisy() -> None:
+    """A result taken with --noisy says so; none of those is a committed figure (bench/README.md)."""
+    results = {p.name: json.loads(p.read_text(encoding="utf-8")) for p in (BENCH / "results").glob("*.json")}
+    noisy = sorted(name for name, result in results.items() if result.get("noisy", False) is not False)
+    assert noisy == [], f"noisy results committed under bench/results/: {noisy}"
