@@ -17,7 +17,8 @@ side in this one run:
    request's scheduled arrival, P99 <= 100 ms with >= 99 % answered 200) at rising rates for two
    request streams, interleaved rate by rate so the machine's noise hits both alike: ``repeat_0``,
    every request a text never sent before, and ``repeat_50``, half of the requests (drawn at random)
-   one of a small set of texts (``--hot-texts``), the other half new. Texts are held-out sentences
+   one of a small set of texts (``--hot-texts``, each sent once before the sweep so that repeats
+   hit from the first point on), the other half new. Texts are held-out sentences
    with a unique number appended, in both streams alike, so the two differ only in their repeats.
    A stream leaves after two rates over the SLO; each one's highest passing rate is then refined by
    bisection (``--refine``), as in ``runtime_bench``. Per point, the hit rate the runtime counted
@@ -274,6 +275,13 @@ class _Sweep:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    async def prime(self) -> None:
+        """Send each hot text once, so the repeats hit from the first point on (a served model's
+        popular requests are in its cache already; the first sight of each is not what is measured)."""
+        for name, texts in self.hot.items():
+            for text in texts if self.shares[name] else []:
+                await _timed_post(self.session, self.url, rb.request_body(text))
+
     async def point(self, name: str, rate: float, seed: int, refinement: bool = False) -> dict[str, Any]:
         """One open-loop point of stream ``name`` at ``rate``, with its SLO verdict and the cache's
         counts over it (``refinement``: a point of the bisection, as ``rb.max_slo_rate`` reads it)."""
@@ -392,6 +400,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 f"{args.repeat_share:.0%} repeats vs none, cache on"
             )
             sweep = _Sweep(rt, session, args, texts)
+            await sweep.prime()
             exhausted = await sweep.sweep()
             await sweep.refine()
         final = cache_counts(rt.metrics_text(), args.model)
