@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, ModelFormat, Quantization
+from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, Engine, ModelFormat, Quantization
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
@@ -805,6 +805,12 @@ class RuntimeSpec(_Spec):
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, max_length=512)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
     device: Device = Field(default="auto", description="auto | cpu | cuda")
+    engine: Engine | None = Field(
+        default=None,
+        description="torch | onnxruntime. Unset: torch for huggingface and torchscript, onnxruntime for "
+        "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached in /tmp) and checked "
+        "against the torch model; onnxruntime runs on the CPU and without quantization in this release.",
+    )
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     args: list[str] = Field(default_factory=list, max_length=64, description="Extra runtime CLI arguments.")
 
@@ -833,6 +839,21 @@ class InferenceServiceSpec(_Spec):
                     "self.runtime.device != 'cuda' || self.resources.gpus > 0",
                     "spec.runtime.device cuda requires spec.resources.gpus > 0",
                     ".runtime.device",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.runtime.engine) || (self.runtime.engine == 'onnxruntime' ? "
+                    "self.model.format != 'torchscript' : self.model.format != 'onnx')",
+                    "spec.runtime.engine: torchscript models run on torch, onnx models on onnxruntime",
+                    ".runtime.engine",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.runtime.engine) || self.runtime.engine != 'onnxruntime' || "
+                    "(self.quantization.mode == 'none' && self.resources.gpus == 0)",
+                    "spec.runtime.engine onnxruntime runs on the CPU without quantization in this release "
+                    "(spec.resources.gpus 0, spec.quantization.mode none)",
+                    ".runtime.engine",
                     "FieldValueInvalid",
                 ),
                 _cel(
@@ -882,6 +903,16 @@ class InferenceServiceSpec(_Spec):
             )
         if self.runtime.device == "cuda" and gpus == 0:
             raise ValueError("spec.runtime.device cuda requires spec.resources.gpus > 0")
+        engine, fmt = self.runtime.engine, self.model.format
+        if (engine, fmt) in (("onnxruntime", "torchscript"), ("torch", "onnx")):
+            raise ValueError(
+                "spec.runtime.engine: torchscript models run on torch, onnx models on onnxruntime"
+            )
+        if engine == "onnxruntime" and (self.quantization.mode != "none" or gpus > 0):
+            raise ValueError(
+                "spec.runtime.engine onnxruntime runs on the CPU without quantization in this release "
+                "(spec.resources.gpus 0, spec.quantization.mode none)"
+            )
         if self.model.format == "onnx" and self.quantization.mode != "none":
             raise ValueError(
                 "spec.quantization.mode: ONNX models are served as exported (quantize before export); "

@@ -24,6 +24,7 @@ Datatype = Literal[
     "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"
 ]
 Device = Literal["auto", "cpu", "cuda"]
+Engine = Literal["torch", "onnxruntime"]
 
 #: The runtime container's configuration, as the operator mounts it: the directory of the
 #: InferenceService's ConfigMap (a directory mount, so updates propagate), the file (and ConfigMap
@@ -68,11 +69,20 @@ class ModelConfig(_Strict):
         description="TorchScript: required. ONNX: optional, refines what the model declares.",
     )
     max_sequence_length: int = Field(default=256, ge=8, le=8192, description="Text models: tokens.")
+    engine: Engine | None = Field(
+        default=None,
+        description="torch | onnxruntime; unset: torch for huggingface and torchscript, onnxruntime for "
+        "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached).",
+    )
 
     @model_validator(mode="after")
     def _torchscript_declares_io(self) -> ModelConfig:
         if self.format == "torchscript" and (not self.inputs or not self.outputs):
             raise ValueError("model.inputs and model.outputs are required when model.format is torchscript")
+        if self.format == "torchscript" and self.engine == "onnxruntime":
+            raise ValueError("model.engine onnxruntime does not run torchscript models; use torch")
+        if self.format == "onnx" and self.engine == "torch":
+            raise ValueError("model.engine torch does not run onnx models; use onnxruntime")
         return self
 
 
@@ -219,6 +229,8 @@ class RuntimeConfig(_Strict):
             del data["server"]["bearer_token_env"]
         if not self.cache.enabled:  # optional: no cache, the file reads as before
             del data["cache"]
+        if self.model.engine is None:  # optional: the format's default engine, the file reads as before
+            del data["model"]["engine"]
         return yaml.safe_dump(data, sort_keys=True)
 
     @classmethod

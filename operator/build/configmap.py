@@ -69,6 +69,8 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         ),
         device=spec.runtime.device,
     )
+    if spec.runtime.engine is not None:  # unset: the format's default, runtime.yaml reads as before
+        cfg.model = cfg.model.model_copy(update={"engine": spec.runtime.engine})
     if spec.cache.enabled:  # left off, runtime.yaml reads as it did before the cache existed
         cfg.cache = CacheConfig(enabled=True, max_bytes=int(api.cpu_cores(spec.cache.max_bytes)))
     if spec.server.auth is not None:

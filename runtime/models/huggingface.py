@@ -164,6 +164,10 @@ class TextEmbeddingModel(ServableModel):
         self.inputs = [TensorConfig(name=input_name, datatype="BYTES", shape=[-1])]
         self.outputs = [TensorConfig(name=output_name, datatype="FP32", shape=[-1, dim])]
         self._forward_args = _forward_arg_names(module)
+        #: The engine: ``torch`` (``module``), or ``onnxruntime`` (``session``, its exported graph:
+        #: ``hf_onnx.use_onnxruntime``).
+        self.engine = "torch"
+        self.session: Any = None
         self._tokenizer_lock = threading.Lock()
         self._batch_encoder = _fast_batch_encoder(tokenizer, self.max_sequence_length)
         self._special_tokens = int(tokenizer.num_special_tokens_to_add(pair=False))
@@ -240,6 +244,9 @@ class TextEmbeddingModel(ServableModel):
         return {self.output_name: embedding.numpy(), TOKEN_COUNTS: tokens}
 
     def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
+        if self.session is not None:  # the ONNX Runtime engine: the same pooling, in the exported graph
+            feeds = {k: v.numpy() for k, v in prepared.tensors.items()}
+            return torch.from_numpy(self.session.run(["embedding"], feeds)[0])
         inputs = {k: to_device(v, self.torch_device) for k, v in prepared.tensors.items()}
         hidden = self.module(**inputs).last_hidden_state.float()  # pool in fp32 (fp16/bf16 models too)
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -368,6 +375,38 @@ def _model_dir(source: str) -> Path:
     return path
 
 
+def _quantized(model: TextEmbeddingModel, qcfg: QuantizationConfig, device: torch.device) -> nn.Module:
+    """``model.module`` quantized as ``qcfg`` says (int8-static calibrated on its calibration file)."""
+    calibrate = None
+    if qcfg.mode == "int8-static":
+        assert qcfg.calibration_path is not None  # enforced by QuantizationConfig
+        samples = read_calibration(qcfg.calibration_path)
+
+        def calibrate(prepared_module: nn.Module) -> None:
+            runner = copy.copy(model)
+            runner.module = prepared_module
+            runner.embed_texts(samples, batch_size=32)
+
+    with torch.inference_mode():
+        quantized: nn.Module = quantize_module(
+            model.module, qcfg.mode, device=device, skip_modules=qcfg.skip_modules, calibrate=calibrate
+        )
+    return quantized
+
+
+def _check_onnxruntime(mode: str, device: torch.device) -> None:
+    """Raises ``QuantizationError`` / ``ValueError`` for what the ONNX Runtime engine does not serve
+    yet: a quantization mode other than ``none``, a device other than the CPU."""
+    if mode != "none":
+        raise QuantizationError(
+            f"quantization '{mode}' is not supported on engine onnxruntime yet; use 'none' (or engine torch)"
+        )
+    if device.type != "cpu":
+        raise ValueError(
+            "engine onnxruntime serves Hugging Face models on the CPU only for now; use engine torch"
+        )
+
+
 def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     """Load a Hugging Face encoder as a ``TextEmbeddingModel``, quantize it, compare it with fp32.
 
@@ -407,26 +446,19 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     compare_seconds = 0.0
     reference: np.ndarray | None = None
     sentences = heldout_sentences()
-    if qcfg.mode != "none":
+    engine = cfg.model.engine or "torch"
+    if engine == "onnxruntime":
+        _check_onnxruntime(qcfg.mode, device)
+    if qcfg.mode != "none" or engine == "onnxruntime":  # compared with the torch fp32 model
         t0 = time.perf_counter()
         reference = model.embed_texts(sentences)
         compare_seconds += time.perf_counter() - t0
 
-    calibrate = None
-    if qcfg.mode == "int8-static":
-        assert qcfg.calibration_path is not None  # enforced by QuantizationConfig
-        samples = read_calibration(qcfg.calibration_path)
+    model.module = _quantized(model, qcfg, device)
+    if engine == "onnxruntime":
+        from kubeinfer.runtime.models.hf_onnx import use_onnxruntime
 
-        def calibrate(prepared_module: nn.Module) -> None:
-            runner = copy.copy(model)
-            runner.module = prepared_module
-            runner.embed_texts(samples, batch_size=32)
-
-    with torch.inference_mode():
-        module = quantize_module(
-            module, qcfg.mode, device=device, skip_modules=qcfg.skip_modules, calibrate=calibrate
-        )
-    model.module = module
+        use_onnxruntime(model, path)
 
     if reference is not None:
         t0 = time.perf_counter()
@@ -436,6 +468,10 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         compare_seconds += time.perf_counter() - t0
     else:
         cosine, agreement, agreement_all = 1.0, 1.0, 1.0
+    if engine == "onnxruntime":
+        from kubeinfer.runtime.models.hf_onnx import check_export
+
+        check_export(path, cosine)
     report[REPORT_COSINE_MEAN] = cosine
     report[REPORT_RETRIEVAL_AGREEMENT] = agreement
     report[REPORT_RETRIEVAL_AGREEMENT_ALL] = agreement_all
@@ -443,10 +479,10 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     report[REPORT_LOAD_SECONDS] = time.perf_counter() - started
     model._report.update(report)
     log.info(
-        "loaded %s from %s on %s (%d threads), quantization %s%s: mean cosine to fp32 %.4f, "
+        "loaded %s from %s on %s (%d threads, engine %s), quantization %s%s: mean cosine to fp32 %.4f, "
         "retrieval agreement %.4f (all-sentence queries %.4f) on %d held-out sentences "
         "(comparison %.2f s), load %.2f s",
-        cfg.model.name, path, device, threads, qcfg.mode,
+        cfg.model.name, path, device, threads, engine, qcfg.mode,
         f" (skip {qcfg.skip_modules})" if qcfg.skip_modules else "",
         cosine, agreement, agreement_all, len(sentences), compare_seconds, report[REPORT_LOAD_SECONDS],
     )  # fmt: skip

@@ -25,6 +25,8 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_IO = {"name": "x", "datatype": "FP32", "shape": [-1, 2]}
+
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
         "min>max",
@@ -56,6 +58,24 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("onnx-default-uri", {"model": {"format": "onnx"}}, "spec.model.uri"),
     ("cache-too-small", {"cache": {"enabled": True, "maxBytes": "512"}}, "spec.cache.maxBytes"),
+    (
+        "onnxruntime-torchscript",
+        {
+            "model": {"uri": "/m.pt", "format": "torchscript", "inputs": [_IO], "outputs": [_IO]},
+            "runtime": {"engine": "onnxruntime"},
+        },
+        "spec.runtime.engine",
+    ),
+    (
+        "torch-onnx",
+        {"model": {"uri": "/m.onnx", "format": "onnx"}, "runtime": {"engine": "torch"}},
+        "spec.runtime.engine",
+    ),
+    (
+        "onnxruntime-int8",
+        {"quantization": {"mode": "int8-dynamic"}, "runtime": {"engine": "onnxruntime"}},
+        "spec.runtime.engine",
+    ),
     ("bad-uri", {"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
     ("bad-pvc-uri", {"model": {"uri": "pvc://Bad_Claim/x"}}, "spec.model.uri"),
     ("bad-duration", {"batching": {"maxQueueDelay": "5 ms"}}, "spec.batching.maxQueueDelay"),

@@ -1,0 +1,55 @@
+"""spec.runtime.engine: rendered into runtime.yaml's model.engine only when set; the combinations the
+runtime cannot serve are refused naming the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+from kubeinfer.operator import api
+from kubeinfer.operator.build import build_configmap
+from kubeinfer.runtime.config import RuntimeConfig
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "minilm.yaml"
+
+
+def _isvc(spec: dict[str, Any]) -> api.InferenceService:
+    body = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    body["metadata"].update(namespace="ns1", uid="00000000-0000-0000-0000-000000000001")
+    body["spec"].update(spec)
+    return api.InferenceService.from_body(body)
+
+
+def _runtime(isvc: api.InferenceService) -> RuntimeConfig:
+    text = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
+    return RuntimeConfig.from_yaml(text)
+
+
+def test_the_engine_is_rendered_only_when_set() -> None:
+    base = {"quantization": {"mode": "none"}}
+    assert (
+        "engine" not in yaml.safe_load(build_configmap(_isvc(base), 0.005)["data"]["runtime.yaml"])["model"]
+    )
+    on = _isvc({**base, "runtime": {"device": "cpu", "engine": "onnxruntime"}})
+    assert _runtime(on).model.engine == "onnxruntime"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"quantization": {"mode": "int8-dynamic"}, "runtime": {"engine": "onnxruntime"}},
+        {"quantization": {"mode": "none"}, "resources": {"gpus": 1}, "runtime": {"engine": "onnxruntime"}},
+        {
+            "model": {"uri": "/m.onnx", "format": "onnx"},
+            "quantization": {"mode": "none"},
+            "runtime": {"engine": "torch"},
+        },
+    ],
+)
+def test_what_the_engine_cannot_serve_is_refused_naming_the_field(spec: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"spec\.runtime\.engine"):
+        _isvc(spec)
