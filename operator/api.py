@@ -809,7 +809,8 @@ class RuntimeSpec(_Spec):
         default=None,
         description="torch | onnxruntime. Unset: torch for huggingface and torchscript, onnxruntime for "
         "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached in /tmp) and checked "
-        "against the torch model; onnxruntime runs on the CPU and without quantization in this release.",
+        "against the torch model; onnxruntime runs on the CPU, with quantization none or int8-dynamic "
+        "(ONNX Runtime's, per channel), in this release.",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     args: list[str] = Field(default_factory=list, max_length=64, description="Extra runtime CLI arguments.")
@@ -850,9 +851,10 @@ class InferenceServiceSpec(_Spec):
                 ),
                 _cel(
                     "!has(self.runtime.engine) || self.runtime.engine != 'onnxruntime' || "
-                    "(self.quantization.mode == 'none' && self.resources.gpus == 0)",
-                    "spec.runtime.engine onnxruntime runs on the CPU without quantization in this release "
-                    "(spec.resources.gpus 0, spec.quantization.mode none)",
+                    "((self.quantization.mode == 'none' || self.quantization.mode == 'int8-dynamic') && "
+                    "self.resources.gpus == 0)",
+                    "spec.runtime.engine onnxruntime runs on the CPU, with quantization none or "
+                    "int8-dynamic, in this release (spec.resources.gpus 0)",
                     ".runtime.engine",
                     "FieldValueInvalid",
                 ),
@@ -908,10 +910,10 @@ class InferenceServiceSpec(_Spec):
             raise ValueError(
                 "spec.runtime.engine: torchscript models run on torch, onnx models on onnxruntime"
             )
-        if engine == "onnxruntime" and (self.quantization.mode != "none" or gpus > 0):
+        if engine == "onnxruntime" and (self.quantization.mode not in ("none", "int8-dynamic") or gpus > 0):
             raise ValueError(
-                "spec.runtime.engine onnxruntime runs on the CPU without quantization in this release "
-                "(spec.resources.gpus 0, spec.quantization.mode none)"
+                "spec.runtime.engine onnxruntime runs on the CPU, with quantization none or int8-dynamic, "
+                "in this release (spec.resources.gpus 0)"
             )
         if self.model.format == "onnx" and self.quantization.mode != "none":
             raise ValueError(

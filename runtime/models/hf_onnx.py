@@ -15,8 +15,17 @@ again. The file is written under a temporary name and renamed, so a crash mid-ex
 half-written behind.
 
 At load, the exported graph is checked against the torch model on the held-out sentences (mean cosine
-and nearest-neighbour agreement, reported as the quantization figures are): an export that does not
-reproduce the model is refused. Quantization: ``none`` only on this engine for now.
+and nearest-neighbour agreement, reported as the quantization figures are): an fp32 export that does
+not reproduce the model is refused.
+
+Quantization on this engine: ``none``, or ``int8-dynamic``: ONNX Runtime's dynamic quantization of the
+graph's MatMuls (``onnxruntime.quantization.quantize_dynamic``) with int8 weights quantized per output
+channel and in 7 bits (``per_channel=True, reduce_range=True``: without VNNI, x86 int8 kernels
+saturate on full-range weights). Activations are quantized per batch at run time. Measured on the
+bundled MiniLM, 349 held-out sentences (``heldout_pairs.json``), against the fp32 export: mean cosine
+0.9923, paraphrase-query retrieval agreement 1.0000 (0.9398 with every sentence as a query); full
+range per tensor (the naive recipe) gives 0.9669, 7 bits per tensor 0.8907, per channel full range
+0.9933. The quantized graph is cached beside the export.
 """
 
 from __future__ import annotations
@@ -41,8 +50,10 @@ EXPORT_VERSION = "embed-mean-l2-opset17-v1"
 #: The exported graph's inputs, in the encoder's order, and its output.
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT = "embedding"
-#: Mean cosine to the torch model on the held-out sentences below which an export is refused.
+#: Mean cosine to the torch model on the held-out sentences below which an fp32 export is refused.
 MIN_EXPORT_COSINE = 0.9999
+#: The int8-dynamic recipe (see the module docstring), part of the quantized file's name.
+INT8_RECIPE = "int8dyn-matmul-perchannel-7bit"
 
 
 class _Embedder(nn.Module):
@@ -126,12 +137,37 @@ def onnx_session(model: Any, model_dir: Path) -> tuple[ort.InferenceSession, Pat
     )
 
 
-def use_onnxruntime(model: Any, model_dir: Path) -> None:
-    """Switch ``model`` (a ``TextEmbeddingModel`` on the CPU) to the ONNX Runtime engine: its
-    exported graph, exported now unless the cache has it. The caller checks the switched model against
-    the torch one (``MIN_EXPORT_COSINE``)."""
+def quantize_int8_dynamic(path: Path) -> Path:
+    """The int8-dynamic graph of the fp32 graph at ``path`` (``INT8_RECIPE``), made now unless it is
+    there already; written under a temporary name and renamed."""
+    target = path.with_name(f"{path.stem}-{INT8_RECIPE}.onnx")
+    if not target.is_file():
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        quantize_dynamic(
+            str(path),
+            str(partial),
+            op_types_to_quantize=["MatMul"],
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=True,
+        )
+        os.replace(partial, target)
+    return target
+
+
+def use_onnxruntime(model: Any, model_dir: Path, quantization: str = "none") -> None:
+    """Switch ``model`` (a ``TextEmbeddingModel`` on the CPU, fp32) to the ONNX Runtime engine: its
+    exported graph (exported now unless the cache has it), int8-dynamic with ``quantization``
+    ``int8-dynamic``. The caller compares the switched model with the torch one."""
     t0 = time.perf_counter()
     session, path, exported = onnx_session(model, model_dir)
+    if quantization == "int8-dynamic":
+        path = quantize_int8_dynamic(path)
+        session = ort.InferenceSession(
+            str(path), sess_options=session_options(), providers=["CPUExecutionProvider"]
+        )
     model.session = session
     model.platform = PLATFORM
     model.engine = "onnxruntime"

@@ -396,10 +396,11 @@ def _quantized(model: TextEmbeddingModel, qcfg: QuantizationConfig, device: torc
 
 def _check_onnxruntime(mode: str, device: torch.device) -> None:
     """Raises ``QuantizationError`` / ``ValueError`` for what the ONNX Runtime engine does not serve
-    yet: a quantization mode other than ``none``, a device other than the CPU."""
-    if mode != "none":
+    yet: a quantization mode other than ``none`` and ``int8-dynamic``, a device other than the CPU."""
+    if mode not in ("none", "int8-dynamic"):
         raise QuantizationError(
-            f"quantization '{mode}' is not supported on engine onnxruntime yet; use 'none' (or engine torch)"
+            f"quantization '{mode}' is not supported on engine onnxruntime yet; use 'none' or 'int8-dynamic' "
+            "(or engine torch)"
         )
     if device.type != "cpu":
         raise ValueError(
@@ -454,11 +455,12 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         reference = model.embed_texts(sentences)
         compare_seconds += time.perf_counter() - t0
 
-    model.module = _quantized(model, qcfg, device)
-    if engine == "onnxruntime":
+    if engine == "onnxruntime":  # the fp32 module is exported; the engine quantizes its graph
         from kubeinfer.runtime.models.hf_onnx import use_onnxruntime
 
-        use_onnxruntime(model, path)
+        use_onnxruntime(model, path, qcfg.mode)
+    else:
+        model.module = _quantized(model, qcfg, device)
 
     if reference is not None:
         t0 = time.perf_counter()
@@ -468,7 +470,7 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         compare_seconds += time.perf_counter() - t0
     else:
         cosine, agreement, agreement_all = 1.0, 1.0, 1.0
-    if engine == "onnxruntime":
+    if engine == "onnxruntime" and qcfg.mode == "none":
         from kubeinfer.runtime.models.hf_onnx import check_export
 
         check_export(path, cosine)

@@ -72,8 +72,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.runtime.engine",
     ),
     (
-        "onnxruntime-int8",
-        {"quantization": {"mode": "int8-dynamic"}, "runtime": {"engine": "onnxruntime"}},
+        "onnxruntime-bf16",
+        {"quantization": {"mode": "bf16"}, "runtime": {"device": "cpu", "engine": "onnxruntime"}},
         "spec.runtime.engine",
     ),
     ("bad-uri", {"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),

@@ -41,7 +41,7 @@ def test_the_engine_is_rendered_only_when_set() -> None:
 @pytest.mark.parametrize(
     "spec",
     [
-        {"quantization": {"mode": "int8-dynamic"}, "runtime": {"engine": "onnxruntime"}},
+        {"quantization": {"mode": "bf16"}, "runtime": {"device": "cpu", "engine": "onnxruntime"}},
         {"quantization": {"mode": "none"}, "resources": {"gpus": 1}, "runtime": {"engine": "onnxruntime"}},
         {
             "model": {"uri": "/m.onnx", "format": "onnx"},
