@@ -218,20 +218,25 @@ class RuntimeConfig(_Strict):
     device: Device = "auto"
     executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
 
-    def to_yaml(self) -> str:
-        """Render as the YAML text the runtime reads (keys sorted, stable for golden files)."""
+    def file_data(self) -> dict[str, Any]:
+        """What ``runtime.yaml`` holds: every field, but the optional ones at their default left out,
+        so the file (and the operator's hash of it) reads as before those fields existed."""
         data: dict[str, Any] = self.model_dump(mode="json")
-        if not self.batching.priority_queue_sizes:  # optional: unset, the file reads as before it existed
+        if not self.batching.priority_queue_sizes:
             del data["batching"]["priority_queue_sizes"]
-        if self.server.http_workers == 1:  # optional too: one process, the file reads as before
+        if self.server.http_workers == 1:  # one process
             del data["server"]["http_workers"]
-        if self.server.bearer_token_env is None:  # optional: no authentication, the file reads as before
+        if self.server.bearer_token_env is None:  # no authentication
             del data["server"]["bearer_token_env"]
-        if not self.cache.enabled:  # optional: no cache, the file reads as before
+        if not self.cache.enabled:  # no response cache
             del data["cache"]
-        if self.model.engine is None:  # optional: the format's default engine, the file reads as before
+        if self.model.engine is None:  # the format's default engine
             del data["model"]["engine"]
-        return yaml.safe_dump(data, sort_keys=True)
+        return data
+
+    def to_yaml(self) -> str:
+        """Render as the YAML text the runtime reads (``file_data``; keys sorted, stable for golden files)."""
+        return yaml.safe_dump(self.file_data(), sort_keys=True)
 
     @classmethod
     def from_yaml(cls, text: str) -> RuntimeConfig:

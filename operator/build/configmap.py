@@ -85,12 +85,10 @@ def config_hash(isvc: api.InferenceService) -> str:
     It goes into a pod-template annotation: a model / quantization / warmup / device change rolls
     the pods, a batching change (hot-reloaded by the runtime) does not.
     """
-    data: dict[str, Any] = runtime_config(isvc, 0.0).model_dump(mode="json")
+    # the file's data: a field left at its default is not in it, so a pod from before that field
+    # existed keeps its hash and an operator upgrade rolls no pod
+    data: dict[str, Any] = runtime_config(isvc, 0.0).file_data()
     data.pop("batching", None)
-    if data["server"]["http_workers"] == 1:  # one process: the hash of a pod from before the field
-        del data["server"]["http_workers"]
-    if data["server"].get("bearer_token_env") is None:  # no authentication: as before the field
-        data["server"].pop("bearer_token_env", None)
     digest: str = stable_hash(data)
     return digest
 
