@@ -36,10 +36,42 @@ interleaved rounds: the thread counts side by side in one run (``by_threads``; t
 runtime's default count's).
 
 Targets (2-core CPU): batched max SLO rate ≥ 3× batching off and ≥ 85 % of X(B),
-in fp32 (``none``) and ``int8-dynamic``; low-load P99 ≤ s(1) + 5 ms. Every mode in ``--quantization``
-runs in turn (``by_quantization``); the top-level figures are int8-dynamic's. The script reports what
-it measures; it never asserts them. Run time per mode is bounded by ``--budget`` (default 300 s) plus
-``--refine-budget`` plus the model loads.
+in fp32 (``none``) and ``int8-dynamic``; low-load P99 ≤ s(1) + 5 ms. The script reports what it
+measures; it never asserts them.
+
+**Configurations: engine × quantization mode.** ``--engines torch,onnxruntime`` (``model.engine``) and
+``--quantization none,int8-dynamic`` (the defaults) make four: torch fp32, torch int8-dynamic,
+onnxruntime fp32 (``runtime/models/hf_onnx.py``: the encoder and its pooling exported to ONNX at load,
+cached) and onnxruntime int8-dynamic, run in turn through phases 1 and 2 in one process, with the same
+model, thread count(s), sentences and seeds (the engine is one more axis of the modes' kind: it picks
+what is loaded; the thread counts and batching configurations within each are interleaved as above).
+Phase 1 also measures s(b) at each ``--batches`` size above B (default 1, 8, 32, 64; of those, 64),
+outside the fit. JSON: the top level is torch int8-dynamic's (the demo's; ``bench/autoscaler_sim.py``
+reads its a, c and B), ``by_quantization`` torch's configurations by mode (as before the engine
+axis), ``by_engine`` the other engines' (``{engine: {mode: ...}}``, same layout), and ``engines`` the
+comparison:
+``{reference: "torch/none", threads, batch_sizes, slo_p99_seconds, variants: {"engine/mode": {engine,
+quantization, threads, cosine_mean, retrieval_agreement, retrieval_agreement_all (the load's report()
+against torch fp32: quantization_cosine_mean_ratio, ..._retrieval_agreement_ratio, ..._all_ratio; 1 for
+torch fp32 itself), service_seconds and rows_per_second (b / s(b), in process, the runtime's default
+thread count) by batch size, a_seconds, c_seconds, limit_rps, max_slo_rps (best batched configuration)
+and max_slo_rps_unbatched (served, P99 ≤ 100 ms), best_batched_config, budget_exhausted, details (where
+its full result is), ratio_to_reference: {rows_per_second by batch size, max_slo_rps,
+max_slo_rps_unbatched, limit_rps} divided by torch fp32's of this run}}}``; the same as a table at the end.
+
+**Run time.** Each configuration's load phase is bounded by ``--budget`` (low load and sweep, default
+300 s) plus ``--refine-budget`` (60 s), plus its loads. The smoke run (``--noisy --repeats 1
+--low-seconds 1 --step-seconds 1 --budget 5 --refine 1 --refine-budget 2 --delays 0.002 --start-rate
+20``, machine busy) took 163 s for the four configurations: 31 to 47 s each for the in-process load,
+warmup, s(b) and the per-sentence s(1), the runtime's start (12 to 17 s) and two low-load runs. At the
+defaults a sweep ends at each batching configuration's second rate over the SLO, well inside the budget
+(each ×1.4 step costs the four batching configurations about 16 to 25 s): about 14 (torch fp32) to 30
+(onnxruntime int8-dynamic) points, which with the low load (4 × ~12 s), 7 repeats of s(b) (5 to 20 s),
+the per-sentence s(1) (10 to 25 s) and the refinement (~30 s) makes 3 to 5 minutes a configuration: about 15
+to 20 minutes for the four, plus up to ``--settle-seconds`` waiting for a quiet machine; at most about 28
+if every sweep ran to its budget. That fits the ~25 minutes the comparison is sized for, so the budgets
+stayed as they were (300 s and 60 s a configuration); ``--engines torch`` is the run before the engine
+axis (two configurations).
 
 Like every benchmark that measures, it runs under ``bench/quiet.py``: the machine-wide bench lock, and
 no measurement while the 1-minute load average is over 0.5 unless ``--noisy`` (the JSON then says
@@ -76,6 +108,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SLO_P99_SECONDS = 0.100
 MODEL = "minilm"
+#: Default seconds of each configuration's (engine, mode) load phase and of its refinement: see the
+#: module docstring for the run time they make with the four default configurations.
+BUDGET_SECONDS = 300.0
+REFINE_BUDGET_SECONDS = 60.0
 
 
 def progress(message: str) -> None:
@@ -96,6 +132,36 @@ def _timed_batch(model: Any, data: np.ndarray, threads: int) -> float:
     return time.perf_counter() - t0
 
 
+def load_in_process(engine: str, quantization: str, threads: int) -> Any:
+    """The model as a runtime with ``threads`` intra-op threads loads it (``load_model``, not warmed up;
+    its ``report()`` has the quality figures against torch fp32 of every non-default engine or mode).
+
+    ``KUBEINFER_TORCH_THREADS`` is ``threads`` while it loads: that sizes an ONNX Runtime session for
+    good (torch's count is set again before every timed batch, ``_timed_batch``)."""
+    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.runtime.models import load_model
+    from kubeinfer.runtime.models.device import THREADS_ENV
+
+    cfg = RuntimeConfig.model_validate(
+        {"model": {"engine": engine}, "quantization": {"mode": quantization}, "device": "cpu"}
+    )
+    saved = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(threads)
+    try:
+        return load_model(cfg)
+    finally:
+        if saved is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = saved
+
+
+def service_batch_sizes(max_batch: int, batches: list[int]) -> list[int]:
+    """The batch sizes s(b) is measured at: 1..``max_batch`` (the fit), and those of ``batches``
+    above it (rows/s in the engine table only)."""
+    return sorted(set(range(1, max_batch + 1)) | set(batches))
+
+
 def measure_service_time(
     quantization: str,
     max_batch: int,
@@ -104,10 +170,14 @@ def measure_service_time(
     threads: list[int],
     low_sentences: list[str],
     gap: float,
-) -> tuple[dict[int, list[dict[str, float]]], dict[Any, list[float]], str]:
-    """s(b) for b = 1..max_batch and each intra-op thread count in ``threads``: median seconds of
-    preprocess+execute on b random held-out sentences, the thread counts interleaved round by round
-    (``torch.set_num_threads`` before each batch) so the shared machine's noise hits them alike.
+    engine: str = "torch",
+    batches: list[int] | None = None,
+) -> tuple[dict[int, list[dict[str, float]]], dict[Any, list[float]], str, dict[str, float]]:
+    """s(b) for b = 1..max_batch (and each b of ``batches`` above it) and each intra-op thread count
+    in ``threads``: median seconds of preprocess+execute on b random held-out sentences, the thread
+    counts interleaved round by round (``torch.set_num_threads`` before each batch; on ``engine``
+    onnxruntime one model per count, its session sized at load) so the shared machine's noise hits
+    them alike.
 
     Also, with ``threads[0]``, s(1) of each sentence of ``low_sentences`` (the low-load run's requests,
     in order; median of 3), so the low-load latencies can be compared request by request with the
@@ -117,39 +187,46 @@ def measure_service_time(
     run's mean gap): key ``"spaced"``.
 
     Returns ``({threads: rows {"batch_size", "service_seconds"}}, {threads[0] or "spaced": [s(1) of
-    each low-load sentence, seconds]}, device)``.
+    each low-load sentence, seconds]}, device, the model's report())``.
     """
-    from kubeinfer.runtime.config import RuntimeConfig
-    from kubeinfer.runtime.models import load_model
     from kubeinfer.runtime.models.huggingface import heldout_sentences
 
-    cfg = RuntimeConfig.model_validate({"quantization": {"mode": quantization}, "device": "cpu"})
-    model = load_model(cfg)
-    progress(f"in-process model loaded ({quantization}): {model.report()}")
-    model.warmup(max_batch, 1)
+    sizes = service_batch_sizes(max_batch, batches or [])
+    # torch's thread count is set per batch; an ONNX Runtime session's is fixed when it is made
+    loaded = {
+        t: load_in_process(engine, quantization, t)
+        for t in (threads if engine == "onnxruntime" else threads[:1])
+    }
+    models = {t: loaded.get(t, loaded[threads[0]]) for t in threads}
     sentences = [s.encode() for s in heldout_sentences()]
+    for t, model in loaded.items():
+        model.warmup(max_batch, 1)
+        for b in (b for b in sizes if b > max_batch):  # one untimed batch of each size above B
+            data = np.empty(b, dtype=object)
+            data[:] = [sentences[i % len(sentences)] for i in range(b)]
+            _timed_batch(model, data, t)
+    model = models[threads[0]]
+    report = model.report()
+    progress(f"in-process model loaded ({engine}, {quantization}): {report}")
     rng = np.random.default_rng(seed)
-    times: dict[int, dict[int, list[float]]] = {t: {b: [] for b in range(1, max_batch + 1)} for t in threads}
+    times: dict[int, dict[int, list[float]]] = {t: {b: [] for b in sizes} for t in threads}
 
     # Rounds over all b in a shuffled order: noise from the shared machine spreads over every b
     # instead of distorting whichever b ran during a busy moment.
     for _ in range(repeats):
-        for b in rng.permutation(np.arange(1, max_batch + 1)).tolist():
+        for b in rng.permutation(np.array(sizes)).tolist():
             pick = rng.choice(len(sentences), size=b, replace=True)
             data = np.empty(b, dtype=object)
             data[:] = [sentences[i] for i in pick]
             for t in threads:
-                times[t][b].append(_timed_batch(model, data, t))
+                times[t][b].append(_timed_batch(models[t], data, t))
     rows: dict[int, list[dict[str, float]]] = {}
     for t in threads:
-        rows[t] = [
-            {"batch_size": b, "service_seconds": statistics.median(times[t][b])}
-            for b in range(1, max_batch + 1)
-        ]
+        rows[t] = [{"batch_size": b, "service_seconds": statistics.median(times[t][b])} for b in sizes]
         shown = ", ".join(
             f"s({r['batch_size']}) {r['service_seconds'] * 1000:.2f}"
             for r in rows[t]
-            if r["batch_size"] in (1, 2, 4, 8, 16, 32) or r["batch_size"] == max_batch
+            if r["batch_size"] in (1, 2, 4, 8, 16, 32) or r["batch_size"] >= max_batch
         )
         progress(f"  {t} thread(s): {shown} ms")
     per_sentence: list[list[float]] = [[] for _ in low_sentences]
@@ -170,8 +247,10 @@ def measure_service_time(
     s1_by_request["spaced"] = spaced
     device = model.device
     del model
+    models.clear()
+    loaded.clear()
     gc.collect()
-    return rows, s1_by_request, device
+    return rows, s1_by_request, device, report
 
 
 def fit_service_time(rows: list[dict[str, float]]) -> tuple[float, float]:
@@ -639,14 +718,38 @@ def max_slo_rate(points: list[dict[str, Any]]) -> float:
     return max((p["offered_rps"] for p in points if p["meets_slo"] and p["offered_rps"] < cap), default=0.0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+#: The engines ``--engines`` takes (``model.engine``), and the quantization modes each one serves.
+ENGINES = ("torch", "onnxruntime")
+ENGINE_MODES = {"onnxruntime": ("none", "int8-dynamic")}
+#: The variant every other one's figures are divided by in ``engines`` (torch fp32).
+REFERENCE = ("torch", "none")
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument(
         "--quantization",
         default="none,int8-dynamic",
         help="model quantization modes, run one after the other (fp32 'none' and the demo's int8-dynamic)",
     )
+    parser.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="model engines (model.engine), each with every mode of --quantization, one configuration "
+        f"after the other as the modes are (onnxruntime: {', '.join(ENGINE_MODES['onnxruntime'])} only); "
+        "the engines section compares them with torch fp32",
+    )
     parser.add_argument("--max-batch", type=int, default=32, help="B: max batch size (rows)")
+    parser.add_argument(
+        "--batches",
+        default="1,8,32,64",
+        help="batch sizes of the in-process rows/s in the engine table (sizes over --max-batch are "
+        "measured beside s(1..B), outside the fit)",
+    )
     parser.add_argument(
         "--delays", default="0,0.002,0.005", help="max_queue_delay values (s) of the batched runs"
     )
@@ -656,11 +759,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=3.0, help="seconds of load per rate")
     parser.add_argument("--low-rate", type=float, default=10.0, help="low-load rate (requests/s)")
     parser.add_argument("--low-seconds", type=float, default=10.0, help="low-load duration (s)")
-    parser.add_argument("--budget", type=float, default=300.0, help="seconds for the load phase")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET_SECONDS,
+        help="seconds for the load phase of each configuration (engine, mode): low load and sweep",
+    )
     parser.add_argument(
         "--refine", type=int, default=2, help="bisection rounds of each max SLO rate after the sweep"
     )
-    parser.add_argument("--refine-budget", type=float, default=60.0, help="extra seconds for refinement")
+    parser.add_argument(
+        "--refine-budget",
+        type=float,
+        default=REFINE_BUDGET_SECONDS,
+        help="extra seconds for refinement, each configuration (engine, mode)",
+    )
     parser.add_argument(
         "--threads",
         default="default",
@@ -675,38 +788,231 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime.json"))
     quiet.add_arguments(parser)
+    return parser
+
+
+def engine_variants(
+    parser: argparse.ArgumentParser, modes: list[str], engines: list[str]
+) -> list[tuple[str, str]]:
+    """``[(engine, mode)]`` of ``--engines`` x ``--quantization`` (engines outer), or ``parser.error``
+    for an empty list, a value given twice, an unknown engine, or a mode an engine does not serve."""
+    if not modes or not engines:
+        parser.error("--quantization and --engines each need at least one value")
+    for name, values in (("--quantization", modes), ("--engines", engines)):
+        if len(set(values)) != len(values):
+            parser.error(f"{name} names a value twice: {','.join(values)}")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        parser.error(f"--engines: unknown engine {unknown[0]!r}; choose from {', '.join(ENGINES)}")
+    for engine in engines:
+        served = ENGINE_MODES.get(engine)
+        refused = [m for m in modes if served is not None and m not in served]
+        if refused:
+            parser.error(
+                f"--engines {engine} serves quantization {' and '.join(served or ())} only, not "
+                f"{', '.join(refused)}: drop it from --quantization or the engine from --engines"
+            )
+    return [(e, m) for e in engines for m in modes]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options (see ``--help``); a bad value exits through ``parser.error``: status 2, one line.
+
+    Adds ``variants``: ``[(engine, quantization)]``, every engine of ``--engines`` with every mode of
+    ``--quantization``, in that order; ``threads`` and ``primary_threads`` (the runtime's default
+    count, ``default_threads()``, when among ``--threads``, else the first); ``delays`` and
+    ``batches`` as lists."""
+    parser = _parser()
     args = parser.parse_args(argv)
-    args.delays = [float(d) for d in args.delays.split(",") if d.strip()]
+    args.variants = engine_variants(parser, _csv(args.quantization), _csv(args.engines))
+    try:
+        args.delays = [float(d) for d in _csv(args.delays)]
+        args.batches = sorted({int(b) for b in _csv(args.batches)})
+        threads = None if args.threads == "default" else [int(t) for t in _csv(args.threads)]
+    except ValueError as exc:
+        parser.error(f"--delays, --batches, --threads: {exc}")
+    if not args.batches or min(args.batches) < 1:
+        parser.error("--batches needs positive batch sizes")
+    if threads is not None and (not threads or min(threads) < 1):
+        parser.error("--threads needs positive thread counts (or 'default')")
     from kubeinfer.runtime.models.device import default_threads
 
     args.primary_threads = default_threads()
-    args.threads = (
-        [args.primary_threads]
-        if args.threads == "default"
-        else [int(t) for t in args.threads.split(",") if t.strip()]
-    )
+    args.threads = [args.primary_threads] if threads is None else threads
     if args.primary_threads not in args.threads:
         args.primary_threads = args.threads[0]
+    return args
+
+
+def variant_name(engine: str, quantization: str) -> str:
+    """``torch/none``, ``onnxruntime/int8-dynamic``: one configuration of the engine axis."""
+    return f"{engine}/{quantization}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    modes = [q.strip() for q in args.quantization.split(",") if q.strip()]
     with quiet.quiet_run("runtime_bench", args, log=progress) as run:
         started = time.monotonic()
-        results = {}
-        for mode in modes:
-            progress(f"=== quantization {mode} ===")
-            results[mode] = run_mode(args, mode, argv)
-        # top level: int8-dynamic (the demo's mode; bench/autoscaler_sim.py reads its a, c and B),
-        # every mode's figures under by_quantization, measured one after the other in this run; the
-        # top level's machine is the whole run's (each mode's own stays in by_quantization)
-        primary = "int8-dynamic" if "int8-dynamic" in results else modes[-1]
+        results: dict[tuple[str, str], dict[str, Any]] = {}
+        for engine, mode in args.variants:
+            progress(f"=== engine {engine}, quantization {mode} ===")
+            results[(engine, mode)] = run_mode(args, mode, argv, engine=engine)
         result = run.stamp(
-            {**results[primary], "by_quantization": results, "elapsed_seconds": time.monotonic() - started}
+            {
+                **assemble(results, args.primary_threads, args.batches),
+                "elapsed_seconds": time.monotonic() - started,
+            }
         )
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    for line in engine_table(result["engines"]):
+        progress(line)
     progress(f"wrote {out}{' (noisy: not a source of figures)' if run.noisy else ''}")
     return 0
+
+
+def assemble(
+    results: dict[tuple[str, str], dict[str, Any]], threads: int, batches: list[int]
+) -> dict[str, Any]:
+    """The results JSON (before ``quiet``'s stamp) from each configuration's ``run_mode`` result.
+
+    The top level is torch int8-dynamic's (the demo's; ``bench/autoscaler_sim.py`` reads its a, c and
+    B), else int8-dynamic's on the first engine, else the last configuration's. ``by_quantization``:
+    that engine's configurations by mode (the layout of a run before the engine axis);
+    ``by_engine``: every other engine's, ``{engine: {mode: result}}`` in the same layout; ``engines``:
+    ``engine_comparison`` over all of them. The top level's machine is the whole run's (each
+    configuration's own stays in its result)."""
+    engines = list(dict.fromkeys(e for e, _ in results))
+    primary_engine = "torch" if "torch" in engines else engines[0]
+    own = {m: r for (e, m), r in results.items() if e == primary_engine}
+    primary = own["int8-dynamic"] if "int8-dynamic" in own else list(results.values())[-1]
+    by_engine = {
+        e: {m: r for (e2, m), r in results.items() if e2 == e} for e in engines if e != primary_engine
+    }
+    summaries = [engine_summary(r, threads, batches) for r in results.values()]
+    for (e, m), summary in zip(results, summaries, strict=True):
+        summary["details"] = f"by_quantization.{m}" if e == primary_engine else f"by_engine.{e}.{m}"
+    return {
+        **primary,
+        "by_quantization": own,
+        "by_engine": by_engine,
+        "engines": engine_comparison(summaries, threads, batches),
+    }
+
+
+def engine_summary(result: dict[str, Any], threads: int, batches: list[int]) -> dict[str, Any]:
+    """One configuration's row of the engine comparison, from its ``run_mode`` result: the quality
+    figures of its load (``report()``: mean cosine and retrieval agreement against torch fp32; 1 by
+    definition for torch fp32 itself), in-process rows/s = b / s(b) at each of ``batches`` with
+    ``threads`` intra-op threads, the fit a + c·b and X(B), and the served max rate at the SLO
+    (the best batched configuration's, and unbatched)."""
+    from kubeinfer.runtime.models.base import (
+        REPORT_COSINE_MEAN,
+        REPORT_RETRIEVAL_AGREEMENT,
+        REPORT_RETRIEVAL_AGREEMENT_ALL,
+    )
+
+    fig = result["by_threads"][str(threads)]
+    service = {int(r["batch_size"]): float(r["service_seconds"]) for r in fig["service_time"]}
+    report = result.get("report") or {}
+    return {
+        "engine": result["engine"],
+        "quantization": result["quantization"],
+        "threads": threads,
+        "cosine_mean": report.get(REPORT_COSINE_MEAN),
+        "retrieval_agreement": report.get(REPORT_RETRIEVAL_AGREEMENT),
+        "retrieval_agreement_all": report.get(REPORT_RETRIEVAL_AGREEMENT_ALL),
+        "service_seconds": {str(b): service.get(b) for b in batches},
+        "rows_per_second": {str(b): b / service[b] if service.get(b) else None for b in batches},
+        "a_seconds": fig["a_seconds"],
+        "c_seconds": fig["c_seconds"],
+        "limit_rps": fig["limit_rps"],
+        "max_slo_rps": fig["max_slo_rps"]["batched"],
+        "max_slo_rps_unbatched": fig["max_slo_rps"]["unbatched"],
+        "best_batched_config": fig["best_batched_config"],
+        "budget_exhausted": bool(result.get("budget_exhausted")),
+    }
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
+
+
+def engine_comparison(
+    summaries: list[dict[str, Any]], threads: int, batches: list[int], reference: tuple[str, str] = REFERENCE
+) -> dict[str, Any]:
+    """The ``engines`` section: each configuration's ``engine_summary`` with its ratios to the
+    ``reference`` configuration's figures of this same run (``ratio_to_reference``: rows/s at each
+    batch size, served max rate batched and unbatched, X(B); a ratio is null where either figure is
+    missing or zero, and all are null when the reference did not run)."""
+    by_name = {variant_name(s["engine"], s["quantization"]): s for s in summaries}
+    ref = by_name.get(variant_name(*reference))
+    variants = {}
+    for name, s in by_name.items():
+        ratios = None
+        if ref is not None:
+            ratios = {
+                "rows_per_second": {
+                    b: _ratio(v, ref["rows_per_second"].get(b)) for b, v in s["rows_per_second"].items()
+                },
+                "max_slo_rps": _ratio(s["max_slo_rps"], ref["max_slo_rps"]),
+                "max_slo_rps_unbatched": _ratio(s["max_slo_rps_unbatched"], ref["max_slo_rps_unbatched"]),
+                "limit_rps": _ratio(s["limit_rps"], ref["limit_rps"]),
+            }
+        variants[name] = {**s, "ratio_to_reference": ratios}
+    return {
+        "reference": variant_name(*reference) if ref is not None else None,
+        "threads": threads,
+        "batch_sizes": list(batches),
+        "slo_p99_seconds": SLO_P99_SECONDS,
+        "variants": variants,
+    }
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def engine_table(engines: dict[str, Any]) -> list[str]:
+    """The engine comparison as text lines: engine, mode, cosine and retrieval agreement to torch
+    fp32, in-process rows/s at each batch size, the served max rate at the SLO (``>=``: the sweep's
+    budget ran out first, a lower bound), each figure with its ratio to the reference."""
+    batches = [str(b) for b in engines["batch_sizes"]]
+    slo_ms = engines["slo_p99_seconds"] * 1000
+    head = ["engine", "mode", "cosine", "agree"] + [f"b={b} rows/s" for b in batches]
+    head.append(f"served/s P99<={slo_ms:.0f}ms")
+    rows = [head]
+    for s in engines["variants"].values():
+        ratio = s["ratio_to_reference"] or {}
+        per_batch = ratio.get("rows_per_second") or {}
+        row = [
+            s["engine"],
+            s["quantization"],
+            _num(s["cosine_mean"], ".4f"),
+            _num(s["retrieval_agreement"], ".4f"),
+        ]
+        row += [
+            f"{_num(s['rows_per_second'].get(b), '.0f')} x{_num(per_batch.get(b), '.2f')}" for b in batches
+        ]
+        bound = ">=" if s["budget_exhausted"] else ""
+        row.append(f"{bound}{_num(s['max_slo_rps'], '.0f')} x{_num(ratio.get('max_slo_rps'), '.2f')}")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    reference = engines["reference"] or "none (torch/none did not run)"
+    lines = [
+        f"engines compared in one run, {engines['threads']} intra-op thread(s); "
+        f"xN: ratio to {reference} in this run"
+    ]
+    lines += [
+        "  ".join(
+            cell.rjust(w) if i > 1 else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    return lines
 
 
 def low_load_breakdown(
@@ -768,8 +1074,9 @@ def thread_figures(
 ) -> dict[str, Any]:
     """The figures of the runtime with ``threads`` intra-op threads (its configurations are named
     ``prefix`` + config name): s(b) fit, X(B), max SLO rates and their ratios, the low-load P99 of the
-    best batched configuration against s(1), and the low-load breakdown of every configuration."""
-    a, c = fit_service_time(rows)
+    best batched configuration against s(1), and the low-load breakdown of every configuration.
+    ``rows``: s(b) at 1..``max_batch``, the fit's, and any sizes above it (kept in ``service_time``)."""
+    a, c = fit_service_time([r for r in rows if r["batch_size"] <= max_batch])
     limit = max_batch / (a + c * max_batch)
     ideal = {"batched": ideal_slo_rate(a, c, max_batch), "unbatched": ideal_slo_rate(a, c, 1)}
     s1 = rows[0]["service_seconds"]
@@ -853,8 +1160,11 @@ def _report(q: str, fig: dict[str, Any]) -> None:
         )
 
 
-def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None) -> dict[str, Any]:
-    """Phases 1 and 2 for one quantization mode; the figures (see the module docstring)."""
+def run_mode(
+    args: argparse.Namespace, quantization: str, argv: list[str] | None, engine: str = "torch"
+) -> dict[str, Any]:
+    """Phases 1 and 2 for one configuration (``engine``, quantization mode); the figures (see the
+    module docstring)."""
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models.device import THREADS_ENV
 
@@ -865,11 +1175,13 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
     load_before = os.getloadavg()
     threads = args.threads
     low_count = min(512, int(args.low_rate * args.low_seconds * 1.5) + 20)
+    extra = [b for b in args.batches if b > args.max_batch]
     progress(
-        f"phase 1: service time s(b), b = 1..{args.max_batch}, {args.quantization}, {args.repeats} repeats, "
-        f"threads {threads}; s(1) of the first {low_count} request sentences"
+        f"phase 1: service time s(b), b = 1..{args.max_batch}{''.join(f', {b}' for b in extra)}, {engine}, "
+        f"{args.quantization}, {args.repeats} repeats, threads {threads}; s(1) of the first {low_count} "
+        "request sentences"
     )
-    rows, s1_by_request, device = measure_service_time(
+    rows, s1_by_request, device, report = measure_service_time(
         args.quantization,
         args.max_batch,
         args.repeats,
@@ -877,6 +1189,8 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
         threads,
         request_sentences(args.seed)[:low_count],
         1.0 / args.low_rate,
+        engine=engine,
+        batches=args.batches,
     )
     modes = [m.strip() for m in args.compare_modes.split(",") if m.strip()]
     quantization_modes = None
@@ -886,6 +1200,7 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
 
     base = RuntimeConfig.model_validate(
         {
+            "model": {"engine": engine},
             "quantization": {"mode": args.quantization},
             "device": "cpu",
             "batching": {"max_batch_size": args.max_batch, "max_queue_size": 4096},
@@ -913,14 +1228,16 @@ def run_mode(args: argparse.Namespace, quantization: str, argv: list[str] | None
         for t in threads
     }
     for fig in by_threads.values():
-        _report(args.quantization, fig)
+        _report(variant_name(engine, args.quantization), fig)
     primary = by_threads[args.primary_threads]
     client_cpu = [
         p["client_cpu_seconds_per_request"] for cfg in load["configs"].values() for p in cfg["points"]
     ]
     return {
         "model": MODEL,
+        "engine": engine,
         "quantization": args.quantization,
+        "report": report,
         "device": device,
         "max_batch_size": args.max_batch,
         **{k: v for k, v in primary.items() if k not in ("low_load_breakdown_seconds", "service_time")},
