@@ -72,7 +72,7 @@ demo: setup ## the main job, end to end, on a one-node cluster (real pods; root)
 # over 0.5 (bench/quiet.py); NOISY=1 passes --noisy: they run anyway and mark the result noisy.
 BENCH_NOISY := $(if $(filter 1,$(NOISY)),--noisy)
 
-bench-runtime: setup ## runtime benchmark, MiniLM fp32 and int8-dynamic -> bench/results/runtime.json
+bench-runtime: setup ## runtime benchmark, MiniLM on torch and ONNX Runtime, fp32 and int8-dynamic -> bench/results/runtime.json
 	$(PY) bench/runtime_bench.py $(BENCH_NOISY)
 
 bench-frontend: setup ## front-end CPU per request and max rate (REST JSON/binary, gRPC; floor) -> bench/results/frontend.json
