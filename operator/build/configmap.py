@@ -6,6 +6,7 @@ from typing import Any
 
 from kubeinfer.operator import api
 from kubeinfer.operator.build.common import container_path, metadata, stable_hash, with_applied_hash
+from kubeinfer.operator.build.source import calibration_source_path, model_source_path
 from kubeinfer.runtime.config import (
     CONFIG_FILE,
     BatchingConfig,
@@ -27,6 +28,10 @@ SHUTDOWN_DELAY_SECONDS = 5.0
 def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
     """Render the spec into the runtime's :class:`~kubeinfer.runtime.config.RuntimeConfig`.
 
+    ``model.source`` is where the runtime container finds the model: ``/mnt/models`` for a fetched
+    (s3, https, http, hf) or oci source, the PVC mount for ``pvc://``, else the URI as written;
+    ``quantization.calibration_path`` likewise (a fetched file under ``/mnt/calibration``).
+
     Args:
         isvc: the InferenceService.
         batch_timeout_seconds: the max queue delay in force, seconds (see
@@ -38,7 +43,7 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
     cfg = RuntimeConfig(
         model=ModelConfig(
             name=spec.served_model_name(isvc.name),
-            source=container_path(spec.model.uri),
+            source=model_source_path(spec.model.uri, container_path(spec.model.uri)),
             format=spec.model.format,
             inputs=[
                 TensorConfig(name=t.name, datatype=t.datatype, shape=list(t.shape)) for t in spec.model.inputs
@@ -50,7 +55,11 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         ),
         quantization=QuantizationConfig(
             mode=spec.quantization.mode,
-            calibration_path=container_path(calibration.uri) if calibration is not None else None,
+            calibration_path=(
+                calibration_source_path(calibration.uri, container_path(calibration.uri))
+                if calibration is not None
+                else None
+            ),
             skip_modules=list(spec.quantization.skip_modules),
         ),
         batching=BatchingConfig(

@@ -17,6 +17,7 @@ from kubeinfer.operator.build.common import (
     with_applied_hash,
 )
 from kubeinfer.operator.build.configmap import SHUTDOWN_DELAY_SECONDS, config_hash
+from kubeinfer.operator.build.source import SourceParts, source_parts
 from kubeinfer.runtime.config import CONFIG_DIR, CONFIG_FILE, DEFAULT_CONFIG_PATH
 
 CONTAINER_NAME = "runtime"
@@ -56,8 +57,10 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
 def startup_budget_seconds(isvc: api.InferenceService) -> int:
     """Seconds the startupProbe allows before the kubelet restarts a replica: load + warmup.
 
-    Load: 120 s for the bundled model, 600 s for a model from a path or PVC (large weights);
-    warmup: 60 s per step when enabled.
+    Load: 120 s for the bundled model, 600 s for any other (a path, a PVC, fetched, an OCI image:
+    large weights); warmup: 60 s per step when enabled. The budget counts from the runtime container's
+    start: the fetch init containers run (and an image volume is pulled) before it, outside the
+    budget; they are bounded by their own stall timeout and retries (``spec.model.fetch``).
     """
     spec = isvc.spec
     load = LOAD_BUDGET_SECONDS["default" if spec.model.uri == "default" else "other"]
@@ -76,7 +79,13 @@ def termination_grace_seconds(isvc: api.InferenceService) -> int:
     return grace
 
 
-def _volumes(isvc: api.InferenceService) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+#: The runtime container's writable /tmp (HOME), shared with the fetch init containers.
+TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
+
+
+def _volumes(
+    isvc: api.InferenceService, sources: SourceParts
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {
             "name": "config",
@@ -91,12 +100,12 @@ def _volumes(isvc: api.InferenceService) -> tuple[list[dict[str, Any]], list[dic
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "tmp", "mountPath": "/tmp"},
+        TMP_MOUNT,
     ]
     for i, claim in enumerate(isvc.spec.pvc_claims()):
         volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": f"pvc-{i}", "mountPath": f"{PVC_MOUNT_ROOT}/{claim}", "readOnly": True})
-    return volumes, mounts
+    return volumes + sources.volumes, mounts + sources.mounts
 
 
 def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,9 +146,9 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
         "resources": {"requests": requests, "limits": limits},
         "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": mounts,
-        # The runtime writes no /dev/termination-log: the log tail becomes lastState.terminated.message,
-        # so a crash cause (e.g. a missing calibration file) reaches the Ready condition.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # The runtime writes its own one-line fatal error to /dev/termination-log (lastState.terminated.
+        # message, read by the diagnosis); File: a log tail never becomes the message (nor the status).
+        "terminationMessagePolicy": "File",
         "startupProbe": {
             "httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
             "periodSeconds": STARTUP_PERIOD_SECONDS,
@@ -177,15 +186,21 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
     ``nvidia.com/gpu.product``), the ConfigMap mounted as ``/etc/kubeinfer/runtime.yaml``, a
     memory-backed ``/dev/shm``, a writable ``/tmp`` (the root filesystem is read-only: the "restricted"
     Pod Security profile of :data:`POD_SECURITY_CONTEXT` and :data:`CONTAINER_SECURITY_CONTEXT`),
-    read-only PVC mounts for ``pvc://`` URIs, a startupProbe sized by
-    :func:`startup_budget_seconds`, readiness ``/v2/health/ready``, liveness ``/v2/health/live``,
-    ``terminationMessagePolicy: FallbackToLogsOnError`` (a crash's log tail reaches the pod status),
-    Prometheus scrape annotations and the :data:`CONFIG_HASH_ANNOTATION` (rolls the pods when the
-    non-batching runtime config changes). Rolling update with maxUnavailable 0 / maxSurge 1 so
-    serving capacity never drops during a rollout.
+    read-only PVC mounts for ``pvc://`` URIs, the model's source (:mod:`.source`: a ``fetch`` init
+    container and an emptyDir for s3/https/http/hf, an image volume and imagePullSecrets for oci, both
+    read-only at ``/mnt/models``), a startupProbe sized by :func:`startup_budget_seconds` (from the
+    runtime container's start, after the init containers), readiness ``/v2/health/ready``, liveness
+    ``/v2/health/live``, ``terminationMessagePolicy: File`` (the runtime's own one-line fatal error
+    reaches the pod status, never a log tail), Prometheus scrape annotations and the
+    :data:`CONFIG_HASH_ANNOTATION` (rolls the pods when the non-batching runtime config changes). No
+    ServiceAccount token in the pods (``automountServiceAccountToken: false``) unless
+    ``spec.serviceAccountName`` names one (then its token is mounted, as the ServiceAccount says, for
+    workload identity). Rolling update with maxUnavailable 0 / maxSurge 1 so serving capacity never
+    drops during a rollout.
     """
     spec = isvc.spec
-    volumes, mounts = _volumes(isvc)
+    sources = source_parts(spec, CONTAINER_SECURITY_CONTEXT, TMP_MOUNT)
+    volumes, mounts = _volumes(isvc, sources)
     tolerations: list[dict[str, Any]] = []
     node_selector: dict[str, str] = dict(spec.resources.node_selector)
     if spec.resources.gpus > 0:
@@ -199,6 +214,14 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
         "securityContext": POD_SECURITY_CONTEXT,
         "terminationGracePeriodSeconds": termination_grace_seconds(isvc),
     }
+    if sources.init_containers:
+        pod_spec["initContainers"] = sources.init_containers
+    if sources.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = sources.image_pull_secrets
+    if spec.service_account_name is not None:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    else:
+        pod_spec["automountServiceAccountToken"] = False
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if node_selector:

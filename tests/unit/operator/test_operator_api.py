@@ -48,7 +48,7 @@ INVALID = [
     ({"runtime": {"device": "cuda"}, "resources": {"gpus": 0}}, "runtime.device"),
     ({"quantization": {"mode": "int8-static"}}, "calibration"),
     ({"model": {"uri": "/m.pt", "format": "torchscript"}}, "model.inputs"),
-    ({"model": {"uri": "s3://bucket/x"}}, "uri"),
+    ({"model": {"uri": "ftp://host/x"}}, "uri"),
     ({"batching": {"maxQueueDelay": "5 ms"}}, "maxQueueDelay"),
     ({"batching": {"maxBatchSize": 8, "preferredBatchSizes": [16]}}, "preferredBatchSizes"),
     ({"quantization": {"mode": "int4"}}, "mode"),
