@@ -12,7 +12,8 @@ Flags are modelled on controller-runtime's envtest, with RBAC on:
   the pod bridge's address when pods must reach it (hack/podnetwork.py).
 - kube-controller-manager with the controllers kubeinfer relies on: deployment, replicaset, garbage
   collector (owner references), namespace, serviceaccount(+token), endpoints/endpointslice,
-  disruption (PodDisruptionBudget status), resourcequota, root-ca-certificate publisher; with a node
+  disruption (PodDisruptionBudget status), resourcequota, root-ca-certificate publisher, the
+  PersistentVolume binder and the PV/PVC protection controllers (``pvc://`` models); with a node
   also node lifecycle (the not-ready taint) and pod garbage collection.
 - kube-scheduler (with a node only).
 
@@ -55,6 +56,12 @@ KCM_CONTROLLERS = (
     "resourcequota-controller",
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
+    # PersistentVolumes: binding claims to volumes (static hostPath PVs on the local node), and
+    # removing the protection finalizers the StorageObjectInUseProtection admission plugin adds
+    # (without these two controllers a deleted PVC or PV stays Terminating for ever)
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
 )
 #: Controllers added when a kubelet joins: the not-ready taint comes off a Ready node, terminated and
 #: orphaned pods are collected, NoExecute taints evict.

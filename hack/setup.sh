@@ -21,10 +21,13 @@
 #      ctr, crictl, coredns (hack/setup-node.sh).
 #   7. Prometheus with kubernetes_sd from hack/prometheus/go.mod into .cache/bin/prometheus (the node's
 #      Prometheus: Debian's package is built without kubernetes_sd) (hack/setup-node.sh).
-#   8. Test clients that cannot share .venv (their pins conflict with the lock; hack/lock.py TOOLS):
+#   8. The storage servers the model-source tests start, from hack/storage-tools/go.mod into
+#      .cache/bin/: minio (an S3-compatible object store) and crane (`crane registry serve`, an OCI
+#      registry, and the client that pushes model images to it).
+#   9. Test clients that cannot share .venv (their pins conflict with the lock; hack/lock.py TOOLS):
 #      .cache/kserve-client, the KServe Python SDK, from requirements/kserve-client.txt
 #      (`pip install --require-hashes`), when that file or .venv's Python changed (stamp).
-#   Steps 5 to 7 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
+#   Steps 5 to 8 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
 #   local main package, its build flags) or it is missing: one stamp per binary.
 #
 # Versions are pinned in the go.mod files only; the version ldflags are derived from them.
@@ -47,7 +50,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--python-only|--binaries-only]" >&2; exit 2 ;;
 esac
 
-TOTAL=8
+TOTAL=9
 T0=$(date +%s)
 # One setup at a time per checkout (several engineers/CI steps may call `make setup` at once).
 exec 9>"$CACHE/setup.lock"
@@ -101,7 +104,7 @@ setup_python() {
 # Python changed, so a half-built venv from an interrupted run is never taken as done.
 TOOL_ENVS=(kserve-client)
 setup_tool_envs() {
-  step 8 "test clients: .cache/kserve-client (KServe Python SDK) from requirements/kserve-client.txt"
+  step 9 "test clients: .cache/kserve-client (KServe Python SDK) from requirements/kserve-client.txt"
   local name dir want s
   for name in "${TOOL_ENVS[@]}"; do
     dir="$CACHE/$name"
@@ -295,12 +298,30 @@ go_binaries_up_to_date() {
   for t in "${K8S_TARGETS[@]}"; do go_target_up_to_date hack "$ld" "$t" || return 1; done
   ld="$(node_ldflags)"
   for t in "${NODE_TARGETS[@]}"; do go_target_up_to_date hack/node-tools "$ld" "$t" || return 1; done
+  for t in "${STORAGE_TARGETS[@]}"; do go_target_up_to_date hack/storage-tools "-s -w" "$t" || return 1; done
+}
+
+# ---------------------------------------------------------------- 8. storage servers for the tests
+# Real servers for the model-source tests (s3:// and oci://), built like the node's binaries: MinIO
+# (github.com/minio/minio: its releases are not semver tags, so go.mod pins a pseudo-version) and
+# go-containerregistry's crane. Static, no cgo. No version ldflags: MinIO parses its Version as a
+# release timestamp (its own build sets one), and its default DEVELOPMENT.GOGET is what it expects
+# from a `go build` of the module.
+STORAGE_TARGETS=(
+  "minio=github.com/minio/minio"
+  "crane=github.com/google/go-containerregistry/cmd/crane"
+)
+CGO[minio]=0
+CGO[crane]=0
+setup_storage_tools() {
+  go_build 8 "storage servers for the tests (minio, crane) -> .cache/bin/" hack/storage-tools \
+    "-s -w" "${STORAGE_TARGETS[@]}"
 }
 
 case "$MODE" in
   python) setup_python ;;
-  binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus ;;
+  binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus; setup_storage_tools ;;
   all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries
-       setup_node_prometheus; setup_tool_envs ;;
+       setup_node_prometheus; setup_storage_tools; setup_tool_envs ;;
 esac
 echo "[setup] done in $(( $(date +%s) - T0 ))s"

@@ -173,9 +173,10 @@ class Cluster:
     def release_finalizers(self, namespace: str) -> None:
         """Drop the finalizers of the InferenceServices and PVCs of ``namespace``.
 
-        For teardown once the test's operator is gone (kopf's finalizer) — this control plane runs no
-        pvc-protection controller either — so that deleting the namespace does not leave it
-        Terminating for the rest of the session. Missing kinds (CRD not installed) are ignored.
+        For teardown once the test's operator is gone (kopf's finalizer), and for a PVC still used by a
+        pod that is being deleted (the pvc-protection controller keeps its finalizer until the pod is
+        gone), so that deleting the namespace does not leave it Terminating for the rest of the
+        session. Missing kinds (CRD not installed) are ignored.
         """
         for kind in ("inferenceservices.kubeinfer.io", "persistentvolumeclaims"):
             for obj in self.kubectl("get", kind, "-n", namespace, "-o", "name", check=False).stdout.split():
