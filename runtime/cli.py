@@ -4,7 +4,16 @@
 [--max-queue-delay SECONDS] [--port P] [--grpc-port P] [--host H] [--device auto|cpu|cuda] [--executors N]
 [--http-workers N]``
 
-Flags override the file (also on every hot reload of the file's ``batching`` section). Without a model
+``kubeinfer-runtime fetch --source URI --dest DIR [--sha256 HEX] [--s3-endpoint URL] [--s3-region REGION]
+[--s3-addressing-style path|virtual|auto] [--hf-endpoint URL] [--allow-pattern GLOB ...] [--allow-http]
+[--size-limit BYTES] [--connect-timeout SECONDS] [--stall-timeout SECONDS] [--retries N]
+[--termination-log PATH]``: the init container's step (``kubeinfer.runtime.fetch``): the model at URI
+(s3, https, hf) into DIR; exit 0 with ``DIR/.kubeinfer-fetch.json`` and the termination message
+``fetched N files, X MB in S s from URI``, or exit 1 with one line ``URI: cause`` there (never a
+credential: URIs are redacted). ``docs/runtime.md`` has the options, the credentials' variables and
+the messages.
+
+Serve: flags override the file (also on every hot reload of the file's ``batching`` section). Without a model
 source the bundled all-MiniLM-L6-v2 is served. The process listens at once (``/v2/health/live`` is 200,
 ``/v2/health/ready`` 503), loads and warms up the model in a thread, then turns ready. It logs
 ``listening on http://HOST:PORT`` (the real port, also with ``--port 0``), ``grpc listening on HOST:PORT``
@@ -30,10 +39,15 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, RuntimeConfig
+from kubeinfer.runtime.fetch import FetchError, FetchOptions
+from kubeinfer.runtime.fetch.context import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_STALL_TIMEOUT
+from kubeinfer.runtime.fetch.progress import megabytes
+from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
 from kubeinfer.runtime.termination import write_termination_message
@@ -77,7 +91,152 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP front-end processes in front of the model process (server.http_workers; 1 = one process)",
     )
     serve.add_argument("--log-level", default=os.environ.get("KUBEINFER_LOG_LEVEL", "INFO"))
+    add_fetch_parser(sub)
     return parser
+
+
+#: Multipliers of the suffixes ``--size-limit`` accepts (Kubernetes quantities: 10Gi, 500M).
+_SIZE_SUFFIXES = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``12345`` or a Kubernetes quantity (``10Gi``, ``500M``). Raises ``ValueError``
+    (argparse's ``invalid parse_size value``) otherwise."""
+    value = text.strip()
+    number = value.rstrip("kKMGTi")
+    suffix = value[len(number) :]
+    if suffix not in _SIZE_SUFFIXES or not number.isdigit():
+        raise ValueError(text)
+    return int(number) * _SIZE_SUFFIXES[suffix]
+
+
+def add_fetch_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """The ``fetch`` sub-command's options (the operator's init-container arguments)."""
+    fetch = sub.add_parser(
+        "fetch",
+        help="fetch a model (s3://, https://, hf://) into a directory (the init container)",
+        description="Download the model at --source into --dest; see docs/runtime.md.",
+    )
+    fetch.add_argument(
+        "--source", required=True, help="s3://bucket/key-or-prefix, https://host/path, hf://org/repo[@rev]"
+    )
+    fetch.add_argument("--dest", required=True, help="the directory to fill (created when missing)")
+    fetch.add_argument("--sha256", help="expected sha256 (hex) of the single file or archive")
+    fetch.add_argument("--s3-endpoint", help="S3 endpoint URL (MinIO, another S3-compatible store)")
+    fetch.add_argument("--s3-region", help="S3 region")
+    fetch.add_argument(
+        "--s3-addressing-style", choices=["path", "virtual", "auto"], help="S3 addressing style"
+    )
+    fetch.add_argument(
+        "--hf-endpoint", help="Hugging Face Hub endpoint (a mirror); default HF_ENDPOINT or huggingface.co"
+    )
+    fetch.add_argument(
+        "--allow-pattern",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="hf:// only: download only the files matching a pattern (repeatable)",
+    )
+    fetch.add_argument("--allow-http", action="store_true", help="allow plain http:// (no TLS)")
+    fetch.add_argument(
+        "--size-limit",
+        type=parse_size,
+        metavar="BYTES",
+        help="refuse a source bigger than this (bytes, or a quantity: 10Gi); the emptyDir's sizeLimit",
+    )
+    fetch.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT,
+        metavar="SECONDS",
+        help="default %(default)s",
+    )
+    fetch.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT,
+        metavar="SECONDS",
+        help="no byte for that long fails the attempt (default %(default)s)",
+    )
+    fetch.add_argument(
+        "--retries",
+        type=int,
+        default=DEFAULT_RETRIES,
+        metavar="N",
+        help="further attempts after a transient failure, 1 s, 2 s, 4 s ... apart (default %(default)s)",
+    )
+    fetch.add_argument(
+        "--termination-log",
+        metavar="PATH",
+        help="where the one-line result goes (default $KUBEINFER_TERMINATION_LOG or /dev/termination-log, "
+        "when it exists)",
+    )
+
+
+def fetch_options(args: argparse.Namespace) -> FetchOptions:
+    """The ``FetchOptions`` of parsed ``fetch`` arguments."""
+    return FetchOptions(
+        sha256=args.sha256,
+        s3_endpoint=args.s3_endpoint,
+        s3_region=args.s3_region,
+        s3_addressing_style=args.s3_addressing_style,
+        hf_endpoint=args.hf_endpoint,
+        allow_patterns=tuple(args.allow_pattern),
+        allow_http=args.allow_http,
+        size_limit=args.size_limit,
+        connect_timeout=args.connect_timeout,
+        stall_timeout=args.stall_timeout,
+        retries=args.retries,
+    )
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Log lines without URLs' credentials and without the credential values of the environment."""
+
+    def __init__(self, fmt: str, secrets: list[str]) -> None:
+        super().__init__(fmt)
+        self._secrets = secrets
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record), self._secrets)
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    """``kubeinfer-runtime fetch``: exit 0 (the model is in ``--dest``) or 1 (one line in the
+    termination log and on stderr: ``URI: cause``)."""
+    from kubeinfer.runtime.fetch.run import fetch  # the fetch's steps; its backends load their libraries
+
+    secrets = secrets_from(os.environ)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", secrets))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    label = redact_url(args.source.strip())
+    try:
+        report = fetch(args.source, Path(args.dest), fetch_options(args))
+    except ValueError as exc:  # the URI or an option (the message names which)
+        return _fetch_failed(str(exc), args.termination_log, secrets)
+    except FetchError as exc:
+        return _fetch_failed(f"{label}: {exc.cause}", args.termination_log, secrets)
+    except OSError as exc:
+        return _fetch_failed(
+            f"{label}: cannot write {args.dest}: {exc.strerror or exc}", args.termination_log, secrets
+        )
+    write_termination_message(
+        f"fetched {report.files} {'file' if report.files == 1 else 'files'}, {megabytes(report.bytes)} "
+        f"in {report.seconds:.1f} s from {report.source}",
+        args.termination_log,
+    )
+    return 0
+
+
+def _fetch_failed(message: str, termination_log: str | None, secrets: list[str]) -> int:
+    line = redact_text(message, secrets)
+    print(f"fetch: failed: {line}", file=sys.stderr, flush=True)
+    write_termination_message(line, termination_log)
+    return 1
 
 
 #: Command-line flag (argparse attribute) -> the config field it overrides: (section, key); section
@@ -127,6 +286,8 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point."""
     args = build_parser().parse_args(argv)
+    if args.command == "fetch":  # a download: none of serve's logging and offline settings
+        return run_fetch(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

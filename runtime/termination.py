@@ -23,13 +23,16 @@ DEFAULT_PATH = "/dev/termination-log"
 MAX_CHARS = 1000
 
 
-def write_termination_message(message: str) -> None:
+def write_termination_message(message: str, path: str | None = None) -> None:
     """Write ``message`` as one line (at most ``MAX_CHARS``) to the termination log, if it exists.
 
-    Never raises: the process is exiting anyway, and its log has the same error."""
-    path = os.environ.get("KUBEINFER_TERMINATION_LOG", DEFAULT_PATH)
+    ``path`` names the file explicitly (``kubeinfer-runtime fetch --termination-log``): it is
+    created when missing. Never raises: the process is exiting anyway, and its log has the same
+    error."""
     line = " ".join(message.split())[:MAX_CHARS]
-    if not os.path.isfile(path):
-        return
+    if path is None:
+        path = os.environ.get("KUBEINFER_TERMINATION_LOG", DEFAULT_PATH)
+        if not os.path.isfile(path):
+            return
     with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as f:
         f.write(line + "\n")

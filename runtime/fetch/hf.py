@@ -1,0 +1,226 @@
+"""``hf://org/repo[@revision]`` sources: ``huggingface_hub.snapshot_download`` into the destination.
+
+First a dry run (``snapshot_download(..., dry_run=True)``): it resolves the revision to a commit,
+lists the files the allow patterns (``--allow-pattern``) select with their sizes, and fails early
+on a missing repository or revision; the total is checked against ``--size-limit`` before any
+download. Then the snapshot of that commit is downloaded with ``local_dir`` = the destination, the
+Hub endpoint ``--hf-endpoint`` (a mirror; default ``HF_ENDPOINT`` or huggingface.co) and the token
+``HF_TOKEN``. The Hub's cache and its ``.cache/huggingface`` metadata live in the destination
+while it runs and are removed at the end.
+
+huggingface_hub itself resumes an interrupted file download a few times; ``--stall-timeout`` is
+its read timeout (``HF_HUB_DOWNLOAD_TIMEOUT``), and the fetch retries transient failures on top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubeinfer.runtime.fetch.context import Context, Fetched
+from kubeinfer.runtime.fetch.errors import FetchError
+from kubeinfer.runtime.fetch.files import SCRATCH_PREFIX
+from kubeinfer.runtime.fetch.retry import transient_status
+from kubeinfer.runtime.fetch.source import HfSource
+
+T = TypeVar("T")
+#: The scratch cache directory in the destination (removed at the end).
+CACHE_DIR = f"{SCRATCH_PREFIX}hf-cache"
+#: Seconds between two measurements of the bytes on disk (the progress of the Hub's downloads).
+POLL_SECONDS = 1.0
+
+
+def fetch_hf(source: HfSource, ctx: Context) -> Fetched:
+    """Download the snapshot ``source`` names into ``ctx.dest`` (see the module docstring).
+
+    Raises:
+        FetchError: ``repository not found`` (missing, or private without the right ``HF_TOKEN``);
+            ``gated repository``; ``revision not found``; ``file not found``; no file matching the
+            allow patterns; ``<status> <reason>`` of the Hub; a stall, timeout or connection error
+            (after the retries); a size over the limit; ``--sha256`` given (a repository is no file).
+    """
+    from huggingface_hub import snapshot_download
+
+    opts = ctx.options
+    if opts.sha256:
+        raise FetchError(
+            "--sha256 names one file, and an hf:// source is a repository (the Hub checks each file)"
+        )
+    token: str | bool = ctx.env.get("HF_TOKEN") or False
+    patterns = list(opts.allow_patterns) or None
+    common: dict[str, Any] = {
+        "repo_id": source.repo_id,
+        "local_dir": ctx.dest,
+        "cache_dir": ctx.dest / CACHE_DIR,
+        "allow_patterns": patterns,
+        "endpoint": opts.hf_endpoint or None,
+        "token": token,
+        "etag_timeout": opts.stall_timeout,
+        "library_name": "kubeinfer-fetch",
+    }
+    has_token, stall = bool(token), opts.stall_timeout
+    try:
+        with _hub_settings(opts.stall_timeout):
+            plan = ctx.retry(
+                lambda: _call(
+                    lambda: snapshot_download(revision=source.revision, dry_run=True, **common),
+                    has_token,
+                    stall,
+                )
+            )
+            if not plan:
+                what = f"--allow-pattern {', '.join(patterns)}" if patterns else "the repository"
+                raise FetchError(f"no file to download: nothing matches {what}")
+            total = sum(f.file_size or 0 for f in plan)
+            ctx.budget.check_total(total)
+            ctx.progress.set_total(total)
+            commit = plan[0].commit_hash
+            ctx.log(f"fetch: {ctx.label}: {len(plan)} file(s) at commit {commit}")
+            with _measure(ctx):
+                ctx.retry(
+                    lambda: _call(lambda: snapshot_download(revision=commit, **common), has_token, stall)
+                )
+    finally:
+        _remove_scratch(ctx.dest)
+    return Fetched(files=len(plan), bytes=total)
+
+
+@contextlib.contextmanager
+def _hub_settings(stall_timeout: float) -> Iterator[None]:
+    """huggingface_hub's process-wide settings while fetching: online (the runtime sets
+    ``HF_HUB_OFFLINE`` for serving; a fetch is a download), the stall timeout as its read timeout,
+    no tqdm bars (the fetch prints its own progress). Restored afterwards."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils.tqdm import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    saved = constants.HF_HUB_OFFLINE, constants.HF_HUB_DOWNLOAD_TIMEOUT
+    bars_were_disabled = are_progress_bars_disabled()
+    constants.HF_HUB_OFFLINE = False
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = max(1, math.ceil(stall_timeout))
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, constants.HF_HUB_DOWNLOAD_TIMEOUT = saved
+        if not bars_were_disabled:
+            enable_progress_bars()
+
+
+def _call(fn: Callable[[], T], has_token: bool, stall_timeout: float) -> T:
+    try:
+        return fn()
+    except FetchError:
+        raise
+    except Exception as exc:
+        raise hub_error(exc, has_token=has_token, stall_timeout=stall_timeout) from None
+
+
+def hub_error(exc: BaseException, *, has_token: bool, stall_timeout: float) -> FetchError:
+    """A huggingface_hub exception as a one-line ``FetchError`` (transient for connection errors,
+    timeouts, 5xx and 429). Errors that wrap the Hub's answer (a dry run's, an incomplete
+    snapshot's) are judged by that answer."""
+    from huggingface_hub import errors
+
+    answer = _hub_answer(exc, has_token=has_token)
+    if answer is not None:
+        return answer
+    if isinstance(exc, (errors.DryRunError, errors.LocalEntryNotFoundError)):
+        cause = exc.__cause__ or exc.__context__
+        if cause is not None:
+            return hub_error(cause, has_token=has_token, stall_timeout=stall_timeout)
+        return FetchError("cannot reach the Hub", transient=True)
+    names = {cls.__name__ for cls in type(exc).__mro__}  # httpx2's classes, without importing it
+    if "ReadTimeout" in names:
+        return FetchError(f"stalled: no data for {stall_timeout:g} s", transient=True)
+    if "TimeoutException" in names or isinstance(exc, TimeoutError):
+        return FetchError(f"timeout ({type(exc).__name__})", transient=True)
+    if "TransportError" in names or isinstance(exc, ConnectionError):
+        return FetchError(f"cannot reach the Hub ({type(exc).__name__}: {exc})", transient=True)
+    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
+        return FetchError("a file arrived incomplete", transient=True)
+    if isinstance(exc, ValueError):
+        return FetchError(f"refused by huggingface_hub: {exc}")
+    return FetchError(f"{type(exc).__name__}: {exc}")
+
+
+def _hub_answer(exc: BaseException, *, has_token: bool) -> FetchError | None:
+    """The Hub's HTTP answer in ``exc`` as a ``FetchError``; None when ``exc`` carries none."""
+    from huggingface_hub import errors
+
+    if isinstance(exc, errors.GatedRepoError):
+        return FetchError(
+            "gated repository: accept its conditions on the Hub with the account whose HF_TOKEN is set"
+        )
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        if has_token:
+            return FetchError("repository not found, or HF_TOKEN has no access to it")
+        return FetchError(
+            "repository not found (a private repository needs HF_TOKEN: spec.model.credentials)"
+        )
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return FetchError("revision not found")
+    if isinstance(exc, errors.DisabledRepoError):
+        return FetchError("repository disabled")
+    if isinstance(exc, errors.RemoteEntryNotFoundError):
+        return FetchError(f"file not found in the repository ({_url_path(exc)})")
+    if isinstance(exc, errors.HfHubHTTPError) and exc.response is not None:
+        status = exc.response.status_code
+        return FetchError(
+            f"{status} {exc.response.reason_phrase}".strip(), transient=transient_status(status)
+        )
+    return None
+
+
+def _url_path(exc: Any) -> str:
+    try:
+        return str(exc.response.request.url.path).rsplit("/resolve/", 1)[-1]
+    except AttributeError:
+        return "?"
+
+
+@contextlib.contextmanager
+def _measure(ctx: Context) -> Iterator[None]:
+    """Count the bytes under the destination (the Hub's partial files included) every
+    ``POLL_SECONDS`` into ``ctx.progress`` while the Hub downloads."""
+    stop = threading.Event()
+    baseline = _bytes_under(ctx.dest)
+
+    def poll() -> None:
+        while not stop.wait(POLL_SECONDS):
+            ctx.progress.set(max(0, _bytes_under(ctx.dest) - baseline))
+
+    thread = threading.Thread(target=poll, name="fetch-hf-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _bytes_under(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _remove_scratch(dest: Path) -> None:
+    """Remove the Hub's cache and metadata from the destination (``.kubeinfer-hf-cache``,
+    ``.cache/huggingface``; ``.cache`` too when nothing else is in it)."""
+    shutil.rmtree(dest / CACHE_DIR, ignore_errors=True)
+    shutil.rmtree(dest / ".cache" / "huggingface", ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (dest / ".cache").rmdir()
