@@ -55,11 +55,14 @@ def update_events(
     return []
 
 
-def transition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[Event]:
+def transition_events(
+    before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]], note: str | None = None
+) -> list[Event]:
     """The Events for the change of ``status.conditions`` from ``before`` to ``after``.
 
     Normal for expected transitions: ``RolloutFinished`` when Ready turns true as a rollout
-    (Reconciling) ends, else the Ready reason when Ready turns true (e.g. a fault cleared); the
+    (Reconciling) ends, else the Ready reason when Ready turns true (e.g. a fault cleared), its
+    message followed by ``note`` when given (what the model's fetch took); the
     start of a rollout or a scale is the apply's Event (:func:`update_events`). Warning only for
     faults: Ready turning false, or changing reason while false, with a reason not in
     :data:`EXPECTED_NOT_READY_REASONS`. Nothing when the conditions did not change in status or
@@ -86,7 +89,8 @@ def transition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mappi
     )
     if status == "True":
         finished = rec_before == "True" and rec_after != "True"
-        events.append(("Normal", "RolloutFinished" if finished else reason, f"Ready=True: {message}"))
+        text = f"Ready=True: {message}" + (f"; {note}" if note else "")
+        events.append(("Normal", "RolloutFinished" if finished else reason, text))
     elif reason not in EXPECTED_NOT_READY_REASONS:
         events.append(("Warning", reason, f"Ready={status}: {message}"))
     return events

@@ -205,29 +205,28 @@ def test_crash_loop_carries_exit_code_and_termination_message() -> None:
         {
             "exitCode": 2,
             "reason": "Error",
-            "message": "loading model\nerror: calibration file /models/calib.jsonl not found\n",
+            "message": "invalid configuration: calibration file\n/models/c.txt\n",
         }
     )
     assert diagnosis.pod_problem([pod]) == ReadyState(
         "False",
         "CrashLoopBackOff",
-        "pod p4 container runtime: back-off 40s restarting failed container=runtime; "
-        "last exit code 2 (Error): loading model\nerror: calibration file /models/calib.jsonl not found",
+        "pod p4 container runtime: exit code 2 (Error): invalid configuration: calibration file "
+        "/models/c.txt",
     )
 
 
-def test_crash_loop_termination_message_keeps_its_last_300_chars() -> None:
-    cause = "error: calibration file missing"
-    log = "x" * 1000 + "\n" + cause
-    state = diagnosis.pod_problem([_crashing_pod({"exitCode": 1, "message": log})])
-    assert state is not None
-    prefix = "pod p4 container runtime: back-off 40s restarting failed container=runtime; last exit code 1: "
-    assert state.message == prefix + "..." + "x" * (300 - len(cause) - 1) + "\n" + cause
-    assert len(state.message) == len(prefix) + 3 + 300
+def test_termination_message_is_one_line_cut_to_a_bound() -> None:
+    cause = "model load failed: OSError: " + "x" * 1000
+    state = diagnosis.pod_problem([_crashing_pod({"exitCode": 1, "message": cause})])
+    assert state is not None and state.reason == "ModelLoadFailed"
+    prefix = "pod p4 container runtime: exit code 1: "
+    assert state.message.startswith(prefix + "model load failed: OSError: xxx") and state.message.endswith(
+        "..."
+    )
+    assert len(state.message) == len(prefix) + diagnosis.TERMINATION_MESSAGE_CHARS
 
 
 def test_crash_loop_without_message_still_gives_exit_code() -> None:
-    state = diagnosis.pod_problem([_crashing_pod({"exitCode": 137, "reason": "OOMKilled"})])
-    assert state is not None
-    assert state.message.endswith("; last exit code 137 (OOMKilled)")
-    assert diagnosis.last_termination({"name": "runtime", "lastState": {}}) is None
+    state = diagnosis.pod_problem([_crashing_pod({"exitCode": 139, "reason": "Error"})])
+    assert state == ReadyState("False", "CrashLoopBackOff", "pod p4 container runtime: exit code 139 (Error)")
