@@ -20,6 +20,7 @@ from kubeinfer.operator.build import scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile import Reconciler
 from kubeinfer.operator.reconcile.reconciler import Lookup
+from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.settings import Settings
 from kubeinfer.operator.status import object_key
 
@@ -53,8 +54,15 @@ class Controllers:
 
     @classmethod
     def create(cls, kube: k8s.Kube, settings: Settings) -> Controllers:
-        """Both controllers over ``kube``, configured by ``settings`` (read once, at startup)."""
-        return cls(kube, Reconciler(kube, scrapers=scrapers(settings)), loop.from_settings(kube, settings))
+        """Both controllers over ``kube``, configured by ``settings`` (read once, at startup): the
+        reconciler with the Prometheus scrapers and the Secret / ServiceAccount reference policy."""
+        references = ReferencePolicy(
+            secrets=tuple(settings.secret_references_allowed),
+            service_accounts=tuple(settings.service_account_references_allowed),
+        )
+        logger.info("InferenceServices may reference %s", references.describe())
+        reconciler = Reconciler(kube, scrapers=scrapers(settings), references=references)
+        return cls(kube, reconciler, loop.from_settings(kube, settings))
 
     @classmethod
     async def start(cls, settings: Settings) -> Controllers:

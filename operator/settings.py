@@ -18,7 +18,7 @@ class Settings(BaseModel):
     Each field ``name`` is read from the environment variable ``KUBEINFER_<NAME>`` and from the flag
     ``--<name with dashes>`` (the flag wins); ``kubeconfig`` also from ``KUBECONFIG``. Each field's
     description (shown by ``kubeinfer-operator --help`` with its variable and default) says what it
-    does and its unit. Lists (``namespaces``) are comma-separated.
+    does and its unit. Lists (``namespaces``, the reference patterns) are comma-separated.
     """
 
     namespaces: list[str] = Field(
@@ -87,6 +87,20 @@ class Settings(BaseModel):
     kubeconfig: str | None = Field(
         default=None, description="kubeconfig file (also KUBECONFIG); unset = in-cluster"
     )
+    secret_references_allowed: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="Secrets an InferenceService may name (spec.model.credentials, "
+        "spec.quantization.calibration.credentials, spec.server.auth.bearerTokenSecretRef, "
+        "spec.runtime.env[].valueFrom.secretKeyRef): comma-separated globs of NAME or NAMESPACE/NAME; "
+        "'*' = any (the default), empty = none. The runtime pods receive what is named, so without a "
+        "limit whoever may create InferenceServices can read any Secret of the namespace through them",
+    )
+    service_account_references_allowed: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="ServiceAccounts spec.serviceAccountName may name (their token is mounted in the "
+        "runtime pods): comma-separated globs of NAME or NAMESPACE/NAME; '*' = any (the default), "
+        "empty = none",
+    )
 
     @field_validator("prometheus_pod_labels", mode="before")
     @classmethod
@@ -128,7 +142,7 @@ class Settings(BaseModel):
             raw = env.get(env_var(name))
             if raw is None:
                 continue
-            values[name] = [n.strip() for n in raw.split(",") if n.strip()] if name == "namespaces" else raw
+            values[name] = _split(raw) if name in LIST_FIELDS else raw
         if env.get("KUBECONFIG") and "kubeconfig" not in values:
             values["kubeconfig"] = env["KUBECONFIG"]
         return cls.model_validate(values)
@@ -154,8 +168,17 @@ class Settings(BaseModel):
         for name in cls.model_fields:
             value = getattr(args, name)
             if value is not None:
-                updates[name] = [n for n in value.split(",") if n] if name == "namespaces" else value
+                updates[name] = _split(value) if name in LIST_FIELDS else value
         return cls.model_validate({**base.model_dump(), **updates}) if updates else base
+
+
+#: The settings given as comma-separated lists (environment and flags).
+LIST_FIELDS = frozenset({"namespaces", "secret_references_allowed", "service_account_references_allowed"})
+
+
+def _split(raw: str) -> list[str]:
+    """A comma-separated list (items stripped; empty items dropped, so ``""`` is the empty list)."""
+    return [n.strip() for n in raw.split(",") if n.strip()]
 
 
 def env_var(field: str) -> str:

@@ -22,12 +22,14 @@ from kubeinfer.operator.build.common import selector_string
 from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
+from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.reconcile.replicas import desired_replicas
 from kubeinfer.operator.reconcile.rollout import rollout_of
 from kubeinfer.operator.status import (
     ConditionState,
     StatusWrite,
     StatusWriter,
+    conditions_of,
     generation_of,
     isvc_path,
     object_key,
@@ -70,13 +72,15 @@ class Reconciler:
     ``max_retry_delay``); ``api_error_threshold``: consecutive failed reconciles of one
     InferenceService before ``Ready=False ApiServerError`` is written. ``scrapers``: the
     NetworkPolicy peers of the Prometheus that scrapes the runtime pods (admitted to their metrics
-    port when ``spec.server.allowFrom`` is set). Status is written by ``status_writer`` (field manager
-    ``kubeinfer``), made from ``kube``.
+    port when ``spec.server.allowFrom`` is set). ``references``: the Secrets and ServiceAccounts an
+    InferenceService may name (one naming another is refused before anything is applied). Status is
+    written by ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
     """
 
     kube: k8s.Kube
     clock: Callable[[], str] = rfc3339.now
     scrapers: tuple[Mapping[str, Any], ...] = ()
+    references: ReferencePolicy = field(default_factory=ReferencePolicy)
     retry_delay: float = 5.0
     max_retry_delay: float = backoff.RETRY_DELAY_MAX_SECONDS
     api_error_threshold: int = backoff.API_ERROR_THRESHOLD
@@ -232,7 +236,15 @@ class Reconciler:
             isvc = api.InferenceService.from_body(body)
         except pydantic.ValidationError as exc:
             message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            await self._write_invalid(body, current_status, f"invalid spec: {message}")
+            await self._write_fault(
+                body,
+                current_status,
+                ConditionState("False", "InvalidSpec", f"invalid spec: {message}"[:2000]),
+            )
+            return
+        refused = self.references.refusal(isvc)
+        if refused is not None:  # nothing is applied: the pods never receive what it names
+            await self._write_fault(body, current_status, refused)
             return
 
         deployment = self._current(lookup, "Deployment", namespace, name)
@@ -264,9 +276,9 @@ class Reconciler:
             await self._delete_unwanted(body, lookup, kind)
 
         error = errors[-1] if errors else None
-        state = await self._observe(isvc, deployment, error)
+        state = await self._observe(isvc, deployment, error, current_status)
         desired_status = report.desired_status(isvc, deployment, state, current_status, self.clock())
-        await self._write_status(body, desired_status)
+        await self._write_status(body, desired_status, note=state.note)
 
     def _record_apply(
         self,
@@ -312,10 +324,15 @@ class Reconciler:
             return []
 
     async def _observe(
-        self, isvc: api.InferenceService, deployment: Mapping[str, Any] | None, error: str | None
+        self,
+        isvc: api.InferenceService,
+        deployment: Mapping[str, Any] | None,
+        error: str | None,
+        current_status: Mapping[str, Any],
     ) -> diagnosis.Health:
         """:func:`diagnosis.health` from the PersistentVolumeClaims and, while a rollout is not complete,
-        the ReplicaSets and pods (listed only then: a steady state reads nothing more)."""
+        the ReplicaSets and pods (listed only then: a steady state reads nothing more; and once more as
+        a fetched model's rollout completes, for what the fetch took, in the Ready Event)."""
         namespace = isvc.namespace
         missing: list[str] = []
         for claim in isvc.spec.pvc_claims():
@@ -323,7 +340,9 @@ class Reconciler:
                 missing.append(claim)
         pods: list[dict[str, Any]] = []
         replicasets: list[dict[str, Any]] = []
-        if deployment is not None and not missing and not rollout_of(deployment).complete:
+        ready = (conditions_of({"status": current_status}).get(api.CONDITION_READY) or {}).get("status")
+        becoming_ready = api.is_fetched(isvc.spec.model.uri) and ready != "True"
+        if deployment is not None and not missing and (becoming_ready or not rollout_of(deployment).complete):
             selector = selector_string(isvc)
             replicasets, pods = await asyncio.gather(
                 self._replicasets(namespace, selector),
@@ -336,16 +355,20 @@ class Reconciler:
             namespace=namespace,
             pods=pods,
             replicasets=replicasets,
+            model_image=api.oci_reference(isvc.spec.model.uri),
         )
 
-    async def _write_status(self, body: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
+    async def _write_status(
+        self, body: Mapping[str, Any], desired: Mapping[str, Any], note: str | None = None
+    ) -> None:
         """Write the ``desired`` status fields computed from ``body`` (the fields that differ; none: no
-        request); a 409 goes up to :meth:`reconcile`, which re-reads the object and reconciles again."""
-        self._after_status(await self.status_writer.write(body, desired))
+        request); a 409 goes up to :meth:`reconcile`, which re-reads the object and reconciles again.
+        ``note``: words for the Event of Ready turning true (:attr:`diagnosis.Health.note`)."""
+        self._after_status(await self.status_writer.write(body, desired), note)
 
-    def _after_status(self, written: StatusWrite) -> None:
+    def _after_status(self, written: StatusWrite, note: str | None = None) -> None:
         """Keep the stored object as the latest body, then post the Events of the conditions'
-        transitions (:func:`events.transition_events`), once per transition."""
+        transitions (:func:`events.transition_events`, with ``note``), once per transition."""
         if not written.patch:
             return
         body, key = written.body, object_key(written.body)
@@ -355,7 +378,9 @@ class Reconciler:
             self.bodies[key] = written.stored
         if "conditions" not in written.patch:
             return
-        found = events.transition_events(written.before.get("conditions") or [], written.patch["conditions"])
+        found = events.transition_events(
+            written.before.get("conditions") or [], written.patch["conditions"], note
+        )
         if found and self._events.get(key) != found:
             self._events[key] = found  # the watch may not show our patch yet
             for type_, reason, message in found:
@@ -390,10 +415,11 @@ class Reconciler:
             return
         self._after_status(written)
 
-    async def _write_invalid(
-        self, body: Mapping[str, Any], current_status: Mapping[str, Any], message: str
+    async def _write_fault(
+        self, body: Mapping[str, Any], current_status: Mapping[str, Any], ready: ConditionState
     ) -> None:
-        ready = ConditionState("False", "InvalidSpec", message[:2000])
+        """Write a fault found before anything is applied (an invalid spec, a reference the policy
+        refuses): ``Ready=False`` and ``Stalled=True`` with its reason (:func:`report.fault_conditions`)."""
         generation = generation_of(body)
         desired = {
             "observedGeneration": generation,
