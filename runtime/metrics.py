@@ -18,6 +18,9 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   (busy seconds / (window * executors)).
 - ``kubeinfer_accelerator_memory_bytes`` gauge: on CUDA, bytes the process's torch allocator reserved on
   the device (``torch.cuda.memory_reserved``); absent on CPU (there is no accelerator).
+- ``kubeinfer_model_fetch_seconds``, ``kubeinfer_model_fetch_bytes`` gauges: what the fetch init container
+  (``kubeinfer-runtime fetch``) took and downloaded, from ``<model.source>/.kubeinfer-fetch.json``; absent
+  when the model was not fetched.
 - ``kubeinfer_model_load_seconds``, ``kubeinfer_warmup_seconds`` gauges; the quantization gauges
   ``kubeinfer_quantization_cosine_mean_ratio`` and ``kubeinfer_quantization_retrieval_agreement_ratio``
   (set when the model reports them).
@@ -224,6 +227,15 @@ class RuntimeMetrics:
         self.warmup_seconds = Gauge(
             "kubeinfer_warmup_seconds", "Seconds spent in warmup.", labels, registry=r
         ).labels(model)
+        self._fetch_seconds = Gauge(
+            "kubeinfer_model_fetch_seconds",
+            "Seconds the fetch init container took to download the model.",
+            labels,
+            registry=r,
+        )
+        self._fetch_bytes = Gauge(
+            "kubeinfer_model_fetch_bytes", "Bytes the fetch init container downloaded.", labels, registry=r
+        )
         self.cosine_mean = Gauge(
             "kubeinfer_quantization_cosine_mean_ratio",
             "Mean cosine of quantized to unquantized outputs on the held-out set.",
@@ -349,6 +361,12 @@ class RuntimeMetrics:
             self.cosine_mean.labels(self.model).set(report["quantization_cosine_mean_ratio"])
         if "quantization_retrieval_agreement_ratio" in report:
             self.retrieval_agreement.labels(self.model).set(report["quantization_retrieval_agreement_ratio"])
+
+    def set_fetch(self, seconds: float, nbytes: int) -> None:
+        """Export the fetch step's figures (``kubeinfer.runtime.fetch.FetchReport``): seconds taken,
+        bytes downloaded. Until called, neither gauge has a series."""
+        self._fetch_seconds.labels(self.model).set(seconds)
+        self._fetch_bytes.labels(self.model).set(nbytes)
 
     def exposition(self) -> bytes:
         """The text exposition format of every metric (the body of ``GET /metrics``)."""

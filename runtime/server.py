@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.fetch import FetchReport, read_report
+from kubeinfer.runtime.fetch.progress import megabytes
 from kubeinfer.runtime.frontend_pool import DRAIN_LINGER_SECONDS, FrontEndPool
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.metrics import RuntimeMetrics
@@ -37,6 +39,19 @@ from kubeinfer.runtime.termination import write_termination_message
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def startup_summary(report: dict[str, float], fetched: FetchReport | None) -> str:
+    """Where the time to ready went, one line: ``fetch 4.1 s (87.2 MB, 3 files), load 2.0 s, warmup
+    6.0 s`` (the fetch only when the init container reported one; ``report``: the model's ``report()``)."""
+    parts = []
+    if fetched is not None:
+        files = f"{fetched.files} file{'' if fetched.files == 1 else 's'}"
+        parts.append(f"fetch {fetched.seconds:.1f} s ({megabytes(fetched.bytes)}, {files})")
+    for key, name in (("model_load_seconds", "load"), ("warmup_seconds", "warmup")):
+        if key in report:
+            parts.append(f"{name} {report[key]:.1f} s")
+    return ", ".join(parts) or "no figures"
 
 
 class RuntimeServer:
@@ -245,8 +260,27 @@ class RuntimeServer:
             self._failed = True
             self._close_http(force=True)
 
+    def _fetch_report(self) -> FetchReport | None:
+        """The fetch init container's report in the model directory (exported as gauges), or None."""
+        try:
+            report = read_report(self.cfg.model.source)
+        except ValueError as exc:
+            log.warning("%s; no fetch figures", exc)
+            return None
+        if report is not None:
+            self.metrics.set_fetch(report.seconds, report.bytes)
+            log.info(
+                "model fetched by the init container: %d file(s), %s in %.1f s from %s",
+                report.files,
+                megabytes(report.bytes),
+                report.seconds,
+                report.source,
+            )
+        return report
+
     async def _load_model(self) -> ServableModel:
         cfg = self.cfg
+        fetched = self._fetch_report()
         t0 = time.monotonic()
         log.info(
             "loading model %r from %r (quantization %s)",
@@ -266,7 +300,9 @@ class RuntimeServer:
             await in_daemon_thread(calibrate_model, model, cfg.batching.max_batch_size, fit)
         else:
             model.max_batch_size = cfg.batching.max_batch_size
-        self.metrics.set_report(model.report())
+        report = model.report()
+        self.metrics.set_report(report)
+        log.info("startup: %s", startup_summary(report, fetched))
         try:
             self.metrics.use_device(model.device)
         except Exception as exc:

@@ -54,7 +54,9 @@ def model_file(source: str) -> Path:
     for candidate in (path / "model.onnx", path / "onnx" / "model.onnx"):
         if candidate.is_file():
             return candidate
-    found = sorted(path.glob("*.onnx"))
+    found = sorted(
+        p for p in path.glob("*.onnx") if not p.name.startswith(".")
+    )  # hidden: a fetch's temp files
     if len(found) != 1:
         names = ", ".join(p.name for p in found) or "none"
         raise FileNotFoundError(

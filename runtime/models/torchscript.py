@@ -1,5 +1,9 @@
 """TorchScript loader: a ``torch.jit`` file with inputs and outputs declared in the config.
 
+``model.source`` is the file, or a directory with exactly one ``*.pt``, ``*.ts``, ``*.torchscript``
+or ``*.pth`` file in it (what ``kubeinfer-runtime fetch`` leaves in ``/mnt/models``); hidden files
+are skipped.
+
 The module is called as ``module(*inputs)`` with one tensor per declared input, in declared order,
 each with the batch dimension first. It returns one tensor (one declared output), or a tuple/list
 (declared outputs in order), or a dict keyed by output name. Only numeric and BOOL datatypes are
@@ -129,14 +133,48 @@ class TorchScriptModel(TensorModel):
         return out
 
 
+#: File name endings of a TorchScript file in a model directory.
+SUFFIXES = (".pt", ".ts", ".torchscript", ".pth")
+
+
+def model_file(source: str) -> Path:
+    """The TorchScript file ``source`` names: the file itself, or the one file of a directory whose
+    name ends with a ``SUFFIXES`` ending (hidden files, such as the fetch step's report and temporary
+    files, are skipped).
+
+    Raises:
+        FileNotFoundError: nothing there, or a directory with no such file or with several.
+    """
+    path = Path(source)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"model.source {source}: no such TorchScript file or directory")
+    found = sorted(
+        p
+        for p in path.iterdir()
+        if p.is_file() and not p.name.startswith(".") and p.name.lower().endswith(SUFFIXES)
+    )
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        kinds = ", ".join(f"*{s}" for s in SUFFIXES)
+        raise FileNotFoundError(
+            f"model.source {source}: expected exactly one TorchScript file ({kinds}) in the directory, "
+            f"found {names}"
+        )
+    return found[0]
+
+
 def load_torchscript(cfg: RuntimeConfig) -> TorchScriptModel:
     """Load ``cfg.model.source`` with ``torch.jit.load`` onto the resolved device.
 
     For ``bf16``/``fp16`` the first output on ``COMPARE_ROWS`` seeded random rows is compared with
     the fp32 module's (mean cosine per row, ``report()``).
 
+    ``model.source`` is the file, or a directory holding exactly one (``model_file``).
+
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file, or a directory without exactly one TorchScript file.
         QuantizationError: an int8 mode, or fp16 on a CPU.
         ValueError: a BYTES input (TorchScript modules take tensors only).
     """
@@ -154,9 +192,7 @@ def load_torchscript(cfg: RuntimeConfig) -> TorchScriptModel:
             raise ValueError(f"TorchScript tensor '{spec.name}': datatype BYTES is not supported")
         if spec.shape[0] != -1:
             raise ValueError(f"TorchScript tensor '{spec.name}': the first dimension must be -1 (batch)")
-    path = Path(cfg.model.source)
-    if not path.is_file():
-        raise FileNotFoundError(f"model.source {cfg.model.source}: no such TorchScript file")
+    path = model_file(cfg.model.source)
     configure_torch(device)
     os.environ["HF_HUB_OFFLINE"] = "1"
     module = torch.jit.load(str(path), map_location=device).eval()  # type: ignore[no-untyped-call]
