@@ -150,7 +150,7 @@ def _extract_tar(archive: Path, scratch: Path, budget: SizeBudget) -> None:
             for member in members:
                 check_tar_member(member)
             total = sum(m.size for m in members if m.isreg())
-            budget.check_total(total, "the archive's members")
+            budget.check_total(total, "unpacked")
             budget.take(total)
             try:
                 tar.extractall(scratch, members=members, filter="data")
@@ -167,7 +167,7 @@ def _extract_zip(archive: Path, scratch: Path, budget: SizeBudget) -> None:
             for info in infos:
                 check_zip_member(info)
             total = sum(i.file_size for i in infos if not i.is_dir())
-            budget.check_total(total, "the archive's members")
+            budget.check_total(total, "unpacked")
             budget.take(total)
             for info in infos:
                 name = info.filename.rstrip("/")

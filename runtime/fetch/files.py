@@ -50,17 +50,20 @@ class SizeBudget:
         self.used = 0
         self._lock = threading.Lock()
 
-    def check_total(self, total: int, what: str = "the source") -> None:
+    def check_total(self, total: int, what: str = "to fetch") -> None:
         """Refuse before starting when the source states a total over the limit.
 
         Raises:
-            FetchError: (permanent) ``total`` plus what is used already exceeds the limit.
+            FetchError: (permanent) ``total`` plus what is used already exceeds the limit:
+                ``12.0 MB (12000000 bytes) to fetch, more than --size-limit 10.0 MB (10000000 bytes)``.
         """
-        if self.limit is not None and self.used + total > self.limit:
-            raise FetchError(
-                f"{what} holds {megabytes(total)} ({total} bytes), more than --size-limit "
-                f"{megabytes(self.limit)} ({self.limit} bytes)"
-            )
+        if self.limit is None or self.used + total <= self.limit:
+            return
+        already = f" plus {megabytes(self.used)} already written" if self.used else ""
+        raise FetchError(
+            f"{megabytes(total)} ({total} bytes) {what}{already}, more than --size-limit "
+            f"{megabytes(self.limit)} ({self.limit} bytes)"
+        )
 
     def give_back(self, n: int) -> None:
         """Uncount ``n`` bytes (a discarded file's)."""
@@ -74,8 +77,9 @@ class SizeBudget:
             FetchError: (permanent) the bytes written exceed the limit.
         """
         with self._lock:
-            self.used += n
-            over = self.limit is not None and self.used > self.limit
+            over = self.limit is not None and self.used + n > self.limit
+            if not over:
+                self.used += n
         if over:
             raise FetchError(
                 f"more than --size-limit {megabytes(self.limit or 0)} ({self.limit} bytes) received"

@@ -54,6 +54,8 @@ def test_the_tree_keeps_the_runtime_layers(tmp_path: Path) -> None:
         ("executor.py", "import kubeinfer.runtime.batching"),  # the threads sit under the batcher
         ("rest.py", "import kubeinfer.runtime.ipc"),  # sibling transports are independent
         ("grpc_server.py", "import kubeinfer.runtime.server"),  # a transport does not reach up
+        ("fetch/run.py", "import kubeinfer.runtime.rest"),  # the fetch step knows no server or transport
+        ("models/base.py", "import kubeinfer.runtime.fetch.report"),  # models and fetch are independent
     ],
 )
 def test_a_planted_import_against_the_layers_breaks_the_contract(
