@@ -76,7 +76,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"quantization": {"mode": "bf16"}, "runtime": {"device": "cpu", "engine": "onnxruntime"}},
         "spec.runtime.engine",
     ),
-    ("bad-uri", {"model": {"uri": "s3://bucket/model"}}, "spec.model.uri"),
+    ("bad-uri", {"model": {"uri": "ftp://host/model"}}, "spec.model.uri"),
     ("bad-pvc-uri", {"model": {"uri": "pvc://Bad_Claim/x"}}, "spec.model.uri"),
     ("bad-duration", {"batching": {"maxQueueDelay": "5 ms"}}, "spec.batching.maxQueueDelay"),
     ("bad-quantization", {"quantization": {"mode": "int4"}}, "spec.quantization.mode"),
