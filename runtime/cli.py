@@ -233,6 +233,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def _fetch_failed(message: str, termination_log: str | None, secrets: list[str]) -> int:
+    """Report a failed fetch on stderr and in the termination log, redacted; returns 1."""
     line = redact_text(message, secrets)
     print(f"fetch: failed: {line}", file=sys.stderr, flush=True)
     write_termination_message(line, termination_log)

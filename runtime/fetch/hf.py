@@ -219,8 +219,10 @@ def _bytes_under(root: Path) -> int:
 
 def _remove_scratch(dest: Path) -> None:
     """Remove the Hub's cache and metadata from the destination (``.kubeinfer-hf-cache``,
-    ``.cache/huggingface``; ``.cache`` too when nothing else is in it)."""
+    ``.cache/huggingface``) and the directories left empty (``.cache``, those a dry run made)."""
     shutil.rmtree(dest / CACHE_DIR, ignore_errors=True)
     shutil.rmtree(dest / ".cache" / "huggingface", ignore_errors=True)
-    with contextlib.suppress(OSError):
-        (dest / ".cache").rmdir()
+    for dirpath, _dirs, _names in sorted(os.walk(dest), key=lambda w: -len(w[0])):  # deepest first
+        if dirpath != str(dest):
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)  # only an empty one: the dry run makes the files' directories

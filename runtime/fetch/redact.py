@@ -24,7 +24,8 @@ SECRET_ENV = (
 #: Secret values shorter than this are not searched for (they would mask ordinary words).
 MIN_SECRET_CHARS = 4
 
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+#: A URL in a text, without a trailing punctuation mark (``https://h/x?q=1: 404`` stops before ``:``).
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
 
 
 def redact_url(url: str) -> str:

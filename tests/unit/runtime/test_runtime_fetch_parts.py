@@ -63,6 +63,9 @@ def test_redact_text_masks_urls_and_secret_values() -> None:
         redact_text(text, secrets)
         == "GET https://***@h/m?*** failed; key ***, token *** in 'https://h/x?***'"
     )
+    once = redact_text("https://u:p@h/m.onnx?sig=1: 401 Unauthorized (see https://h/doc).")
+    assert once == "https://***@h/m.onnx?***: 401 Unauthorized (see https://h/doc)."  # punctuation is no URL
+    assert redact_text(once) == once
 
 
 # ----- retries --------------------------------------------------------------------------------------
