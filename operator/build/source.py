@@ -22,7 +22,7 @@ import copy
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from kubeinfer.operator import api
 
@@ -204,10 +204,12 @@ def fetch_container(
 
 
 def calibration_file_name(uri: str) -> str:
-    """The file name a fetched calibration file keeps: the last segment of the key or URL path
-    (``s3://b/data/calib.txt`` -> ``calib.txt``; a query string is not part of it)."""
-    path = uri.split("://", 1)[1].split("/", 1)[1] if api.uri_scheme(uri) == "s3" else urlsplit(uri).path
-    return posixpath.basename(path)
+    """The file name a fetched calibration file keeps, as the fetcher names it: the last segment of the
+    S3 key, or of the URL path percent-decoded (``s3://b/data/calib.txt`` -> ``calib.txt``,
+    ``https://h/d/my%20texts.txt?sig=x`` -> ``my texts.txt``)."""
+    if api.uri_scheme(uri) == "s3":
+        return posixpath.basename(uri.split("://", 1)[1].split("/", 1)[1])
+    return unquote(posixpath.basename(urlsplit(uri).path))
 
 
 def model_source_path(uri: str, container_path: str) -> str:

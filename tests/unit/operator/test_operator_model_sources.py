@@ -280,6 +280,8 @@ def test_fetched_calibration_file() -> None:
         {"quantization": {"mode": "int8-static", "calibration": {"uri": "https://h/d/c.txt?sig=x"}}}
     )
     assert runtime_config(https, 0.005).quantization.calibration_path == "/mnt/calibration/c.txt"
+    spaced = _isvc({"quantization": {"mode": "int8-static", "calibration": {"uri": "https://h/my%20c.txt"}}})
+    assert runtime_config(spaced, 0.005).quantization.calibration_path == "/mnt/calibration/my c.txt"
     both = _pod(_isvc({**SOURCES["calibration-s3"], "model": {"uri": "hf://org/repo"}}))
     assert [c["name"] for c in both["initContainers"]] == ["fetch", "fetch-calibration"]
 
