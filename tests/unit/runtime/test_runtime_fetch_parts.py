@@ -349,3 +349,23 @@ def test_a_failing_fetch_exits_1_with_one_redacted_line(
         "model.source 'https://***@h/x/': the URL's path must end"
     )
     assert "hunter2" not in line and "hunter2" not in capsys.readouterr().err
+
+
+def test_the_operators_fetch_init_containers_parse() -> None:
+    """The operator's golden pod specs (tests/unit/operator/golden) run ``kubeinfer-runtime fetch``
+    with arguments this parser takes, a source ``parse_source`` takes and options in range."""
+    import yaml
+
+    golden = Path(__file__).resolve().parents[1] / "operator" / "golden"
+    seen = 0
+    for path in sorted(golden.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        pod = doc.get("pod") if isinstance(doc, dict) else None
+        for container in (pod or {}).get("initContainers") or []:
+            args = container.get("args") or []
+            if container.get("command") == ["kubeinfer-runtime"] and args[:1] == ["fetch"]:
+                parsed = cli.build_parser().parse_args(args)
+                check_options(cli.fetch_options(parsed))
+                assert parse_source(parsed.source).fetched, path.name
+                seen += 1
+    assert seen >= 1, f"no fetch init container in {golden}"
