@@ -370,9 +370,10 @@ class FetchSpec(_Spec):
 #: ``{credentialed}``: its schemes, :data:`_SOURCE_WORDS`).
 _SOURCE_SETTINGS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "sha256": (
-        _CEL_FETCHED,
-        FETCHED_SCHEMES,
-        "applies only when {f}.uri is {fetched} (a fetched file or archive)",
+        r"self.uri.matches('^(s3|https?)://')",
+        ("s3", "https", "http"),
+        "applies only when {f}.uri is s3://, https:// or http:// (a single file or archive; pin an "
+        "hf:// model by its revision instead)",
     ),
     "s3": ("self.uri.startsWith('s3://')", ("s3",), "applies only when {f}.uri is s3://"),
     "hf": ("self.uri.startsWith('hf://')", ("hf",), "applies only when {f}.uri is hf://"),
@@ -519,8 +520,8 @@ class ModelSpec(_Spec):
     sha256: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,
-        description="SHA-256 (hex) of the single file or archive fetched (s3, https, http, hf): a mismatch "
-        "fails the fetch.",
+        description="SHA-256 (hex) of the single file or archive fetched (s3, https, http; an hf:// "
+        "model is pinned by its revision): a mismatch fails the fetch.",
     )
     allow_insecure_http: bool = Field(
         default=False,

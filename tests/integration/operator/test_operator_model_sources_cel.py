@@ -31,6 +31,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("sha256-pvc", {"model": {"uri": "pvc://claim/m", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-oci", {"model": {"uri": "oci://ghcr.io/a/b:1", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-path", {"model": {"uri": "/models/m", "sha256": SHA}}, "spec.model.sha256"),
+    ("sha256-hf", {"model": {"uri": "hf://org/m@v1", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-not-hex", {"model": {"uri": "https://host/m", "sha256": "z" * 64}}, "spec.model.sha256"),
     (
         "s3-settings-on-https",

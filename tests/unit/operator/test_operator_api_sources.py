@@ -89,6 +89,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("sha256-pvc", {"model": {"uri": "pvc://c/m", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-oci", {"model": {"uri": "oci://ghcr.io/a/b:1", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-path", {"model": {"uri": "/m", "sha256": SHA}}, "spec.model.sha256"),
+    ("sha256-hf", {"model": {"uri": "hf://org/m", "sha256": SHA}}, "spec.model.sha256"),
     ("sha256-short", {"model": {"uri": "https://h/m", "sha256": "abc"}}, "sha256"),
     ("s3-with-https", {"model": {"uri": "https://h/m", "s3": {"region": "x"}}}, "spec.model.s3"),
     ("hf-with-s3", {"model": {"uri": "s3://bucket/m", "hf": {}}}, "spec.model.hf"),
