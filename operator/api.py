@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, Engine, ModelFormat, Quantization
+from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, Engine, ModelFormat, Quantization, Task
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
@@ -477,6 +477,12 @@ class ModelSpec(_Spec):
                     ".uri",
                     "FieldValueInvalid",
                 ),
+                _cel(
+                    "!has(self.task) || self.format == 'huggingface'",
+                    "spec.model.task applies to huggingface models only",
+                    ".task",
+                    "FieldValueInvalid",
+                ),
                 *_source_rules("spec.model", _MODEL_SETTINGS),
             ]
         }
@@ -497,6 +503,13 @@ class ModelSpec(_Spec):
         default="huggingface",
         description="huggingface | torchscript | onnx (a .onnx file or its directory, run on ONNX Runtime; "
         "its tensors are read from the model)",
+    )
+    task: Task | None = Field(
+        default=None,
+        description="huggingface only: text-embedding (text -> embedding), text-classification (text -> "
+        "label, score, logits) or reranking (query, text -> score, and POST /v1/rerank). Unset: detected "
+        "from the model's config.json (*ForSequenceClassification: reranking with one label, else "
+        "text-classification; otherwise text-embedding).",
     )
     name: str | None = Field(
         default=None,
@@ -548,6 +561,8 @@ class ModelSpec(_Spec):
             )
         if self.format in ("torchscript", "onnx") and self.uri == BUNDLED_MODEL:
             raise ValueError(f"spec.model.uri: the bundled default model is huggingface, not {self.format}")
+        if self.task is not None and self.format != "huggingface":
+            raise ValueError("spec.model.task applies to huggingface models only")
         return self
 
 

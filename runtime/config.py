@@ -25,6 +25,8 @@ Datatype = Literal[
 ]
 Device = Literal["auto", "cpu", "cuda"]
 Engine = Literal["torch", "onnxruntime"]
+#: What a Hugging Face model does (``model.task``); unset: detected from its ``config.json``.
+Task = Literal["text-embedding", "text-classification", "reranking"]
 
 #: The runtime container's configuration, as the operator mounts it: the directory of the
 #: InferenceService's ConfigMap (a directory mount, so updates propagate), the file (and ConfigMap
@@ -74,6 +76,12 @@ class ModelConfig(_Strict):
         description="torch | onnxruntime; unset: torch for huggingface and torchscript, onnxruntime for "
         "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached).",
     )
+    task: Task | None = Field(
+        default=None,
+        description="huggingface only: text-embedding | text-classification | reranking; unset: detected "
+        "from config.json's architectures (*ForSequenceClassification: reranking with one label, else "
+        "text-classification; anything else: text-embedding).",
+    )
 
     @model_validator(mode="after")
     def _torchscript_declares_io(self) -> ModelConfig:
@@ -83,6 +91,8 @@ class ModelConfig(_Strict):
             raise ValueError("model.engine onnxruntime does not run torchscript models; use torch")
         if self.format == "onnx" and self.engine == "torch":
             raise ValueError("model.engine torch does not run onnx models; use onnxruntime")
+        if self.task is not None and self.format != "huggingface":
+            raise ValueError(f"model.task applies to huggingface models only, not {self.format}")
         return self
 
 
@@ -232,6 +242,8 @@ class RuntimeConfig(_Strict):
             del data["cache"]
         if self.model.engine is None:  # the format's default engine
             del data["model"]["engine"]
+        if self.model.task is None:  # detected from the model directory
+            del data["model"]["task"]
         return data
 
     def to_yaml(self) -> str:

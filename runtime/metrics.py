@@ -23,7 +23,9 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   when the model was not fetched.
 - ``kubeinfer_model_load_seconds``, ``kubeinfer_warmup_seconds`` gauges; the quantization gauges
   ``kubeinfer_quantization_cosine_mean_ratio`` and ``kubeinfer_quantization_retrieval_agreement_ratio``
-  (set when the model reports them).
+  (an embedder's), ``kubeinfer_quantization_label_agreement_ratio``,
+  ``kubeinfer_quantization_score_deviation_mean`` and ``kubeinfer_quantization_score_deviation_max`` (a
+  classifier's or a reranker's), each set when the model reports it.
 - ``kubeinfer_service_time_intercept_seconds`` and ``kubeinfer_service_time_slope_seconds`` gauges: the
   batch service time s(b) = a + c*b fitted from the batches run (``service_time.ServiceTimeFit``, seeded
   at warmup), a in seconds and c in seconds per row; NaN until fitted. The autoscaler's SLO-capacity rule
@@ -248,6 +250,26 @@ class RuntimeMetrics:
             labels,
             registry=r,
         )
+        self.label_agreement = Gauge(
+            "kubeinfer_quantization_label_agreement_ratio",
+            "Classifiers: label agreement, rerankers: top-1 agreement of quantized with unquantized outputs "
+            "on the held-out set.",
+            labels,
+            registry=r,
+        )
+        self.score_deviation_mean = Gauge(
+            "kubeinfer_quantization_score_deviation_mean",
+            "Mean absolute difference of quantized to unquantized scores on the held-out set (score units).",
+            labels,
+            registry=r,
+        )
+        self.score_deviation_max = Gauge(
+            "kubeinfer_quantization_score_deviation_max",
+            "Largest absolute difference of quantized to unquantized scores on the held-out set "
+            "(score units).",
+            labels,
+            registry=r,
+        )
         self.config_reload_errors = Counter(
             "kubeinfer_config_reload_errors",
             "Config-file changes rejected (old settings kept).",
@@ -361,6 +383,13 @@ class RuntimeMetrics:
             self.cosine_mean.labels(self.model).set(report["quantization_cosine_mean_ratio"])
         if "quantization_retrieval_agreement_ratio" in report:
             self.retrieval_agreement.labels(self.model).set(report["quantization_retrieval_agreement_ratio"])
+        for key, gauge in (
+            ("quantization_label_agreement_ratio", self.label_agreement),
+            ("quantization_score_deviation_mean", self.score_deviation_mean),
+            ("quantization_score_deviation_max", self.score_deviation_max),
+        ):
+            if key in report:
+                gauge.labels(self.model).set(report[key])
 
     def set_fetch(self, seconds: float, nbytes: int) -> None:
         """Export the fetch step's figures (``kubeinfer.runtime.fetch.FetchReport``): seconds taken,

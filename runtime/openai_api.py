@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes on the REST port: ``POST /v1/embeddings`` and ``GET /v1/models``.
+"""OpenAI-compatible routes on the REST port: ``POST /v1/embeddings``, ``POST /v1/rerank`` and
+``GET /v1/models``.
 
 What LangChain, LlamaIndex, Haystack and the ``openai`` SDK call (``OpenAI(base_url=".../v1")``), served
 by the same data plane as the Open Inference Protocol: the texts of one request go to the batcher as
@@ -23,6 +24,22 @@ The answer is ``{"object": "list", "data": [{"object": "embedding", "index": i, 
 "model": ..., "usage": {"prompt_tokens": n, "total_tokens": n}}``, the token counts being the model's
 (special tokens included, after truncation). Errors are OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, with the HTTP status the v2 route would give.
+
+``POST /v1/rerank`` (the rerank API of Cohere and Jina, as infinity, text-embeddings-inference and
+KServe serve it), for a reranker (inputs ``query`` and ``text`` BYTES [-1], output ``score`` FP32 [-1]:
+``model.task: reranking``):
+
+- ``model``: the served model's name (another name: 404, code ``model_not_found``); may be left out;
+- ``query``: a string; ``documents``: a non-empty list of strings (or of ``{"text": ...}`` objects);
+- ``top_n``: how many results, the best first (default: all; more than the documents: all);
+- ``return_documents``: also return each result's document (default false).
+
+Each document is one (query, document) row of a v2 call (at most ``batching.max_batch_size`` rows per
+call, the calls submitted together, batched with every other request). The answer is ``{"results":
+[{"index": i, "relevance_score": s, "document": {"text": ...}?}], "model": ..., "usage":
+{"prompt_tokens": n, "total_tokens": n}}``, results by descending score (ties by index), ``index``
+the document's position in the request, ``relevance_score`` the model's score (the reranker's
+sigmoid or raw logit, as its config says). A model that is no reranker answers 400 (param ``model``).
 
 ``GET /v1/models``: the served model, as OpenAI's "List models".
 """
@@ -143,6 +160,92 @@ def embedding_tensors(metadata: dict[str, Any]) -> tuple[str, str, int]:
     return inputs[0]["name"], outputs[0]["name"], int(outputs[0]["shape"][1])
 
 
+def parse_rerank_request(body: bytes) -> dict[str, Any]:
+    """The fields of a ``/v1/rerank`` body: ``model`` (str or None), ``query`` (str), ``documents``
+    (list of str), ``top_n`` (int or None), ``return_documents`` (bool).
+
+    Raises:
+        OpenAIError: 400 naming the field: not JSON or no object, a ``model`` that is no string, no
+            string ``query``, ``documents`` not a non-empty list of strings or ``{"text": str}`` objects,
+            a ``top_n`` that is no positive integer, a ``return_documents`` that is no boolean.
+    """
+    try:
+        doc = _DECODER.decode(body)
+    except msgspec.DecodeError as exc:
+        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise OpenAIError("request body must be a JSON object")
+    model = doc.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise OpenAIError("'model' must be the served model's name", param="model")
+    query = doc.get("query")
+    if not isinstance(query, str):
+        raise OpenAIError("'query' is required: a string", param="query")
+    documents = _documents(doc.get("documents"))
+    top_n = doc.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise OpenAIError(f"'top_n' must be a positive integer, got {top_n!r}", param="top_n")
+    return_documents = doc.get("return_documents", False)
+    if not isinstance(return_documents, bool):
+        raise OpenAIError(
+            f"'return_documents' must be true or false, got {return_documents!r}", param="return_documents"
+        )
+    return {
+        "model": model,
+        "query": query,
+        "documents": documents,
+        "top_n": top_n,
+        "return_documents": return_documents,
+    }
+
+
+def _documents(raw: Any) -> list[str]:
+    """A rerank request's ``documents`` as strings. Raises ``OpenAIError`` 400 (param ``documents``)."""
+    if not isinstance(raw, list) or not raw:
+        raise OpenAIError("'documents' must be a non-empty list of strings", param="documents")
+    documents = []
+    for i, item in enumerate(raw):
+        text = item["text"] if isinstance(item, dict) and isinstance(item.get("text"), str) else item
+        if not isinstance(text, str):
+            raise OpenAIError(
+                f"'documents'[{i}] must be a string (or an object with a string 'text')", param="documents"
+            )
+        documents.append(text)
+    return documents
+
+
+def check_reranker(metadata: dict[str, Any]) -> None:
+    """Raises ``OpenAIError`` 400 (param ``model``) unless the v2 model metadata is a reranker's: inputs
+    ``query`` and ``text`` BYTES [-1], an output ``score`` FP32 [-1]."""
+    inputs = {(t["name"], t["datatype"], tuple(t["shape"])) for t in metadata["inputs"]}
+    outputs = {(t["name"], t["datatype"], tuple(t["shape"])) for t in metadata["outputs"]}
+    if (
+        inputs != {("query", "BYTES", (-1,)), ("text", "BYTES", (-1,))}
+        or ("score", "FP32", (-1,)) not in outputs
+    ):
+        raise OpenAIError(
+            f"model '{metadata['name']}' is not a reranker (it needs inputs 'query' and 'text' BYTES [-1] "
+            "and an output 'score' FP32 [-1]: model.task reranking); use the v2 infer route",
+            param="model",
+        )
+
+
+def rerank_results(
+    scores: np.ndarray, documents: Sequence[str], top_n: int | None, return_documents: bool
+) -> list[dict[str, Any]]:
+    """The ``results`` of a rerank answer: the ``top_n`` best (all when None) of ``scores`` (float
+    [len(documents)]) by descending score, ties by index; each ``{"index", "relevance_score"}`` and,
+    with ``return_documents``, ``"document": {"text": ...}``."""
+    order = sorted(range(len(documents)), key=lambda i: (-float(scores[i]), i))
+    results = []
+    for i in order[: top_n or len(order)]:
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if return_documents:
+            result["document"] = {"text": documents[i]}
+        results.append(result)
+    return results
+
+
 class OpenAIRoutes:
     """The OpenAI-compatible routes over ``plane`` (``routes``, added to a ``rest.RestApp``).
 
@@ -159,6 +262,7 @@ class OpenAIRoutes:
         self.created = int(time.time())
         self.routes = [
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/v1/rerank", self.rerank, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
         ]
 
@@ -188,6 +292,41 @@ class OpenAIRoutes:
             return await self._embeddings(request, received)
         except InferenceError as exc:
             return error_response(exc)
+
+    async def rerank(self, request: Request) -> Response:
+        """``POST /v1/rerank`` (see the module docstring)."""
+        received = time.monotonic()
+        try:
+            return await self._rerank(request, received)
+        except InferenceError as exc:
+            return error_response(exc)
+
+    async def _rerank(self, request: Request, received: float) -> Response:
+        try:
+            self.auth.check(request.headers.get("authorization"))
+            body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
+            req = parse_rerank_request(body)
+            served = self.plane.model_name
+            if req["model"] not in (None, served):
+                raise OpenAIError(
+                    f"model '{req['model']}' is not served here; this server serves '{served}'",
+                    404,
+                    param="model",
+                    code="model_not_found",
+                )
+            check_reranker(await self.plane.model_metadata(served, None))
+        except InferenceError as exc:
+            await self._refuse(received, exc)
+            raise
+        documents: list[str] = req["documents"]
+        queries = [req["query"]] * len(documents)
+        scores, tokens = await self._run_rows(received, {"query": queries, "text": documents}, "score")
+        doc = {
+            "results": rerank_results(scores, documents, req["top_n"], req["return_documents"]),
+            "model": self.plane.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        return Response(_ENCODER.encode(doc), 200, media_type=JSON)
 
     async def _refuse(self, received: float, exc: InferenceError) -> None:
         """Count a request refused before it reached the plane, as the plane counts a bad v2 body."""
@@ -239,31 +378,43 @@ class OpenAIRoutes:
     async def _embed(
         self, received: float, texts: Sequence[str], text_input: str, output: str
     ) -> tuple[np.ndarray, int]:
-        """Embed ``texts`` in calls of at most ``batching.max_batch_size`` rows, submitted together.
-        Returns float32 [len(texts), dim] in input order and the tokens they took. Raises the first
-        call's ``InferenceError``."""
-        size = max(1, self.cfg.batching.max_batch_size)
-        chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+        """Embed ``texts``: float32 [len(texts), dim] in input order and the tokens they took
+        (``_run_rows``)."""
+        return await self._run_rows(received, {text_input: texts}, output)
 
-        def decoder(chunk: Sequence[str]) -> Any:
+    async def _run_rows(
+        self, received: float, columns: dict[str, Sequence[str]], output: str
+    ) -> tuple[np.ndarray, int]:
+        """Run the rows of ``columns`` (input name -> one text per row, every column as long) through the
+        plane in calls of at most ``batching.max_batch_size`` rows, submitted together. Returns
+        ``output`` with the calls' rows concatenated in input order and the tokens they took. Raises
+        the first call's ``InferenceError``."""
+        size = max(1, self.cfg.batching.max_batch_size)
+        total = len(next(iter(columns.values())))
+        starts = range(0, total, size)
+
+        def decoder(start: int) -> Any:
             async def decode() -> InferCall:
-                rows = np.empty(len(chunk), dtype=object)
-                rows[:] = [t.encode("utf-8") for t in chunk]
-                return InferCall({text_input: rows}, [output], usage=True)
+                inputs = {}
+                for name, texts in columns.items():
+                    rows = np.empty(len(texts[start : start + size]), dtype=object)
+                    rows[:] = [t.encode("utf-8") for t in texts[start : start + size]]
+                    inputs[name] = rows
+                return InferCall(inputs, [output], usage=True)
 
             return decode
 
         name = self.plane.model_name
         results = await asyncio.gather(
-            *(self.plane.infer(received, name, None, decoder(c)) for c in chunks), return_exceptions=True
+            *(self.plane.infer(received, name, None, decoder(s)) for s in starts), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):
                 raise result
         outs = [r for r in results if not isinstance(r, BaseException)]
-        embeddings = np.concatenate([o[output] for o in outs])
+        values = np.concatenate([o[output] for o in outs])
         tokens = sum(int(o[TOKEN_COUNTS].sum()) for o in outs if TOKEN_COUNTS in o)
-        return embeddings, tokens
+        return values, tokens
 
 
 def encode_embedding(row: np.ndarray, encoding_format: str) -> list[float] | str:

@@ -2,7 +2,9 @@
 
 ``tiny_hf_dir(path)`` writes a 2-layer, 32-wide BERT with random (seeded) weights and the bundled
 MiniLM tokenizer into ``path`` as a Hugging Face model directory (config.json, safetensors,
-tokenizer files): loads in well under a second. ``tiny_torchscript(path)`` saves a scripted
+tokenizer files): loads in well under a second; ``tiny_hf_classifier(path, labels)`` and
+``tiny_hf_cross_encoder(path)`` write the same BERT with a sequence-classification head (a text
+classifier; a one-label cross-encoder reranker). ``tiny_torchscript(path)`` saves a scripted
 two-input module. ``simple_onnx(path)`` writes Triton's ``simple`` add/sub model as ONNX and
 ``tiny_onnx_mlp(path)`` a small ONNX model of two outputs, every tensor declared by the model.
 """
@@ -33,6 +35,60 @@ def tiny_hf_dir(path: Path) -> Path:
     BertModel(config).eval().save_pretrained(str(path))
     AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True).save_pretrained(str(path))
     return path
+
+
+def _tiny_bert_config(**extra: object) -> object:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        **extra,
+    )
+
+
+def _save_with_tokenizer(model: object, path: Path) -> Path:
+    from kubeinfer.runtime.models.huggingface import bundled_model_dir
+    from transformers import AutoTokenizer
+
+    model.eval().save_pretrained(str(path))  # type: ignore[attr-defined]
+    AutoTokenizer.from_pretrained(str(bundled_model_dir()), local_files_only=True).save_pretrained(str(path))
+    return path
+
+
+def tiny_hf_classifier(
+    path: Path, labels: list[str] | tuple[str, ...] = ("negative", "positive"), *, multi_label: bool = False
+) -> Path:
+    """Write the tiny BERT with a seeded sequence-classification head of ``labels`` (``id2label``) and
+    the bundled tokenizer to ``path``; ``multi_label``: ``problem_type: multi_label_classification``.
+    Returns ``path``."""
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(1)
+    config = _tiny_bert_config(
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        problem_type="multi_label_classification" if multi_label else "single_label_classification",
+    )
+    return _save_with_tokenizer(BertForSequenceClassification(config), path)  # type: ignore[arg-type]
+
+
+def tiny_hf_cross_encoder(path: Path, activation: str | None = "Sigmoid") -> Path:
+    """Write the tiny BERT with a seeded one-label head (a cross-encoder reranker) and the bundled
+    tokenizer to ``path``; ``config.json`` names ``activation`` (``Sigmoid``, ``Identity``) as
+    sentence-transformers' CrossEncoder does (None: no sentence-transformers entry). Returns ``path``."""
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(2)
+    extra: dict[str, object] = {"num_labels": 1}
+    if activation is not None:
+        extra["sentence_transformers"] = {"activation_fn": f"torch.nn.modules.activation.{activation}"}
+    return _save_with_tokenizer(BertForSequenceClassification(_tiny_bert_config(**extra)), path)  # type: ignore[arg-type]
 
 
 def tiny_hf_config(path: Path, **overrides: object) -> RuntimeConfig:

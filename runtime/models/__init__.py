@@ -11,9 +11,12 @@ from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
     REPORT_COSINE_MEAN,
+    REPORT_LABEL_AGREEMENT,
     REPORT_LOAD_SECONDS,
     REPORT_RETRIEVAL_AGREEMENT,
     REPORT_RETRIEVAL_AGREEMENT_ALL,
+    REPORT_SCORE_DEVIATION_MAX,
+    REPORT_SCORE_DEVIATION_MEAN,
     REPORT_WARMUP_SECONDS,
     ServableModel,
     batch_buckets,
@@ -22,9 +25,12 @@ from kubeinfer.runtime.models.base import (
 __all__ = [
     "REPORT_COMPARE_SECONDS",
     "REPORT_COSINE_MEAN",
+    "REPORT_LABEL_AGREEMENT",
     "REPORT_LOAD_SECONDS",
     "REPORT_RETRIEVAL_AGREEMENT",
     "REPORT_RETRIEVAL_AGREEMENT_ALL",
+    "REPORT_SCORE_DEVIATION_MAX",
+    "REPORT_SCORE_DEVIATION_MEAN",
     "REPORT_WARMUP_SECONDS",
     "InputError",
     "ServableModel",
@@ -37,8 +43,10 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
     """Load, quantize and compare the model ``cfg.model`` describes, once per process.
 
     ``cfg.model.format`` picks the loader: ``huggingface`` (a directory, or ``default`` for the
-    bundled all-MiniLM-L6-v2), ``torchscript`` (a file with declared inputs/outputs) or ``onnx`` (a
-    ``.onnx`` file or its directory, tensors read from the model, on ONNX Runtime). The model
+    bundled all-MiniLM-L6-v2; ``cfg.model.task``, else its ``config.json``, picks the task: an
+    embedder, or a classifier or reranker from ``hf_tasks``), ``torchscript`` (a file with declared
+    inputs/outputs) or ``onnx`` (a ``.onnx`` file or its directory, tensors read from the model, on
+    ONNX Runtime). The model
     is not warmed up; call ``warmup`` before reporting ready.
 
     Raises:
@@ -53,6 +61,11 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
         from kubeinfer.runtime.models.onnx import load_onnx
 
         return load_onnx(cfg)
+    from kubeinfer.runtime.models.hf_tasks import load_task_model, model_task
+
+    task = model_task(cfg)
+    if task != "text-embedding":
+        return load_task_model(cfg, task)
     from kubeinfer.runtime.models.huggingface import load_huggingface
 
     return load_huggingface(cfg)

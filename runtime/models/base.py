@@ -39,6 +39,14 @@ REPORT_COSINE_MEAN = "quantization_cosine_mean_ratio"
 REPORT_RETRIEVAL_AGREEMENT = "quantization_retrieval_agreement_ratio"
 #: Like REPORT_RETRIEVAL_AGREEMENT with every held-out sentence as a query (near-ties included).
 REPORT_RETRIEVAL_AGREEMENT_ALL = "quantization_retrieval_agreement_all_ratio"
+#: Classifiers: fraction (0..1) of held-out texts whose label (argmax) agrees with the unquantized
+#: model's; rerankers: fraction of held-out queries whose top-ranked candidate agrees.
+REPORT_LABEL_AGREEMENT = "quantization_label_agreement_ratio"
+#: Classifiers and rerankers: mean absolute difference of the served scores to the unquantized ones
+#: (every label's probability; every pair's score), in the scores' own units.
+REPORT_SCORE_DEVIATION_MEAN = "quantization_score_deviation_mean"
+#: Like REPORT_SCORE_DEVIATION_MEAN, the largest absolute difference.
+REPORT_SCORE_DEVIATION_MAX = "quantization_score_deviation_max"
 #: Seconds spent in ``load_model`` (weights, quantization, comparison).
 REPORT_LOAD_SECONDS = "model_load_seconds"
 #: Seconds spent in the comparison with the unquantized model (part of the load time).

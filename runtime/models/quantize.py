@@ -223,6 +223,31 @@ def compare_embeddings(
     return cosine_mean, agreement
 
 
+def compare_scores(reference: np.ndarray, served: np.ndarray) -> tuple[float, float, float]:
+    """Deviation of ``served`` scores from the unquantized ``reference`` ones (classifiers, rerankers).
+
+    Args:
+        reference, served: float arrays [n, k] of equal shape: a classifier's label probabilities (one
+            row per held-out text, one column per label), or a reranker's scores (one row per held-out
+            query, one column per candidate).
+
+    Returns:
+        (label agreement, ratio in 0..1: the fraction of rows whose argmax is the same;
+         mean absolute difference over every entry; largest absolute difference), the differences in
+         the scores' own units.
+
+    Raises:
+        ValueError: the arrays differ in shape or are not [n >= 1, k >= 1].
+    """
+    if reference.shape != served.shape or reference.ndim != 2 or reference.size == 0:
+        raise ValueError(f"need two [n, k] arrays of equal shape, got {reference.shape} and {served.shape}")
+    ref = reference.astype(np.float64)
+    got = served.astype(np.float64)
+    agreement = float(np.mean(np.argmax(ref, axis=1) == np.argmax(got, axis=1)))
+    diff = np.abs(ref - got)
+    return agreement, float(diff.mean()), float(diff.max())
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return np.asarray(x / np.maximum(norms, 1e-12))
