@@ -224,6 +224,11 @@ def run_fetch(args: argparse.Namespace) -> int:
         return _fetch_failed(
             f"{label}: cannot write {args.dest}: {exc.strerror or exc}", args.termination_log, secrets
         )
+    except Exception as exc:  # a defect: still one line that says so, the traceback in the log
+        logging.getLogger(__name__).exception("fetch failed unexpectedly")
+        return _fetch_failed(
+            f"{label}: internal error: {type(exc).__name__}: {exc}", args.termination_log, secrets
+        )
     write_termination_message(
         f"fetched {report.files} {'file' if report.files == 1 else 'files'}, {megabytes(report.bytes)} "
         f"in {report.seconds:.1f} s from {report.source}",

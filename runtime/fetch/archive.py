@@ -13,6 +13,7 @@ Members land at the destination's root as the archive names them (pack with
 from __future__ import annotations
 
 import os
+import platform
 import posixpath
 import re
 import secrets
@@ -27,6 +28,11 @@ from typing import Literal
 
 from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import SCRATCH_PREFIX, SizeBudget, count_files, safe_path
+
+#: Whether this Python's tarfile has extraction filters (3.11.4+, 3.12+): then ``filter="data"``
+#: extracts, links included; else :func:`_extract_tar_plain` (files and directories only).
+HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
+_FILTER_ERRORS: tuple[type[Exception], ...] = (tarfile.FilterError,) if HAS_DATA_FILTER else ()
 
 ArchiveKind = Literal["tar", "zip"]
 #: File name endings (lower-cased) that are unpacked, and how.
@@ -152,12 +158,48 @@ def _extract_tar(archive: Path, scratch: Path, budget: SizeBudget) -> None:
             total = sum(m.size for m in members if m.isreg())
             budget.check_total(total, "unpacked")
             budget.take(total)
-            try:
-                tar.extractall(scratch, members=members, filter="data")
-            except tarfile.FilterError as exc:
-                raise FetchError(f"archive member {exc.tarinfo.name} refused: {exc}") from None
+            if HAS_DATA_FILTER:
+                try:
+                    tar.extractall(scratch, members=members, filter="data")
+                except _FILTER_ERRORS as exc:
+                    raise FetchError(f"archive member {exc.tarinfo.name} refused: {exc}") from None
+            else:
+                _extract_tar_plain(tar, members, scratch)
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise FetchError(f"not a readable tar archive ({type(exc).__name__}: {exc})") from None
+
+
+def _extract_tar_plain(tar: tarfile.TarFile, members: list[tarfile.TarInfo], scratch: Path) -> None:
+    """Extract the (already checked) directories and regular files of ``tar`` into ``scratch``, on a
+    Python without tarfile's extraction filters (before 3.11.4, e.g. Debian 12's 3.11.2). Files get
+    mode 0644, directories 0755 (no owner, setuid bit or mtime from the archive). A link is refused:
+    only the ``data`` filter resolves a link through links extracted before it safely.
+
+    Raises:
+        FetchError: (permanent) a symbolic or hard link member.
+    """
+    for member in members:
+        if member.issym() or member.islnk():
+            raise FetchError(
+                f"archive member {member.name} is a link: this Python ({platform.python_version()}) "
+                "has no tarfile extraction filter (3.11.4+) to extract links safely"
+            )
+    for member in members:
+        target = (
+            safe_path(scratch, member.name.rstrip("/"), "archive member") if member.name.strip("/") else None
+        )
+        if target is None:
+            continue
+        if member.isdir():
+            target.mkdir(mode=0o755, parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        src = tar.extractfile(member)
+        if src is None:  # a regular file always has a body
+            raise FetchError(f"archive member {member.name} has no data")
+        with src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        target.chmod(0o644)
 
 
 def _extract_zip(archive: Path, scratch: Path, budget: SizeBudget) -> None:

@@ -168,3 +168,35 @@ def test_a_corrupt_archive_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(FetchError, match="not a readable zip archive"):
         unpack(tmp_path / "m.zip", "zip", dest, budget=SizeBudget(None))
     assert tree(dest) == []
+
+
+def test_without_tarfile_filters_files_and_directories_unpack_with_plain_modes_and_links_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian 12's Python 3.11.2 (the runtime image's) has no tarfile extraction filters."""
+    import kubeinfer.runtime.fetch.archive as archive
+
+    monkeypatch.setattr(archive, "HAS_DATA_FILTER", False)
+    setuid = tarfile.TarInfo("bin/tool")
+    setuid.size, setuid.mode = 3, 0o4755
+    path = make_tar(tmp_path / "m.tar.gz", [("./model/simple.onnx", b"onnx"), ("config.json", b"{}")])
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    got = unpack(path, "tar", dest, budget=SizeBudget(None))
+    assert (got.files, got.bytes) == (2, 6)
+    assert (dest / "model" / "simple.onnx").read_bytes() == b"onnx"
+    assert stat.S_IMODE((dest / "config.json").stat().st_mode) == 0o644
+
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        tar.addfile(setuid, io.BytesIO(b"abc"))
+    dest2 = tmp_path / "dest2"
+    dest2.mkdir()
+    unpack(tmp_path / "s.tar", "tar", dest2, budget=SizeBudget(None))
+    assert stat.S_IMODE((dest2 / "bin" / "tool").stat().st_mode) == 0o644, "no setuid bit from the archive"
+
+    linked = make_tar(tmp_path / "l.tar.gz", [("model.onnx", b"x"), link("alias.onnx", "model.onnx")])
+    dest3 = tmp_path / "dest3"
+    dest3.mkdir()
+    with pytest.raises(FetchError, match=r"alias\.onnx is a link: this Python"):
+        unpack(linked, "tar", dest3, budget=SizeBudget(None))
+    assert tree(dest3) == [], "nothing is written when a link is refused"

@@ -351,6 +351,24 @@ def test_a_failing_fetch_exits_1_with_one_redacted_line(
     assert "hunter2" not in line and "hunter2" not in capsys.readouterr().err
 
 
+def test_an_unexpected_error_in_the_fetch_is_still_one_line_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kubeinfer.runtime.fetch.run as run
+
+    def broken(*_: object) -> None:
+        raise AttributeError("module 'tarfile' has no attribute 'FilterError'")
+
+    monkeypatch.setattr(run, "fetch", broken)
+    log = tmp_path / "termination-log"
+    args = ["fetch", "--source", "https://h/m.tar.gz", "--dest", str(tmp_path), "--termination-log", str(log)]
+    assert cli.main(args) == 1
+    assert log.read_text() == (
+        "https://h/m.tar.gz: internal error: AttributeError: "
+        "module 'tarfile' has no attribute 'FilterError'\n"
+    )
+
+
 def test_the_operators_fetch_init_containers_parse() -> None:
     """The operator's golden pod specs (tests/unit/operator/golden) run ``kubeinfer-runtime fetch``
     with arguments this parser takes, a source ``parse_source`` takes and options in range."""
