@@ -15,11 +15,6 @@ from kubeinfer.operator.autoscale.policy import (
     Problem,
     State,
     Tick,
-    _ahead_of_demand,
-    _burst_base,
-    _hold,
-    _over_target,
-    _under_target,
     check_observation,
     cold_start_timeout,
     decide,
@@ -27,6 +22,11 @@ from kubeinfer.operator.autoscale.policy import (
     restore_state,
     slo_capacity,
 )
+from kubeinfer.operator.autoscale.policy.capacity import ahead_of_demand as _ahead_of_demand
+from kubeinfer.operator.autoscale.policy.plan import burst_base as _burst_base
+from kubeinfer.operator.autoscale.policy.reactive import over_target as _over_target
+from kubeinfer.operator.autoscale.policy.reactive import under_target as _under_target
+from kubeinfer.operator.autoscale.policy.reactive import within_tolerance as _hold
 
 from tests.unit.autoscale.test_autoscale_policy import POLICY, SETTLED
 
