@@ -32,7 +32,7 @@ from kubeinfer.runtime.fetch.files import SCRATCH_PREFIX, SizeBudget, count_file
 #: Whether this Python's tarfile has extraction filters (3.11.4+, 3.12+): then ``filter="data"``
 #: extracts, links included; else :func:`_extract_tar_plain` (files and directories only).
 HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
-_FILTER_ERRORS: tuple[type[Exception], ...] = (tarfile.FilterError,) if HAS_DATA_FILTER else ()
+_FILTER_ERRORS: tuple[type[tarfile.FilterError], ...] = (tarfile.FilterError,) if HAS_DATA_FILTER else ()
 
 ArchiveKind = Literal["tar", "zip"]
 #: File name endings (lower-cased) that are unpacked, and how.

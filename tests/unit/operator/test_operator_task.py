@@ -1,5 +1,6 @@
-"""spec.model.task: accepted for huggingface models, refused naming the field for the others; a spec
-without it renders the runtime.yaml (and so the config hash) it rendered before the field existed."""
+"""spec.model.task: accepted for huggingface models, refused naming the field for the others, rendered
+into runtime.yaml's model.task when set; a spec without it renders the runtime.yaml (and so the config
+hash) it rendered before the field existed."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def test_the_task_is_unset_by_default_and_not_rendered() -> None:
     isvc = _isvc({"uri": "default"})
     assert isvc.spec.model.task is None
     assert "task" not in yaml.safe_load(build_configmap(isvc, 0.005)["data"]["runtime.yaml"])["model"]
+
+
+@pytest.mark.parametrize("task", ["text-classification", "reranking"])
+def test_a_set_task_reaches_runtime_yaml(task: str) -> None:
+    isvc = _isvc({"uri": "/models/m", "task": task})
+    model = yaml.safe_load(build_configmap(isvc, 0.005)["data"]["runtime.yaml"])["model"]
+    assert model["task"] == task
 
 
 @pytest.mark.parametrize(
