@@ -19,12 +19,13 @@ from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.build import scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile import Reconciler
+from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.settings import Settings
 from kubeinfer.operator.status import object_key
 
-__all__ = ["Controllers", "scrapers"]
+__all__ = ["Controllers", "read_server_version", "scrapers"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,21 @@ def scrapers(settings: Settings) -> tuple[dict[str, Any], ...]:
     return (scraper_peer(namespace, settings.prometheus_pod_labels),)
 
 
+async def read_server_version(kube: k8s.Kube) -> str | None:
+    """The API server's ``gitVersion`` (``GET /version``, e.g. ``v1.34.2``); ``None`` when the request
+    fails or the answer has none (logged: the operator then assumes the cluster serves what it asks)."""
+    try:
+        answer = await kube.get("/version")
+    except Exception as exc:  # an API error, no answer, an unreadable one: never fatal
+        logger.warning("cannot read the API server's version (GET /version): %s", exc)
+        return None
+    version = (answer or {}).get("gitVersion")
+    if not isinstance(version, str) or not version:
+        logger.warning("the API server's GET /version has no gitVersion: %s", answer)
+        return None
+    return version
+
+
 @dataclass
 class Controllers:
     """The reconciler and the autoscaler of one operator process, and their API client ``kube``."""
@@ -53,21 +69,28 @@ class Controllers:
     autoscaler: loop.Autoscaler
 
     @classmethod
-    def create(cls, kube: k8s.Kube, settings: Settings) -> Controllers:
+    def create(cls, kube: k8s.Kube, settings: Settings, server_version: str | None = None) -> Controllers:
         """Both controllers over ``kube``, configured by ``settings`` (read once, at startup): the
-        reconciler with the Prometheus scrapers and the Secret / ServiceAccount reference policy."""
+        reconciler with the Prometheus scrapers, the Secret / ServiceAccount reference policy and the
+        cluster's capabilities (from ``server_version``, the API server's ``gitVersion``, ``None``:
+        unknown, and the ``image_volumes`` setting)."""
         references = ReferencePolicy(
             secrets=tuple(settings.secret_references_allowed),
             service_accounts=tuple(settings.service_account_references_allowed),
         )
         logger.info("InferenceServices may reference %s", references.describe())
-        reconciler = Reconciler(kube, scrapers=scrapers(settings), references=references)
+        capabilities = ClusterCapabilities(server_version, settings.image_volumes)
+        logger.info("cluster capabilities: %s", capabilities.describe())
+        reconciler = Reconciler(
+            kube, scrapers=scrapers(settings), references=references, capabilities=capabilities
+        )
         return cls(kube, reconciler, loop.from_settings(kube, settings))
 
     @classmethod
     async def start(cls, settings: Settings) -> Controllers:
-        """Connect to the API server (``settings.kubeconfig``, else in-cluster), create both controllers
-        and, with ``settings.peering`` set, make sure the kopf peering object exists.
+        """Connect to the API server (``settings.kubeconfig``, else in-cluster), read its version once
+        (:func:`read_server_version`; a failure leaves it unknown), create both controllers and, with
+        ``settings.peering`` set, make sure the kopf peering object exists.
 
         Raises:
             k8s.PermanentError: no usable Kubernetes configuration, or the peering object cannot be
@@ -81,7 +104,7 @@ class Controllers:
         except BaseException:
             await kube.close()
             raise
-        return cls.create(kube, settings)
+        return cls.create(kube, settings, await read_server_version(kube))
 
     async def close(self) -> None:
         """Close the autoscaler (its Prometheus client), the reconciler (its pending retries), then the

@@ -101,6 +101,21 @@ class Settings(BaseModel):
         "runtime pods): comma-separated globs of NAME or NAMESPACE/NAME; '*' = any (the default), "
         "empty = none",
     )
+    image_volumes: bool | None = Field(
+        default=None,
+        description="whether the cluster serves image volumes (volumes[].image), which oci:// models are "
+        "mounted as: auto = from the API server's version (on by default from Kubernetes 1.35); true = "
+        "the ImageVolume feature gate is on (e.g. on 1.33 or 1.34); false = never. Where they are not "
+        "served an oci:// model is Ready=False ImageVolumeUnsupported and nothing is applied",
+    )
+
+    @field_validator("image_volumes", mode="before")
+    @classmethod
+    def _auto(cls, value: object) -> object:
+        """``auto`` (any case, or empty) is ``None``; ``true`` / ``false`` are read as booleans."""
+        if isinstance(value, str) and value.strip().lower() in ("", "auto"):
+            return None
+        return value
 
     @field_validator("prometheus_pod_labels", mode="before")
     @classmethod
@@ -156,7 +171,7 @@ class Settings(BaseModel):
             description="The kubeinfer kopf operator. Each flag can also be set by its environment variable.",
         )
         for name, field in cls.model_fields.items():
-            default = "random" if name == "peering_priority" else field.get_default(call_default_factory=True)
+            default = SHOWN_DEFAULTS.get(name, field.get_default(call_default_factory=True))
             parser.add_argument(
                 f"--{name.replace('_', '-')}",
                 dest=name,
@@ -172,6 +187,8 @@ class Settings(BaseModel):
         return cls.model_validate({**base.model_dump(), **updates}) if updates else base
 
 
+#: How ``--help`` shows the defaults that are not a plain value.
+SHOWN_DEFAULTS = {"peering_priority": "random", "image_volumes": "auto"}
 #: The settings given as comma-separated lists (environment and flags).
 LIST_FIELDS = frozenset({"namespaces", "secret_references_allowed", "service_account_references_allowed"})
 

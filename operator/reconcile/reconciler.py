@@ -20,6 +20,7 @@ import pydantic
 from kubeinfer.operator import api, k8s, metrics, rfc3339
 from kubeinfer.operator.build.common import selector_string
 from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
+from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
 from kubeinfer.operator.reconcile.references import ReferencePolicy
@@ -73,14 +74,17 @@ class Reconciler:
     InferenceService before ``Ready=False ApiServerError`` is written. ``scrapers``: the
     NetworkPolicy peers of the Prometheus that scrapes the runtime pods (admitted to their metrics
     port when ``spec.server.allowFrom`` is set). ``references``: the Secrets and ServiceAccounts an
-    InferenceService may name (one naming another is refused before anything is applied). Status is
-    written by ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
+    InferenceService may name (one naming another is refused before anything is applied).
+    ``capabilities``: what the cluster serves (an ``oci://`` model where image volumes are not is
+    refused before anything is applied; the default refuses nothing). Status is written by
+    ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
     """
 
     kube: k8s.Kube
     clock: Callable[[], str] = rfc3339.now
     scrapers: tuple[Mapping[str, Any], ...] = ()
     references: ReferencePolicy = field(default_factory=ReferencePolicy)
+    capabilities: ClusterCapabilities = field(default_factory=ClusterCapabilities)
     retry_delay: float = 5.0
     max_retry_delay: float = backoff.RETRY_DELAY_MAX_SECONDS
     api_error_threshold: int = backoff.API_ERROR_THRESHOLD
@@ -242,8 +246,10 @@ class Reconciler:
                 ConditionState("False", "InvalidSpec", f"invalid spec: {message}"[:2000]),
             )
             return
-        refused = self.references.refusal(isvc)
-        if refused is not None:  # nothing is applied: the pods never receive what it names
+        # Nothing is applied when refused: the pods never receive what it names, and the API server
+        # never gets a pod spec it would refuse or strip (an image volume where they are off).
+        refused = self.references.refusal(isvc) or self.capabilities.refusal(isvc)
+        if refused is not None:
             await self._write_fault(body, current_status, refused)
             return
 

@@ -3,13 +3,16 @@ written here as the kubelet would write them): the API server takes the pod spec
 fetch init container, the emptyDir, the image volume), the pods the ReplicaSet creates carry it; a fetch
 that fails is Ready=False ModelFetchFailed with its one-line cause, stays so through the back-off with
 one Warning Event; an OCI model image that cannot be pulled is ModelFetchFailed too; a Secret outside the
-operator's secretReferences.allowed is refused (SecretNotAllowed) and no Deployment is created."""
+operator's secretReferences.allowed is refused (SecretNotAllowed) and no Deployment is created; the
+operator reads the API server's version at start, and an oci:// model where image volumes are not used
+(KUBEINFER_IMAGE_VOLUMES=false) is refused (ImageVolumeUnsupported) and no Deployment is created."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -194,3 +197,37 @@ def test_a_secret_outside_the_policy_is_refused_and_nothing_is_applied(
     # a name the policy allows: applied as usual
     allowed = [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "model-db", "key": "password"}}}]
     _create(cluster, ns, _isvc_manifest(name, runtime={"device": "cpu", "env": allowed}))
+
+
+def test_the_operator_reads_the_api_servers_version_at_start(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    version = json.loads(cluster.kubectl("get", "--raw", "/version").stdout)["gitVersion"]
+    assert f"cluster capabilities: API server {version}; image volumes" in operator.log()
+
+
+def test_an_oci_model_where_image_volumes_are_off_is_refused_and_nothing_is_applied(
+    cluster: Cluster, op_namespace: str, namespace: str, tmp_path: Path
+) -> None:
+    ns, name = namespace, "oci-refused"
+    off = OperatorProcess(
+        cluster.kubeconfig,
+        namespaces=[ns],
+        resync_seconds=2.0,
+        log_dir=tmp_path,
+        extra_env={**TEST_ENV, "KUBEINFER_IMAGE_VOLUMES": "false"},
+        name="operator-image-volumes-off",
+    )
+    with off:
+        off.wait_ready()
+        cluster.apply(_isvc_manifest(name, model={"uri": f"oci://{MODEL_IMAGE}"}), "-n", ns)
+        cond = _wait_reason(cluster, ns, name, "ImageVolumeUnsupported")
+        assert cond["status"] == "False" and "imageVolumes: false" in cond["message"]
+        assert cond["message"].startswith("spec.model.uri: oci:// models are mounted as image volumes")
+        for kind in ("deployment", "configmap", "service"):
+            assert _get(cluster, ns, kind, name if kind != "configmap" else f"{name}-runtime") is None, kind
+        assert "ImageVolumeUnsupported" in wait_until(
+            lambda: _warnings(cluster, ns, name) or None, timeout=10
+        )
+        # another source is applied as usual by the same operator
+        _create(cluster, ns, _isvc_manifest("s3-applied", model=SCHEMES["s3"]))
