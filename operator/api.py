@@ -316,6 +316,31 @@ class CredentialsSpec(_Spec):
     )
 
 
+#: A ConfigMap key (``[-._a-zA-Z0-9]+``, as Kubernetes validates it).
+CONFIGMAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+
+
+class CaBundleSpec(_Spec):
+    """A ConfigMap key (in the InferenceService's namespace) holding the PEM CA certificates the fetch
+    trusts besides the runtime image's public CAs: a private CA of an https:// server, an S3 endpoint
+    or a hub. Only the fetch init container mounts it (read-only); the operator never reads it."""
+
+    config_map_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The ConfigMap (e.g. one that trust-manager or the cluster's CA injection fills). The "
+        "pod does not start until it and the key exist.",
+    )
+    key: str = Field(
+        default="ca.crt",
+        min_length=1,
+        max_length=253,
+        pattern=CONFIGMAP_KEY_PATTERN,
+        description="The key of the PEM bundle in the ConfigMap.",
+    )
+
+
 class FetchSpec(_Spec):
     """Limits of the fetch init container (``s3://``, ``https://``, ``http://``, ``hf://`` models)."""
 
@@ -387,16 +412,24 @@ _SOURCE_SETTINGS: dict[str, tuple[str, tuple[str, ...], str]] = {
         FETCHED_SCHEMES,
         "applies only when {f}.uri is {fetched} (downloaded by the fetch init container)",
     ),
+    "caBundle": (
+        r"self.uri.matches('^(s3|https|hf)://')",
+        ("s3", "https", "hf"),
+        "applies only when {f}.uri is {tls} (the fetch init container's TLS; an oci:// image is pulled "
+        "with the node's CAs, and plain http:// has no TLS)",
+    ),
 }
 #: The schemes each source object takes, in the words of its refusals.
 _SOURCE_WORDS: dict[str, dict[str, str]] = {
     "spec.model": {
         "fetched": "s3://, https://, http:// or hf://",
         "credentialed": "s3://, https://, http://, hf:// or oci://",
+        "tls": "s3://, https:// or hf://",
     },
     "spec.quantization.calibration": {
         "fetched": "s3://, https:// or http://",
         "credentialed": "s3://, https:// or http://",
+        "tls": "s3:// or https://",
     },
 }
 
@@ -447,8 +480,18 @@ def _check_source(field: str, uri: str, settings: Mapping[str, object], insecure
         raise ValueError(_http_refusal(field))
 
 
-_MODEL_SETTINGS = ("sha256", "s3", "hf", "credentials", "fetch")
-_CALIBRATION_SETTINGS = ("sha256", "s3", "credentials")
+#: The settings of each source object, by their names in the API (:data:`_SOURCE_SETTINGS`).
+_MODEL_SETTINGS = ("sha256", "s3", "hf", "credentials", "fetch", "caBundle")
+_CALIBRATION_SETTINGS = ("sha256", "s3", "credentials", "caBundle")
+
+
+def _settings_of(source: BaseModel, names: tuple[str, ...]) -> dict[str, object]:
+    """The values of ``source``'s settings ``names`` (API names, e.g. ``caBundle``), by API name."""
+    return {
+        field.alias or attr: getattr(source, attr)
+        for attr, field in type(source).model_fields.items()
+        if (field.alias or attr) in names
+    }
 
 
 class ModelSpec(_Spec):
@@ -550,10 +593,16 @@ class ModelSpec(_Spec):
         default=None,
         description="Limits of the fetch init container (size, timeouts, retries); unset: their defaults.",
     )
+    ca_bundle: CaBundleSpec | None = Field(
+        default=None,
+        description="s3://, https://, hf:// only: a ConfigMap key with the PEM CA certificates of a "
+        "private CA (an on-prem MinIO, an internal artifact server or hub), trusted by the fetch besides "
+        "the public CAs. Unset: the public CAs of the runtime image only.",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> ModelSpec:
-        settings = {name: getattr(self, name) for name in _MODEL_SETTINGS}
+        settings = _settings_of(self, _MODEL_SETTINGS)
         _check_source("spec.model", self.uri, settings, self.allow_insecure_http)
         if self.format == "torchscript" and (not self.inputs or not self.outputs):
             raise ValueError(
@@ -593,10 +642,15 @@ class CalibrationSpec(_Spec):
     credentials: CredentialsSpec | None = Field(
         default=None, description="The Secret with the credentials (keys as for spec.model.credentials)."
     )
+    ca_bundle: CaBundleSpec | None = Field(
+        default=None,
+        description="s3://, https:// only: a ConfigMap key with the PEM CA certificates of a private CA "
+        "(as spec.model.caBundle).",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> CalibrationSpec:
-        settings = {name: getattr(self, name) for name in _CALIBRATION_SETTINGS}
+        settings = _settings_of(self, _CALIBRATION_SETTINGS)
         _check_source("spec.quantization.calibration", self.uri, settings, self.allow_insecure_http)
         return self
 

@@ -6,7 +6,7 @@
 
 ``kubeinfer-runtime fetch --source URI --dest DIR [--sha256 HEX] [--s3-endpoint URL] [--s3-region REGION]
 [--s3-addressing-style path|virtual|auto] [--hf-endpoint URL] [--allow-pattern GLOB ...] [--allow-http]
-[--size-limit BYTES] [--connect-timeout SECONDS] [--stall-timeout SECONDS] [--retries N]
+[--ca-file PATH] [--size-limit BYTES] [--connect-timeout SECONDS] [--stall-timeout SECONDS] [--retries N]
 [--termination-log PATH]``: the init container's step (``kubeinfer.runtime.fetch``): the model at URI
 (s3, https, hf) into DIR; exit 0 with ``DIR/.kubeinfer-fetch.json`` and the termination message
 ``fetched N files, X MB in S s from URI``, or exit 1 with one line ``URI: cause`` there (never a
@@ -142,6 +142,11 @@ def add_fetch_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     )
     fetch.add_argument("--allow-http", action="store_true", help="allow plain http:// (no TLS)")
     fetch.add_argument(
+        "--ca-file",
+        metavar="PATH",
+        help="PEM file of CA certificates trusted besides the public ones (a private CA)",
+    )
+    fetch.add_argument(
         "--size-limit",
         type=parse_size,
         metavar="BYTES",
@@ -186,6 +191,7 @@ def fetch_options(args: argparse.Namespace) -> FetchOptions:
         hf_endpoint=args.hf_endpoint,
         allow_patterns=tuple(args.allow_pattern),
         allow_http=args.allow_http,
+        ca_file=args.ca_file,
         size_limit=args.size_limit,
         connect_timeout=args.connect_timeout,
         stall_timeout=args.stall_timeout,

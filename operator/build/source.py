@@ -11,6 +11,12 @@
 - ``oci://registry/repo:tag|@sha256:...``: an image volume (``volumes[].image``) mounted read-only at
   :data:`MODEL_DIR`; ``spec.model.credentials`` becomes the pod's ``imagePullSecrets``.
 
+``spec.model.caBundle`` (and ``spec.quantization.calibration.caBundle``): the ConfigMap key as a
+``configMap`` volume (:data:`MODEL_CA_VOLUME`, :data:`CALIBRATION_CA_VOLUME`) holding one file,
+``ca.crt``, mounted read-only in that fetch init container only (:data:`MODEL_CA_DIR`,
+:data:`CALIBRATION_CA_DIR`), and ``--ca-file`` naming it: the fetch trusts it besides the image's public
+CAs. The runtime container does not see it.
+
 A fetched calibration file (``spec.quantization.calibration.uri`` s3/https/http) gets its own init
 container (:data:`CALIBRATION_FETCH_CONTAINER`) and emptyDir, read-only at :data:`CALIBRATION_DIR` in
 the runtime container.
@@ -40,6 +46,16 @@ FETCH_CONTAINER = "fetch"
 CALIBRATION_FETCH_CONTAINER = "fetch-calibration"
 #: The init containers that fetch, in the order they run.
 FETCH_CONTAINERS = (FETCH_CONTAINER, CALIBRATION_FETCH_CONTAINER)
+#: The configMap volume of spec.model.caBundle, mounted in the fetch init container only.
+MODEL_CA_VOLUME = "model-ca"
+#: The configMap volume of spec.quantization.calibration.caBundle (the calibration fetch's only).
+CALIBRATION_CA_VOLUME = "calibration-ca"
+#: Where the model's CA bundle is, in the fetch init container (the file :data:`CA_FILE` in it).
+MODEL_CA_DIR = "/etc/kubeinfer/model-ca"
+#: Where the calibration file's CA bundle is, in its fetch init container.
+CALIBRATION_CA_DIR = "/etc/kubeinfer/calibration-ca"
+#: The file name the ConfigMap key gets in the CA volume (``items[].path``).
+CA_FILE = "ca.crt"
 #: Size limit of the calibration file's emptyDir (a text file of samples).
 CALIBRATION_SIZE_LIMIT = "1Gi"
 #: Resources of a fetch init container: it streams to disk (no file is held in memory). An init
@@ -131,7 +147,25 @@ def _source_options(
         out += ["--allow-pattern", pattern]
     if source.allow_insecure_http:
         out.append("--allow-http")
+    if source.ca_bundle is not None:
+        ca_dir = MODEL_CA_DIR if isinstance(source, api.ModelSpec) else CALIBRATION_CA_DIR
+        out += ["--ca-file", f"{ca_dir}/{CA_FILE}"]
     return out
+
+
+def ca_volume(name: str, bundle: api.CaBundleSpec) -> dict[str, Any]:
+    """The ``configMap`` volume ``name`` holding ``bundle``'s key alone, as the file :data:`CA_FILE`."""
+    return {
+        "name": name,
+        "configMap": {"name": bundle.config_map_name, "items": [{"key": bundle.key, "path": CA_FILE}]},
+    }
+
+
+def _ca_parts(bundle: api.CaBundleSpec | None, name: str, mount_path: str) -> tuple[list[Any], list[Any]]:
+    """The CA bundle's volume and its read-only mount in the fetch init container (none without one)."""
+    if bundle is None:
+        return [], []
+    return [ca_volume(name, bundle)], [{"name": name, "mountPath": mount_path, "readOnly": True}]
 
 
 def fetch_args(
@@ -244,17 +278,18 @@ def _model_parts(
         return SourceParts()
     limits = model.fetch or api.FetchSpec()
     patterns = allow_patterns(spec) if api.uri_scheme(model.uri) == "hf" else None
+    ca_volumes, ca_mounts = _ca_parts(model.ca_bundle, MODEL_CA_VOLUME, MODEL_CA_DIR)
     container = fetch_container(
         spec,
         FETCH_CONTAINER,
         fetch_args(model, MODEL_DIR, limits, limits.size_limit, patterns),
         credential_env(model.uri, model.credentials),
-        [{"name": MODEL_VOLUME, "mountPath": MODEL_DIR}, tmp_mount],
+        [{"name": MODEL_VOLUME, "mountPath": MODEL_DIR}, tmp_mount, *ca_mounts],
         security_context,
     )
     return SourceParts(
         init_containers=[container],
-        volumes=[{"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": limits.size_limit}}],
+        volumes=[{"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": limits.size_limit}}, *ca_volumes],
         mounts=[{"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}],
     )
 
@@ -265,17 +300,21 @@ def _calibration_parts(
     calibration = spec.quantization.calibration
     if calibration is None or not api.is_fetched(calibration.uri):
         return SourceParts()
+    ca_volumes, ca_mounts = _ca_parts(calibration.ca_bundle, CALIBRATION_CA_VOLUME, CALIBRATION_CA_DIR)
     container = fetch_container(
         spec,
         CALIBRATION_FETCH_CONTAINER,
         fetch_args(calibration, CALIBRATION_DIR, api.FetchSpec(), CALIBRATION_SIZE_LIMIT),
         credential_env(calibration.uri, calibration.credentials),
-        [{"name": CALIBRATION_VOLUME, "mountPath": CALIBRATION_DIR}, tmp_mount],
+        [{"name": CALIBRATION_VOLUME, "mountPath": CALIBRATION_DIR}, tmp_mount, *ca_mounts],
         security_context,
     )
     return SourceParts(
         init_containers=[container],
-        volumes=[{"name": CALIBRATION_VOLUME, "emptyDir": {"sizeLimit": CALIBRATION_SIZE_LIMIT}}],
+        volumes=[
+            {"name": CALIBRATION_VOLUME, "emptyDir": {"sizeLimit": CALIBRATION_SIZE_LIMIT}},
+            *ca_volumes,
+        ],
         mounts=[{"name": CALIBRATION_VOLUME, "mountPath": CALIBRATION_DIR, "readOnly": True}],
     )
 

@@ -31,7 +31,8 @@ class FetchOptions:
     ``sha256``: expected hex digest of the single file or archive. ``size_limit``: bytes the
     destination may receive (the emptyDir's sizeLimit). ``connect_timeout``: seconds to connect.
     ``stall_timeout``: seconds without a byte that fail an attempt. ``retries``: further attempts
-    after a transient failure.
+    after a transient failure. ``ca_file``: a PEM file of CAs trusted besides the public ones (a
+    private CA; ``tls``).
     """
 
     sha256: str | None = None
@@ -41,6 +42,7 @@ class FetchOptions:
     hf_endpoint: str | None = None
     allow_patterns: tuple[str, ...] = ()
     allow_http: bool = False
+    ca_file: str | None = None
     size_limit: int | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     stall_timeout: float = DEFAULT_STALL_TIMEOUT

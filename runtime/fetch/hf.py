@@ -10,6 +10,10 @@ while it runs and are removed at the end.
 
 huggingface_hub itself resumes an interrupted file download a few times; ``--stall-timeout`` is
 its read timeout (``HF_HUB_DOWNLOAD_TIMEOUT``), and the fetch retries transient failures on top.
+``--ca-file``: the Hub's shared HTTP client is made with ``verify`` = a context trusting the public CAs
+and that file (``huggingface_hub.set_client_factory``, restored afterwards); an untrusted certificate
+fails at once, naming the option. (A file the Hub stores on Xet is downloaded by ``hf_xet``, which does
+not use that client; a mirror or a private hub without Xet storage is served through it entirely.)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import SCRATCH_PREFIX
 from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import HfSource
+from kubeinfer.runtime.fetch.tls import certificate_error
 
 T = TypeVar("T")
 #: The scratch cache directory in the destination (removed at the end).
@@ -66,7 +71,7 @@ def fetch_hf(source: HfSource, ctx: Context) -> Fetched:
     }
     has_token, stall = bool(token), opts.stall_timeout
     try:
-        with _hub_settings(opts.stall_timeout):
+        with _hub_settings(opts.stall_timeout, opts.ca_file):
             plan = ctx.retry(
                 lambda: _call(
                     lambda: snapshot_download(revision=source.revision, dry_run=True, **common),
@@ -92,11 +97,12 @@ def fetch_hf(source: HfSource, ctx: Context) -> Fetched:
 
 
 @contextlib.contextmanager
-def _hub_settings(stall_timeout: float) -> Iterator[None]:
+def _hub_settings(stall_timeout: float, ca_file: str | None = None) -> Iterator[None]:
     """huggingface_hub's process-wide settings while fetching: online (the runtime sets
     ``HF_HUB_OFFLINE`` for serving; a fetch is a download), the stall timeout as its read timeout,
-    no tqdm bars (the fetch prints its own progress). Restored afterwards."""
-    from huggingface_hub import constants
+    no tqdm bars (the fetch prints its own progress), and with ``ca_file`` an HTTP client that trusts
+    it besides the public CAs. Restored afterwards."""
+    from huggingface_hub import constants, set_client_factory
     from huggingface_hub.utils.tqdm import (
         are_progress_bars_disabled,
         disable_progress_bars,
@@ -108,12 +114,37 @@ def _hub_settings(stall_timeout: float) -> Iterator[None]:
     constants.HF_HUB_OFFLINE = False
     constants.HF_HUB_DOWNLOAD_TIMEOUT = max(1, math.ceil(stall_timeout))
     disable_progress_bars()
+    if ca_file is not None:
+        set_client_factory(_client_factory(ca_file))
     try:
         yield
     finally:
         constants.HF_HUB_OFFLINE, constants.HF_HUB_DOWNLOAD_TIMEOUT = saved
         if not bars_were_disabled:
             enable_progress_bars()
+        if ca_file is not None:
+            from huggingface_hub.utils._http import default_client_factory
+
+            set_client_factory(default_client_factory)
+
+
+def _client_factory(ca_file: str) -> Callable[[], Any]:
+    """huggingface_hub's default client factory, with ``verify`` trusting ``ca_file`` too."""
+    import httpx2
+    from huggingface_hub.utils._http import hf_request_event_hook
+    from kubeinfer.runtime.fetch.tls import ssl_context
+
+    context = ssl_context(ca_file)
+
+    def factory() -> Any:
+        return httpx2.Client(
+            event_hooks={"request": [hf_request_event_hook]},
+            follow_redirects=True,
+            timeout=None,
+            verify=context,
+        )
+
+    return factory
 
 
 def _call(fn: Callable[[], T], has_token: bool, stall_timeout: float) -> T:
@@ -134,6 +165,9 @@ def hub_error(exc: BaseException, *, has_token: bool, stall_timeout: float) -> F
     answer = _hub_answer(exc, has_token=has_token)
     if answer is not None:
         return answer
+    untrusted = certificate_error(exc)
+    if untrusted is not None:
+        return untrusted
     if isinstance(exc, (errors.DryRunError, errors.LocalEntryNotFoundError)):
         cause = exc.__cause__ or exc.__context__
         if cause is not None:

@@ -4,11 +4,13 @@ The body is streamed to a temporary file (never held in memory) with
 ``httpx.Timeout(connect=--connect-timeout, read=--stall-timeout)``: no byte for that long fails the
 attempt. ``KUBEINFER_FETCH_BEARER_TOKEN`` is sent as ``Authorization: Bearer``; httpx drops it on a
 redirect to another host (a presigned object-store URL, say). A redirect from https to http is
-refused unless http is allowed.
+refused unless http is allowed. ``--ca-file``: its CAs are trusted besides the public ones
+(``tls.ssl_context``); an untrusted certificate fails at once, naming the option.
 """
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import httpx
@@ -17,6 +19,7 @@ from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import Sink
 from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import HttpSource
+from kubeinfer.runtime.fetch.tls import certificate_error, ssl_context
 
 #: Bytes read from the response at a time.
 CHUNK_BYTES = 1 << 20
@@ -30,7 +33,8 @@ def fetch_http(source: HttpSource, ctx: Context) -> Fetched:
     Raises:
         FetchError: ``http://`` not allowed; ``<status> <reason>`` (4xx at once; 5xx and 429 after the
             retries); ``stalled: no data for S s``; ``connect timeout after S s``; a connection error;
-            a size over the limit; a sha256 mismatch; an unsafe or corrupt archive.
+            an untrusted certificate (``tls.certificate_error``); a size over the limit; a sha256
+            mismatch; an unsafe or corrupt archive.
     """
     opts = ctx.options
     if source.scheme == "http" and not opts.allow_http:
@@ -52,8 +56,13 @@ def fetch_http(source: HttpSource, ctx: Context) -> Fetched:
             raise FetchError("redirected to plain http://, refused without --allow-http")
 
     final, kind = single_target(ctx, source.filename)
+    verify: ssl.SSLContext | bool = ssl_context(opts.ca_file) if opts.ca_file else True
     with httpx.Client(
-        timeout=timeout, headers=headers, follow_redirects=True, event_hooks={"request": [refuse_downgrade]}
+        timeout=timeout,
+        headers=headers,
+        follow_redirects=True,
+        event_hooks={"request": [refuse_downgrade]},
+        verify=verify,
     ) as client:
         nbytes = ctx.retry(lambda: _attempt(client, source, final, ctx))
     return finish_single(ctx, final, kind, nbytes)
@@ -86,8 +95,12 @@ def _attempt(client: httpx.Client, source: HttpSource, final: Path, ctx: Context
 
 
 def _transport_error(exc: httpx.HTTPError, ctx: Context) -> FetchError:
-    """An httpx failure as a transient ``FetchError`` (too many redirects: permanent)."""
+    """An httpx failure as a transient ``FetchError`` (too many redirects and an untrusted certificate:
+    permanent)."""
     opts = ctx.options
+    untrusted = certificate_error(exc)
+    if untrusted is not None:
+        return untrusted
     if isinstance(exc, httpx.ConnectTimeout):
         return FetchError(f"connect timeout after {opts.connect_timeout:g} s", transient=True)
     if isinstance(exc, httpx.ReadTimeout):

@@ -112,8 +112,9 @@ def fetch(
     progress lines go (default stderr). ``sleep``: the backoff's sleep (tests).
 
     Raises:
-        ValueError: ``uri`` is not a model source (the message names ``model.source``) or an
-            option is out of range (``check_options``).
+        ValueError: ``uri`` is not a model source (the message names ``model.source``), an
+            option is out of range (``check_options``), or the ``--ca-file`` cannot be read or holds
+            no certificate (``tls.ssl_context``).
         FetchError: the source is not fetched (``not_fetched``) or the fetch failed; its ``cause``
             is one line without the source and without a credential.
         OSError: the destination cannot be written.
@@ -126,6 +127,10 @@ def fetch(
     if why is not None:
         raise FetchError(why)
     options = check_options(options)
+    if options.ca_file is not None:
+        from kubeinfer.runtime.fetch.tls import ssl_context
+
+        ssl_context(options.ca_file)  # a missing or bad file fails before any download
 
     def log(line: str) -> None:
         print(line, file=out, flush=True)

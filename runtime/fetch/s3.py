@@ -10,11 +10,14 @@ addressing style (``--s3-addressing-style``), botocore's ``connect_timeout`` and
 ``read_timeout`` = the stall timeout, and no retries of botocore's own (``max_attempts`` 1): the
 fetch retries transient failures itself, and a 403 or 404 fails at once. Credentials:
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` when set, else boto3's
-default chain (IRSA, workload identity, an instance profile).
+default chain (IRSA, workload identity, an instance profile). ``--ca-file``: botocore's ``verify``
+is a bundle of the public CAs and that file (``tls.combined_bundle``), for the whole fetch; an untrusted
+certificate fails at once, naming the option.
 """
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import Sink, safe_path
 from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import S3Source
+from kubeinfer.runtime.fetch.tls import certificate_error, combined_bundle
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,9 +61,9 @@ class _NoSuchKey(Exception):
     """The key names no object (it may still be a prefix)."""
 
 
-def make_client(ctx: Context) -> Any:
+def make_client(ctx: Context, verify: str | None = None) -> Any:
     """The boto3 S3 client for ``ctx.options`` and the credentials in ``ctx.env`` (see the module
-    docstring)."""
+    docstring); ``verify``: the CA bundle file to verify the endpoint with (None: botocore's own)."""
     opts = ctx.options
     config = Config(
         connect_timeout=opts.connect_timeout,
@@ -75,7 +79,9 @@ def make_client(ctx: Context) -> Any:
         if ctx.env.get("AWS_SESSION_TOKEN"):
             credentials["aws_session_token"] = ctx.env["AWS_SESSION_TOKEN"]
     session = boto3.session.Session(region_name=opts.s3_region or ctx.env.get("AWS_REGION") or None)
-    return session.client("s3", endpoint_url=opts.s3_endpoint or None, config=config, **credentials)
+    return session.client(
+        "s3", endpoint_url=opts.s3_endpoint or None, config=config, verify=verify, **credentials
+    )
 
 
 def fetch_s3(source: S3Source, ctx: Context) -> Fetched:
@@ -86,9 +92,15 @@ def fetch_s3(source: S3Source, ctx: Context) -> Fetched:
             ``404 NoSuchBucket``: at once; 5xx, 429, SlowDown after the retries);
             ``no object at this key or prefix (404 NoSuchKey)``; ``stalled: no data for S s``; a
             connection error; missing credentials; a size over the limit; a sha256 mismatch (one
-            object only: ``--sha256`` with a prefix is refused); an unsafe key or archive.
+            object only: ``--sha256`` with a prefix is refused); an unsafe key or archive; an
+            untrusted certificate (``tls.certificate_error``).
     """
-    client = make_client(ctx)
+    with contextlib.ExitStack() as stack:
+        bundle = stack.enter_context(combined_bundle(ctx.options.ca_file)) if ctx.options.ca_file else None
+        return _fetch(make_client(ctx, bundle), source, ctx)
+
+
+def _fetch(client: Any, source: S3Source, ctx: Context) -> Fetched:
     if not source.is_prefix:
         filename = posixpath.basename(source.key)
         final, kind = single_target(ctx, filename)
@@ -205,6 +217,9 @@ def _error(exc: Exception, ctx: Context) -> FetchError:
         code = _code(exc) or "error"
         transient = transient_status(status) or code in TRANSIENT_CODES
         return FetchError(f"{status} {code}" if status else code, transient=transient)
+    untrusted = certificate_error(exc)
+    if untrusted is not None:
+        return untrusted
     if isinstance(exc, bexc.ConnectTimeoutError):
         return FetchError(f"connect timeout after {opts.connect_timeout:g} s", transient=True)
     if isinstance(exc, bexc.ReadTimeoutError):

@@ -27,9 +27,13 @@ import contextlib
 import hashlib
 import http.server
 import json
+import shutil
 import socket
+import ssl
+import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -60,7 +64,8 @@ class LocalHub:
     """The stand-in Hub on ``host`` (a free port); ``endpoint`` goes to ``--hf-endpoint``.
 
     ``repos``: repository id -> :class:`HubRepo`; ``token``: the one valid token;
-    ``requests``: ``(method, path)`` of what came in.
+    ``requests``: ``(method, path)`` of what came in. ``tls``: serve https with a certificate of a
+    throw-away CA (``ca_file``, set by ``start``).
     """
 
     repos: dict[str, HubRepo] = field(default_factory=dict)
@@ -68,6 +73,9 @@ class LocalHub:
     host: str = "127.0.0.1"
     port: int = 0
     stall_after: int | None = None
+    tls: bool = False
+    ca_file: Path | None = None
+    _pki: Path | None = None
     requests: list[tuple[str, str]] = field(default_factory=list)
     _httpd: http.server.ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -75,8 +83,8 @@ class LocalHub:
 
     @property
     def endpoint(self) -> str:
-        """``http://host:port``."""
-        return f"http://{url_host(self.host)}:{self.port}"
+        """``http://host:port`` (``https://`` with ``tls``)."""
+        return f"{'https' if self.tls else 'http'}://{url_host(self.host)}:{self.port}"
 
     def add(
         self,
@@ -97,12 +105,26 @@ class LocalHub:
             (self.host, self.port), handler
         )
         httpd.daemon_threads = True
+        if self.tls:
+            httpd.socket = self._tls_context().wrap_socket(httpd.socket, server_side=True)
         self.port = int(httpd.server_address[1])
         self._httpd = httpd
         self._release.clear()
         self._thread = threading.Thread(target=httpd.serve_forever, name="local-hub", daemon=True)
         self._thread.start()
         return self
+
+    def _tls_context(self) -> ssl.SSLContext:
+        from hack.pki import Leaf, make_pki
+
+        pki = self._pki = Path(tempfile.mkdtemp(prefix="kubeinfer-hub-pki-"))
+        make_pki(
+            pki, [Leaf("server", "/CN=kubeinfer-test-hub", server_sans=(f"IP:{self.host}", "DNS:localhost"))]
+        )
+        self.ca_file = pki / "ca.crt"
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(pki / "server.crt", pki / "server.key")
+        return ctx
 
     def stop(self) -> None:
         """Release stalled bodies, stop serving, close the socket."""
@@ -114,6 +136,9 @@ class LocalHub:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self._pki is not None:
+            shutil.rmtree(self._pki, ignore_errors=True)
+            self._pki = None
 
     def __enter__(self) -> LocalHub:
         return self.start()

@@ -238,7 +238,9 @@ def minio_binary() -> Path:
 class MinioServer:
     """A real MinIO server on ``host`` storing its data under ``data``; ``endpoint`` is its S3 URL.
 
-    ``access_key`` / ``secret_key``: the root user (MINIO_ROOT_USER / MINIO_ROOT_PASSWORD).
+    ``access_key`` / ``secret_key``: the root user (MINIO_ROOT_USER / MINIO_ROOT_PASSWORD). ``tls``:
+    serve https with a certificate of a throw-away CA (``ca_file``, set by ``start``), MinIO's
+    ``--certs-dir`` holding ``public.crt`` and ``private.key``.
     """
 
     data: Path
@@ -247,13 +249,31 @@ class MinioServer:
     access_key: str = "kubeinfer-test"
     secret_key: str = "kubeinfer-test-secret-0123"
     binary: Path | None = None
+    tls: bool = False
+    ca_file: Path | None = None
     _proc: subprocess.Popen[bytes] | None = None
     _log: Any = None
 
     @property
     def endpoint(self) -> str:
-        """``http://host:port``."""
-        return f"http://{url_host(self.host)}:{self.port}"
+        """``http://host:port`` (``https://`` with ``tls``)."""
+        return f"{'https' if self.tls else 'http'}://{url_host(self.host)}:{self.port}"
+
+    def _certs_dir(self) -> Path:
+        """Make the CA and the serving certificate; returns MinIO's certs directory."""
+        from hack.pki import Leaf, make_pki
+
+        pki = self.data.parent / f"{self.data.name}.pki"
+        make_pki(
+            pki,
+            [Leaf("server", "/CN=kubeinfer-test-minio", server_sans=(f"IP:{self.host}", "DNS:localhost"))],
+        )
+        certs = self.data.parent / f"{self.data.name}.certs"
+        certs.mkdir(exist_ok=True)
+        shutil.copyfile(pki / "server.crt", certs / "public.crt")
+        shutil.copyfile(pki / "server.key", certs / "private.key")
+        self.ca_file = pki / "ca.crt"
+        return certs
 
     def start(self, timeout: float = 60.0) -> MinioServer:
         """Start ``minio server`` and wait for ``/minio/health/live``; returns self.
@@ -282,6 +302,7 @@ class MinioServer:
                 "--address", f"{url_host(self.host)}:{self.port}",
                 "--console-address", f"{url_host(self.host)}:{console}",
                 "--quiet",
+                *(["--certs-dir", str(self._certs_dir())] if self.tls else []),
             ],
             env=env,
             stdout=self._log,
@@ -296,7 +317,9 @@ class MinioServer:
                     f"minio exited with {self._proc.returncode if self._proc else '?'}: {tail}"
                 )
             try:
-                with urllib.request.urlopen(f"{self.endpoint}/minio/health/live", timeout=2) as r:
+                context = ssl.create_default_context(cafile=str(self.ca_file)) if self.tls else None
+                live = f"{self.endpoint}/minio/health/live"
+                with urllib.request.urlopen(live, timeout=2, context=context) as r:
                     if r.status == 200:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError):
@@ -319,6 +342,7 @@ class MinioServer:
             aws_secret_access_key=self.secret_key,
             region_name="us-east-1",
             config=Config(s3={"addressing_style": "path"}, **config),
+            verify=str(self.ca_file) if self.tls else None,
         )
 
     def put(self, bucket: str, files: dict[str, bytes]) -> None:

@@ -102,6 +102,31 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         f"{_CAL}.credentials",
     ),
     ("bad-service-account", {"serviceAccountName": "Not_A_Name"}, "spec.serviceAccountName"),
+    (
+        "ca-bundle-on-http",
+        {"model": {"uri": "http://h/m", "allowInsecureHttp": True, "caBundle": {"configMapName": "ca"}}},
+        "spec.model.caBundle",
+    ),
+    (
+        "ca-bundle-on-pvc",
+        {"model": {"uri": "pvc://c/m", "caBundle": {"configMapName": "ca"}}},
+        "spec.model.caBundle",
+    ),
+    (
+        "ca-bundle-on-oci",
+        {"model": {"uri": "oci://ghcr.io/a/b:1", "caBundle": {"configMapName": "ca"}}},
+        "spec.model.caBundle",
+    ),
+    (
+        "ca-bundle-bad-key",
+        {"model": {"uri": "https://h/m", "caBundle": {"configMapName": "ca", "key": "a/b"}}},
+        "spec.model.caBundle.key",
+    ),
+    (
+        "calibration-ca-bundle-on-path",
+        _calibration({"uri": "/data/c.txt", "caBundle": {"configMapName": "ca"}}),
+        f"{_CAL}.caBundle",
+    ),
 ]
 
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
@@ -163,6 +188,14 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         ),
     ),
     ("calibration-http", _calibration({"uri": "http://host/c.txt", "allowInsecureHttp": True})),
+    *(
+        (f"ca-bundle-{uri.split(':')[0]}", {"model": {"uri": uri, "caBundle": {"configMapName": "ca"}}})
+        for uri in ("s3://bucket/m/", "https://h/m.tgz", "hf://o/r")
+    ),
+    (
+        "calibration-ca-bundle",
+        _calibration({"uri": "https://h/c.txt", "caBundle": {"configMapName": "ca", "key": "root.pem"}}),
+    ),
 ]
 
 

@@ -149,8 +149,8 @@ def test_path_style_addressing_names_the_bucket_in_the_path(
     urls: list[str] = []
     real = s3_backend.make_client
 
-    def spying(ctx: Any) -> Any:
-        client = real(ctx)
+    def spying(ctx: Any, verify: str | None = None) -> Any:
+        client = real(ctx, verify)
         client.meta.events.register("before-send.s3", lambda request, **_: urls.append(request.url))
         return client
 

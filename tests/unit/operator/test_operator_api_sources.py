@@ -5,10 +5,12 @@ is tests/integration/operator/test_operator_model_sources_cel.py)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
+import yaml
 from kubeinfer.operator import api
 
 SHA = "0123456789abcdef" * 4
@@ -148,6 +150,41 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         f"{_CAL}.credentials",
     ),
     ("bad-service-account", {"serviceAccountName": "Not_A_Name"}, "serviceAccountName"),
+    *(
+        (
+            f"ca-bundle-{name}",
+            {"model": {**model, "caBundle": {"configMapName": "ca"}}},
+            "spec.model.caBundle",
+        )
+        for name, model in (
+            ("http", {"uri": "http://h/m", "allowInsecureHttp": True}),
+            ("pvc", {"uri": "pvc://c/m"}),
+            ("oci", {"uri": "oci://ghcr.io/a/b:1"}),
+            ("path", {"uri": "/m"}),
+            ("default", {}),
+        )
+    ),
+    (
+        "ca-bundle-bad-name",
+        {"model": {"uri": "https://h/m", "caBundle": {"configMapName": "Bad_Name"}}},
+        "configMapName",
+    ),
+    (
+        "ca-bundle-bad-key",
+        {"model": {"uri": "https://h/m", "caBundle": {"configMapName": "c", "key": "a/b"}}},
+        "key",
+    ),
+    ("ca-bundle-no-name", {"model": {"uri": "https://h/m", "caBundle": {}}}, "configMapName"),
+    (
+        "calibration-ca-bundle-pvc",
+        {
+            "quantization": {
+                "mode": "int8-static",
+                "calibration": {"uri": "pvc://c/c.txt", "caBundle": {"configMapName": "ca"}},
+            }
+        },
+        f"{_CAL}.caBundle",
+    ),
 ]
 
 
@@ -175,6 +212,17 @@ def test_accepted_settings_per_scheme() -> None:
     oci = _spec({"uri": "oci://ghcr.io/a/b:1", "credentials": {"secretName": "regcred"}})
     assert oci.model.credentials is not None and api.oci_reference(oci.model.uri) == "ghcr.io/a/b:1"
     assert _spec(serviceAccountName="models").service_account_name == "models"
+    for uri in ("s3://bucket/m/", "https://h/m.onnx", "hf://o/r"):
+        model = _spec({"uri": uri, "caBundle": {"configMapName": "internal-ca"}}).model
+        assert model.ca_bundle == api.CaBundleSpec(config_map_name="internal-ca", key="ca.crt")
+    calibration = _spec(
+        quantization={
+            "mode": "int8-static",
+            "calibration": {"uri": "https://h/c.txt", "caBundle": {"configMapName": "ca", "key": "x.pem"}},
+        }
+    ).quantization.calibration
+    assert calibration is not None and calibration.ca_bundle is not None
+    assert calibration.ca_bundle.key == "x.pem"
 
 
 def test_scheme_helpers() -> None:
@@ -195,3 +243,34 @@ def test_new_fields_left_unset_dump_as_before() -> None:
     dumped = api.InferenceServiceSpec().model_dump(by_alias=True, exclude_none=True)
     assert set(dumped["model"]) == {"uri", "format", "inputs", "outputs", "allowInsecureHttp"}
     assert "serviceAccountName" not in dumped
+
+
+def _crd_rules(path: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[3] / "crds" / "inferenceservices.kubeinfer.io.yaml").read_text()
+    )
+    node = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for name in path:
+        node = node["properties"][name]
+    return {r["fieldPath"]: r for r in node["x-kubernetes-validations"] if "fieldPath" in r}
+
+
+@pytest.mark.parametrize(
+    "path, field, schemes",
+    [
+        (("model",), "spec.model", ("s3", "https", "hf")),
+        (("quantization", "calibration"), _CAL, ("s3", "https", "hf")),  # its uri pattern refuses hf://
+    ],
+)
+def test_the_crd_allows_a_ca_bundle_on_tls_sources_only(
+    path: tuple[str, ...], field: str, schemes: tuple[str, ...]
+) -> None:
+    """The CRD's CEL rule for caBundle: its regex (CEL's ``matches`` is RE2; this one reads the same in
+    Python) takes the TLS schemes and nothing else, and the message names the field."""
+    rule = _crd_rules(path)[".caBundle"]
+    assert rule["reason"] == "FieldValueForbidden" and rule["message"].startswith(f"{field}.caBundle applies")
+    match = re.fullmatch(r"!has\(self\.caBundle\) \|\| self\.uri\.matches\('(.+)'\)", rule["rule"])
+    assert match is not None, rule["rule"]
+    uris = {"s3": "s3://b/k", "https": "https://h/m", "hf": "hf://o/r", "http": "http://h/m"}
+    uris |= {"oci": "oci://r.io/a:1", "pvc": "pvc://c/m", "path": "/m", "default": "default"}
+    assert {s for s, u in uris.items() if re.search(match.group(1), u)} == set(schemes)

@@ -65,6 +65,12 @@ SOURCES: dict[str, dict[str, Any]] = {
         }
     },
     "oci-digest": {"model": {"uri": f"oci://localhost:5000/bert@sha256:{'0' * 64}"}},
+    "https-ca": {
+        "model": {
+            "uri": "https://artifacts.internal.example/models/bert.tar.gz",
+            "caBundle": {"configMapName": "internal-ca", "key": "root.pem"},
+        }
+    },
     "calibration-s3": {
         "quantization": {
             "mode": "int8-static",
@@ -328,3 +334,38 @@ def test_new_fields_left_unset_keep_the_config_hash_and_configmap() -> None:
     assert build_configmap(plain, 0.005)["data"] == build_configmap(explicit, 0.005)["data"]
     # a fetched source changes what the runtime loads: the pods roll
     assert config_hash(_isvc(SOURCES["s3"])) != config_hash(plain)
+
+
+def test_ca_bundle_reaches_the_fetch_init_container_only() -> None:
+    pod = _pod(_isvc(SOURCES["https-ca"]))
+    init = _init(pod)
+    i = init["args"].index("--ca-file")
+    assert init["args"][i : i + 2] == ["--ca-file", "/etc/kubeinfer/model-ca/ca.crt"]
+    assert {
+        "name": "model-ca",
+        "configMap": {"name": "internal-ca", "items": [{"key": "root.pem", "path": "ca.crt"}]},
+    } in pod["volumes"]
+    assert {"name": "model-ca", "mountPath": "/etc/kubeinfer/model-ca", "readOnly": True} in init[
+        "volumeMounts"
+    ]
+    assert all(m["name"] != "model-ca" for m in pod["containers"][0]["volumeMounts"])
+    assert "env" not in init  # a file, not an environment variable
+    default_key = _pod(_isvc({"model": {"uri": "hf://o/r", "caBundle": {"configMapName": "ca"}}}))
+    assert default_key["volumes"][-1]["configMap"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    for plain in (SOURCES["https"], SOURCES["s3"]):
+        pod = _pod(_isvc(plain))
+        assert "--ca-file" not in _init(pod)["args"] and all(v["name"] != "model-ca" for v in pod["volumes"])
+
+
+def test_calibration_ca_bundle_has_its_own_volume_in_its_own_fetch() -> None:
+    spec = copy.deepcopy(SOURCES["calibration-s3"])
+    spec["quantization"]["calibration"]["caBundle"] = {"configMapName": "minio-ca"}
+    spec["model"] = {"uri": "s3://models/bert/", "caBundle": {"configMapName": "minio-ca"}}
+    pod = _pod(_isvc(spec))
+    model, calibration = _init(pod), _init(pod, "fetch-calibration")
+    assert "/etc/kubeinfer/model-ca/ca.crt" in model["args"]
+    assert "/etc/kubeinfer/calibration-ca/ca.crt" in calibration["args"]
+    assert [m["name"] for m in calibration["volumeMounts"]] == ["calibration", "tmp", "calibration-ca"]
+    assert [m["name"] for m in model["volumeMounts"]] == ["model", "tmp", "model-ca"]
+    names = [v["name"] for v in pod["volumes"]]
+    assert len(names) == len(set(names)) and {"model-ca", "calibration-ca"} <= set(names)

@@ -304,7 +304,8 @@ def test_the_fetch_command_line_takes_the_contract_options() -> None:
             "fetch", "--source", "s3://b/p", "--dest", "/mnt/models", "--sha256", "a" * 64,
             "--s3-endpoint", "http://minio:9000", "--s3-region", "eu-west-1", "--s3-addressing-style", "path",
             "--hf-endpoint", "http://hub", "--allow-pattern", "*.json", "--allow-pattern", "1_Pooling/*",
-            "--allow-http", "--size-limit", "20Gi", "--connect-timeout", "5", "--stall-timeout", "2",
+            "--allow-http", "--ca-file", "/etc/kubeinfer/model-ca/ca.crt",
+            "--size-limit", "20Gi", "--connect-timeout", "5", "--stall-timeout", "2",
             "--retries", "0", "--termination-log", "/tmp/t",
         ]
     )  # fmt: skip
@@ -317,6 +318,7 @@ def test_the_fetch_command_line_takes_the_contract_options() -> None:
         hf_endpoint="http://hub",
         allow_patterns=("*.json", "1_Pooling/*"),
         allow_http=True,
+        ca_file="/etc/kubeinfer/model-ca/ca.crt",
         size_limit=20 * 2**30,
         connect_timeout=5.0,
         stall_timeout=2.0,
