@@ -47,7 +47,7 @@ from kubeinfer.runtime.config import DEFAULT_CONFIG_PATH, RuntimeConfig
 from kubeinfer.runtime.fetch import FetchError, FetchOptions
 from kubeinfer.runtime.fetch.context import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_STALL_TIMEOUT
 from kubeinfer.runtime.fetch.progress import megabytes
-from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from
+from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from, strip_credentials
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
 from kubeinfer.runtime.termination import write_termination_message
@@ -215,7 +215,8 @@ def run_fetch(args: argparse.Namespace) -> int:
     termination log and on stderr: ``URI: cause``)."""
     from kubeinfer.runtime.fetch.run import fetch  # the fetch's steps; its backends load their libraries
 
-    secrets = secrets_from(os.environ)
+    secrets = secrets_from(os.environ)  # before stripping: the values as the Secret holds them, too
+    strip_credentials(os.environ)  # what every backend and library then reads
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", secrets))
     logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)

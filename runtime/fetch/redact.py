@@ -7,6 +7,7 @@ in a message that a library wrote (an exception may quote a URL or a header).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
@@ -46,9 +47,37 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
+def strip_credentials(env: dict[str, str] | os._Environ[str]) -> None:
+    """Strip the whitespace around every ``SECRET_ENV`` value in ``env``, in place.
+
+    A Secret made from a file usually ends in a newline (``kubectl create secret --from-file``);
+    sent as is, an HTTP client refuses the header and quotes the value in its error
+    (``Illegal header value b'Bearer ...\\n'``), where the plain value is not found to be masked.
+    """
+    for name in SECRET_ENV:
+        value = env.get(name)
+        if value is not None and value != value.strip():
+            env[name] = value.strip()
+
+
+def credentials_stripped(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` with the ``SECRET_ENV`` values stripped (:func:`strip_credentials`)."""
+    out = dict(env)
+    strip_credentials(out)
+    return out
+
+
 def secrets_from(env: Mapping[str, str]) -> list[str]:
-    """The values of ``SECRET_ENV`` set in ``env`` (at least ``MIN_SECRET_CHARS`` long)."""
-    return [env[name] for name in SECRET_ENV if len(env.get(name, "")) >= MIN_SECRET_CHARS]
+    """The values of ``SECRET_ENV`` set in ``env`` (at least ``MIN_SECRET_CHARS`` long), each also as
+    stripped of surrounding whitespace and in its escaped forms (``repr`` of the str and of its
+    UTF-8 bytes, without the quotes), as libraries quote a value they refuse."""
+    out: set[str] = set()
+    for name in SECRET_ENV:
+        value = env.get(name, "")
+        for form in (value, value.strip()):
+            if len(form) >= MIN_SECRET_CHARS:
+                out.update((form, repr(form)[1:-1], repr(form.encode("utf-8", "replace"))[2:-1]))
+    return sorted(out, key=len, reverse=True)
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:

@@ -23,7 +23,7 @@ from kubeinfer.runtime.fetch.context import Context, Fetched, FetchOptions
 from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import SizeBudget, check_sha256, remove_leftovers
 from kubeinfer.runtime.fetch.progress import Progress, megabytes
-from kubeinfer.runtime.fetch.redact import redact_url, secrets_from
+from kubeinfer.runtime.fetch.redact import credentials_stripped, redact_url, secrets_from
 from kubeinfer.runtime.fetch.report import FetchReport, read_report, write_report
 from kubeinfer.runtime.fetch.source import (
     BundledSource,
@@ -152,7 +152,7 @@ def fetch(
         label=label,
         dest=dest,
         options=options,
-        env=environ,
+        env=credentials_stripped(environ),
         progress=progress,
         budget=SizeBudget(options.size_limit),
         log=log,

@@ -389,3 +389,47 @@ def test_the_operators_fetch_init_containers_parse() -> None:
                 assert parse_source(parsed.source).fetched, path.name
                 seen += 1
     assert seen >= 1, f"no fetch init container in {golden}"
+
+
+def test_a_credential_from_a_file_with_a_trailing_newline_is_stripped_and_masked_in_every_form() -> None:
+    """``kubectl create secret --from-file`` keeps the file's final newline; a client refusing the
+    header quotes the value escaped (``b'Bearer tok\\n'``), which must be masked too."""
+    from kubeinfer.runtime.fetch.redact import credentials_stripped
+
+    env = {"KUBEINFER_FETCH_BEARER_TOKEN": "tok3nSECRETzz\n", "HF_TOKEN": "hf_SECRET\r\n", "PATH": "/bin"}
+    assert credentials_stripped(env) == {
+        "KUBEINFER_FETCH_BEARER_TOKEN": "tok3nSECRETzz",
+        "HF_TOKEN": "hf_SECRET",
+        "PATH": "/bin",
+    }
+    assert env["HF_TOKEN"] == "hf_SECRET\r\n", "the caller's mapping is left as it was"
+    secrets = secrets_from(env)
+    text = (
+        "connection broken: Illegal header value b'Bearer tok3nSECRETzz\\n'; "
+        "LocalProtocolError: Illegal header value b'Bearer hf_SECRET\\r\\n'; raw tok3nSECRETzz"
+    )
+    out = redact_text(text, secrets)
+    assert "tok3nSECRET" not in out and "hf_SECRET" not in out, out
+    assert out.count("***") == 3, out
+
+
+def test_the_fetch_command_strips_credentials_before_any_backend_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    import kubeinfer.runtime.fetch.run as run
+
+    seen: dict[str, str | None] = {}
+
+    def spy(*_: object) -> None:
+        seen["token"] = os.environ.get("KUBEINFER_FETCH_BEARER_TOKEN")
+        raise FetchError("404 Not Found")
+
+    monkeypatch.setenv("KUBEINFER_FETCH_BEARER_TOKEN", "tok3nSECRETzz\n")
+    monkeypatch.setattr(run, "fetch", spy)
+    log = tmp_path / "termination-log"
+    args = ["fetch", "--source", "https://h/m.onnx", "--dest", str(tmp_path), "--termination-log", str(log)]
+    assert cli.main(args) == 1
+    assert seen["token"] == "tok3nSECRETzz"
+    assert log.read_text() == "https://h/m.onnx: 404 Not Found\n"
