@@ -159,9 +159,10 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 _PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
 #: An S3 bucket name (3-63 of lowercase letters, digits, dots, hyphens), then an optional key or prefix.
 _S3 = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?"
-#: An http(s) URL without userinfo (no ``user:password@``: a credential would be in the spec and in the
-#: pod's arguments; the bearer token comes from spec.model.credentials).
-_HTTP = r"https?://[^/?#@\s]+([/?#][^\s]*)?"
+#: An http(s) URL of a file without userinfo (no ``user:password@``: a credential would be in the spec
+#: and in the pod's arguments; the bearer token comes from spec.model.credentials): its path ends in a
+#: file name that is not hidden (the fetch names the file after it), no ``@`` before the query.
+_HTTP = r"https?://[^/?#@\s]+/([^?#@\s]*/)?[^/?#@\s.][^/?#@\s]*([?#][^\s]*)?"
 #: ``hf://org/repo`` with an optional ``@revision`` (a branch, tag or commit).
 _HF = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]{0,95}/[A-Za-z0-9][-A-Za-z0-9_.]{0,95}(@[A-Za-z0-9][-A-Za-z0-9_./]{0,254})?"
 #: ``oci://registry/repo:tag`` or ``oci://registry/repo@sha256:<64 hex>``: a registry host (with a dot or

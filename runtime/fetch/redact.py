@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from urllib.parse import urlsplit, urlunsplit
 
 #: What replaces a redacted part.
 MASK = "***"
@@ -32,19 +31,27 @@ _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)\]]")
 def redact_url(url: str) -> str:
     """``url`` without its userinfo and query (each replaced by ``***``) and without a fragment.
 
-    A string that is not a URL with a scheme and ``://`` is returned unchanged; a URL that cannot
-    be parsed is replaced by ``***`` whole.
+    Done on the text, not through a URL parser: a password with an unencoded ``/``, ``?`` or ``#``
+    makes a parser read part of it as the host or port, and then nothing would be masked. For http(s)
+    everything before the last ``@`` ahead of the query is userinfo (a path with an ``@`` loses a part
+    to the mask: a message is over-redacted, never under); other schemes (``hf://org/repo@rev``,
+    ``s3://``) have no userinfo. A string without ``scheme://`` is returned unchanged.
     """
-    if "://" not in url:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    try:
-        parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-    except ValueError:
-        return MASK
-    netloc = f"{MASK}@{host}" if "@" in parts.netloc else host
-    query = MASK if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    ends = [i for i in (rest.find("?"), rest.find("#")) if i >= 0]
+    cut = min(ends) if ends else len(rest)
+    head, tail = rest[:cut], rest[cut:]
+    if scheme.lower() in ("http", "https"):
+        if "@" in head:
+            head = f"{MASK}@{head.rpartition('@')[2]}"
+        authority = head.partition("/")[0]
+        port = authority.rpartition(":")[2] if ":" in authority and not authority.endswith("]") else ""
+        if port and not port.isdigit():  # "user:pass" cut short by a '/', '?' or '#' in the password
+            head = MASK + head[len(authority) :]
+    query = f"?{MASK}" if tail.startswith("?") and len(tail.partition("#")[0]) > 1 else ""
+    return f"{scheme}://{head}{query}"
 
 
 def strip_credentials(env: dict[str, str] | os._Environ[str]) -> None:

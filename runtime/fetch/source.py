@@ -171,7 +171,8 @@ def _parse_http(uri: str, scheme: str) -> HttpSource:
         host = parts.hostname
         _ = parts.port  # raises ValueError on a bad port
     except ValueError as exc:
-        raise _invalid(uri, f"not a URL ({exc})") from None
+        # the parser's words may quote a part of an unencoded password (as the "port")
+        raise _invalid(uri, "not a URL (its host or port does not parse)") from exc
     if not host:
         raise _invalid(uri, "the URL has no host")
     name = unquote(PurePosixPath(parts.path).name) if parts.path and not parts.path.endswith("/") else ""

@@ -45,6 +45,12 @@ REFUSED_MODEL_URIS = [
     "oci://ghcr.io/m@sha256:abc",
     "https://",
     "relative/path",
+    # the fetch needs a file name to write: these always fail there, so the API server refuses them
+    "https://host",
+    "https://host/",
+    "https://host/models/",
+    "https://host/.hidden",
+    "https://user:p/w@host/m.onnx",  # a password with a slash is still userinfo
 ]
 
 

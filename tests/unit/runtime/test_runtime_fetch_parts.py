@@ -43,6 +43,11 @@ pytestmark = pytest.mark.timeout(30)
         ("s3://bucket/key", "s3://bucket/key"),
         ("hf://org/repo@v2", "hf://org/repo@v2"),  # the @ of a revision is no userinfo
         ("not a url", "not a url"),
+        # an unencoded '/', '?' or '#' in a password: a URL parser reads part of it as the port
+        ("http://bob:SECRETab/cd@127.0.0.1:33883/m.onnx", "http://***@127.0.0.1:33883/m.onnx"),
+        ("http://bob:ab?cdSECRET@h/m.onnx", "http://***?***"),
+        ("http://bob:ab#cdSECRET@h/m.onnx", "http://***"),
+        ("https://[::1]:8443/m.onnx", "https://[::1]:8443/m.onnx"),
     ],
 )
 def test_redact_url(url: str, redacted: str) -> None:
