@@ -11,8 +11,8 @@ offline with the Hub's errors, see there), and an OCI registry (``crane registry
 static hostPath PersistentVolume bound by kube-controller-manager's PV binder.
 
 Triton's ``simple`` add/sub model (ONNX, its tensors read from the model) is the model of every
-scheme but ``hf://``, which serves a tiny BERT embedder. The pods of the successful sources run one
-after another's start (the node has two cores), the failures after them with small requests.
+scheme but ``hf://``, which serves a tiny cross-encoder reranker (v2 and ``/v1/rerank``). The
+successful sources run first, the failures after them with small requests (the node has two cores).
 
 The ``https://`` file server has a private CA (``spec.model.caBundle``, a ConfigMap) and wants a
 bearer token (``spec.model.credentials``); the ``http://`` one is plain, behind
@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from hack.devtools.runtime_tiny import simple_onnx, tiny_hf_dir
+from hack.devtools.runtime_tiny import simple_onnx, tiny_hf_cross_encoder
 from hack.podnetwork import NODE_IP
 from tests.e2e.conftest import OPERATOR_NAMESPACE, isvc_condition, runtime_pods, wait_isvc
 from tests.support.cluster import Cluster, wait_until
@@ -96,7 +96,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sources]:
     model_dir = work / "simple"
     model_dir.mkdir()
     onnx_bytes = simple_onnx(model_dir / "simple.onnx", ELEMENTS).read_bytes()
-    hf_dir = tiny_hf_dir(work / "tiny-hf")
+    hf_dir = tiny_hf_cross_encoder(work / "tiny-reranker")
     hf_files = {p.relative_to(hf_dir).as_posix(): p.read_bytes() for p in hf_dir.rglob("*") if p.is_file()}
 
     served = work / "http"
@@ -121,7 +121,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sources]:
     minio = MinioServer(work / "minio-data", host=NODE_IP).start()
     hub = LocalHub(host=NODE_IP)
     hub.token = HF_TOKEN
-    hub.add("kubeinfer/tiny-bert", {"main": hf_files}, private=True)
+    hub.add("kubeinfer/tiny-reranker", {"main": hf_files}, private=True)
     hub.start()
     registry = Registry(work / "registry").start()
     try:
@@ -219,8 +219,10 @@ def _triton_examples(cluster: Cluster, ns: str, name: str) -> None:
     ip = svc["spec"]["clusterIP"]
     runs = [
         ("simple_http_infer_client.py", f"{ip}:{ports['http']}", 2, None),
+        ("simple_http_async_infer_client.py", f"{ip}:{ports['http']}", 2, None),
         ("simple_http_aio_infer_client.py", f"{ip}:{ports['http']}", 4, "PASS: infer"),
         ("simple_grpc_infer_client.py", f"{ip}:{ports['grpc']}", 2, "PASS: infer"),
+        ("simple_grpc_async_infer_client.py", f"{ip}:{ports['grpc']}", 1, "PASS: Async infer"),
         ("simple_grpc_aio_infer_client.py", f"{ip}:{ports['grpc']}", 3, "PASS: grpc aio infer"),
     ]
     for script, address, results, passed in runs:
@@ -240,15 +242,32 @@ def _triton_examples(cluster: Cluster, ns: str, name: str) -> None:
             assert passed in done.stdout, (script, done.stdout[-2000:])
 
 
-def _embedding_width(url: str, model: str) -> int:
+def _reranks(url: str) -> None:
+    """The hub's cross-encoder (its task detected from config.json) through the Service: v2 scores for
+    (query, text) pairs, and ``POST /v1/rerank`` ranking the same documents by the same scores."""
+    import httpx
+
+    query = "how do I reset my password?"
+    docs = ["Reset it from the login page.", "The weather is sunny.", "Passwords expire every 90 days."]
     client = httpclient.InferenceServerClient(url, network_timeout=30.0, connection_timeout=10.0)
-    inp = httpclient.InferInput("text", [2], "BYTES")
-    inp.set_data_from_numpy(np.array([b"a model from the hub", b"another sentence"], dtype=np.object_))
-    out = client.infer(model, [inp], outputs=[httpclient.InferRequestedOutput("embedding")]).as_numpy(
-        "embedding"
+    queries = httpclient.InferInput("query", [len(docs)], "BYTES")
+    queries.set_data_from_numpy(np.array([query.encode()] * len(docs), dtype=np.object_))
+    texts = httpclient.InferInput("text", [len(docs)], "BYTES")
+    texts.set_data_from_numpy(np.array([d.encode() for d in docs], dtype=np.object_))
+    scores = client.infer("reranker", [queries, texts]).as_numpy("score")
+    assert scores is not None and scores.shape == (len(docs),) and np.isfinite(scores).all()
+    resp = httpx.post(
+        f"http://{url}/v1/rerank",
+        json={"model": "reranker", "query": query, "documents": docs, "top_n": 2, "return_documents": True},
+        timeout=30,
     )
-    assert out is not None and out.shape[0] == 2 and np.isfinite(out).all()
-    return int(out.shape[1])
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    best = sorted(range(len(docs)), key=lambda i: -float(scores[i]))[:2]
+    assert [r["index"] for r in results] == best, (results, scores)
+    for r in results:
+        assert r["relevance_score"] == pytest.approx(float(scores[r["index"]]), abs=1e-5)
+        assert r["document"]["text"] == docs[r["index"]]
 
 
 def _bind_pv(cluster: Cluster, ns: str, pv_dir: Path) -> None:
@@ -356,8 +375,8 @@ def test_every_scheme_fetches_its_model_turns_ready_and_serves(
             "metadata": {"name": "from-hf"},
             "spec": {
                 "model": {
-                    "name": "tiny",
-                    "uri": "hf://kubeinfer/tiny-bert@main",
+                    "name": "reranker",
+                    "uri": "hf://kubeinfer/tiny-reranker@main",
                     "hf": {"endpoint": sources.hub.endpoint},
                     "credentials": {"secretName": "hub"},
                 },
@@ -372,8 +391,8 @@ def test_every_scheme_fetches_its_model_turns_ready_and_serves(
 
     for name in ("from-s3", "from-http", "from-https", "from-oci", "from-pvc"):
         _add_sub(_service_url(cluster, ns, name))
+    _reranks(_service_url(cluster, ns, "from-hf"))
     _triton_examples(cluster, ns, "from-oci")
-    assert _embedding_width(_service_url(cluster, ns, "from-hf"), "tiny") == 32
 
     # the fetch ran as the init container and said what it fetched; the Ready Event tells it too
     for name in ("from-s3", "from-http", "from-https", "from-hf"):
