@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.support.storage import url_host
+from tests.support.storage import server_tls, url_host
 
 
 @dataclass
@@ -115,15 +115,8 @@ class LocalHub:
         return self
 
     def _tls_context(self) -> ssl.SSLContext:
-        from hack.pki import Leaf, make_pki
-
-        pki = self._pki = Path(tempfile.mkdtemp(prefix="kubeinfer-hub-pki-"))
-        make_pki(
-            pki, [Leaf("server", "/CN=kubeinfer-test-hub", server_sans=(f"IP:{self.host}", "DNS:localhost"))]
-        )
-        self.ca_file = pki / "ca.crt"
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(pki / "server.crt", pki / "server.key")
+        self._pki = Path(tempfile.mkdtemp(prefix="kubeinfer-hub-pki-"))
+        ctx, self.ca_file = server_tls(self._pki, self.host, "kubeinfer-test-hub")
         return ctx
 
     def stop(self) -> None:

@@ -53,6 +53,18 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def server_tls(pki: Path, host: str, common_name: str) -> tuple[ssl.SSLContext, Path]:
+    """A throw-away CA and a serving certificate for ``host`` (an IP or a DNS name, plus localhost)
+    made in ``pki`` (``hack.pki``, openssl): the server's TLS context and the CA file to trust."""
+    from hack.pki import Leaf, make_pki
+
+    san = f"IP:{host}" if host.replace(".", "").isdigit() or ":" in host else f"DNS:{host}"
+    make_pki(pki, [Leaf("server", f"/CN={common_name}", server_sans=(san, "DNS:localhost"))])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pki / "server.crt", pki / "server.key")
+    return ctx, pki / "ca.crt"
+
+
 # ----- the HTTP(S) file server ---------------------------------------------------------------------
 
 
@@ -119,18 +131,9 @@ class FileServer:
         return self
 
     def _tls_context(self) -> ssl.SSLContext:
-        from hack.pki import Leaf, make_pki
-
-        pki = self.root.parent / f".pki-{id(self)}"
-        san = (
-            f"IP:{self.host}"
-            if self.host.replace(".", "").isdigit() or ":" in self.host
-            else f"DNS:{self.host}"
+        ctx, self.ca_file = server_tls(
+            self.root.parent / f".pki-{id(self)}", self.host, "kubeinfer-test-files"
         )
-        make_pki(pki, [Leaf("server", "/CN=kubeinfer-test-files", server_sans=(san, "DNS:localhost"))])
-        self.ca_file = pki / "ca.crt"
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(pki / "server.crt", pki / "server.key")
         return ctx
 
     def stop(self) -> None:
