@@ -551,9 +551,11 @@ class ModelSpec(_Spec):
     task: Task | None = Field(
         default=None,
         description="huggingface only: text-embedding (text -> embedding), text-classification (text -> "
-        "label, score, logits) or reranking (query, text -> score, and POST /v1/rerank). Unset: detected "
-        "from the model's config.json (*ForSequenceClassification: reranking with one label, else "
-        "text-classification; otherwise text-embedding).",
+        "label, score, logits), token-classification (text -> entities with character offsets, as the "
+        "transformers pipeline aggregates them) or reranking (query, text -> score, and POST /v1/rerank). "
+        "Unset: detected from the model's config.json (*ForSequenceClassification: reranking with one "
+        "label, else text-classification; *ForTokenClassification: token-classification; otherwise "
+        "text-embedding).",
     )
     name: str | None = Field(
         default=None,

@@ -26,7 +26,10 @@ Datatype = Literal[
 Device = Literal["auto", "cpu", "cuda"]
 Engine = Literal["torch", "onnxruntime"]
 #: What a Hugging Face model does (``model.task``); unset: detected from its ``config.json``.
-Task = Literal["text-embedding", "text-classification", "reranking"]
+Task = Literal["text-embedding", "text-classification", "token-classification", "reranking"]
+#: How a token classifier groups its tokens' labels into entities: the transformers
+#: ``TokenClassificationPipeline``'s ``aggregation_strategy`` values.
+AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 
 #: The runtime container's configuration, as the operator mounts it: the directory of the
 #: InferenceService's ConfigMap (a directory mount, so updates propagate), the file (and ConfigMap
@@ -78,9 +81,16 @@ class ModelConfig(_Strict):
     )
     task: Task | None = Field(
         default=None,
-        description="huggingface only: text-embedding | text-classification | reranking; unset: detected "
-        "from config.json's architectures (*ForSequenceClassification: reranking with one label, else "
-        "text-classification; anything else: text-embedding).",
+        description="huggingface only: text-embedding | text-classification | token-classification | "
+        "reranking; unset: detected from config.json's architectures (*ForSequenceClassification: "
+        "reranking with one label, else text-classification; *ForTokenClassification: "
+        "token-classification; anything else: text-embedding).",
+    )
+    aggregation_strategy: AggregationStrategy | None = Field(
+        default=None,
+        description="token-classification only: how token labels become entities when a request does "
+        "not say (its aggregation_strategy input): none | simple | first | average | max, as the "
+        "transformers pipeline; unset: none, the pipeline's default.",
     )
 
     @model_validator(mode="after")
@@ -93,6 +103,12 @@ class ModelConfig(_Strict):
             raise ValueError("model.engine torch does not run onnx models; use onnxruntime")
         if self.task is not None and self.format != "huggingface":
             raise ValueError(f"model.task applies to huggingface models only, not {self.format}")
+        if self.aggregation_strategy is not None and self.format != "huggingface":
+            raise ValueError(
+                f"model.aggregation_strategy applies to huggingface token classifiers only, not {self.format}"
+            )
+        if self.aggregation_strategy is not None and self.task not in (None, "token-classification"):
+            raise ValueError(f"model.aggregation_strategy applies to token-classification, not {self.task}")
         return self
 
 
@@ -244,6 +260,8 @@ class RuntimeConfig(_Strict):
             del data["model"]["engine"]
         if self.model.task is None:  # detected from the model directory
             del data["model"]["task"]
+        if self.model.aggregation_strategy is None:  # the task's default
+            del data["model"]["aggregation_strategy"]
         return data
 
     def to_yaml(self) -> str:

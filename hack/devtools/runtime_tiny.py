@@ -4,7 +4,8 @@
 MiniLM tokenizer into ``path`` as a Hugging Face model directory (config.json, safetensors,
 tokenizer files): loads in well under a second; ``tiny_hf_classifier(path, labels)`` and
 ``tiny_hf_cross_encoder(path)`` write the same BERT with a sequence-classification head (a text
-classifier; a one-label cross-encoder reranker). ``tiny_torchscript(path)`` saves a scripted
+classifier; a one-label cross-encoder reranker); ``tiny_hf_token_classifier(path)`` the same BERT with
+a token-classification head of BIO labels (an NER tagger). ``tiny_torchscript(path)`` saves a scripted
 two-input module. ``simple_onnx(path)`` writes Triton's ``simple`` add/sub model as ONNX and
 ``tiny_onnx_mlp(path)`` a small ONNX model of two outputs, every tensor declared by the model.
 """
@@ -89,6 +90,31 @@ def tiny_hf_cross_encoder(path: Path, activation: str | None = "Sigmoid") -> Pat
     if activation is not None:
         extra["sentence_transformers"] = {"activation_fn": f"torch.nn.modules.activation.{activation}"}
     return _save_with_tokenizer(BertForSequenceClassification(_tiny_bert_config(**extra)), path)  # type: ignore[arg-type]
+
+
+#: The tiny token classifier's labels (``id2label`` order): CoNLL-style BIO tags of two entity types.
+TOKEN_LABELS = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+
+
+def tiny_hf_token_classifier(path: Path, labels: list[str] | tuple[str, ...] = TOKEN_LABELS) -> Path:
+    """Write the tiny BERT with a seeded token-classification head of ``labels`` (``id2label``; an NER
+    tagger, ``BertForTokenClassification``) and the bundled fast tokenizer (character offsets) to
+    ``path``. The head's weights are drawn 25x wider than BERT's initialisation so each token's
+    label wins by a clear margin (a random head at std 0.02 gives near-ties that padding noise
+    could flip). Returns ``path``."""
+    from transformers import BertForTokenClassification
+
+    torch.manual_seed(3)
+    config = _tiny_bert_config(
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    model = BertForTokenClassification(config)
+    with torch.no_grad():
+        model.classifier.weight.normal_(0.0, 0.5)
+        model.classifier.bias.normal_(0.0, 0.5)
+    return _save_with_tokenizer(model, path)
 
 
 def tiny_hf_config(path: Path, **overrides: object) -> RuntimeConfig:

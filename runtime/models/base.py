@@ -112,36 +112,29 @@ class ServableModel(ABC):
     device: str
     max_batch_size: int
     limits: LimitsConfig
+    #: Inputs a request may leave out that hold one value for the whole request (declared shape [1],
+    #: not batched: e.g. a token classifier's ``aggregation_strategy``); ``_validate_tensor`` judges
+    #: the value. Being inputs, they are part of the response cache's key.
+    request_inputs: frozenset[str] = frozenset()
 
     def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
         """Check a request's decoded inputs; return its row count (size of the batch dimension).
 
-        Checks, in order: exactly the declared input names; each tensor's datatype and shape (-1
-        matches any size); the same row count >= 1 on every input; element and byte limits (413);
+        Checks, in order: exactly the declared input names (``request_inputs`` may be left out); each
+        tensor's datatype and shape (-1 matches any size); the same row count >= 1 on every input but
+        the ``request_inputs``; element and byte limits (413);
         then ``_validate_tensor`` for model-specific checks (UTF-8 text, token counts).
 
         Raises:
             InputError: naming the tensor and what was expected.
         """
-        declared = {spec.name: spec for spec in self.inputs}
-        missing = [n for n in declared if n not in inputs]
-        if missing:
-            expected = ", ".join(f"{s.name} ({s.datatype} {s.shape})" for s in self.inputs)
-            raise InputError(
-                f"input tensor '{missing[0]}' is missing; model '{self.name}' expects: {expected}",
-                tensor=missing[0],
-            )
-        extra = [n for n in inputs if n not in declared]
-        if extra:
-            raise InputError(
-                f"unexpected input tensor '{extra[0]}'; model '{self.name}' expects only: "
-                + ", ".join(f"'{n}'" for n in declared),
-                tensor=extra[0],
-            )
+        self._check_names(inputs)
         rows: int | None = None
         total_elements = 0
         total_bytes = 0
         for spec in self.inputs:
+            if spec.name not in inputs:  # a request input left out
+                continue
             array = inputs[spec.name]
             if array.dtype.name not in DATATYPES[spec.datatype].accepted:
                 got = NUMPY_TO_DATATYPE.get(array.dtype.name, array.dtype.name)
@@ -155,6 +148,9 @@ class ServableModel(ABC):
                     f"got {list(array.shape)}",
                     tensor=spec.name,
                 )
+            if spec.name in self.request_inputs:  # one value for the request, not a row per row
+                self._validate_tensor(spec, array)
+                continue
             n = int(array.shape[0])
             if n < 1:
                 raise InputError(
@@ -184,6 +180,24 @@ class ServableModel(ABC):
             self._validate_tensor(spec, array)
         assert rows is not None  # the model declares at least one input
         return rows
+
+    def _check_names(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Every declared input is there (``request_inputs`` may be left out), and no other one."""
+        declared = {spec.name: spec for spec in self.inputs}
+        missing = [n for n in declared if n not in inputs and n not in self.request_inputs]
+        if missing:
+            expected = ", ".join(f"{s.name} ({s.datatype} {s.shape})" for s in self.inputs)
+            raise InputError(
+                f"input tensor '{missing[0]}' is missing; model '{self.name}' expects: {expected}",
+                tensor=missing[0],
+            )
+        extra = [n for n in inputs if n not in declared]
+        if extra:
+            raise InputError(
+                f"unexpected input tensor '{extra[0]}'; model '{self.name}' expects only: "
+                + ", ".join(f"'{n}'" for n in declared),
+                tensor=extra[0],
+            )
 
     def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:  # noqa: B027
         """Model-specific checks of one input tensor (after datatype/shape); raise ``InputError``."""

@@ -32,16 +32,20 @@ with 8 candidates each (its paraphrase and 7 others).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, get_args
 
 import numpy as np
 import torch
-from kubeinfer.runtime.config import RuntimeConfig, Task, TensorConfig
+from kubeinfer.runtime.config import AggregationStrategy, RuntimeConfig, Task, TensorConfig
+from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
     REPORT_LABEL_AGREEMENT,
@@ -55,6 +59,7 @@ from kubeinfer.runtime.models.huggingface import (
     OFFLINE_BATCH,
     TextModel,
     TokenizedBatch,
+    _decode_rows,
     _quantized,
     heldout_pairs,
     heldout_sentences,
@@ -70,6 +75,14 @@ RERANK_QUERIES = 32
 RERANK_CANDIDATES = 8
 #: Activations a CrossEncoder config may name (the class name's last part) and whether it is the sigmoid.
 ACTIVATIONS = {"Sigmoid": True, "Identity": False}
+#: A token classifier's request input naming its aggregation strategy (BYTES [1], optional).
+AGGREGATION_INPUT = "aggregation_strategy"
+#: The strategy a token classifier uses when neither the request nor ``model.aggregation_strategy``
+#: names one: the transformers ``TokenClassificationPipeline``'s default.
+DEFAULT_AGGREGATION: AggregationStrategy = "none"
+AGGREGATION_STRATEGIES: tuple[str, ...] = get_args(AggregationStrategy)
+#: What the label agreement of a task's deviation report counts (the load's log line).
+AGREEMENT_OF = {"reranking": "top-1", "token-classification": "token-label"}
 
 
 def read_model_config(model_dir: Path) -> dict[str, Any]:
@@ -102,6 +115,8 @@ def detect_task(model_dir: Path) -> Task:
     architectures = config.get("architectures") or []
     if any(str(a).endswith("ForSequenceClassification") for a in architectures):
         return "reranking" if _num_labels(config) == 1 else "text-classification"
+    if any(str(a).endswith("ForTokenClassification") for a in architectures):
+        return "token-classification"
     return "text-embedding"
 
 
@@ -273,22 +288,336 @@ def rerank_heldout() -> tuple[list[str], list[str]]:
     return queries, texts
 
 
+@dataclass(frozen=True)
+class TaggedBatch(TokenizedBatch):
+    """A token classifier's batch: the token tensors [rows, longest] and, per row, what the
+    transformers pipeline's post-processing reads beside the logits.
+
+    Attributes:
+        texts: each row's text (offsets index its characters).
+        positions: each row's token positions in the padded tensors (int64 [tokens of the row]).
+        offsets: each row's character offsets, int64 [tokens of the row, 2] (``start``, ``end``).
+        special: each row's special-tokens mask, int64 [tokens of the row] (1 for [CLS], [SEP]).
+        strategies: each row's aggregation strategy (its request's).
+    """
+
+    texts: list[str]
+    positions: list[np.ndarray]
+    offsets: list[np.ndarray]
+    special: list[np.ndarray]
+    strategies: list[str]
+
+
+class TokenClassifierModel(TextModel):
+    """A token classifier (an NER tagger): ``text`` -> ``entities``, one JSON array per row.
+
+    Each row's entities are what ``transformers.TokenClassificationPipeline`` returns for that text
+    with the row's aggregation strategy: the pipeline object's own ``postprocess`` (softmax per token,
+    special tokens dropped, ``O`` dropped, subwords merged and B-/I- tags grouped as the strategy
+    says) is fed the logits and character offsets of this batch; the pipeline never runs the model.
+
+    Tensors: ``text`` BYTES [-1], optional ``aggregation_strategy`` BYTES [1] (one of ``none``,
+    ``simple``, ``first``, ``average``, ``max`` for the whole request; absent: ``default_strategy``)
+    -> ``entities`` BYTES [-1], each a UTF-8 JSON array of objects ``{"entity", "score", "index",
+    "word", "start", "end"}`` (strategy ``none``: one per token, ``index`` its position with special
+    tokens counted) or ``{"entity_group", "score", "word", "start", "end"}`` (the others); ``start`` and
+    ``end`` are character offsets into the row's text (Python string indices: code points).
+
+    Args:
+        module: a ``*ForTokenClassification`` model.
+        tokenizer: its fast tokenizer (offsets need one).
+        labels: the label names, by class index (``config.id2label``).
+        default_strategy: the strategy of a request that names none.
+
+    Raises:
+        ValueError: a tokenizer without offsets (not a fast tokenizer).
+    """
+
+    request_inputs = frozenset({AGGREGATION_INPUT})
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        module: nn.Module,
+        tokenizer: Any,
+        device: torch.device,
+        cfg: RuntimeConfig,
+        labels: Sequence[str],
+        default_strategy: AggregationStrategy,
+    ) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(
+                "model.task token-classification needs a fast (Rust) tokenizer for character offsets; "
+                f"{type(tokenizer).__name__} is not one (save the model with its tokenizer.json)"
+            )
+        super().__init__(name=name, module=module, tokenizer=tokenizer, device=device, cfg=cfg)
+        from transformers import TokenClassificationPipeline
+
+        self.labels = list(labels)
+        self.default_strategy: str = default_strategy
+        self.inputs.append(_tensor(AGGREGATION_INPUT, "BYTES", [1]))
+        self.outputs = [_tensor("entities", "BYTES", [-1])]
+        # The pipeline's post-processing reads its tokenizer (token strings, words) and
+        # model.config.id2label only: a private tokenizer copy (only read, so safe on any thread) and
+        # the config, not the weights (which quantization replaces).
+        self._pipeline = TokenClassificationPipeline(model=module, tokenizer=copy.deepcopy(tokenizer))
+        self._pipeline.model = SimpleNamespace(config=module.config)
+
+    # --- validation --------------------------------------------------------------------------
+
+    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
+        """``aggregation_strategy``: one known strategy (400); ``text``: as every text model."""
+        if spec.name == AGGREGATION_INPUT:
+            self.strategy_of(array)
+            return
+        super()._validate_tensor(spec, array)
+
+    def strategy_of(self, array: np.ndarray | None) -> str:
+        """The strategy an ``aggregation_strategy`` tensor (BYTES [1]) names, lower-cased as the
+        pipeline reads it; None: ``default_strategy``.
+
+        Raises:
+            InputError: not one UTF-8 value among ``AGGREGATION_STRATEGIES`` (400, naming the tensor).
+        """
+        if array is None:
+            return self.default_strategy
+        values = _decode_rows(AGGREGATION_INPUT, array)
+        strategy = values[0].strip().lower() if len(values) == 1 else ""
+        if strategy not in AGGREGATION_STRATEGIES:
+            got = values[0] if len(values) == 1 else f"{len(values)} values"
+            raise InputError(
+                f"input tensor '{AGGREGATION_INPUT}': {got!r} is not an aggregation strategy; expected one "
+                f"of {', '.join(AGGREGATION_STRATEGIES)}",
+                tensor=AGGREGATION_INPUT,
+            )
+        return strategy
+
+    # --- serving -----------------------------------------------------------------------------
+
+    def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TaggedBatch:
+        """Tokenize the rows of all requests in order, padded to the longest row in this batch, each
+        row with its request's strategy."""
+        texts: list[str] = []
+        strategies: list[str] = []
+        for request in batch:
+            rows = _decode_rows("text", request["text"])
+            texts.extend(rows)
+            strategies.extend([self.strategy_of(request.get(AGGREGATION_INPUT))] * len(rows))
+        return self.tokenize(texts, strategies=strategies)
+
+    def tokenize(
+        self,
+        texts: Sequence[str],
+        second: Sequence[str] | None = None,
+        *,
+        strategies: Sequence[str] | None = None,
+    ) -> TaggedBatch:
+        """Tokenize ``texts`` padded to the longest row, truncated at ``max_sequence_length``, with
+        offsets and special-tokens masks (see ``TaggedBatch``); ``strategies`` per row (None: the
+        default for every row).
+
+        Raises:
+            ValueError: ``second`` is given (a token classifier reads single texts), or ``strategies``
+                has another length than ``texts``.
+        """
+        if second is not None:
+            raise ValueError("a token classifier tokenizes single texts, not pairs")
+        rows = len(texts)
+        chosen = list(strategies) if strategies is not None else [self.default_strategy] * rows
+        if len(chosen) != rows:
+            raise ValueError(f"{rows} texts but {len(chosen)} strategies")
+        if self._batch_encoder is not None:
+            encodings = self._batch_encoder.encode_batch(list(texts), add_special_tokens=True)
+            columns: dict[str, Any] = {
+                "input_ids": [e.ids for e in encodings],
+                "attention_mask": [e.attention_mask for e in encodings],
+                "token_type_ids": [e.type_ids for e in encodings],
+            }
+            offsets = [e.offsets for e in encodings]
+            special = [e.special_tokens_mask for e in encodings]
+        else:
+            with self._tokenizer_lock:
+                columns = dict(
+                    self.tokenizer(
+                        list(texts),
+                        padding="longest",
+                        truncation=True,
+                        max_length=self.max_sequence_length,
+                        return_offsets_mapping=True,
+                        return_special_tokens_mask=True,
+                    )
+                )
+            offsets = columns.pop("offset_mapping")
+            special = columns.pop("special_tokens_mask")
+        mask = np.array(columns["attention_mask"], dtype=np.int64).reshape(rows, -1)
+        positions = [np.flatnonzero(row) for row in mask]
+        tensors = {
+            k: torch.from_numpy(np.array(v, dtype=np.int64).reshape(rows, -1))
+            for k, v in columns.items()
+            if k in self._forward_args
+        }
+        return TaggedBatch(
+            tensors=tensors,
+            rows=rows,
+            texts=list(texts),
+            positions=positions,
+            offsets=[
+                np.array(o, dtype=np.int64).reshape(-1, 2)[p] for o, p in zip(offsets, positions, strict=True)
+            ],
+            special=[np.array(m, dtype=np.int64)[p] for m, p in zip(special, positions, strict=True)],
+            strategies=chosen,
+        )
+
+    def logits(self, prepared: TokenizedBatch) -> torch.Tensor:
+        """Every token's logits: float32 [rows, longest, num_labels], on the CPU."""
+        with torch.inference_mode():
+            out: torch.Tensor = self.module(**self._inputs_on_device(prepared)).logits
+            return out.to("cpu", dtype=torch.float32)
+
+    def entities(
+        self,
+        text: str,
+        input_ids: torch.Tensor,
+        logits: torch.Tensor,
+        offsets: np.ndarray,
+        special: np.ndarray,
+        strategy: str,
+    ) -> list[dict[str, Any]]:
+        """One row's entities as ``TokenClassificationPipeline.postprocess`` gives them (numbers as
+        Python ``float``/``int``).
+
+        Args:
+            text: the row's text.
+            input_ids: int64 [tokens], the row's tokens without padding.
+            logits: float32 [tokens, num_labels].
+            offsets: int64 [tokens, 2], character offsets into ``text``.
+            special: int64 [tokens], 1 for special tokens.
+            strategy: one of ``AGGREGATION_STRATEGIES``.
+        """
+        from transformers.pipelines.token_classification import AggregationStrategy as PipelineStrategy
+
+        found = self._pipeline.postprocess(
+            [
+                {
+                    "logits": logits.unsqueeze(0),
+                    "sentence": text,
+                    "input_ids": input_ids.unsqueeze(0),
+                    "offset_mapping": torch.from_numpy(offsets).unsqueeze(0),
+                    "special_tokens_mask": torch.from_numpy(special).unsqueeze(0),
+                }
+            ],
+            aggregation_strategy=PipelineStrategy(strategy),
+        )
+        return [{k: v.item() if isinstance(v, np.generic) else v for k, v in e.items()} for e in found]
+
+    def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
+        """``entities`` object [rows] (UTF-8 JSON arrays, see the class docstring) and ``TOKEN_COUNTS``
+        int64 [rows]."""
+        assert isinstance(prepared, TaggedBatch)
+        logits = self.logits(prepared)
+        ids = prepared.tensors["input_ids"]
+        out = np.empty(prepared.rows, dtype=object)
+        for i, keep in enumerate(prepared.positions):
+            index = torch.from_numpy(keep)
+            row = self.entities(
+                prepared.texts[i],
+                ids[i, index],
+                logits[i, index],
+                prepared.offsets[i],
+                prepared.special[i],
+                prepared.strategies[i],
+            )
+            out[i] = json.dumps(row, ensure_ascii=False).encode("utf-8")
+        return {"entities": out, TOKEN_COUNTS: self.token_counts(prepared)}
+
+    def token_probabilities_of(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> np.ndarray:
+        """Every label's probability (softmax) for each token of many texts, special tokens left out:
+        float32 [tokens of all texts, num_labels], texts in input order."""
+        rows = []
+        for start in range(0, len(texts), batch_size):
+            prepared = self.tokenize(texts[start : start + batch_size])
+            probs = torch.softmax(self.logits(prepared), dim=-1)
+            for i, keep in enumerate(prepared.positions):
+                tokens = keep[prepared.special[i] == 0]
+                rows.append(probs[i, torch.from_numpy(tokens)])
+        return torch.cat(rows).numpy()
+
+    def comparison(self) -> np.ndarray:
+        """The scores the quantization is judged on: ``token_probabilities_of`` the held-out sentences
+        (label agreement: per token)."""
+        return self.token_probabilities_of(heldout_sentences())
+
+
 def _tensor(name: str, datatype: str, shape: list[int]) -> TensorConfig:
     return TensorConfig.model_validate({"name": name, "datatype": datatype, "shape": shape})
 
 
+def _task_model(
+    cfg: RuntimeConfig,
+    task: Task,
+    path: Path,
+    module: nn.Module,
+    tokenizer: Any,
+    device: torch.device,
+    config: dict[str, Any],
+) -> TextClassifierModel | TokenClassifierModel | CrossEncoderModel:
+    """The served model of ``task`` around a loaded head ``module``. Raises ``ValueError`` (see
+    ``load_task_model``)."""
+    name = cfg.model.name
+    if task == "token-classification":
+        id2label = {int(k): str(v) for k, v in module.config.id2label.items()}
+        return TokenClassifierModel(
+            name=name,
+            module=module,
+            tokenizer=tokenizer,
+            device=device,
+            cfg=cfg,
+            labels=[id2label.get(i, f"LABEL_{i}") for i in range(int(module.config.num_labels))],
+            default_strategy=cfg.model.aggregation_strategy or DEFAULT_AGGREGATION,
+        )
+    if task == "reranking":
+        if int(module.config.num_labels) != 1:
+            raise ValueError(
+                f"model.task reranking: {path} has {module.config.num_labels} labels; a cross-encoder "
+                "reranker has one (serve it as text-classification)"
+            )
+        return CrossEncoderModel(
+            name=name,
+            module=module,
+            tokenizer=tokenizer,
+            device=device,
+            cfg=cfg,
+            sigmoid=reranker_sigmoid(config),
+        )
+    id2label = {int(k): str(v) for k, v in module.config.id2label.items()}
+    labels = [id2label.get(i, f"LABEL_{i}") for i in range(int(module.config.num_labels))]
+    multi = module.config.problem_type == "multi_label_classification" or len(labels) == 1
+    return TextClassifierModel(
+        name=name,
+        module=module,
+        tokenizer=tokenizer,
+        device=device,
+        cfg=cfg,
+        labels=labels,
+        multi_label=multi,
+    )
+
+
 def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
-    """Load the classifier or reranker ``cfg.model`` names (``task``), quantize it, compare it with fp32.
+    """Load the classifier, token classifier or reranker ``cfg.model`` names (``task``), quantize it,
+    compare it with fp32.
 
     Args:
         cfg: the runtime configuration (``model``, ``quantization``, ``limits``, ``device``).
-        task: ``text-classification`` or ``reranking``.
+        task: ``text-classification``, ``token-classification`` or ``reranking``.
 
     Raises:
         FileNotFoundError: no model directory / calibration file.
-        ValueError: a task the directory's model cannot serve (no sequence-classification head, a
-            reranker with more than one label, an unsupported activation), engine onnxruntime,
-            ``device: cuda`` without CUDA.
+        ValueError: a task the directory's model cannot serve (no sequence- or token-classification
+            head, a reranker with more than one label, an unsupported activation, a token classifier
+            without a fast tokenizer), ``model.aggregation_strategy`` for another task, engine
+            onnxruntime, ``device: cuda`` without CUDA.
         QuantizationError (a ValueError): the quantization cannot be applied.
     """
     import os
@@ -302,6 +631,8 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         raise ValueError(
             f"model.task {task}: engine onnxruntime serves text-embedding only for now; use torch"
         )
+    if cfg.model.aggregation_strategy is not None and task != "token-classification":
+        raise ValueError(f"model.aggregation_strategy applies to token-classification, not {task}")
     device = resolve_device(cfg.device)
     check_supported(cfg.quantization.mode, device, cfg.quantization.skip_modules)
     configure_torch(device)
@@ -310,44 +641,25 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     config = read_model_config(path)
     architectures = [str(a) for a in config.get("architectures") or []]
-    if not any(a.endswith("ForSequenceClassification") for a in architectures):
-        # transformers would put a randomly initialised head on it and serve noise
-        raise ValueError(
-            f"model.task {task}: {path} has no sequence-classification head (config.json architectures: "
-            f"{architectures or 'none'}); a classifier or a reranker is a *ForSequenceClassification model"
+    head, kind, auto = (
+        ("TokenClassification", "a token classifier", transformers.AutoModelForTokenClassification)
+        if task == "token-classification"
+        else (
+            "SequenceClassification",
+            "a classifier or a reranker",
+            transformers.AutoModelForSequenceClassification,
         )
-    module = transformers.AutoModelForSequenceClassification.from_pretrained(
-        str(path), local_files_only=True, dtype=torch.float32
     )
+    if not any(a.endswith(f"For{head}") for a in architectures):
+        # transformers would put a randomly initialised head on it and serve noise
+        what = "token" if task == "token-classification" else "sequence"
+        raise ValueError(
+            f"model.task {task}: {path} has no {what}-classification head (config.json architectures: "
+            f"{architectures or 'none'}); {kind} is a *For{head} model"
+        )
+    module = auto.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
     module = module.eval().to(device)
-    model: TextClassifierModel | CrossEncoderModel
-    if task == "reranking":
-        if int(module.config.num_labels) != 1:
-            raise ValueError(
-                f"model.task reranking: {path} has {module.config.num_labels} labels; a cross-encoder "
-                "reranker has one (serve it as text-classification)"
-            )
-        model = CrossEncoderModel(
-            name=cfg.model.name,
-            module=module,
-            tokenizer=tokenizer,
-            device=device,
-            cfg=cfg,
-            sigmoid=reranker_sigmoid(config),
-        )
-    else:
-        id2label = {int(k): str(v) for k, v in module.config.id2label.items()}
-        labels = [id2label.get(i, f"LABEL_{i}") for i in range(int(module.config.num_labels))]
-        multi = module.config.problem_type == "multi_label_classification" or len(labels) == 1
-        model = TextClassifierModel(
-            name=cfg.model.name,
-            module=module,
-            tokenizer=tokenizer,
-            device=device,
-            cfg=cfg,
-            labels=labels,
-            multi_label=multi,
-        )
+    model = _task_model(cfg, task, path, module, tokenizer, device, config)
     qcfg = cfg.quantization
     compare_seconds = 0.0
     reference = None
@@ -374,7 +686,7 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         "loaded %s (%s, %s) from %s on %s, quantization %s: %s agreement %.4f, score deviation mean %.4f "
         "max %.4f (comparison %.2f s), load %.2f s",
         cfg.model.name, task, type(model).__name__, path, device, qcfg.mode,
-        "top-1" if task == "reranking" else "label", agreement, deviation_mean, deviation_max,
+        AGREEMENT_OF.get(task, "label"), agreement, deviation_mean, deviation_max,
         compare_seconds, model._report[REPORT_LOAD_SECONDS],
     )  # fmt: skip
     return model

@@ -24,7 +24,9 @@ def _isvc(model: dict[str, Any]) -> api.InferenceService:
     return api.InferenceService.from_body(body)
 
 
-@pytest.mark.parametrize("task", ["text-embedding", "text-classification", "reranking"])
+@pytest.mark.parametrize(
+    "task", ["text-embedding", "text-classification", "token-classification", "reranking"]
+)
 def test_a_huggingface_model_takes_a_task(task: str) -> None:
     assert _isvc({"uri": "/models/m", "task": task}).spec.model.task == task
 
@@ -35,7 +37,7 @@ def test_the_task_is_unset_by_default_and_not_rendered() -> None:
     assert "task" not in yaml.safe_load(build_configmap(isvc, 0.005)["data"]["runtime.yaml"])["model"]
 
 
-@pytest.mark.parametrize("task", ["text-classification", "reranking"])
+@pytest.mark.parametrize("task", ["text-classification", "token-classification", "reranking"])
 def test_a_set_task_reaches_runtime_yaml(task: str) -> None:
     isvc = _isvc({"uri": "/models/m", "task": task})
     model = yaml.safe_load(build_configmap(isvc, 0.005)["data"]["runtime.yaml"])["model"]
@@ -61,6 +63,11 @@ def test_the_crd_states_the_task_and_its_rule() -> None:
     model = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "model"
     ]
-    assert model["properties"]["task"]["enum"] == ["text-embedding", "text-classification", "reranking"]
+    assert model["properties"]["task"]["enum"] == [
+        "text-embedding",
+        "text-classification",
+        "token-classification",
+        "reranking",
+    ]
     rules = {r["rule"]: r for r in model["x-kubernetes-validations"]}
     assert rules["!has(self.task) || self.format == 'huggingface'"]["fieldPath"] == ".task"
