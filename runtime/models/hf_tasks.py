@@ -437,19 +437,7 @@ class TokenClassifierModel(TextModel):
             offsets = [e.offsets for e in encodings]
             special = [e.special_tokens_mask for e in encodings]
         else:
-            with self._tokenizer_lock:
-                columns = dict(
-                    self.tokenizer(
-                        list(texts),
-                        padding="longest",
-                        truncation=True,
-                        max_length=self.max_sequence_length,
-                        return_offsets_mapping=True,
-                        return_special_tokens_mask=True,
-                    )
-                )
-            offsets = columns.pop("offset_mapping")
-            special = columns.pop("special_tokens_mask")
+            columns, offsets, special = self._encode_unpadded(texts)
         mask = np.array(columns["attention_mask"], dtype=np.int64).reshape(rows, -1)
         positions = [np.flatnonzero(row) for row in mask]
         tensors = {
@@ -468,6 +456,31 @@ class TokenClassifierModel(TextModel):
             special=[np.array(m, dtype=np.int64)[p] for m, p in zip(special, positions, strict=True)],
             strategies=chosen,
         )
+
+    def _encode_unpadded(self, texts: Sequence[str]) -> tuple[dict[str, Any], list[Any], list[Any]]:
+        """The tokenizer call's token columns, offsets and special-tokens masks, padded here on the right
+        whatever the tokenizer's padding side: BERT-like models number positions from the left, so a
+        left-padded row would be tagged differently than the pipeline tags it alone."""
+        with self._tokenizer_lock:
+            enc = self.tokenizer(
+                list(texts),
+                truncation=True,
+                max_length=self.max_sequence_length,
+                return_offsets_mapping=True,
+                return_special_tokens_mask=True,
+            )
+        longest = max((len(ids) for ids in enc["input_ids"]), default=0)
+        fill = {
+            "input_ids": int(self.tokenizer.pad_token_id or 0),
+            "attention_mask": 0,
+            "token_type_ids": int(getattr(self.tokenizer, "pad_token_type_id", 0) or 0),
+        }
+        columns = {
+            key: [list(row) + [value] * (longest - len(row)) for row in enc[key]]
+            for key, value in fill.items()
+            if key in enc
+        }
+        return columns, list(enc["offset_mapping"]), list(enc["special_tokens_mask"])
 
     def logits(self, prepared: TokenizedBatch) -> torch.Tensor:
         """Every token's logits: float32 [rows, longest, num_labels], on the CPU."""
