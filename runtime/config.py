@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
-ModelFormat = Literal["huggingface", "torchscript", "onnx"]
+ModelFormat = Literal["huggingface", "torchscript", "onnx", "pt2"]
 Datatype = Literal[
     "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"
 ]
@@ -46,7 +46,7 @@ class _Strict(BaseModel):
 
 
 class TensorConfig(_Strict):
-    """A declared model input or output (TorchScript models).
+    """A declared model input or output (TorchScript; for ONNX and pt2, an override of the model's own).
 
     ``shape`` uses -1 for a variable dimension; the first dimension is the batch dimension.
     """
@@ -67,17 +67,17 @@ class ModelConfig(_Strict):
     format: ModelFormat = "huggingface"
     inputs: list[TensorConfig] = Field(
         default_factory=list,
-        description="TorchScript: required. ONNX: optional, refines what the model declares.",
+        description="TorchScript: required. ONNX, pt2: optional, refines what the model declares.",
     )
     outputs: list[TensorConfig] = Field(
         default_factory=list,
-        description="TorchScript: required. ONNX: optional, refines what the model declares.",
+        description="TorchScript: required. ONNX, pt2: optional, refines what the model declares.",
     )
     max_sequence_length: int = Field(default=256, ge=8, le=8192, description="Text models: tokens.")
     engine: Engine | None = Field(
         default=None,
-        description="torch | onnxruntime; unset: torch for huggingface and torchscript, onnxruntime for "
-        "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached).",
+        description="torch | onnxruntime; unset: torch for huggingface, torchscript and pt2, onnxruntime "
+        "for onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached).",
     )
     task: Task | None = Field(
         default=None,
@@ -97,8 +97,8 @@ class ModelConfig(_Strict):
     def _torchscript_declares_io(self) -> ModelConfig:
         if self.format == "torchscript" and (not self.inputs or not self.outputs):
             raise ValueError("model.inputs and model.outputs are required when model.format is torchscript")
-        if self.format == "torchscript" and self.engine == "onnxruntime":
-            raise ValueError("model.engine onnxruntime does not run torchscript models; use torch")
+        if self.format in ("torchscript", "pt2") and self.engine == "onnxruntime":
+            raise ValueError(f"model.engine onnxruntime does not run {self.format} models; use torch")
         if self.format == "onnx" and self.engine == "torch":
             raise ValueError("model.engine torch does not run onnx models; use onnxruntime")
         if self.task is not None and self.format != "huggingface":

@@ -7,7 +7,9 @@ tokenizer files): loads in well under a second; ``tiny_hf_classifier(path, label
 classifier; a one-label cross-encoder reranker); ``tiny_hf_token_classifier(path)`` the same BERT with
 a token-classification head of BIO labels (an NER tagger). ``tiny_torchscript(path)`` saves a scripted
 two-input module. ``simple_onnx(path)`` writes Triton's ``simple`` add/sub model as ONNX and
-``tiny_onnx_mlp(path)`` a small ONNX model of two outputs, every tensor declared by the model.
+``tiny_onnx_mlp(path)`` a small ONNX model of two outputs, every tensor declared by the model;
+``simple_pt2(path)`` and ``tiny_pt2_mlp(path)`` the same two as ``torch.export`` programs (``.pt2``,
+optionally compiled by AOTInductor).
 """
 
 from __future__ import annotations
@@ -213,4 +215,67 @@ def tiny_onnx_mlp(path: Path, *, fixed_batch: bool = False) -> Path:
     model.ir_version = 8
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
+    return path
+
+
+class _Simple(nn.Module):
+    """Triton's ``simple`` model: the element-wise sum and difference of two INT32 tensors, returned
+    as a dict so that the program names its outputs."""
+
+    def forward(self, INPUT0: torch.Tensor, INPUT1: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
+
+
+def _save_pt2(program: torch.export.ExportedProgram, path: Path, aoti: str | None) -> Path:
+    """Save ``program`` to ``path``: the program alone (``aoti`` None), compiled by AOTInductor for
+    the CPU and packaged with it (``with-program``) or without it (``alone``)."""
+    if aoti is None:
+        torch.export.save(program, str(path))
+        return path
+    from torch.export.pt2_archive._package import package_pt2
+
+    files = torch._inductor.aot_compile(  # type: ignore[attr-defined]
+        program.module(), program.example_inputs[0], options={"aot_inductor.package": True}
+    )
+    package_pt2(str(path), exported_programs=program if aoti == "with-program" else None, aoti_files=files)
+    return path
+
+
+def simple_pt2(path: Path, elements: int = 16, *, aoti: str | None = None) -> Path:
+    """Write Triton's ``simple`` model as a ``torch.export`` program to ``path`` (``.pt2``): INT32
+    ``INPUT0``, ``INPUT1`` of shape [batch, ``elements``] (``Dim("batch", min=1)``), ``OUTPUT0`` = their
+    sum, ``OUTPUT1`` = their difference (a dict output names them); every tensor is read from the
+    program. ``aoti``: see ``_save_pt2`` (an AOTInductor compile takes tens of seconds)."""
+    # two distinct example tensors: export would take one tensor passed twice for one input
+    examples = (torch.zeros(2, elements, dtype=torch.int32), torch.ones(2, elements, dtype=torch.int32))
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(_Simple().eval(), examples, dynamic_shapes=({0: batch}, {0: batch}))
+    return _save_pt2(program, path, aoti)
+
+
+class _Mlp(nn.Module):
+    """y = x @ W + b [n, 4] and each row's argmax [n] (INT64), as a tuple (unnamed outputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.linear(x)
+        return y, torch.argmax(y, dim=-1)
+
+
+def tiny_pt2_mlp(path: Path, *, batch: str = "dynamic") -> Path:
+    """Write a small ``torch.export`` program to ``path``: ``x`` FP32 [batch, 3] -> ``output_0`` FP32
+    [batch, 4] (a seeded linear layer) and ``output_1`` INT64 [batch] (each row's argmax). ``batch``:
+    ``dynamic`` (``Dim("batch", min=1)``), ``fixed`` (exported without a dynamic axis: 2 rows), or
+    ``max4`` (at most 4 rows)."""
+    torch.manual_seed(0)
+    dims = {
+        "dynamic": ({0: torch.export.Dim("batch", min=1)},),
+        "fixed": None,
+        "max4": ({0: torch.export.Dim("batch", min=1, max=4)},),
+    }[batch]
+    program = torch.export.export(_Mlp().eval(), (torch.zeros(2, 3),), dynamic_shapes=dims)
+    torch.export.save(program, str(path))
     return path

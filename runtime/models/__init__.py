@@ -1,4 +1,5 @@
-"""Model loaders: ``load_model(cfg) -> ServableModel`` (Hugging Face directory, TorchScript file, ONNX).
+"""Model loaders: ``load_model(cfg) -> ServableModel`` (Hugging Face directory, TorchScript file, ONNX,
+torch.export).
 
 torch and transformers are imported lazily, inside ``load_model``, so that importing the interface
 (``base``) stays cheap for the batcher's unit tests.
@@ -45,8 +46,9 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
     ``cfg.model.format`` picks the loader: ``huggingface`` (a directory, or ``default`` for the
     bundled all-MiniLM-L6-v2; ``cfg.model.task``, else its ``config.json``, picks the task: an
     embedder, or a classifier or reranker from ``hf_tasks``), ``torchscript`` (a file with declared
-    inputs/outputs) or ``onnx`` (a ``.onnx`` file or its directory, tensors read from the model, on
-    ONNX Runtime). The model
+    inputs/outputs; deprecated), ``onnx`` (a ``.onnx`` file or its directory, tensors read from the
+    model, on ONNX Runtime) or ``pt2`` (a ``torch.export`` program or AOTInductor package, tensors read
+    from the program, on torch). The model
     is not warmed up; call ``warmup`` before reporting ready.
 
     Raises:
@@ -61,6 +63,10 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
         from kubeinfer.runtime.models.onnx import load_onnx
 
         return load_onnx(cfg)
+    if cfg.model.format == "pt2":
+        from kubeinfer.runtime.models.pt2 import load_pt2
+
+        return load_pt2(cfg)
     from kubeinfer.runtime.models.hf_tasks import load_task_model, model_task
 
     task = model_task(cfg)

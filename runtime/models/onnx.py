@@ -32,7 +32,7 @@ from kubeinfer.runtime.dtypes import DATATYPES, ONNX_TO_DATATYPE
 from kubeinfer.runtime.models.base import REPORT_LOAD_SECONDS
 from kubeinfer.runtime.models.device import THREADS_ENV, default_threads, resolve_device
 from kubeinfer.runtime.models.quantize import QuantizationError
-from kubeinfer.runtime.models.tensors import TensorModel, stack
+from kubeinfer.runtime.models.tensors import TensorModel, model_tensor, refine, stack
 
 log = logging.getLogger(__name__)
 
@@ -78,45 +78,9 @@ def declared_tensors(args: Sequence[Any], what: str) -> list[TensorConfig]:
         datatype = ONNX_TO_DATATYPE.get(arg.type)
         if datatype is None or not DATATYPES[datatype].declarable:
             raise ValueError(f"ONNX {what} '{arg.name}': type {arg.type} is not served")
-        shape = [d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape]
-        if not shape or shape[0] != -1:
-            raise ValueError(
-                f"ONNX {what} '{arg.name}': shape {arg.shape} has a fixed first dimension; the first "
-                "dimension is the batch: export the model with a dynamic batch axis"
-            )
-        tensors.append(TensorConfig.model_validate({"name": arg.name, "datatype": datatype, "shape": shape}))
+        dims = [d if isinstance(d, int) and d >= 0 else None for d in arg.shape]
+        tensors.append(model_tensor("ONNX", what, arg.name, datatype, dims, arg.shape))
     return tensors
-
-
-def refine(model: list[TensorConfig], given: list[TensorConfig], what: str) -> list[TensorConfig]:
-    """The model's tensors, refined by ``given`` (the configuration's, when not empty).
-
-    Raises:
-        ValueError: a name the model does not have (or lacks one it has), another datatype or rank,
-            or a dimension that contradicts the model's.
-    """
-    if not given:
-        return model
-    by_name = {t.name: t for t in model}
-    if sorted(by_name) != sorted(t.name for t in given):
-        raise ValueError(
-            f"model.{what} names {sorted(t.name for t in given)}, the ONNX model has {sorted(by_name)}"
-        )
-    for t in given:
-        own = by_name[t.name]
-        if t.datatype != own.datatype:
-            raise ValueError(
-                f"model.{what} '{t.name}': datatype {t.datatype}, the ONNX model has {own.datatype}"
-            )
-        if (
-            len(t.shape) != len(own.shape)
-            or t.shape[0] != -1
-            or any(o != -1 and g != o for g, o in zip(t.shape, own.shape, strict=True))
-        ):
-            raise ValueError(
-                f"model.{what} '{t.name}': shape {t.shape} does not fit the ONNX model's {own.shape}"
-            )
-    return [t for t in given]
 
 
 class OnnxModel(TensorModel):
@@ -224,8 +188,10 @@ def load_onnx(cfg: RuntimeConfig) -> OnnxModel:
             )
         providers.insert(0, "CUDAExecutionProvider")
     session = ort.InferenceSession(str(path), sess_options=session_options(), providers=providers)
-    inputs = refine(declared_tensors(session.get_inputs(), "input"), list(cfg.model.inputs), "inputs")
-    outputs = refine(declared_tensors(session.get_outputs(), "output"), list(cfg.model.outputs), "outputs")
+    inputs = refine(declared_tensors(session.get_inputs(), "input"), list(cfg.model.inputs), "inputs", "ONNX")
+    outputs = refine(
+        declared_tensors(session.get_outputs(), "output"), list(cfg.model.outputs), "outputs", "ONNX"
+    )
     model = OnnxModel(
         name=cfg.model.name, session=session, inputs=inputs, outputs=outputs, device=device, cfg=cfg
     )

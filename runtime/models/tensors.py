@@ -1,4 +1,8 @@
-"""Models of declared tensors (TorchScript, ONNX): what they share apart from their engine.
+"""Models of declared tensors (TorchScript, ONNX, torch.export): what they share apart from their engine.
+
+A model that declares its own tensors (ONNX, torch.export) becomes ``TensorConfig`` s through
+``model_tensor`` (the first dimension must be dynamic: it is the batch) and ``refine`` (the
+configuration's ``model.inputs/outputs`` may only fix what the model leaves dynamic).
 
 A tensor model takes and gives tensors whose first dimension is the batch; requests batch together
 when every input's other dimensions agree (``batch_key``), and a batch is each input's requests
@@ -20,6 +24,58 @@ from kubeinfer.runtime.models.base import REPORT_WARMUP_SECONDS, ServableModel, 
 
 #: Size of a variable (-1) non-batch dimension in warmup and example inputs.
 EXAMPLE_DIM = 8
+
+
+def model_tensor(
+    kind: str, what: str, name: str, datatype: str, dims: Sequence[int | None], shown: object
+) -> TensorConfig:
+    """The ``TensorConfig`` of a tensor a model declares: dimensions ``dims`` (None: dynamic, served
+    as -1), the first of which must be dynamic (the batch). ``kind`` (``ONNX``, ``pt2``) and ``what``
+    (``input``, ``output``) name it in errors, ``shown`` is the model's own rendering of its shape.
+
+    Raises:
+        ValueError: no dimensions, or a fixed first dimension, naming the tensor.
+    """
+    shape = [-1 if d is None or d < 0 else d for d in dims]
+    if not shape or shape[0] != -1:
+        raise ValueError(
+            f"{kind} {what} '{name}': shape {shown} has a fixed first dimension; the first "
+            "dimension is the batch: export the model with a dynamic batch axis"
+        )
+    return TensorConfig.model_validate({"name": name, "datatype": datatype, "shape": shape})
+
+
+def refine(model: list[TensorConfig], given: list[TensorConfig], what: str, kind: str) -> list[TensorConfig]:
+    """The model's tensors, refined by ``given`` (the configuration's ``model.<what>``, when not
+    empty): the same names and datatypes, the same rank, -1 first, and any dimension the model fixes
+    kept. ``kind`` (``ONNX``, ``pt2``) names the model in errors.
+
+    Raises:
+        ValueError: a name the model does not have (or lacks one it has), another datatype or rank,
+            or a dimension that contradicts the model's.
+    """
+    if not given:
+        return model
+    by_name = {t.name: t for t in model}
+    if sorted(by_name) != sorted(t.name for t in given):
+        raise ValueError(
+            f"model.{what} names {sorted(t.name for t in given)}, the {kind} model has {sorted(by_name)}"
+        )
+    for t in given:
+        own = by_name[t.name]
+        if t.datatype != own.datatype:
+            raise ValueError(
+                f"model.{what} '{t.name}': datatype {t.datatype}, the {kind} model has {own.datatype}"
+            )
+        if (
+            len(t.shape) != len(own.shape)
+            or t.shape[0] != -1
+            or any(o != -1 and g != o for g, o in zip(t.shape, own.shape, strict=True))
+        ):
+            raise ValueError(
+                f"model.{what} '{t.name}': shape {t.shape} does not fit the {kind} model's {own.shape}"
+            )
+    return [t for t in given]
 
 
 def stack(specs: Sequence[TensorConfig], batch: Sequence[Mapping[str, np.ndarray]]) -> list[np.ndarray]:

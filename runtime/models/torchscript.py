@@ -1,5 +1,9 @@
 """TorchScript loader: a ``torch.jit`` file with inputs and outputs declared in the config.
 
+TorchScript is deprecated by torch (``torch.jit.script``/``save`` warn on every call); its successor is
+``torch.export`` (``model.format: pt2``, ``kubeinfer.runtime.models.pt2``), whose programs carry their
+tensors. TorchScript stays for existing models.
+
 ``model.source`` is the file, or a directory with exactly one ``*.pt``, ``*.ts``, ``*.torchscript``
 or ``*.pth`` file in it (what ``kubeinfer-runtime fetch`` leaves in ``/mnt/models``); hidden files
 are skipped.
@@ -20,9 +24,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,13 +59,18 @@ class TensorBatch:
 
 
 class TorchScriptModel(TensorModel):
-    """A scripted module served with declared inputs and outputs."""
+    """A scripted module served with declared inputs and outputs.
+
+    ``compute_dtype`` is the dtype floating inputs are cast to (the quantization's); None keeps each
+    input's declared datatype. ``call`` runs the module on the batch's device tensors, one per input
+    in declared order (``pt2`` programs override it).
+    """
 
     def __init__(
         self,
         *,
         name: str,
-        module: torch.jit.ScriptModule,
+        module: Callable[..., Any],
         inputs: list[TensorConfig],
         outputs: list[TensorConfig],
         device: torch.device,
@@ -74,7 +84,7 @@ class TorchScriptModel(TensorModel):
         self.device = str(device)
         self.limits = cfg.limits
         self.max_batch_size = 0
-        self.compute_dtype = float_dtype(cfg.quantization.mode)
+        self.compute_dtype: torch.dtype | None = float_dtype(cfg.quantization.mode)
         self._report: dict[str, float] = {}
 
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TensorBatch:
@@ -91,7 +101,7 @@ class TorchScriptModel(TensorModel):
                 else np.ascontiguousarray(array)
             )
             tensor = tensor.to(torch_dtype(spec.datatype))
-            if tensor.is_floating_point():
+            if tensor.is_floating_point() and self.compute_dtype is not None:
                 tensor = tensor.to(self.compute_dtype)
             tensors.append(tensor)
         return TensorBatch(tensors=tensors, rows=int(tensors[0].shape[0]))
@@ -103,7 +113,7 @@ class TorchScriptModel(TensorModel):
             RuntimeError: the module's outputs do not match the declaration (count, rows).
         """
         with torch.inference_mode():
-            result = self.module(*[to_device(t, self.torch_device) for t in prepared.tensors])
+            result = self.call([to_device(t, self.torch_device) for t in prepared.tensors])
         if isinstance(result, torch.Tensor):
             values = [result]
         elif isinstance(result, (tuple, list)):
@@ -131,6 +141,10 @@ class TorchScriptModel(TensorModel):
                 host = host.float()
             out[spec.name] = host.numpy().astype(DATATYPES[spec.datatype].host, copy=False)
         return out
+
+    def call(self, tensors: list[torch.Tensor]) -> Any:
+        """``module(*tensors)``: what the module returns (a tensor, a tuple or list, a dict by name)."""
+        return self.module(*tensors)
 
 
 #: File name endings of a TorchScript file in a model directory.
