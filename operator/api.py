@@ -251,7 +251,7 @@ def _cel(rule: str, message: str, field_path: str | None = None, reason: str | N
 
 
 class TensorSpec(_Spec):
-    """A declared model input or output (TorchScript: required; ONNX: refines what the model declares).
+    """A declared model input or output (TorchScript: required; ONNX, pt2: refines what the model declares).
     ``shape``: -1 for a variable dimension."""
 
     name: str = Field(min_length=1, max_length=128)
@@ -296,8 +296,8 @@ class HuggingFaceSpec(_Spec):
         max_length=64,
         description="Globs of the repository files to download. Unset: by spec.model.format (huggingface: "
         "*.json, *.txt, *.safetensors, tokenizer*, *.model, 1_Pooling/*, and *.onnx, onnx/* on engine "
-        "onnxruntime; onnx: *.onnx, *.onnx_data; torchscript: *.pt, *.pth). Pickled *.bin weights only "
-        "when listed here.",
+        "onnxruntime; onnx: *.onnx, *.onnx_data; pt2: *.pt2; torchscript: *.pt, *.pth). Pickled *.bin "
+        "weights only when listed here.",
     )
 
 
@@ -522,6 +522,12 @@ class ModelSpec(_Spec):
                     "FieldValueInvalid",
                 ),
                 _cel(
+                    "self.format != 'pt2' || self.uri != 'default'",
+                    "spec.model.uri: the bundled default model is huggingface, not pt2",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
+                _cel(
                     "!has(self.task) || self.format == 'huggingface'",
                     "spec.model.task applies to huggingface models only",
                     ".task",
@@ -545,8 +551,10 @@ class ModelSpec(_Spec):
     )
     format: ModelFormat = Field(
         default="huggingface",
-        description="huggingface | torchscript | onnx (a .onnx file or its directory, run on ONNX Runtime; "
-        "its tensors are read from the model)",
+        description="huggingface | torchscript (deprecated: torch deprecates TorchScript; export to pt2) | "
+        "onnx (a .onnx file or its directory, run on ONNX Runtime; its tensors are read from the model) | "
+        "pt2 (a torch.export program saved by torch.export.save, or an AOTInductor package, run on torch; "
+        "its tensors are read from the program)",
     )
     task: Task | None = Field(
         default=None,
@@ -567,14 +575,14 @@ class ModelSpec(_Spec):
     inputs: list[TensorSpec] = Field(
         default_factory=list,
         max_length=16,
-        description="TorchScript: required. ONNX: optional, refines the model's own (same names and "
-        "datatypes).",
+        description="TorchScript: required. ONNX, pt2: optional, refines the model's own (same names and "
+        "datatypes); required for an AOTInductor package without its program.",
     )
     outputs: list[TensorSpec] = Field(
         default_factory=list,
         max_length=16,
-        description="TorchScript: required. ONNX: optional, refines the model's own (same names and "
-        "datatypes).",
+        description="TorchScript: required. ONNX, pt2: optional, refines the model's own (same names and "
+        "datatypes); required for an AOTInductor package without its program.",
     )
     sha256: str | None = Field(
         default=None,
@@ -611,7 +619,7 @@ class ModelSpec(_Spec):
             raise ValueError(
                 "spec.model.inputs and spec.model.outputs are required when spec.model.format is torchscript"
             )
-        if self.format in ("torchscript", "onnx") and self.uri == BUNDLED_MODEL:
+        if self.format in ("torchscript", "onnx", "pt2") and self.uri == BUNDLED_MODEL:
             raise ValueError(f"spec.model.uri: the bundled default model is huggingface, not {self.format}")
         if self.task is not None and self.format != "huggingface":
             raise ValueError("spec.model.task applies to huggingface models only")
@@ -1178,7 +1186,7 @@ class RuntimeSpec(_Spec):
     device: Device = Field(default="auto", description="auto | cpu | cuda")
     engine: Engine | None = Field(
         default=None,
-        description="torch | onnxruntime. Unset: torch for huggingface and torchscript, onnxruntime for "
+        description="torch | onnxruntime. Unset: torch for huggingface, torchscript and pt2, onnxruntime for "
         "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached in /tmp) and checked "
         "against the torch model; onnxruntime runs on the CPU, with quantization none or int8-dynamic "
         "(ONNX Runtime's, per channel), in this release.",
@@ -1215,8 +1223,10 @@ class InferenceServiceSpec(_Spec):
                 ),
                 _cel(
                     "!has(self.runtime.engine) || (self.runtime.engine == 'onnxruntime' ? "
-                    "self.model.format != 'torchscript' : self.model.format != 'onnx')",
-                    "spec.runtime.engine: torchscript models run on torch, onnx models on onnxruntime",
+                    "(self.model.format != 'torchscript' && self.model.format != 'pt2') : "
+                    "self.model.format != 'onnx')",
+                    "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on "
+                    "onnxruntime",
                     ".runtime.engine",
                     "FieldValueInvalid",
                 ),
@@ -1232,6 +1242,13 @@ class InferenceServiceSpec(_Spec):
                 _cel(
                     "self.model.format != 'onnx' || self.quantization.mode == 'none'",
                     "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
+                    "use none",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.model.format != 'pt2' || self.quantization.mode == 'none'",
+                    "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
                     "use none",
                     ".quantization.mode",
                     "FieldValueInvalid",
@@ -1285,9 +1302,9 @@ class InferenceServiceSpec(_Spec):
         if self.runtime.device == "cuda" and gpus == 0:
             raise ValueError("spec.runtime.device cuda requires spec.resources.gpus > 0")
         engine, fmt = self.runtime.engine, self.model.format
-        if (engine, fmt) in (("onnxruntime", "torchscript"), ("torch", "onnx")):
+        if (engine, fmt) in (("onnxruntime", "torchscript"), ("onnxruntime", "pt2"), ("torch", "onnx")):
             raise ValueError(
-                "spec.runtime.engine: torchscript models run on torch, onnx models on onnxruntime"
+                "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on onnxruntime"
             )
         if engine == "onnxruntime" and (self.quantization.mode not in ("none", "int8-dynamic") or gpus > 0):
             raise ValueError(
@@ -1297,6 +1314,11 @@ class InferenceServiceSpec(_Spec):
         if self.model.format == "onnx" and self.quantization.mode != "none":
             raise ValueError(
                 "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
+                "use none"
+            )
+        if self.model.format == "pt2" and self.quantization.mode != "none":
+            raise ValueError(
+                "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
                 "use none"
             )
         if self.resources.gpu_product is not None and gpus == 0:

@@ -83,6 +83,7 @@ CREDENTIAL_ENV: dict[str, tuple[tuple[str, str, bool], ...]] = {
 DEFAULT_ALLOW_PATTERNS: dict[str, tuple[str, ...]] = {
     "huggingface": ("*.json", "*.txt", "*.safetensors", "tokenizer*", "*.model", "1_Pooling/*"),
     "onnx": ("*.onnx", "*.onnx_data"),
+    "pt2": ("*.pt2",),
     "torchscript": ("*.pt", "*.pth"),
 }
 #: Added to the huggingface defaults on engine onnxruntime.

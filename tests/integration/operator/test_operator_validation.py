@@ -72,6 +72,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.runtime.engine",
     ),
     (
+        "onnxruntime-pt2",
+        {"model": {"uri": "/m.pt2", "format": "pt2"}, "runtime": {"engine": "onnxruntime"}},
+        "spec.runtime.engine",
+    ),
+    (
+        "pt2-quantized",
+        {"model": {"uri": "/models/m.pt2", "format": "pt2"}, "quantization": {"mode": "int8-dynamic"}},
+        "spec.quantization.mode",
+    ),
+    ("pt2-default-uri", {"model": {"format": "pt2"}}, "spec.model.uri"),
+    (
         "onnxruntime-bf16",
         {"quantization": {"mode": "bf16"}, "runtime": {"device": "cpu", "engine": "onnxruntime"}},
         "spec.runtime.engine",

@@ -48,8 +48,32 @@ def test_the_engine_is_rendered_only_when_set() -> None:
             "quantization": {"mode": "none"},
             "runtime": {"engine": "torch"},
         },
+        {
+            "model": {"uri": "/m.pt2", "format": "pt2"},
+            "quantization": {"mode": "none"},
+            "runtime": {"device": "cpu", "engine": "onnxruntime"},
+        },
     ],
 )
 def test_what_the_engine_cannot_serve_is_refused_naming_the_field(spec: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError, match=r"spec\.runtime\.engine"):
         _isvc(spec)
+
+
+def test_a_pt2_model_needs_no_declared_tensors_runs_on_torch_and_is_served_as_exported() -> None:
+    isvc = _isvc({"model": {"uri": "/models/simple.pt2", "format": "pt2"}, "quantization": {"mode": "none"}})
+    model = _runtime(isvc).model
+    assert (model.format, model.engine, model.inputs, model.outputs) == ("pt2", None, [], [])
+    on_torch = _isvc(
+        {**isvc.spec.model_dump(by_alias=True, exclude_none=True), "runtime": {"engine": "torch"}}
+    )
+    assert _runtime(on_torch).model.engine == "torch"
+    for spec, field in (
+        (
+            {"model": {"uri": "/m.pt2", "format": "pt2"}, "quantization": {"mode": "int8-dynamic"}},
+            "quantization.mode",
+        ),
+        ({"model": {"format": "pt2"}, "quantization": {"mode": "none"}}, "model.uri"),
+    ):
+        with pytest.raises(pydantic.ValidationError, match=rf"spec\.{field}.*pt2"):
+            _isvc(spec)

@@ -224,6 +224,7 @@ def test_hf_allow_patterns_default_by_format_and_engine() -> None:
         "onnx/*",
     ]
     assert patterns({"model": {**hf, "format": "onnx"}}) == ["*.onnx", "*.onnx_data"]
+    assert patterns({"model": {**hf, "format": "pt2"}}) == ["*.pt2"]
     chosen = {**hf, "hf": {"allowPatterns": ["onnx/model.onnx", "*.json"]}, "format": "onnx"}
     assert patterns({"model": chosen}) == ["onnx/model.onnx", "*.json"]
     args = _init(_pod(_isvc(SOURCES["hf"])))["args"]
