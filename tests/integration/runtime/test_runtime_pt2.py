@@ -1,0 +1,149 @@
+"""Triton's ``simple`` add/sub model as a ``.pt2`` file served by a real ``kubeinfer-runtime serve``
+process, with no tensor declared in the configuration: as a ``torch.export`` program and as an
+AOTInductor package (compiled here for the CPU, with its program). ``tritonclient.http`` and
+``tritonclient.grpc`` read the tensors the runtime took from the program (v2 metadata), get the sum and
+the difference, concurrent requests of different row counts batch together with the same answers, and
+a wrong name, datatype or non-batch dimension is refused with a 400 naming the tensor."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
+from hack.devtools.runtime_tiny import simple_pt2
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = "simple"
+ELEMENTS = 16
+CLIENTS = ((httpclient, "http"), (grpcclient, "grpc"))
+
+
+@pytest.fixture(scope="module", params=[None, "with-program"], ids=["exported-program", "aoti-package"])
+def runtime(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RuntimeProcess]:
+    directory = tmp_path_factory.mktemp("simple")
+    simple_pt2(directory / "model.pt2", ELEMENTS, aoti=request.param)
+    cfg = RuntimeConfig.model_validate(
+        {
+            "model": {"name": MODEL, "source": str(directory), "format": "pt2"},
+            "device": "cpu",
+            "batching": {"max_batch_size": 16, "max_queue_delay_seconds": 0.2},
+        }
+    )
+    with RuntimeProcess(cfg, ready_timeout=180) as rt:
+        assert rt.grpc_port, f"no gRPC port in the log:\n{rt.tail()}"
+        engine = "AOTInductor" if request.param else "ExportedProgram"
+        assert f"loaded pt2 {MODEL} from {directory / 'model.pt2'} ({engine}) on cpu" in rt.log_text()
+        yield rt
+
+
+def client_of(module: Any, rt: RuntimeProcess) -> Any:
+    return module.InferenceServerClient(rt.address if module is httpclient else rt.grpc_address)
+
+
+def tensor(module: Any, name: str, array: np.ndarray, datatype: str = "INT32") -> Any:
+    inp = module.InferInput(name, list(array.shape), datatype)
+    inp.set_data_from_numpy(array)
+    return inp
+
+
+def test_the_tensors_are_read_from_the_program(runtime: RuntimeProcess) -> None:
+    expected = [
+        {"name": name, "datatype": "INT32", "shape": [-1, ELEMENTS]}
+        for name in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")
+    ]
+    http = client_of(httpclient, runtime).get_model_metadata(MODEL)
+    assert [*http["inputs"], *http["outputs"]] == expected and http["platform"] == "pytorch"
+    grpc = client_of(grpcclient, runtime).get_model_metadata(MODEL)
+    assert [
+        {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        for t in (*grpc.inputs, *grpc.outputs)
+    ] == expected
+
+
+@pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])
+def test_sum_and_difference_over_tritonclient(runtime: RuntimeProcess, module: Any, protocol: str) -> None:
+    client = client_of(module, runtime)
+    a = np.arange(3 * ELEMENTS, dtype=np.int32).reshape(3, ELEMENTS)
+    b = np.full((3, ELEMENTS), -7, np.int32)
+    result = client.infer(MODEL, [tensor(module, "INPUT0", a), tensor(module, "INPUT1", b)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.as_numpy("OUTPUT0").dtype == np.int32
+    only = client.infer(
+        MODEL,
+        [tensor(module, "INPUT0", a[:1]), tensor(module, "INPUT1", b[:1])],
+        outputs=[module.InferRequestedOutput("OUTPUT1")],
+    )
+    np.testing.assert_array_equal(only.as_numpy("OUTPUT1"), a[:1] - b[:1])
+    assert only.as_numpy("OUTPUT0") is None
+
+
+def _executions(rt: RuntimeProcess) -> tuple[int, int]:
+    stats = client_of(httpclient, rt).get_inference_statistics(MODEL)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def test_concurrent_requests_batch_together_with_the_same_answers(runtime: RuntimeProcess) -> None:
+    rows = [1, 3, 2, 4, 1, 2, 3, 1]
+    start = threading.Barrier(len(rows))
+    inferences, executions = _executions(runtime)
+
+    def one(i: int) -> None:
+        module = CLIENTS[i % 2][0]
+        client = client_of(module, runtime)
+        a = np.full((rows[i], ELEMENTS), i, np.int32)
+        b = np.arange(rows[i] * ELEMENTS, dtype=np.int32).reshape(rows[i], ELEMENTS)
+        start.wait()
+        result = client.infer(MODEL, [tensor(module, "INPUT0", a), tensor(module, "INPUT1", b)])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+    with concurrent.futures.ThreadPoolExecutor(len(rows)) as pool:
+        list(pool.map(one, range(len(rows))))
+    inferences_after, executions_after = _executions(runtime)
+    assert inferences_after - inferences == sum(rows)
+    # 8 requests released together within the 0.2 s batch timeout: fewer batches than requests
+    assert 1 <= executions_after - executions < len(rows)
+
+
+@pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])
+def test_a_request_that_does_not_fit_the_program_is_refused_naming_the_tensor(
+    runtime: RuntimeProcess, module: Any, protocol: str
+) -> None:
+    client = client_of(module, runtime)
+    good = np.ones((1, ELEMENTS), np.int32)
+    cases = [
+        (
+            [tensor(module, "INPUT0", good), tensor(module, "INPUT1", good.astype(np.float32), "FP32")],
+            "input tensor 'INPUT1': expected datatype INT32, got FP32",
+        ),
+        (
+            [tensor(module, "INPUT0", good), tensor(module, "INPUT1", np.ones((1, 15), np.int32))],
+            r"input tensor 'INPUT1': expected shape \[-1, 16\]",
+        ),
+        (
+            [tensor(module, "INPUT0", good), tensor(module, "X", good)],
+            "input tensor 'INPUT1' is missing",
+        ),
+        (
+            [tensor(module, "INPUT0", good), tensor(module, "INPUT1", good), tensor(module, "X", good)],
+            "unexpected input tensor 'X'",
+        ),
+    ]
+    for inputs, message in cases:
+        with pytest.raises(InferenceServerException, match=message) as info:
+            client.infer(MODEL, inputs)
+        status = info.value.status()
+        assert status in ("400", "StatusCode.INVALID_ARGUMENT"), (message, status)
