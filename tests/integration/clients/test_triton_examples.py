@@ -2,11 +2,12 @@
 
 The scripts in ``tests/vendor/triton_client_examples`` are copied byte for byte from
 ``triton-inference-server/client`` (see the README there). Each one talks to Triton's ``simple``
-model, which this module builds as TorchScript (every tensor declared in the configuration) and as
-ONNX (every tensor read from the model by the runtime): INT32 inputs ``INPUT0`` and ``INPUT1`` of
-shape [-1, 16], outputs ``OUTPUT0 = INPUT0 + INPUT1`` and ``OUTPUT1 = INPUT0 - INPUT1``. A script is run
-as a subprocess with the venv's python and ``-u host:port`` (the REST port for the HTTP scripts, the
-gRPC port for the gRPC ones), once against one process and once with ``server.http_workers`` 2.
+model, which this module builds as TorchScript (every tensor declared in the configuration), as
+ONNX and as a ``torch.export`` program (``.pt2``; every tensor read from the model by the runtime):
+INT32 inputs ``INPUT0`` and ``INPUT1`` of shape [-1, 16], outputs ``OUTPUT0 = INPUT0 + INPUT1`` and
+``OUTPUT1 = INPUT0 - INPUT1``. A script is run as a subprocess with the venv's python and
+``-u host:port`` (the REST port for the HTTP scripts, the gRPC port for the gRPC ones), once against
+one process and once with ``server.http_workers`` 2 (the ``.pt2`` program against one process).
 
 A script passes when it exits 0 and printed what it prints on success: its ``PASS`` line where it
 has one, and the ``a + b = c`` / ``a - b = c`` lines of every result it validated (some scripts
@@ -35,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
-from hack.devtools.runtime_tiny import simple_onnx
+from hack.devtools.runtime_tiny import simple_onnx, simple_pt2
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -57,7 +58,8 @@ class Simple(nn.Module):
 
 def simple_config(path: Path, http_workers: int, fmt: str = "torchscript") -> RuntimeConfig:
     """A CPU runtime serving ``simple`` saved at ``path``: the scripted ``Simple`` with every tensor
-    declared here, or (``fmt`` onnx) the ONNX model, whose tensors the runtime reads from the model."""
+    declared here, or (``fmt`` onnx, pt2) the ONNX model or the torch.export program, whose tensors the
+    runtime reads from the model."""
     tensor = {"datatype": "INT32", "shape": [-1, ELEMENTS]}
     declared = {
         "inputs": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
@@ -80,8 +82,8 @@ def simple_config(path: Path, http_workers: int, fmt: str = "torchscript") -> Ru
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "torchscript"), (2, "torchscript"), (1, "onnx"), (2, "onnx")],
-    ids=["one-process", "http_workers=2", "onnx-one-process", "onnx-http_workers=2"],
+    params=[(1, "torchscript"), (2, "torchscript"), (1, "onnx"), (2, "onnx"), (1, "pt2")],
+    ids=["one-process", "http_workers=2", "onnx-one-process", "onnx-http_workers=2", "pt2-one-process"],
 )
 def runtime(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -89,6 +91,8 @@ def runtime(
     workers, fmt = request.param
     if fmt == "onnx":
         path = simple_onnx(tmp_path_factory.mktemp("simple") / "simple.onnx")
+    elif fmt == "pt2":
+        path = simple_pt2(tmp_path_factory.mktemp("simple") / "simple.pt2")
     else:
         path = tmp_path_factory.mktemp("simple") / "simple.pt"
         torch.jit.save(torch.jit.script(Simple().eval()), str(path))
