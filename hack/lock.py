@@ -15,6 +15,10 @@ installed, compiled by ``uv pip compile`` with a sha256 hash for every file:
 - ``requirements/kserve-client.txt``: a test client that cannot share the lock (``TOOLS``), compiled on
   its own from ``requirements/kserve-client.in``; ``make setup`` installs it with ``--require-hashes``
   into its own venv, ``.cache/kserve-client``.
+- ``requirements/peer-mlserver.txt``, ``requirements/peer-infinity.txt``: the peer servers that ``make
+  bench-peers`` (bench/peers_bench.py) measures kubeinfer against (``PEERS``), compiled each on its own
+  like a tool; ``make bench-peers`` (``hack/setup.sh --peers``), not ``make setup``, installs each into
+  ``.cache/NAME``: they are benchmark baselines, not something the tests need.
 
 The target is the images' platform: CPython 3.11 on x86_64 Linux (glibc >= 2.28), the Debian bookworm
 base and the development machines. torch is PyPI's wheel (``torch-X-cp311-cp311-manylinux_2_28_x86_64``,
@@ -54,6 +58,13 @@ TOOLS: Mapping[str, str] = {
     "kserve-client": "the KServe Python SDK (tests/support/kserve_client.py): kserve 0.21 pins psutil<6 and "
     "python-dateutil<3, the lock has psutil 7 and kubernetes 37 (python-dateutil>=3)",
 }
+#: Peer servers of the benchmarks, each in its own venv ``.cache/NAME`` that ``make bench-peers`` installs
+#: from ``requirements/NAME.txt`` (compiled on its own from ``requirements/NAME.in``, as a tool), and why
+#: they cannot share the lock.
+PEERS: Mapping[str, str] = {
+    "peer-mlserver": "MLServer 1.7.1 (Seldon) with adaptive batching: it pins fastapi<0.116 and protobuf<7",
+    "peer-infinity": "infinity-emb 0.0.78: it pins numpy<2 and sentence-transformers<4 (transformers<5)",
+}
 #: The platform every file is compiled for (the images' Python; Debian bookworm has glibc 2.36).
 PYTHON_VERSION = "3.11"
 PYTHON_PLATFORM = "x86_64-manylinux_2_28"
@@ -62,6 +73,7 @@ EXTRAS = ("test",)
 __all__ = [
     "IMAGES",
     "LOCK",
+    "PEERS",
     "TOOLS",
     "Pin",
     "compile_all",
@@ -153,7 +165,7 @@ def problems(root: Path = ROOT) -> list[str]:
     - each ``IMAGE.txt`` pin is lock.txt's pin: same version, same hashes; and it pins every
       ``IMAGE.in`` name;
     - each Dockerfile installs only ``requirements/IMAGE.txt`` and kubeinfer itself (``dockerfile_problems``);
-    - each ``TOOLS`` file ``NAME.txt`` pins every ``NAME.in`` name (with hashes: ``parse_lock``).
+    - each ``TOOLS`` and ``PEERS`` file ``NAME.txt`` pins every ``NAME.in`` name (with hashes: ``parse_lock``).
     """
     deps, build = declared((root / "pyproject.toml").read_text())
     locked = parse_lock((root / LOCK.relative_to(ROOT)).read_text())
@@ -170,7 +182,7 @@ def problems(root: Path = ROOT) -> list[str]:
         compiled = parse_lock((root / image_file(image).relative_to(ROOT)).read_text())
         out += _image_problems(image, names, compiled, locked)
         out += dockerfile_problems(image, (root / dockerfile).read_text())
-    for tool in TOOLS:
+    for tool in (*TOOLS, *PEERS):
         names = parse_in((root / image_file(tool, ".in").relative_to(ROOT)).read_text())
         compiled = parse_lock((root / image_file(tool).relative_to(ROOT)).read_text())
         out += [
@@ -303,7 +315,7 @@ def _compile(args: Sequence[str], output: Path, upgrade: Iterable[str], stdin: s
 
 def compile_all(*, upgrade: bool = False, upgrade_packages: Sequence[str] = ()) -> None:
     """Write lock.txt from pyproject.toml, then each IMAGE.txt from IMAGE.in constrained by lock.txt,
-    then each ``TOOLS`` file NAME.txt from NAME.in alone.
+    then each ``TOOLS`` and ``PEERS`` file NAME.txt from NAME.in alone.
 
     Pins already in the files are kept unless ``upgrade`` (all) or ``upgrade_packages`` (those)
     says otherwise. Needs the package index (uv reads the versions and hashes there). Raises
@@ -321,8 +333,8 @@ def compile_all(*, upgrade: bool = False, upgrade_packages: Sequence[str] = ()) 
         in_file = image_file(image, ".in").relative_to(ROOT)
         # upgrades come from the lock: the image files only follow it
         _compile([str(in_file), "-c", str(LOCK.relative_to(ROOT))], image_file(image), ["--upgrade"])
-    for tool in TOOLS:
-        # on its own: these pins conflict with the lock's (TOOLS says why)
+    for tool in (*TOOLS, *PEERS):
+        # on its own: these pins conflict with the lock's (TOOLS and PEERS say why)
         _compile([str(image_file(tool, ".in").relative_to(ROOT))], image_file(tool), flags)
 
 
