@@ -10,8 +10,10 @@ all-MiniLM-L6-v2 (mean pooling, L2-normalized, 256 tokens at most):
   best configuration at cosine >= 0.99 to fp32 (its load report's ``quantization_cosine_mean_ratio`` is
   recorded; ``docs/runtime.md`` has the recipe), max batch 32, the default max queue delay and thread count.
 - ``kubeinfer-fp32``: the same runtime, ``onnxruntime`` without quantization (cosine 1.0 to torch).
-- ``kubeinfer-torch``: the same runtime on the torch engine, fp32 (not in the default order: the engine
-  comparison is ``make bench-runtime``'s).
+- ``kubeinfer-torch``: the same runtime on the torch engine, fp32, and ``kubeinfer-2threads``: ``kubeinfer``
+  with two intra-op threads instead of the default one (the model sharing both cores with the front
+  end); neither is in the default order (``--order`` adds them: the engine comparison is ``make
+  bench-runtime``'s, the thread count a placement question).
 - ``mlserver``: MLServer 1.7.1 (``.cache/peer-mlserver``) with the runtime class a user writes for it
   (``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as kubeinfer's torch engine)
   and adaptive batching (``--mlserver-batch`` 16, ``--mlserver-delay`` 10 ms: the configuration of the
@@ -91,11 +93,13 @@ PASSAGE_TOKENS = 100
 TEXT_KINDS = ("sentences", "passages")
 #: The venvs ``make bench-peers`` installs (``hack/setup.sh --peers``, from requirements/NAME.txt).
 PEER_VENVS = {"mlserver": ROOT / ".cache" / "peer-mlserver", "infinity": ROOT / ".cache" / "peer-infinity"}
-#: kubeinfer's configurations: (engine, quantization mode).
-KUBEINFER = {
-    "kubeinfer": ("onnxruntime", "int8-dynamic"),
-    "kubeinfer-fp32": ("onnxruntime", "none"),
-    "kubeinfer-torch": ("torch", "none"),
+#: kubeinfer's configurations: (engine, quantization mode, intra-op threads or None for the runtime's
+#: default: the CPUs less one, so one core stays for the event loop, HTTP and tokenization).
+KUBEINFER: dict[str, tuple[str, str, int | None]] = {
+    "kubeinfer": ("onnxruntime", "int8-dynamic", None),
+    "kubeinfer-fp32": ("onnxruntime", "none", None),
+    "kubeinfer-torch": ("torch", "none", None),
+    "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2),
 }
 SERVERS = (*KUBEINFER, "mlserver", "infinity")
 DEFAULT_ORDER = ("kubeinfer", "mlserver", "kubeinfer-fp32", "infinity", "mlserver", "kubeinfer")
@@ -288,10 +292,11 @@ def start_server(
     log = workdir / f"{name}.log"
     if name in KUBEINFER:
         from kubeinfer.runtime.config import RuntimeConfig
+        from kubeinfer.runtime.models.device import THREADS_ENV
 
         from hack.devtools.runtime_proc import RuntimeProcess
 
-        engine, mode = KUBEINFER[name]
+        engine, mode, threads = KUBEINFER[name]
         cfg = RuntimeConfig.model_validate(
             {
                 "model": {"engine": engine},
@@ -300,10 +305,12 @@ def start_server(
                 "batching": {"max_batch_size": 32, "max_queue_size": 4096},
             }
         )
-        with RuntimeProcess(cfg, log_path=log) as rt:
+        env = {THREADS_ENV: str(threads)} if threads else {}
+        with RuntimeProcess(cfg, log_path=log, env=env) as rt:
             about = {
                 "engine": engine,
                 "quantization": mode,
+                "threads": threads or "default",
                 "batching": cfg.batching.model_dump(mode="json"),
                 "report": _kubeinfer_report(rt.metrics_text()),
             }
@@ -487,14 +494,65 @@ async def visit(
     return result
 
 
+# --- the engine's own limit ------------------------------------------------------------------------
+
+#: Rows per batch of the in-process limit (kubeinfer's max batch size).
+LIMIT_BATCH = 32
+
+
+def in_process_limits(
+    names: Sequence[str], texts: dict[str, list[str]], repeats: int, seed: int
+) -> dict[str, dict[str, Any]]:
+    """For each kubeinfer configuration of ``names`` (with its default thread count, 1 on two cores):
+    the model loaded in this process as the runtime loads it, warmed up, then ``repeats`` batches of
+    ``LIMIT_BATCH`` random texts of each kind (``preprocess`` + ``execute``, one batch at a time):
+    ``{name: {kind: {"rows_per_second": LIMIT_BATCH / median seconds, "batch_seconds": median}}}``.
+    That is the most a server of that engine could serve with full batches and nothing else on its
+    thread: the ceiling of its served rate, whatever the front end does."""
+    import gc
+
+    from kubeinfer.runtime.models.device import default_threads
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(n for n in names if n in KUBEINFER):
+        engine, mode, threads = KUBEINFER[name]
+        t = threads or default_threads()
+        progress(f"in process: {name} ({engine}, {mode}, {t} thread(s)), {repeats} batches of {LIMIT_BATCH}")
+        model = rb.load_in_process(engine, mode, t)
+        model.warmup(LIMIT_BATCH, 1)
+        figures = {}
+        for kind in TEXT_KINDS:
+            pool = [t.encode() for t in texts[kind]]
+            batches = []
+            for _ in range(repeats + 2):
+                batch = np.empty(LIMIT_BATCH, dtype=object)  # BYTES rows, as the runtime decodes them
+                batch[:] = [pool[int(i)] for i in rng.integers(len(pool), size=LIMIT_BATCH)]
+                batches.append(batch)
+            for batch in batches[:2]:
+                rb._timed_batch(model, batch, t)
+            median = statistics.median(rb._timed_batch(model, batch, t) for batch in batches[2:])
+            figures[kind] = {"rows_per_second": LIMIT_BATCH / median, "batch_seconds": median, "threads": t}
+            progress(f"  {kind}: {LIMIT_BATCH / median:.0f} rows/s ({median * 1000:.1f} ms a batch)")
+        out[name] = figures
+        del model
+        gc.collect()
+    return out
+
+
 # --- the figures ----------------------------------------------------------------------------------
 
 
-def summarize(visits: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize(
+    visits: Sequence[dict[str, Any]], limits: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Per text kind: each server's highest rate at the SLO (``max_slo_rps``: the median over its
     visits; ``by_visit``: each visit's, in order), the P50 and P99 at that rate in its best visit, and
     ``ratios``: for each of ``RATIOS`` whose servers both ran, ``{value, target, meets_target}``
-    (``meets_target`` None for a ratio without a target)."""
+    (``meets_target`` None for a ratio without a target). With ``limits`` (``in_process_limits``), a
+    kubeinfer server also has ``limit_rps`` (its engine's in-process rows/s) and ``served_to_limit``
+    (target 0.85), and each ratio whose numerator has a limit has ``ceiling``: the ratio it would
+    reach served at that limit, the most any front end could give that engine."""
     out: dict[str, Any] = {}
     for kind in TEXT_KINDS:
         by_server: dict[str, dict[str, Any]] = {}
@@ -515,8 +573,12 @@ def summarize(visits: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     k: p.get(k)
                     for k in ("offered_rps", "p50_seconds", "p99_seconds", "server_cpu_seconds_per_request")
                 }
-        for entry in by_server.values():
+        for name, entry in by_server.items():
             entry["max_slo_rps"] = statistics.median(entry["by_visit"])
+            limit = (limits or {}).get(name, {}).get(kind)
+            if limit:
+                entry["limit_rps"] = limit["rows_per_second"]
+                entry["served_to_limit"] = entry["max_slo_rps"] / limit["rows_per_second"]
         ratios = {}
         for rname, num, den, target in RATIOS:
             if num in by_server and den in by_server and by_server[den]["max_slo_rps"] > 0:
@@ -526,6 +588,8 @@ def summarize(visits: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "target": target,
                     "meets_target": None if target is None else value >= target,
                 }
+                if "limit_rps" in by_server[num]:
+                    ratios[rname]["ceiling"] = by_server[num]["limit_rps"] / by_server[den]["max_slo_rps"]
         out[kind] = {"servers": by_server, "ratios": ratios}
     return out
 
@@ -540,14 +604,18 @@ def table(summary: dict[str, Any]) -> list[str]:
             at = entry["at_max"] or {}
             p50 = f"P50 {at['p50_seconds'] * 1000:.1f} ms, " if at.get("p50_seconds") is not None else ""
             p99 = f"P99 {at['p99_seconds'] * 1000:.1f} ms" if at.get("p99_seconds") is not None else ""
-            lines.append(f"  {name:16s} {entry['max_slo_rps']:7.1f}/s  (visits {visits}; {p50}{p99})")
+            limit = ""
+            if "limit_rps" in entry:
+                limit = f"; {entry['served_to_limit']:.0%} of its in-process {entry['limit_rps']:.0f} rows/s"
+            lines.append(f"  {name:16s} {entry['max_slo_rps']:7.1f}/s  (visits {visits}; {p50}{p99}{limit})")
         for rname, r in fig["ratios"].items():
             target = (
                 ""
                 if r["target"] is None
                 else f" (target >= {r['target']}: {'met' if r['meets_target'] else 'not met'})"
             )
-            lines.append(f"  {rname}: x{r['value']:.2f}{target}")
+            ceiling = f"; x{r['ceiling']:.2f} at its engine's in-process limit" if "ceiling" in r else ""
+            lines.append(f"  {rname}: x{r['value']:.2f}{target}{ceiling}")
     return lines
 
 
@@ -577,6 +645,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--infinity-batch", type=int, default=32, help="infinity-emb --batch-size")
     parser.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds a server may take to be ready"
+    )
+    parser.add_argument(
+        "--limit-repeats", type=int, default=15, help="batches timed for the in-process limit (0: skip it)"
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
@@ -634,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         model_path, texts, reference = load_texts(args)
         tokens = {k: [len(t.split()) for t in v] for k, v in texts.items()}
+        limits = (
+            in_process_limits(args.order, texts, args.limit_repeats, args.seed) if args.limit_repeats else {}
+        )
         progress(f"{len(args.order)} visits: {', '.join(args.order)}")
         visits: list[dict[str, Any]] = []
         starts: dict[str, dict[str, float]] = {}
@@ -652,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                     k: 0.7 * f["max_slo_rps"] for k, f in result["texts"].items() if f["max_slo_rps"]
                 }
                 visits.append(result)
-        summary = summarize(visits)
+        summary = summarize(visits, limits)
         result_json = {
             "model": MODEL,
             "slo_p99_seconds": SLO_P99_SECONDS,
@@ -666,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 for k, v in texts.items()
             },
+            "in_process": limits,
             "summary": summary,
             "visits": visits,
             "elapsed_seconds": time.monotonic() - started,

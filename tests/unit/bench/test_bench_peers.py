@@ -165,3 +165,14 @@ def test_missing_peer_venv_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setitem(peers.PEER_VENVS, "mlserver", tmp_path / "absent")
     assert peers.main(["--order", "kubeinfer,mlserver"]) == 1
     assert "make bench-peers" in capsys.readouterr().err
+
+
+def test_summary_with_the_in_process_limit_gives_the_served_share_and_the_ceiling() -> None:
+    limits = {"kubeinfer": {"sentences": {"rows_per_second": 640.0}, "passages": {"rows_per_second": 64.0}}}
+    summary = peers.summarize([_visit("kubeinfer", 544, 48), _visit("mlserver", 320, 40)], limits)
+    k = summary["sentences"]["servers"]["kubeinfer"]
+    assert k["limit_rps"] == 640.0 and k["served_to_limit"] == pytest.approx(0.85)
+    ratio = summary["sentences"]["ratios"]["kubeinfer_to_mlserver"]
+    assert ratio["value"] == pytest.approx(1.7) and ratio["ceiling"] == pytest.approx(2.0)
+    assert "limit_rps" not in summary["sentences"]["servers"]["mlserver"]
+    assert any("x2.00 at its engine's in-process limit" in line for line in peers.table(summary))
