@@ -216,10 +216,10 @@ def program_signature(program: torch.export.ExportedProgram) -> Signature:
         datatype = _datatype("input", name, value)
         inputs.append(model_tensor(KIND, "input", name, datatype, _dims(value), list(value.shape)))
         bounds = program.range_constraints.get(value.shape[0].node.expr)
-        batch_ranges[name] = (
-            _bound(bounds.lower) or 0 if bounds is not None else 0,
-            _bound(bounds.upper) if bounds is not None else None,
-        )
+        if bounds is None:  # an expression of symbols (not one symbol): no range of its own
+            batch_ranges[name] = (0, None)
+        else:
+            batch_ranges[name] = (_bound(bounds.lower) or 0, _bound(bounds.upper))
     names = output_names(program.call_spec.out_spec)
     specs = [s for s in program.graph_signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
     if len(specs) != len(names):
@@ -269,6 +269,12 @@ class Pt2Model(TorchScriptModel):
         return self.module(*tensors[:split], **named)
 
 
+def _in_order(program: list[TensorConfig], refined: list[TensorConfig]) -> list[TensorConfig]:
+    """``refined`` in the program's order: inputs are passed, and tuple outputs read, by position."""
+    position = {t.name: i for i, t in enumerate(program)}
+    return sorted(refined, key=lambda t: position[t.name])
+
+
 def _declared_for_aoti(cfg: RuntimeConfig, runner: Any, path: Path) -> Signature:
     """The tensors of an AOTInductor package without its program: ``model.inputs/outputs``, checked
     against the package's call spec (input count; output names of a dict, else the count).
@@ -291,6 +297,12 @@ def _declared_for_aoti(cfg: RuntimeConfig, runner: Any, path: Path) -> Signature
             f"{in_spec.num_leaves}"
         )
     keywords = in_spec.children()[1].num_children if in_spec.num_children == 2 else 0
+    by_keyword = [t.name for t in cfg.model.inputs[len(cfg.model.inputs) - keywords :]]
+    if keywords and sorted(by_keyword) != sorted(str(k) for k in in_spec.children()[1].context):
+        raise ValueError(
+            f"model.inputs: the last {keywords} ({by_keyword}) are passed by keyword; the AOTInductor "
+            f"package's keywords are {sorted(str(k) for k in in_spec.children()[1].context)}"
+        )
     names = output_names(out_spec)
     declared = [t.name for t in cfg.model.outputs]
     if out_spec.type is dict and sorted(names) != sorted(declared):
@@ -307,8 +319,9 @@ def _declared_for_aoti(cfg: RuntimeConfig, runner: Any, path: Path) -> Signature
     return Signature(list(cfg.model.inputs), list(cfg.model.outputs), keywords, batch_ranges={})
 
 
-def _load_aoti(path: Path, device: torch.device) -> Any:
-    """``aoti_load_package`` on ``device``, after checking the package was compiled for its type.
+def _load_aoti(path: Path, device: torch.device, runners: int) -> Any:
+    """``aoti_load_package`` on ``device`` with ``runners`` model instances (one per executor thread:
+    a call waits for a free one), after checking the package was compiled for the device's type.
 
     Raises:
         ValueError: a package compiled for another device type; the loader's own error, as one line.
@@ -316,7 +329,9 @@ def _load_aoti(path: Path, device: torch.device) -> Any:
     from torch._inductor import aoti_load_package
 
     try:
-        runner = aoti_load_package(str(path), device_index=device.index if device.index is not None else -1)
+        runner = aoti_load_package(
+            str(path), device_index=device.index if device.index is not None else -1, num_runners=runners
+        )
     except Exception as exc:
         raise ValueError(f"model.source {path}: the AOTInductor package does not load here: {exc}") from exc
     compiled_for = runner.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
@@ -353,7 +368,7 @@ def load_pt2(cfg: RuntimeConfig) -> Pt2Model:
     signature = program_signature(program) if program is not None else None
     module: Callable[..., Any]
     if contents.aoti:
-        module = _load_aoti(path, device)
+        module = _load_aoti(path, device, cfg.executors)
         engine = "AOTInductor"
         if signature is None:
             signature = _declared_for_aoti(cfg, module, path)
@@ -368,8 +383,10 @@ def load_pt2(cfg: RuntimeConfig) -> Pt2Model:
     assert signature is not None
     check_batch_ranges(signature, cfg.batching.max_batch_size)
     if program is not None:
-        inputs = refine(signature.inputs, list(cfg.model.inputs), "inputs", KIND)
-        outputs = refine(signature.outputs, list(cfg.model.outputs), "outputs", KIND)
+        inputs = _in_order(signature.inputs, refine(signature.inputs, list(cfg.model.inputs), "inputs", KIND))
+        outputs = _in_order(
+            signature.outputs, refine(signature.outputs, list(cfg.model.outputs), "outputs", KIND)
+        )
     else:
         inputs, outputs = signature.inputs, signature.outputs
     model = Pt2Model(

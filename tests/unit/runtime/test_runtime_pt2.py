@@ -120,6 +120,18 @@ def test_tuple_outputs_are_numbered_and_overrides_refine_the_program(tmp_path: P
     torch.manual_seed(0)
     expected = nn.Linear(3, 4)(torch.eye(3)).detach().numpy()  # the maker's seeded layer
     np.testing.assert_allclose(out["output_0"], expected, rtol=1e-6)
+    reversed_ = load_model(
+        cfg(
+            path,
+            outputs=[
+                {"name": "output_1", "datatype": "INT64", "shape": [-1]},
+                {"name": "output_0", "datatype": "FP32", "shape": [-1, 4]},
+            ],
+        )
+    )
+    assert [t.name for t in reversed_.outputs] == ["output_0", "output_1"]  # tuple outputs by position
+    again = reversed_.execute(reversed_.preprocess([{"x": np.eye(3, dtype=np.float32)}]))
+    np.testing.assert_array_equal(again["output_1"], out["output_1"])
     for bad, message in (
         (
             {"inputs": [{"name": "z", "datatype": "FP32", "shape": [-1, 3]}]},
@@ -165,6 +177,22 @@ def test_other_dynamic_dimensions_are_minus_one_and_keyword_inputs_are_named(tmp
     )
     out = model.execute(model.preprocess([{"x": wide, "scale": np.full((1, 1), 2, np.float32)}]))
     np.testing.assert_array_equal(out["output_0"], [[12.0]])
+    # overrides listed in another order: the program's order stays (inputs are passed by position)
+    fixed = load_model(
+        cfg(
+            tmp_path / "dyn.pt2",
+            inputs=[
+                {"name": "scale", "datatype": "FP32", "shape": [-1, 1]},
+                {"name": "x", "datatype": "FP32", "shape": [-1, 6]},
+            ],
+        )
+    )
+    assert [(t.name, t.shape) for t in fixed.inputs] == [("x", [-1, 6]), ("scale", [-1, 1])]
+    with pytest.raises(InputError, match=r"input tensor 'x': expected shape \[-1, 6\]"):
+        fixed.validate({"x": narrow, "scale": np.ones((2, 1), np.float32)})
+    scale = np.full((1, 1), 3, np.float32)
+    out = fixed.execute(fixed.preprocess([{"scale": scale, "x": wide}]))
+    np.testing.assert_array_equal(out["output_0"], [[18.0]])
 
 
 def test_a_fixed_or_bounded_batch_is_refused_naming_the_input(tmp_path: Path) -> None:
