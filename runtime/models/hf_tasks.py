@@ -361,7 +361,8 @@ class TokenClassifierModel(TextModel):
         # The pipeline's post-processing reads its tokenizer (token strings, words) and
         # model.config.id2label only: a private tokenizer copy (only read, so safe on any thread) and
         # the config, not the weights (which quantization replaces).
-        self._pipeline = TokenClassificationPipeline(model=module, tokenizer=copy.deepcopy(tokenizer))
+        pipeline_class: Any = TokenClassificationPipeline  # untyped in transformers
+        self._pipeline = pipeline_class(model=module, tokenizer=copy.deepcopy(tokenizer))
         self._pipeline.model = SimpleNamespace(config=module.config)
 
     # --- validation --------------------------------------------------------------------------
@@ -570,13 +571,13 @@ def _task_model(
     cfg: RuntimeConfig,
     task: Task,
     path: Path,
-    module: nn.Module,
+    module: Any,
     tokenizer: Any,
     device: torch.device,
     config: dict[str, Any],
 ) -> TextClassifierModel | TokenClassifierModel | CrossEncoderModel:
-    """The served model of ``task`` around a loaded head ``module``. Raises ``ValueError`` (see
-    ``load_task_model``)."""
+    """The served model of ``task`` around a loaded head ``module`` (a transformers ``PreTrainedModel``).
+    Raises ``ValueError`` (see ``load_task_model``)."""
     name = cfg.model.name
     if task == "token-classification":
         id2label = {int(k): str(v) for k, v in module.config.id2label.items()}
