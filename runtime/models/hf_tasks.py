@@ -1,4 +1,5 @@
-"""Hugging Face tasks beyond embeddings: a text classifier and a cross-encoder reranker (torch engine).
+"""Hugging Face tasks beyond embeddings: a text classifier, a token classifier (NER) and a cross-encoder
+reranker (torch engine).
 
 ``model.task`` says what a Hugging Face directory does; unset, ``detect_task`` reads its
 ``config.json``:
@@ -6,6 +7,7 @@
 - ``architectures`` with a ``*ForSequenceClassification`` class: ``reranking`` when the head has one
   label (a single logit is a relevance score, not a class: sentence-transformers' CrossEncoder
   rerankers, ``cross-encoder/ms-marco-*``, ``BAAI/bge-reranker-*``), else ``text-classification``;
+- a ``*ForTokenClassification`` class: ``token-classification``;
 - anything else: ``text-embedding`` (``huggingface.TextEmbeddingModel``).
 
 Tensors (the v2 model metadata states them):
@@ -20,13 +22,18 @@ Tensors (the v2 model metadata states them):
   sentence-transformers config names (``config.json`` ``sentence_transformers.activation_fn``, or the
   older ``sbert_ce_default_activation_function``): ``Sigmoid`` (relevance in 0..1) or ``Identity`` (the
   raw logit); none named: ``Sigmoid``, sentence-transformers' default for a one-label CrossEncoder.
+- ``token-classification`` (``TokenClassifierModel``): ``text`` BYTES [-1] and an optional
+  ``aggregation_strategy`` BYTES [1] -> ``entities`` BYTES [-1], one JSON array per row: the entities
+  transformers' ``TokenClassificationPipeline`` gives for the text (its own post-processing, fed this
+  batch's logits and character offsets).
 
-Both are ``huggingface.TextModel``: the embedder's tokenizer path, validation (UTF-8, tokens per text),
+All are ``huggingface.TextModel``: the embedder's tokenizer path, validation (UTF-8, tokens per text),
 batching across requests (rows of every request in one padded batch), warmup over the batch and
 sequence buckets, token counts, and quantization (every torch mode; int8 modes quantize the
 ``nn.Linear`` layers, the head's included). The deviation from fp32 is measured at load on the
 held-out sentences (``compare_scores``): a classifier's label agreement and probability deviation over
-the 349 held-out sentences; a reranker's top-1 agreement and score deviation over 32 held-out queries
+the 349 held-out sentences; a token classifier's the same per token of those sentences; a reranker's
+top-1 agreement and score deviation over 32 held-out queries
 with 8 candidates each (its paraphrase and 7 others).
 """
 
