@@ -435,3 +435,10 @@ async def test_requests_batch_together_and_a_bad_one_fails_alone(
     for one, concurrent in zip(alone, responses, strict=True):
         for got, want in zip(rest_entities(concurrent), one, strict=True):
             assert_same_entities(got, want)
+    # the OpenAI-compatible routes serve embedders and rerankers, not taggers
+    for route, body in (
+        ("/v1/embeddings", {"input": "Paris"}),
+        ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+    ):
+        r = await client.post(route, json=body)
+        assert r.status_code == 400, (route, r.text)
