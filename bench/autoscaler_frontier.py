@@ -1,4 +1,4 @@
-"""kubeinfer against the HPA at every GPU-utilization target: SLO at equal cost, cost at equal SLO.
+"""kubeinfer against every setting of its peers: the HPA, KEDA, Knative's KPA and Ray Serve.
 
     .venv/bin/python bench/autoscaler_frontier.py                  # every CSV in bench/traces/
     .venv/bin/python bench/autoscaler_frontier.py --traces DIR --out results.json
@@ -22,6 +22,30 @@ and, in ``summary.by_target``, each target alone over all traces: on how many ku
 attainment is at least the HPA's, its replica-seconds at most the HPA's, both, and the ratio of
 kubeinfer's replica-seconds to the HPA's summed over all traces.
 
+**The peers** (``PEERS``), each swept over its main knob on the same simulated replicas, cold start
+and bounds:
+
+- ``hpa_gpu``: the HPA on GPU utilization, targets ``HPA_TARGETS`` (the fields above).
+- ``keda_rate``: KEDA's prometheus scaler on the request rate, an AverageValue target per replica fed
+  to the HPA algorithm (``make_hpa(cfg, "rate", target)``: tolerance 10 %, 300 s scale-down
+  stabilization, scale-up by max(100 %, 4 pods) per 15 s sync), targets ``RATE_SHARES`` of ``mu``.
+- ``knative_kpa``: Knative's KPA (``autoscaler_peers.make_kpa``: stable 60 s and panic 6 s windows,
+  panic at 200 %, scale up by 1000x and down by 2x at most per 2 s tick, scale-down delay 0, 70 %
+  target utilization, scale to zero off), soft targets whose 70 % is ``CONCURRENCY_SHARES`` of
+  ``concurrency_scale`` requests per pod.
+- ``ray_serve``: Ray Serve's default policy (``autoscaler_peers.make_ray_serve``: upscale delay 30 s,
+  downscale delay 600 s, look-back 30 s, pushes every 10 s, factors 1), ``target_ongoing_requests`` at
+  ``CONCURRENCY_SHARES`` of ``concurrency_scale``.
+
+**Dominance** (``dominance``): kubeinfer is dominated on a trace when some peer setting is at least as
+good on both SLO attainment and replica-seconds and better on one, that is (a) it reaches at least
+kubeinfer's SLO attainment for fewer replica-seconds (``cheaper_at_slo``: the cheapest such setting,
+and the replica-seconds it saves), or (b) it spends no more replica-seconds and has a better SLO
+attainment (``better_within_cost``: the best such setting, and its SLO gain). Each trace's row carries
+``dominance``; ``summary.dominated`` lists the dominated traces and ``summary.by_setting`` each setting
+alone over every trace. The last line printed is "not dominated" or the dominated traces with their
+figures.
+
 The JSON goes to ``bench/results/autoscaler_frontier.json`` (``--out``), the table to the ``.md``
 beside it.
 """
@@ -29,20 +53,134 @@ beside it.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import autoscaler_peers as peers
 import autoscaler_sim as sim
 
 DEFAULT_OUT = sim.ROOT / "bench" / "results" / "autoscaler_frontier.json"
 #: GPU-utilization targets of the HPA, ratios (0.7 is the one ``autoscaler_sim`` uses). Over 0.9 the
 #: HPA never scales up: utilization is at most 1, inside the 10 % tolerance of the target.
 HPA_TARGETS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+#: KEDA's request-rate targets per replica as shares of ``mu`` (the rate one replica sustains at the
+#: SLO, 80 % of its full-batch rate): from well under it to past it.
+RATE_SHARES = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
+#: The KPA's ``TargetValue`` (70 % of its soft target) and Ray Serve's ``target_ongoing_requests`` as
+#: shares of ``concurrency_scale``: one replica holds about 0.4 of it in flight at 0.8 ``mu`` and 0.7
+#: at ``mu`` (the simulated service model), so the sweep runs from standing headroom to saturation.
+CONCURRENCY_SHARES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.85)
+
+
+def concurrency_scale(cfg: sim.SimConfig) -> float:
+    """Requests: ``mu`` times a full batch's service time, the scale of a replica's in-flight count."""
+    return cfg.mu * cfg.s(cfg.max_batch)
+
+
+@dataclass(frozen=True)
+class PeerSetting:
+    """One setting of one peer: its family, its knob's value (requests/s per replica for
+    ``keda_rate``, requests per pod for the KPA's soft target and Ray's ``target_ongoing_requests``, a
+    ratio for ``hpa_gpu``), the controller's maker, and whether it ticks every ``PEER_TICK_SECONDS``
+    (its own metric pipeline) instead of every 15 s sync."""
+
+    family: str
+    value: float
+    make: Callable[[sim.SimConfig, float], sim.Controller]
+    fast_tick: bool = False
+
+    @property
+    def label(self) -> str:
+        """``family value``, e.g. ``knative_kpa 18.3``."""
+        return f"{self.family} {self.key}"
+
+    @property
+    def key(self) -> str:
+        """The value as the JSON keys it: two decimals for a ratio, one for requests."""
+        return f"{self.value:.2f}" if self.family == "hpa_gpu" else f"{self.value:.1f}"
+
+
+def peer_settings(cfg: sim.SimConfig) -> list[PeerSetting]:
+    """Every setting of every peer, ``hpa_gpu`` first (``HPA_TARGETS``), then ``keda_rate``,
+    ``knative_kpa`` and ``ray_serve`` (values rounded to 0.1)."""
+    scale = concurrency_scale(cfg)
+    kpa_util = peers.KpaSpec(1.0).target_utilization
+    return [
+        *(PeerSetting("hpa_gpu", t, lambda c, v: sim.make_hpa(c, "gpu", v)) for t in HPA_TARGETS),
+        *(
+            PeerSetting("keda_rate", round(share * cfg.mu, 1), lambda c, v: sim.make_hpa(c, "rate", v))
+            for share in RATE_SHARES
+        ),
+        *(
+            PeerSetting("knative_kpa", round(share * scale / kpa_util, 1), peers.make_kpa, fast_tick=True)
+            for share in CONCURRENCY_SHARES
+        ),
+        *(
+            PeerSetting("ray_serve", round(share * scale, 1), peers.make_ray_serve, fast_tick=True)
+            for share in CONCURRENCY_SHARES
+        ),
+    ]
+
+
+def dominance(ki: dict[str, float], points: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Whether any of ``points`` (label -> figures with ``slo_attainment`` and ``replica_seconds``)
+    dominates kubeinfer's figures ``ki``, counting both halves:
+
+    - ``cheaper_at_slo``: among the points with SLO attainment at least kubeinfer's and fewer
+      replica-seconds, the cheapest (the higher SLO on a tie), with ``replica_seconds_saved`` and
+      ``replica_seconds_ratio`` (its over kubeinfer's); ``None`` when there is none.
+    - ``better_within_cost``: among the points spending at most kubeinfer's replica-seconds with a
+      higher SLO attainment, the best (the cheaper on a tie), with ``slo_gain``; ``None`` when none.
+
+    ``dominated`` is True when either is not ``None``.
+    """
+    slo, cost = ki["slo_attainment"], ki["replica_seconds"]
+    cheaper = {k: f for k, f in points.items() if f["slo_attainment"] >= slo and f["replica_seconds"] < cost}
+    better = {k: f for k, f in points.items() if f["replica_seconds"] <= cost and f["slo_attainment"] > slo}
+    a = cheapest_at_slo(cheaper, slo) if cheaper else None
+    b = best_within_cost(better, cost) if better else None
+    return {
+        "dominated": a is not None or b is not None,
+        "cheaper_at_slo": None
+        if a is None
+        else {
+            "setting": a,
+            **points[a],
+            "replica_seconds_saved": round(cost - points[a]["replica_seconds"], 1),
+            "replica_seconds_ratio": round(points[a]["replica_seconds"] / cost, 4),
+        },
+        "better_within_cost": None
+        if b is None
+        else {
+            "setting": b,
+            **points[b],
+            "slo_gain": round(points[b]["slo_attainment"] - slo, 5),
+        },
+    }
+
+
+def dominance_words(name: str, d: dict[str, Any]) -> str:
+    """One line for a trace's ``dominance``: "not dominated", or each half that holds with its figures."""
+    if not d["dominated"]:
+        return f"{name}: not dominated"
+    parts = []
+    if (a := d["cheaper_at_slo"]) is not None:
+        parts.append(
+            f"{a['setting']} reaches its SLO ({a['slo_attainment']:.4f}) for {a['replica_seconds']:.0f} "
+            f"replica-s, {a['replica_seconds_saved']:.0f} fewer (x{a['replica_seconds_ratio']:.3f})"
+        )
+    if (b := d["better_within_cost"]) is not None:
+        parts.append(
+            f"{b['setting']} spends {b['replica_seconds']:.0f} replica-s (no more) for SLO "
+            f"{b['slo_attainment']:.4f}, +{b['slo_gain']:.4f}"
+        )
+    return f"{name}: dominated: " + "; ".join(parts)
 
 
 def best_within_cost(points: dict[float, dict[str, float]], cost: float) -> float | None:
@@ -64,34 +202,50 @@ def cheapest_at_slo(points: dict[float, dict[str, float]], slo: float) -> float 
     return min(reaching, key=lambda k: (points[k]["replica_seconds"], -points[k]["slo_attainment"]))
 
 
-def _figures(tcfg: sim.SimConfig, trace: sim.Trace, seeds: Sequence[int], make: Any) -> dict[str, float]:
-    """The SLO attainment and replica-seconds of ``make()``'s controller, medians over ``seeds``."""
+def _figures(
+    tcfg: sim.SimConfig, trace: sim.Trace, seeds: Sequence[int], make: Any, *, fast_tick: bool = False
+) -> dict[str, float]:
+    """The SLO attainment and replica-seconds of ``make(cfg)``'s controller (``make()`` when it takes no
+    argument), medians over ``seeds``; with ``fast_tick`` the controller decides every
+    ``peers.PEER_TICK_SECONDS`` on a scrape without the P99 histogram."""
+    run_cfg = replace(tcfg, sync=peers.PEER_TICK_SECONDS) if fast_tick else tcfg
     runs = []
     for seed in seeds:
         arrivals, high, start_n = sim._seed_inputs(trace, tcfg, seed)
-        res = sim.Simulator(tcfg, arrivals, start_n, high=high).run(make())
+        controller = make(run_cfg) if fast_tick else make()
+        res = sim.Simulator(run_cfg, arrivals, start_n, high=high, p99_signal=not fast_tick).run(controller)
         fig = sim.figures(tcfg, res)
         runs.append({"slo_attainment": fig["slo_attainment"], "replica_seconds": fig["replica_seconds"]})
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def compare_trace(cfg: sim.SimConfig, trace: sim.Trace, seeds: Sequence[int]) -> dict[str, Any]:
-    """kubeinfer's figures, the HPA's at each target, and the cost- and SLO-matched targets of one trace."""
+    """kubeinfer's figures, every peer setting's (``peer_settings``), the cost- and SLO-matched HPA GPU
+    targets and the ``dominance`` over every setting, for one trace."""
     tcfg = replace(cfg, horizon=float(len(trace.rates)))
     ki = _figures(tcfg, trace, seeds, lambda: sim.make_kubeinfer(tcfg))
-    hpa = {
-        target: _figures(tcfg, trace, seeds, lambda target=target: sim.make_hpa(tcfg, "gpu", target))
-        for target in HPA_TARGETS
-    }
+    by_family: dict[str, dict[str, dict[str, float]]] = {}
+    points: dict[str, dict[str, float]] = {}
+    for p in peer_settings(cfg):
+        if p.fast_tick:
+            fig = _figures(tcfg, trace, seeds, lambda c, p=p: p.make(c, p.value), fast_tick=True)
+        else:
+            fig = _figures(tcfg, trace, seeds, lambda p=p: p.make(tcfg, p.value))
+        by_family.setdefault(p.family, {})[p.key] = fig
+        points[p.label] = fig
+    hpa = {float(k): f for k, f in by_family["hpa_gpu"].items()}
     cost_k = best_within_cost(hpa, ki["replica_seconds"])
     slo_k = cheapest_at_slo(hpa, ki["slo_attainment"])
     row = {
         "kubeinfer": ki,
-        "hpa_gpu_by_target": {f"{t:.2f}": f for t, f in hpa.items()},
+        "hpa_gpu_by_target": by_family["hpa_gpu"],
         "cost_matched": None if cost_k is None else {"target": cost_k, **hpa[cost_k]},
         "slo_matched": None if slo_k is None else {"target": slo_k, **hpa[slo_k]},
+        "peers": by_family,
+        "dominance": dominance(ki, points),
     }
     print(f"{trace.name:18s} {_line(row)}", flush=True)
+    print(f"{'':18s} {dominance_words(trace.name, row['dominance'])}", flush=True)
     return row
 
 
@@ -145,6 +299,8 @@ def summarize(rows: dict[str, Any]) -> dict[str, Any]:
                 sum(k["replica_seconds"] for k, _ in pairs) / sum(h["replica_seconds"] for _, h in pairs), 3
             ),
         }
+    judged = {n: r["dominance"] for n, r in rows.items() if "dominance" in r}
+    dominated = sorted(n for n, d in judged.items() if d["dominated"])
     return {
         "traces": len(rows),
         "by_target": by_target,
@@ -152,7 +308,50 @@ def summarize(rows: dict[str, Any]) -> dict[str, Any]:
         "slo_under_cost_matched_hpa": sorted(set(rows) - set(slo_ok)),
         "cost_at_most_slo_matched_hpa": len(cost_ok),
         "cost_over_slo_matched_hpa": sorted(set(rows) - set(cost_ok)),
+        "dominated": dominated,
+        "dominated_count": len(dominated),
+        "not_dominated_count": len(judged) - len(dominated),
+        "dominated_by_half": {
+            "cheaper_at_slo": sorted(n for n, d in judged.items() if d["cheaper_at_slo"] is not None),
+            "better_within_cost": sorted(n for n, d in judged.items() if d["better_within_cost"] is not None),
+        },
+        "verdict": [dominance_words(n, judged[n]) for n in dominated] or ["not dominated"],
+        "by_setting": by_setting(rows),
     }
+
+
+def by_setting(rows: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each peer setting alone over every trace that has ``peers`` (one configuration for all traces, as
+    a user runs it): on how many traces it dominates kubeinfer (``dominates``, the names), on how many
+    kubeinfer is at least as good on both axes (``kubeinfer_at_least_on_both``), and kubeinfer's
+    replica-seconds over all those traces over the setting's."""
+    out: dict[str, dict[str, Any]] = {}
+    with_peers = {n: r for n, r in rows.items() if "peers" in r}
+    families = list(dict.fromkeys(fam for r in with_peers.values() for fam in r["peers"]))
+    labels = sorted(
+        {(fam, key) for r in with_peers.values() for fam, fs in r["peers"].items() for key in fs},
+        key=lambda fk: (families.index(fk[0]), float(fk[1])),
+    )
+    for fam, key in labels:
+        pairs = {
+            n: (r["kubeinfer"], r["peers"][fam][key]) for n, r in with_peers.items() if key in r["peers"][fam]
+        }
+        dom = [n for n, (k, p) in pairs.items() if dominance(k, {"p": p})["dominated"]]
+        both = [
+            n
+            for n, (k, p) in pairs.items()
+            if k["slo_attainment"] >= p["slo_attainment"] and k["replica_seconds"] <= p["replica_seconds"]
+        ]
+        out[f"{fam} {key}"] = {
+            "dominates": sorted(dom),
+            "kubeinfer_at_least_on_both": len(both),
+            "replica_seconds_ratio": round(
+                sum(k["replica_seconds"] for k, _ in pairs.values())
+                / sum(p["replica_seconds"] for _, p in pairs.values()),
+                3,
+            ),
+        }
+    return out
 
 
 def table(result: dict[str, Any]) -> str:
@@ -196,6 +395,53 @@ def table(result: dict[str, Any]) -> str:
         ),
         "",
     ]
+    if "dominated" in s and s["by_setting"]:
+        lines += [
+            "Dominance over every peer setting (hpa_gpu, keda_rate, knative_kpa, ray_serve): a setting "
+            "reaching at least kubeinfer's SLO attainment for fewer replica-seconds, or spending no more "
+            "with a better SLO attainment.",
+            "",
+            "| trace | kubeinfer SLO | kubeinfer replica-s | cheapest setting at its SLO: setting, SLO, "
+            "replica-s, saved | best setting within its cost: setting, SLO, replica-s, gain |",
+            "|---|---|---|---|---|",
+        ]
+        for name, r in result["traces"].items():
+            d, ki = r.get("dominance"), r["kubeinfer"]
+            if d is None:
+                continue
+            a, b = d["cheaper_at_slo"], d["better_within_cost"]
+            cheap = (
+                "none"
+                if a is None
+                else f"{a['setting']}, {a['slo_attainment']:.4f}, {a['replica_seconds']:.0f}, "
+                f"{a['replica_seconds_saved']:.0f} (x{a['replica_seconds_ratio']:.3f})"
+            )
+            best = (
+                "none"
+                if b is None
+                else f"{b['setting']}, {b['slo_attainment']:.4f}, {b['replica_seconds']:.0f}, "
+                f"+{b['slo_gain']:.4f}"
+            )
+            lines.append(
+                f"| {name} | {ki['slo_attainment']:.4f} | {ki['replica_seconds']:.0f} | {cheap} | {best} |"
+            )
+        lines += [
+            "",
+            f"Dominated on {s['dominated_count']} of {s['traces']} traces "
+            f"({', '.join(s['dominated']) or 'none'}); not dominated on {s['not_dominated_count']}.",
+            "",
+            "| one peer setting on every trace | dominates kubeinfer on | kubeinfer at least as good on both "
+            "| kubeinfer's replica-s over all traces / its |",
+            "|---|---|---|---|",
+            *(
+                f"| {label} | {len(b['dominates'])} ({', '.join(b['dominates']) or '-'}) | "
+                f"{b['kubeinfer_at_least_on_both']} | {b['replica_seconds_ratio']:.3f} |"
+                for label, b in s["by_setting"].items()
+            ),
+            "",
+            *s["verdict"],
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -203,11 +449,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     args, cfg, source, traces = sim.parse_run_args(ap, argv, DEFAULT_OUT, jobs_help="traces run at once")
     a, c = cfg.a, cfg.c
-    print(f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); HPA targets {HPA_TARGETS}", flush=True)
+    settings = peer_settings(cfg)
+    print(f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); peer settings:", flush=True)
+    for fam in dict.fromkeys(p.family for p in settings):
+        print(f"  {fam}: {', '.join(p.key for p in settings if p.family == fam)}", flush=True)
     command = "bench/autoscaler_frontier.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    return sim.run_per_trace(
-        args, cfg, source, traces, _compare, summarize, table, command, {"hpa_targets": list(HPA_TARGETS)}
-    )
+    config = {
+        "hpa_targets": list(HPA_TARGETS),
+        "peer_settings": {
+            fam: [p.value for p in settings if p.family == fam]
+            for fam in dict.fromkeys(p.family for p in settings)
+        },
+        "rate_shares_of_mu": list(RATE_SHARES),
+        "concurrency_shares": list(CONCURRENCY_SHARES),
+        "concurrency_scale_requests": round(concurrency_scale(cfg), 2),
+        "peer_tick_seconds": peers.PEER_TICK_SECONDS,
+        "knative_serving_commit": peers.KNATIVE_COMMIT,
+        "ray_commit": peers.RAY_COMMIT,
+    }
+    status = sim.run_per_trace(args, cfg, source, traces, _compare, summarize, table, command, config)
+    verdict = json.loads(args.out.read_text())["summary"]["verdict"]
+    print("\n".join(verdict))
+    return status
 
 
 if __name__ == "__main__":

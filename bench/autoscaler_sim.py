@@ -554,6 +554,9 @@ class Metrics:
     inflight: float = math.nan
     arrival_rate: float = math.nan
     down: bool = False
+    #: Requests in flight (queued + in service, all replicas) averaged over the last sync interval
+    #: [t - sync, t]: the integral of the in-flight count over it, divided by its length (requests).
+    concurrency: float = math.nan
 
 
 #: A fault: (start, end, kind) with kind ``"down"`` (no answer) or ``"nan"`` (every value NaN).
@@ -705,13 +708,17 @@ class _Fleet:
 @dataclass
 class Simulator:
     """Runs one controller over one arrival sequence; ``fault`` blanks the metrics for a while;
-    ``high`` (bool, shape of ``arrivals``) marks the arrivals at priority level 1 (``None``: FIFO)."""
+    ``high`` (bool, shape of ``arrivals``) marks the arrivals at priority level 1 (``None``: FIFO);
+    ``p99_signal`` False skips the P99 histogram (``Metrics.p99`` NaN) for a controller that never
+    reads it (the peers on concurrency, which tick every 2 s: the histogram is most of a scrape's cost).
+    """
 
     cfg: SimConfig
     arrivals: np.ndarray
     initial_replicas: int
     fault: Fault | None = None
     high: np.ndarray | None = None
+    p99_signal: bool = True
     busy: np.ndarray = field(init=False)
     ready_secs: np.ndarray = field(init=False)
 
@@ -757,6 +764,21 @@ class Simulator:
         assert fleet.head == len(arr_list) and not np.isnan(fleet.done).any(), "every request must complete"
         return res
 
+    def _concurrency(self, t: float, fleet: _Fleet, head_at: list[int], arrived: int) -> float:
+        """The in-flight count averaged over [t - sync, t] (``Metrics.concurrency``): each request that
+        arrived before t and was not answered before t - sync counts the part of that interval between
+        its arrival and its answer (or t, when it is still queued or in service at t)."""
+        t0 = max(0.0, t - self.cfg.sync)
+        if t <= t0:
+            return math.nan
+        # Requests before the head of two ticks ago were dispatched by then and answered within one
+        # batch's service time, before t0 (a sync interval is longer than s(B)).
+        lo = head_at[-3] if len(head_at) >= 3 else 0
+        a = self.arrivals[lo:arrived]
+        d = np.nan_to_num(fleet.done[lo:arrived], nan=math.inf)
+        overlap = np.minimum(d, t) - np.maximum(a, t0)
+        return float(overlap[overlap > 0].sum()) / (t - t0)
+
     def _scrape(self, t: float, fleet: _Fleet, head_at: list[int], arr_list: list[float]) -> Metrics:
         if self.fault is not None and self.fault[0] <= t < self.fault[1]:
             nan = math.nan
@@ -769,9 +791,12 @@ class Simulator:
         # Dispatched requests lie before ``arrived``; with priorities some after ``head`` are too.
         d = done[lo:arrived]
         mask = (d > t - cfg.window) & (d <= t)
-        lat = d[mask] - arr[lo:arrived][mask]
-        counts = np.bincount(np.searchsorted(bounds, lat, side="left"), minlength=len(bounds) + 1)
-        p99 = histogram_quantile(0.99, bounds.tolist(), counts.tolist())
+        if self.p99_signal:
+            lat = d[mask] - arr[lo:arrived][mask]
+            counts = np.bincount(np.searchsorted(bounds, lat, side="left"), minlength=len(bounds) + 1)
+            p99 = histogram_quantile(0.99, bounds.tolist(), counts.tolist())
+        else:
+            p99 = math.nan
         s0, s1 = int(max(0.0, t - cfg.sync)), int(t)
         ready = float(self.ready_secs[s0:s1].sum())
         util = float(self.busy[s0:s1].sum()) / ready if ready > 0 else math.nan
@@ -781,6 +806,7 @@ class Simulator:
         # Requests dispatched before ``lo`` finished more than a window ago.
         inflight = queue + float(np.count_nonzero(d > t))
         return Metrics(
+            concurrency=self._concurrency(t, fleet, head_at, arrived),
             p99=p99,
             utilization=min(1.0, util) if util == util else util,
             rate=float(mask.sum()) / cfg.window,
@@ -884,18 +910,26 @@ def make_kubeinfer(
 
 def make_hpa(cfg: SimConfig, metric: str, target: float | None = None) -> Controller:
     """The Kubernetes HPA algorithm on one metric (``"gpu"``: target 0.7, a ratio; ``"p99"``: target =
-    the SLO, seconds), or on ``target`` when given.
+    the SLO, seconds; ``"rate"``: requests/s per replica, no default), or on ``target`` when given.
 
     desired = ceil(ready * value / target) unless |value/target - 1| <= 0.1; scale-up limited to
     max(100 %, 4 pods) per sync; scale-down to the highest recommendation of the last 300 s.
     NaN metrics: hold (HPA skips the metric).
+
+    ``"rate"`` is KEDA's prometheus scaler: it hands the HPA an external metric of type AverageValue,
+    the query ``sum(rate(kubeinfer_requests_total[1m]))`` (``Metrics.rate``: answers per second over the
+    60 s window); the HPA divides it by the current replica count (the scale's ``status.replicas``,
+    starting ones included, as for every external metric), so desired = ceil(rate / target).
     """
     history: list[tuple[float, int]] = []
     if target is None:
+        if metric == "rate":
+            raise ValueError("an HPA on the request rate needs a target (requests/s per replica)")
         target = 0.7 if metric == "gpu" else cfg.target_p99
 
     def tick(t: float, m: Metrics, n: int, timeout: float) -> tuple[int, float]:
-        value = m.utilization if metric == "gpu" else m.p99
+        values = {"rate": m.rate / max(n, 1), "gpu": m.utilization, "p99": m.p99}
+        value = values[metric]
         base = m.ready if metric == "gpu" else n
         if math.isnan(value):
             if metric == "p99" and m.rate == 0:

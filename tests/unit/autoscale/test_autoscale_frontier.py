@@ -96,3 +96,102 @@ def test_autoscale_frontier_bad_input_is_one_line_and_status_2(
             raise AssertionError(f"{argv} was accepted")
         assert words in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
+
+
+KI = {"slo_attainment": 0.99, "replica_seconds": 5000.0}
+
+
+def test_autoscale_frontier_dominance_counts_both_halves() -> None:
+    # (a) as good an SLO for fewer replica-seconds: the cheapest such setting, and what it saves
+    points = {
+        "cheap": {"slo_attainment": 0.99, "replica_seconds": 4000.0},
+        "cheaper_but_worse": {"slo_attainment": 0.98, "replica_seconds": 3000.0},
+        "dearer_and_better": {"slo_attainment": 1.0, "replica_seconds": 6000.0},
+        "equal": dict(KI),
+    }
+    d = fr.dominance(KI, points)
+    assert d["dominated"] and d["better_within_cost"] is None
+    assert d["cheaper_at_slo"] == {
+        "setting": "cheap",
+        **points["cheap"],
+        "replica_seconds_saved": 1000.0,
+        "replica_seconds_ratio": 0.8,
+    }
+    # (b) no more replica-seconds for a better SLO: the best such setting, and its gain
+    points = {
+        "same_cost_better": {"slo_attainment": 0.995, "replica_seconds": 5000.0},
+        "cheaper_a_bit_better": {"slo_attainment": 0.992, "replica_seconds": 4500.0},
+    }
+    d = fr.dominance(KI, points)
+    assert d["better_within_cost"] == {
+        "setting": "same_cost_better",
+        **points["same_cost_better"],
+        "slo_gain": 0.005,
+    }
+    assert d["cheaper_at_slo"]["setting"] == "cheaper_a_bit_better"  # it is also cheaper at the SLO
+    # neither: equal on both, or better on one axis and worse on the other
+    d = fr.dominance(KI, {"equal": dict(KI), "trade": {"slo_attainment": 0.999, "replica_seconds": 5001.0}})
+    assert d == {"dominated": False, "cheaper_at_slo": None, "better_within_cost": None}
+    assert fr.dominance_words("t", d) == "t: not dominated"
+    words = fr.dominance_words("t", fr.dominance(KI, points))
+    assert words.startswith(
+        "t: dominated: cheaper_a_bit_better reaches its SLO (0.9920) for 4500 replica-s, 500 fewer"
+    )
+    assert "same_cost_better spends 5000 replica-s (no more) for SLO 0.9950, +0.0050" in words
+
+
+def test_autoscale_frontier_summary_lists_the_dominated_traces() -> None:
+    def row(ki: dict[str, float], kpa: dict[str, float]) -> dict[str, object]:
+        peers_rows = {"hpa_gpu": {"0.80": POINTS[0.8]}, "knative_kpa": {"18.3": kpa}}
+        points = {"hpa_gpu 0.80": POINTS[0.8], "knative_kpa 18.3": kpa}
+        return {
+            "kubeinfer": ki,
+            "hpa_gpu_by_target": {"0.80": POINTS[0.8]},
+            "cost_matched": None,
+            "slo_matched": None,
+            "peers": peers_rows,
+            "dominance": fr.dominance(ki, points),
+        }
+
+    rows = {
+        "calm": row(
+            {"slo_attainment": 0.999, "replica_seconds": 6000.0},
+            {"slo_attainment": 0.95, "replica_seconds": 5000.0},
+        ),
+        "bursty": row(
+            {"slo_attainment": 0.97, "replica_seconds": 6000.0},
+            {"slo_attainment": 0.98, "replica_seconds": 6000.0},
+        ),
+    }
+    s = fr.summarize(rows)
+    assert s["dominated"] == ["bursty"] and s["dominated_count"] == 1 and s["not_dominated_count"] == 1
+    assert s["dominated_by_half"] == {"cheaper_at_slo": [], "better_within_cost": ["bursty"]}
+    assert s["verdict"] == [fr.dominance_words("bursty", rows["bursty"]["dominance"])]
+    # one setting alone: the KPA at 18.3 dominates on bursty; kubeinfer is at least as good on both on calm
+    assert s["by_setting"]["knative_kpa 18.3"] == {
+        "dominates": ["bursty"],
+        "kubeinfer_at_least_on_both": 0,
+        "replica_seconds_ratio": round(12000 / 11000, 3),
+    }
+    assert list(s["by_setting"]) == ["hpa_gpu 0.80", "knative_kpa 18.3"]
+    text = fr.table({"traces": rows, "summary": s})
+    assert "Dominated on 1 of 2 traces (bursty)" in text and text.rstrip().endswith(s["verdict"][0])
+    calm_only = fr.summarize({"calm": rows["calm"]})
+    assert calm_only["dominated"] == [] and calm_only["verdict"] == ["not dominated"]
+
+
+def test_autoscale_frontier_peer_settings_sweep_each_knob() -> None:
+    cfg = sim.SimConfig(a=0.004, c=0.0008, max_batch=16)
+    settings = fr.peer_settings(cfg)
+    families = [p.family for p in settings]
+    assert families == ["hpa_gpu"] * 9 + ["keda_rate"] * 6 + ["knative_kpa"] * 6 + ["ray_serve"] * 6
+    rate = [p.value for p in settings if p.family == "keda_rate"]
+    assert rate == [round(share * cfg.mu, 1) for share in fr.RATE_SHARES]
+    scale = cfg.mu * cfg.s(cfg.max_batch)
+    kpa = next(p for p in settings if p.family == "knative_kpa")
+    assert (
+        kpa.value == round(0.3 * scale / 0.7, 1)
+        and kpa.fast_tick
+        and kpa.label == f"knative_kpa {kpa.value:.1f}"
+    )
+    assert next(p for p in settings if p.family == "hpa_gpu").label == "hpa_gpu 0.50"
