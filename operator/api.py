@@ -22,7 +22,16 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from kubeinfer.runtime.config import BUNDLED_MODEL, Datatype, Device, Engine, ModelFormat, Quantization, Task
+from kubeinfer.runtime.config import (
+    BUNDLED_MODEL,
+    AggregationStrategy,
+    Datatype,
+    Device,
+    Engine,
+    ModelFormat,
+    Quantization,
+    Task,
+)
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
@@ -533,6 +542,14 @@ class ModelSpec(_Spec):
                     ".task",
                     "FieldValueInvalid",
                 ),
+                _cel(
+                    "!has(self.aggregationStrategy) || (self.format == 'huggingface' && "
+                    "(!has(self.task) || self.task == 'token-classification'))",
+                    "spec.model.aggregationStrategy applies to huggingface token classifiers only "
+                    "(spec.model.task token-classification, or unset and detected)",
+                    ".aggregationStrategy",
+                    "FieldValueInvalid",
+                ),
                 *_source_rules("spec.model", _MODEL_SETTINGS),
             ]
         }
@@ -564,6 +581,12 @@ class ModelSpec(_Spec):
         "Unset: detected from the model's config.json (*ForSequenceClassification: reranking with one "
         "label, else text-classification; *ForTokenClassification: token-classification; otherwise "
         "text-embedding).",
+    )
+    aggregation_strategy: AggregationStrategy | None = Field(
+        default=None,
+        description="token-classification only: how token labels become entities when a request sends "
+        "no aggregation_strategy input: none | simple | first | average | max, as the transformers "
+        "pipeline's aggregation_strategy. Unset: none, the pipeline's default.",
     )
     name: str | None = Field(
         default=None,
@@ -623,6 +646,13 @@ class ModelSpec(_Spec):
             raise ValueError(f"spec.model.uri: the bundled default model is huggingface, not {self.format}")
         if self.task is not None and self.format != "huggingface":
             raise ValueError("spec.model.task applies to huggingface models only")
+        if self.aggregation_strategy is not None and (
+            self.format != "huggingface" or self.task not in (None, "token-classification")
+        ):
+            raise ValueError(
+                "spec.model.aggregationStrategy applies to huggingface token classifiers only "
+                "(spec.model.task token-classification, or unset and detected)"
+            )
         return self
 
 

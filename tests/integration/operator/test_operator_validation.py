@@ -59,6 +59,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("onnx-default-uri", {"model": {"format": "onnx"}}, "spec.model.uri"),
     ("cache-too-small", {"cache": {"enabled": True, "maxBytes": "512"}}, "spec.cache.maxBytes"),
     (
+        "aggregation-on-onnx",
+        {"model": {"uri": "/m.onnx", "format": "onnx", "aggregationStrategy": "simple"}},
+        "spec.model.aggregationStrategy",
+    ),
+    (
+        "aggregation-on-reranker",
+        {"model": {"uri": "/m", "task": "reranking", "aggregationStrategy": "simple"}},
+        "spec.model.aggregationStrategy",
+    ),
+    (
         "onnxruntime-torchscript",
         {
             "model": {"uri": "/m.pt", "format": "torchscript", "inputs": [_IO], "outputs": [_IO]},

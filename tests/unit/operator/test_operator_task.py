@@ -1,6 +1,7 @@
 """spec.model.task: accepted for huggingface models, refused naming the field for the others, rendered
 into runtime.yaml's model.task when set; a spec without it renders the runtime.yaml (and so the config
-hash) it rendered before the field existed."""
+hash) it rendered before the field existed. spec.model.aggregationStrategy likewise, for token
+classifiers only."""
 
 from __future__ import annotations
 
@@ -71,3 +72,43 @@ def test_the_crd_states_the_task_and_its_rule() -> None:
     ]
     rules = {r["rule"]: r for r in model["x-kubernetes-validations"]}
     assert rules["!has(self.task) || self.format == 'huggingface'"]["fieldPath"] == ".task"
+
+
+@pytest.mark.parametrize("task", [None, "token-classification"])
+def test_a_token_classifiers_aggregation_strategy_reaches_runtime_yaml(task: str | None) -> None:
+    model_spec: dict[str, Any] = {"uri": "/models/ner", "aggregationStrategy": "simple"}
+    if task is not None:
+        model_spec["task"] = task
+    isvc = _isvc(model_spec)
+    assert isvc.spec.model.aggregation_strategy == "simple"
+    model = yaml.safe_load(build_configmap(isvc, 0.005)["data"]["runtime.yaml"])["model"]
+    assert model["aggregation_strategy"] == "simple"
+    plain = yaml.safe_load(build_configmap(_isvc({"uri": "/models/ner"}), 0.005)["data"]["runtime.yaml"])
+    assert "aggregation_strategy" not in plain["model"]  # unset: runtime.yaml (and its hash) as before
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"uri": "/models/m.onnx", "format": "onnx", "aggregationStrategy": "simple"},
+        {"uri": "/models/m", "task": "reranking", "aggregationStrategy": "first"},
+        {"uri": "/models/m", "aggregationStrategy": "mean"},
+    ],
+)
+def test_an_aggregation_strategy_is_refused_naming_the_field(model: dict[str, Any]) -> None:
+    with pytest.raises(pydantic.ValidationError, match="aggregation"):
+        _isvc(model)
+
+
+def test_the_crd_states_the_aggregation_strategy_and_its_rule() -> None:
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[3] / "crds" / "inferenceservices.kubeinfer.io.yaml").read_text()
+    )
+    model = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "model"
+    ]
+    assert model["properties"]["aggregationStrategy"]["enum"] == ["none", "simple", "first", "average", "max"]
+    rules = {r["fieldPath"]: r for r in model["x-kubernetes-validations"] if "fieldPath" in r}
+    rule = rules[".aggregationStrategy"]
+    assert "self.task == 'token-classification'" in rule["rule"]
+    assert rule["message"].startswith("spec.model.aggregationStrategy applies")
