@@ -202,16 +202,26 @@ def cheapest_at_slo(points: dict[float, dict[str, float]], slo: float) -> float 
     return min(reaching, key=lambda k: (points[k]["replica_seconds"], -points[k]["slo_attainment"]))
 
 
+SeedInputs = dict[int, tuple[Any, Any, int]]
+
+
 def _figures(
-    tcfg: sim.SimConfig, trace: sim.Trace, seeds: Sequence[int], make: Any, *, fast_tick: bool = False
+    tcfg: sim.SimConfig,
+    trace: sim.Trace,
+    seeds: Sequence[int],
+    make: Any,
+    *,
+    fast_tick: bool = False,
+    inputs: SeedInputs | None = None,
 ) -> dict[str, float]:
-    """The SLO attainment and replica-seconds of ``make(cfg)``'s controller (``make()`` when it takes no
-    argument), medians over ``seeds``; with ``fast_tick`` the controller decides every
-    ``peers.PEER_TICK_SECONDS`` on a scrape without the P99 histogram."""
+    """The SLO attainment and replica-seconds of ``make(cfg)``'s controller with ``fast_tick``
+    (``make()`` without), medians over ``seeds``; with ``fast_tick`` the controller decides every
+    ``peers.PEER_TICK_SECONDS`` on a scrape without the P99 histogram. ``inputs``: each seed's
+    ``sim._seed_inputs``, drawn once for every controller of a trace (drawn here when absent)."""
     run_cfg = replace(tcfg, sync=peers.PEER_TICK_SECONDS) if fast_tick else tcfg
     runs = []
     for seed in seeds:
-        arrivals, high, start_n = sim._seed_inputs(trace, tcfg, seed)
+        arrivals, high, start_n = (inputs or {}).get(seed) or sim._seed_inputs(trace, tcfg, seed)
         controller = make(run_cfg) if fast_tick else make()
         res = sim.Simulator(run_cfg, arrivals, start_n, high=high, p99_signal=not fast_tick).run(controller)
         fig = sim.figures(tcfg, res)
@@ -223,14 +233,17 @@ def compare_trace(cfg: sim.SimConfig, trace: sim.Trace, seeds: Sequence[int]) ->
     """kubeinfer's figures, every peer setting's (``peer_settings``), the cost- and SLO-matched HPA GPU
     targets and the ``dominance`` over every setting, for one trace."""
     tcfg = replace(cfg, horizon=float(len(trace.rates)))
-    ki = _figures(tcfg, trace, seeds, lambda: sim.make_kubeinfer(tcfg))
+    inputs = {seed: sim._seed_inputs(trace, tcfg, seed) for seed in seeds}
+    ki = _figures(tcfg, trace, seeds, lambda: sim.make_kubeinfer(tcfg), inputs=inputs)
     by_family: dict[str, dict[str, dict[str, float]]] = {}
     points: dict[str, dict[str, float]] = {}
     for p in peer_settings(cfg):
         if p.fast_tick:
-            fig = _figures(tcfg, trace, seeds, lambda c, p=p: p.make(c, p.value), fast_tick=True)
+            fig = _figures(
+                tcfg, trace, seeds, lambda c, p=p: p.make(c, p.value), fast_tick=True, inputs=inputs
+            )
         else:
-            fig = _figures(tcfg, trace, seeds, lambda p=p: p.make(tcfg, p.value))
+            fig = _figures(tcfg, trace, seeds, lambda p=p: p.make(tcfg, p.value), inputs=inputs)
         by_family.setdefault(p.family, {})[p.key] = fig
         points[p.label] = fig
     hpa = {float(k): f for k, f in by_family["hpa_gpu"].items()}
