@@ -382,6 +382,34 @@ def _heavy_tail_spikes(n: int, rng: np.random.Generator) -> np.ndarray:
     return 2.0 * spikes * _ar1_log_noise(n, rng, 0.9, 0.05)
 
 
+def _flash_sale(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    base = np.where(t < 600, 1.2, 1.5 + 2.5 * np.exp(-(t - 605.0) / 240.0))  # the sale leaves a new level
+    opening = np.clip((t - 600.0) / 5.0, 0.0, 1.0)  # 1.2 mu -> 4 mu in 5 s
+    shape = np.where(t < 605, 1.2 + (4.0 - 1.2) * opening, base)
+    email = 1.0 + 0.8 * np.clip(np.minimum(t - 1400.0, 1460.0 - t) / 10.0, 0.0, 1.0)  # x1.8 for 60 s
+    return shape * email * _ar1_log_noise(n, rng, 0.9, 0.06)
+
+
+def _fanout_cron(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    fanout = np.where((t >= 45) & ((t - 45) % 90.0 < 8.0), 1.2, 0.0)  # +1.2 mu for 8 s every 90 s
+    return (1.8 + fanout) * _ar1_log_noise(n, rng, 0.9, 0.08)
+
+
+def _backfill_window(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    backfill = 2.5 * np.interp(t, [0, 600, 660, 1560, 1620, n], [0, 0, 1, 1, 0, 0])
+    return (0.5 + backfill) * _ar1_log_noise(n, rng, 0.95, 0.1)
+
+
+def _morning_ramp_bursts(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    ramp = 0.4 + 2.6 / (1.0 + np.exp(-(t - 900.0) / 150.0))
+    bursts = _poisson_bursts(n, rng, 240.0, (10.0, 30.0), 1.6)
+    return ramp * bursts * _ar1_log_noise(n, rng, 0.9, 0.08)
+
+
 Shape = Callable[[int, np.random.Generator], np.ndarray | tuple[np.ndarray, np.ndarray]]
 
 
@@ -415,6 +443,20 @@ BUILTIN: dict[str, tuple[Shape, int]] = {
 }
 
 
+#: Later batches of natural traces, each written to a folder of its own before any policy change runs on
+#: them (``--write-traces DIR --batch NAME``, run with ``--traces DIR``), so that bench/traces/ stays the
+#: set the passes of bench/traces/README.md describe. ``peers_batch``: written after the peers' frontier
+#: (bench/autoscaler_frontier.py) and before any policy change was tried against it.
+BATCHES: dict[str, dict[str, tuple[Shape, int]]] = {
+    "peers_batch": {
+        "flash_sale": (_flash_sale, 1800),
+        "fanout_cron": (_fanout_cron, 2400),
+        "backfill_window": (_backfill_window, 2400),
+        "morning_ramp_bursts": (_morning_ramp_bursts, 3000),
+    },
+}
+
+
 def trace_rates(name: str, cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
     """A built-in shape over ``cfg.horizon`` seconds in requests/s (float64, shape (horizon,)); the rates
     only, for a shape with a priority share."""
@@ -424,10 +466,11 @@ def trace_rates(name: str, cfg: SimConfig, rng: np.random.Generator) -> np.ndarr
     return cfg.mu * (shape[0] if isinstance(shape, tuple) else shape)
 
 
-def builtin_trace(name: str, mu: float) -> Trace:
-    """A built-in trace in requests/s (its shape times ``mu``), from a generator seeded by its name; a
-    shape that returns ``(rates, share)`` gives the trace its ``high_priority_share``."""
-    make, n = BUILTIN[name]
+def builtin_trace(name: str, mu: float, shapes: dict[str, tuple[Shape, int]] | None = None) -> Trace:
+    """A built-in trace (of ``shapes``, default ``BUILTIN``) in requests/s (its shape times ``mu``),
+    from a generator seeded by its name; a shape that returns ``(rates, share)`` gives the trace its
+    ``high_priority_share``."""
+    make, n = (BUILTIN if shapes is None else shapes)[name]
     rng = np.random.default_rng([sum(name.encode()), len(name)])
     shape = make(n, rng)
     if isinstance(shape, tuple):
@@ -1473,14 +1516,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-variants", action="store_true", help="only the five controllers")
     ap.add_argument("--no-faults", action="store_true", help="skip the Prometheus-fault scenarios")
     ap.add_argument("--write-traces", type=Path, help="write the built-in traces as CSV there and exit")
+    ap.add_argument("--batch", choices=tuple(BATCHES), help="with --write-traces: write that later batch")
     args = ap.parse_args(argv)
     cfg, source = config_from_args(ap, args)
     a, c = cfg.a, cfg.c
     if args.write_traces:
-        for name in BUILTIN:
-            write_trace(builtin_trace(name, cfg.mu), args.write_traces / f"{name}.csv")
+        shapes = BUILTIN if args.batch is None else BATCHES[args.batch]
+        for name in shapes:
+            write_trace(builtin_trace(name, cfg.mu, shapes), args.write_traces / f"{name}.csv")
         write_service_model(cfg, source, args.write_traces)
-        print(f"wrote {len(BUILTIN)} traces to {args.write_traces} (mu {cfg.mu:.1f} req/s)")
+        print(f"wrote {len(shapes)} traces to {args.write_traces} (mu {cfg.mu:.1f} req/s)")
         return 0
     print(
         f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); B={cfg.max_batch}; "

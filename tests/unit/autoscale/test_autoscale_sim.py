@@ -283,3 +283,27 @@ def test_autoscale_sim_a_trace_folder_keeps_its_service_model(tmp_path: Path) ->
     )
     one = argparse.Namespace(trace=[tmp_path / "x.csv"], traces=None, write_traces=None)
     assert sim._default_service_model(one) == sim.RUNTIME_RESULTS
+
+
+def test_autoscale_sim_later_batch_is_written_to_its_own_folder(tmp_path: Path) -> None:
+    # --write-traces DIR --batch NAME reproduces the committed folder of that batch, byte for byte
+    committed = sim.TRACES_DIR / "peers_batch"
+    assert (
+        sim.main(
+            [
+                "--write-traces",
+                str(tmp_path),
+                "--batch",
+                "peers_batch",
+                "--service-model",
+                str(sim.TRACES_DIR / "service_model.json"),
+            ]
+        )
+        == 0
+    )
+    names = sorted(p.name for p in committed.glob("*.csv"))
+    assert names == sorted(f"{n}.csv" for n in sim.BATCHES["peers_batch"])
+    for name in names:
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes()
+    # the default run of bench/traces/ does not read a batch's folder
+    assert not set(sim.BATCHES["peers_batch"]) & set(sim.BUILTIN)
