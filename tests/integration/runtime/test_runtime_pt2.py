@@ -3,13 +3,16 @@ process, with no tensor declared in the configuration: as a ``torch.export`` pro
 AOTInductor package (compiled here for the CPU, with its program). ``tritonclient.http`` and
 ``tritonclient.grpc`` read the tensors the runtime took from the program (v2 metadata), get the sum and
 the difference, concurrent requests of different row counts batch together with the same answers, and
-a wrong name, datatype or non-batch dimension is refused with a 400 naming the tensor."""
+a wrong name, datatype or non-batch dimension is refused with a 400 naming the tensor. A ``.pt2``
+fetched by ``kubeinfer-runtime fetch`` over HTTP stays one file (a zip file, not unpacked as an
+archive) and is served from the fetch's directory."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,8 @@ from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
 from hack.devtools.runtime_tiny import simple_pt2
+from tests.integration.runtime.conftest import FetchCli
+from tests.support.storage import FileServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -147,3 +152,25 @@ def test_a_request_that_does_not_fit_the_program_is_refused_naming_the_tensor(
             client.infer(MODEL, inputs)
         status = info.value.status()
         assert status in ("400", "StatusCode.INVALID_ARGUMENT"), (message, status)
+
+
+def test_a_fetched_pt2_file_stays_whole_and_is_served(
+    file_server: FileServer, fetch_cli: FetchCli, tmp_path: Path
+) -> None:
+    model = simple_pt2(file_server.root / "simple.pt2", ELEMENTS)
+    dest = tmp_path / "mnt" / "models"
+    run = fetch_cli("--source", file_server.url("simple.pt2"), "--dest", str(dest), "--allow-http")
+    assert run.returncode == 0, run.stderr + run.termination
+    assert sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) == ["simple.pt2"]
+    assert (dest / "simple.pt2").read_bytes() == model.read_bytes()
+    cfg = RuntimeConfig.model_validate(
+        {"model": {"name": MODEL, "source": str(dest), "format": "pt2"}, "device": "cpu"}
+    )
+    with RuntimeProcess(cfg, ready_timeout=120) as rt:
+        a = np.arange(2 * ELEMENTS, dtype=np.int32).reshape(2, ELEMENTS)
+        result = client_of(httpclient, rt).infer(
+            MODEL, [tensor(httpclient, "INPUT0", a), tensor(httpclient, "INPUT1", a * 2)]
+        )
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 3)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), -a)
+        assert "startup: fetch " in rt.log_text()
