@@ -5,7 +5,9 @@ AOTInductor package (compiled here for the CPU, with its program). ``tritonclien
 the difference, concurrent requests of different row counts batch together with the same answers, and
 a wrong name, datatype or non-batch dimension is refused with a 400 naming the tensor. A ``.pt2``
 fetched by ``kubeinfer-runtime fetch`` over HTTP stays one file (a zip file, not unpacked as an
-archive) and is served from the fetch's directory."""
+archive) and is served from the fetch's directory. In process: an AOTInductor package runs compiled
+with its program's tensors, and one without its program needs declared tensors that fit its call
+spec."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from kubeinfer.runtime.models import load_model
+from kubeinfer.runtime.models.pt2 import archive_contents
 from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
@@ -174,3 +178,59 @@ def test_a_fetched_pt2_file_stays_whole_and_is_served(
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 3)
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), -a)
         assert "startup: fetch " in rt.log_text()
+
+
+def cfg(source: Path, model: dict[str, object]) -> RuntimeConfig:
+    return RuntimeConfig.model_validate(
+        {"model": {"name": MODEL, "source": str(source), "format": "pt2", **model}, "device": "cpu"}
+    )
+
+
+@pytest.fixture(scope="module")
+def aoti_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The simple model compiled by AOTInductor for the CPU, with and without its program."""
+    root = tmp_path_factory.mktemp("aoti")
+    return {kind: simple_pt2(root / f"{kind}.pt2", aoti=kind) for kind in ("with-program", "alone")}
+
+
+def _declared() -> dict[str, object]:
+    tensor = {"datatype": "INT32", "shape": [-1, 16]}
+    return {
+        "inputs": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
+        "outputs": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
+    }
+
+
+def test_an_aoti_package_runs_compiled_with_tensors_read_from_its_program(
+    aoti_packages: dict[str, Path],
+) -> None:
+    path = aoti_packages["with-program"]
+    assert archive_contents(path).aoti and archive_contents(path).program
+    model = load_model(cfg(path, {}))
+    assert type(model.module).__name__ == "AOTICompiledModel"  # type: ignore[attr-defined]
+    assert [t.name for t in model.inputs] == ["INPUT0", "INPUT1"]
+    assert [t.name for t in model.outputs] == ["OUTPUT0", "OUTPUT1"]
+    a = np.arange(48, dtype=np.int32).reshape(3, 16)
+    out = model.execute(model.preprocess([{"INPUT0": a, "INPUT1": a[::-1]}]))
+    np.testing.assert_array_equal(out["OUTPUT0"], a + a[::-1])
+    np.testing.assert_array_equal(out["OUTPUT1"], a - a[::-1])
+    assert model.warmup(8, 1) >= 0
+
+
+def test_an_aoti_package_alone_needs_declared_tensors_that_fit_its_call_spec(
+    aoti_packages: dict[str, Path],
+) -> None:
+    path = aoti_packages["alone"]
+    assert archive_contents(path).aoti and not archive_contents(path).program
+    with pytest.raises(ValueError, match="without its ExportedProgram, which carries no datatypes"):
+        load_model(cfg(path, {}))
+    declared = _declared()
+    model = load_model(cfg(path, declared))
+    a = np.ones((2, 16), np.int32)
+    np.testing.assert_array_equal(model.execute(model.preprocess([{"INPUT0": a, "INPUT1": a}]))["OUTPUT1"], 0)
+    renamed = {**declared, "outputs": [{**o, "name": f"Y{i}"} for i, o in enumerate(declared["outputs"])]}  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"model\.outputs names \['Y0', 'Y1'\], the AOTInductor package has"):
+        load_model(cfg(path, renamed))
+    one_input = {**declared, "inputs": declared["inputs"][:1]}  # type: ignore[index]
+    with pytest.raises(ValueError, match=r"model\.inputs: 1 declared, the AOTInductor package takes 2"):
+        load_model(cfg(path, one_input))

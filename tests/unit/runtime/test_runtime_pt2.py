@@ -1,8 +1,8 @@
 """torch.export programs (``model.format: pt2``): tensors read from the program's signature and fake
 tensors, overrides that refine them, the refusals (a fixed batch, a batch range too small, nested
 and non-tensor values, quantization, files), batching and warmup along the dynamic first dimension,
-requests checked against the program with errors naming the tensor, and AOTInductor packages with
-and without their program."""
+requests checked against the program with errors naming the tensor. AOTInductor packages (a C++
+compile of tens of seconds) are tested in ``tests/integration/runtime/test_runtime_pt2.py``."""
 
 from __future__ import annotations
 
@@ -278,53 +278,3 @@ def test_the_model_file_of_a_directory(tmp_path: Path) -> None:
         FileNotFoundError, match=r"expected model\.pt2 or exactly one \.pt2 file, found add_sub"
     ):
         model_file(str(tmp_path / "b"))
-
-
-@pytest.fixture(scope="module")
-def aoti_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The simple model compiled by AOTInductor for the CPU, with and without its program."""
-    root = tmp_path_factory.mktemp("aoti")
-    return {kind: simple_pt2(root / f"{kind}.pt2", aoti=kind) for kind in ("with-program", "alone")}
-
-
-def _declared() -> dict[str, object]:
-    tensor = {"datatype": "INT32", "shape": [-1, 16]}
-    return {
-        "inputs": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
-        "outputs": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
-    }
-
-
-def test_an_aoti_package_runs_compiled_with_tensors_read_from_its_program(
-    aoti_packages: dict[str, Path],
-) -> None:
-    path = aoti_packages["with-program"]
-    assert archive_contents(path).aoti and archive_contents(path).program
-    model = load_model(cfg(path))
-    assert type(model.module).__name__ == "AOTICompiledModel"  # type: ignore[attr-defined]
-    assert [t.name for t in model.inputs] == ["INPUT0", "INPUT1"]
-    assert [t.name for t in model.outputs] == ["OUTPUT0", "OUTPUT1"]
-    a = np.arange(48, dtype=np.int32).reshape(3, 16)
-    out = model.execute(model.preprocess([{"INPUT0": a, "INPUT1": a[::-1]}]))
-    np.testing.assert_array_equal(out["OUTPUT0"], a + a[::-1])
-    np.testing.assert_array_equal(out["OUTPUT1"], a - a[::-1])
-    assert model.warmup(8, 1) >= 0
-
-
-def test_an_aoti_package_alone_needs_declared_tensors_that_fit_its_call_spec(
-    aoti_packages: dict[str, Path],
-) -> None:
-    path = aoti_packages["alone"]
-    assert archive_contents(path).aoti and not archive_contents(path).program
-    with pytest.raises(ValueError, match="without its ExportedProgram, which carries no datatypes"):
-        load_model(cfg(path))
-    declared = _declared()
-    model = load_model(cfg(path, **declared))
-    a = np.ones((2, 16), np.int32)
-    np.testing.assert_array_equal(model.execute(model.preprocess([{"INPUT0": a, "INPUT1": a}]))["OUTPUT1"], 0)
-    renamed = {**declared, "outputs": [{**o, "name": f"Y{i}"} for i, o in enumerate(declared["outputs"])]}  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=r"model\.outputs names \['Y0', 'Y1'\], the AOTInductor package has"):
-        load_model(cfg(path, **renamed))
-    one_input = {**declared, "inputs": declared["inputs"][:1]}  # type: ignore[index]
-    with pytest.raises(ValueError, match=r"model\.inputs: 1 declared, the AOTInductor package takes 2"):
-        load_model(cfg(path, **one_input))
