@@ -18,7 +18,7 @@ one per output: a dict of tensors names them by key; a tensor, a tuple or a list
 ``output_0``, ``output_1``, ... Datatypes are the fake tensors' dtypes; a dimension the program
 leaves dynamic (a symbol in its range constraints) is -1. The first dimension of every input and
 output must be dynamic: it is the batch, along which requests are stacked; an input's batch range
-must admit one row and ``batching.maxBatchSize`` rows (``torch.export.Dim("batch", min=1)``, or no
+must admit one row and ``batching.max_batch_size`` rows (``torch.export.Dim("batch", min=1)``, or no
 bounds). ``model.inputs`` / ``model.outputs``, when given, refine these (``tensors.refine``).
 
 Quantization: ``none`` only (a program quantized before export is served as it is).
@@ -277,7 +277,7 @@ def _in_order(program: list[TensorConfig], refined: list[TensorConfig]) -> list[
 
 def _declared_for_aoti(cfg: RuntimeConfig, runner: Any, path: Path) -> Signature:
     """The tensors of an AOTInductor package without its program: ``model.inputs/outputs``, checked
-    against the package's call spec (input count; output names of a dict, else the count).
+    against the package's call spec (input count, keyword names; output names of a dict, else the count).
 
     Raises:
         ValueError: nothing declared, or a declaration the call spec contradicts.
