@@ -165,7 +165,8 @@ def problems(root: Path = ROOT) -> list[str]:
     - each ``IMAGE.txt`` pin is lock.txt's pin: same version, same hashes; and it pins every
       ``IMAGE.in`` name;
     - each Dockerfile installs only ``requirements/IMAGE.txt`` and kubeinfer itself (``dockerfile_problems``);
-    - each ``TOOLS`` and ``PEERS`` file ``NAME.txt`` pins every ``NAME.in`` name (with hashes: ``parse_lock``).
+    - each ``TOOLS`` and ``PEERS`` file ``NAME.txt`` pins every ``NAME.in`` name (with hashes:
+      ``parse_lock``).
     """
     deps, build = declared((root / "pyproject.toml").read_text())
     locked = parse_lock((root / LOCK.relative_to(ROOT)).read_text())
