@@ -133,10 +133,14 @@ NUMPY_TO_DATATYPE: dict[str, str] = {info.numpy.name: name for name, info in DAT
 
 def datatype_of(array: np.ndarray) -> str:
     """The protocol datatype of a numpy array (object -> BYTES). Raises ``ValueError`` if none."""
-    name = NUMPY_TO_DATATYPE.get(array.dtype.name)
-    if name is None or DATATYPES[name].numpy != array.dtype:
+    name = _DATATYPE_OF_DTYPE.get(array.dtype)  # a dtype's ``name`` is a Python property: slower
+    if name is None:
         raise ValueError(f"no protocol datatype for numpy dtype {array.dtype}")
     return name
+
+
+#: Protocol datatype of each numpy dtype of ``NUMPY_DTYPES`` (equal dtypes hash equal).
+_DATATYPE_OF_DTYPE: dict[np.dtype[Any], str] = {info.numpy: name for name, info in DATATYPES.items()}
 
 
 def torch_dtype(datatype: str) -> torch.dtype:

@@ -50,6 +50,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubeinfer.runtime.service_time import ServiceTimeFit
 from kubeinfer.runtime.statistics import ModelStatistics
@@ -199,6 +200,7 @@ class RuntimeMetrics:
         self._requests = Counter(
             "kubeinfer_requests", "Infer responses by HTTP status code.", ["model", "code"], registry=r
         )
+        self._requests_by_code: dict[int, Any] = {}
         self.queue_size = Gauge(
             "kubeinfer_queue_size", "Requests waiting in the queue.", labels, registry=r
         ).labels(model)
@@ -322,7 +324,10 @@ class RuntimeMetrics:
 
     def count_request(self, code: int, seconds: float) -> None:
         """Record one answered infer request: its status code and receipt-to-response seconds."""
-        self._requests.labels(self.model, str(code)).inc()
+        child = self._requests_by_code.get(code)
+        if child is None:  # a code's child once: ``labels`` costs a lock and a tuple per call
+            child = self._requests_by_code[code] = self._requests.labels(self.model, str(code))
+        child.inc()
         self.request_duration.observe(seconds)
         self.statistics.request(code, seconds, time.time_ns() // 1_000_000)
 

@@ -69,6 +69,9 @@ _LIVE = encode_json({"live": True})
 _READY = encode_json({"ready": True})
 _SERVER_METADATA = encode_json(SERVER_METADATA)
 #: The infer routes, matched before (instead of through) Starlette's middleware and router.
+_JSON_TYPE = (b"content-type", JSON.encode())
+_BINARY_TYPE = (b"content-type", b"application/octet-stream")
+_HEADER_LENGTH = b"inference-header-content-length"
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
 
@@ -152,10 +155,16 @@ class RestApp:
             if match is not None:
                 scope["path_params"] = {k: v for k, v in match.groupdict().items() if v is not None}
                 try:
-                    response = await self.infer(Request(scope, receive))
+                    body, header_length = await self._infer(Request(scope, receive))
                 except InferenceError as exc:
-                    response = error_response(exc.status, exc.message, exc.headers)
-                await response(scope, receive, send)
+                    await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
+                    return
+                # the messages starlette's Response sends, without building one per request
+                headers = [(b"content-length", str(len(body)).encode()), _JSON_TYPE]
+                if header_length is not None:
+                    headers = [(_HEADER_LENGTH, str(header_length).encode()), headers[0], _BINARY_TYPE]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
                 return
         await self.router(scope, receive, send)
 
@@ -247,6 +256,15 @@ class RestApp:
     async def infer(self, request: Request) -> Response:
         """``POST .../infer``: decode the body (JSON or binary tensor data), call the plane, encode the
         outputs as the request asked (binary or JSON per output). Raises ``InferenceError``."""
+        body, header_length = await self._infer(request)
+        if header_length is not None:
+            headers = {"Inference-Header-Content-Length": str(header_length)}
+            return Response(body, 200, headers=headers, media_type="application/octet-stream")
+        return Response(body, 200, media_type=JSON)
+
+    async def _infer(self, request: Request) -> tuple[bytes, int | None]:
+        """``infer``'s work: the response body and, when it carries binary outputs, the length of its
+        JSON header (``Inference-Header-Content-Length``; None: JSON only). Raises ``InferenceError``."""
         received = time.monotonic()
         params = request.path_params
         decoded = None
@@ -268,11 +286,7 @@ class RestApp:
 
         outputs = await self.plane.infer(received, params["name"], params.get("version"), decode)
         assert decoded is not None
-        body, header_length = encode_response(self.plane.model_name, outputs, decoded)
-        if header_length is not None:
-            headers = {"Inference-Header-Content-Length": str(header_length)}
-            return Response(body, 200, headers=headers, media_type="application/octet-stream")
-        return Response(body, 200, media_type=JSON)
+        return encode_response(self.plane.model_name, outputs, decoded)
 
 
 def request_header_length(request: Request) -> int | None:
