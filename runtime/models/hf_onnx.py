@@ -1,22 +1,31 @@
-"""A Hugging Face text embedder on the ONNX Runtime engine (``engine: onnxruntime``).
+"""Hugging Face models on the ONNX Runtime engine (``engine: onnxruntime``): a text embedder, and the
+heads of ``hf_tasks`` (a sequence classifier or cross-encoder reranker, a token classifier).
 
-Tokenization, batching by the longest row, warmup over the sequence buckets and the token counts are
-the torch embedder's (``huggingface.TextEmbeddingModel``); the encoder with its mean pooling and L2
-normalization is exported once to ONNX (``torch.onnx.export``, TorchScript-based, opset 17, dynamic
-batch and sequence axes: one graph, ``input_ids`` / ``attention_mask`` / ``token_type_ids`` ->
-``embedding``) and run by an ``onnxruntime.InferenceSession`` with the session options of ONNX
-models (``models.onnx.session_options``).
+Tokenization, batching by the longest row, warmup over the sequence buckets, the token counts and every
+task's post-processing are the torch model's (``huggingface.TextModel`` and its subclasses); only the
+forward pass moves to ONNX Runtime. What is exported (``GraphKind``), once, with ``torch.onnx.export``
+(TorchScript-based, opset 17, dynamic batch and sequence axes), as one graph with the inputs
+``input_ids`` / ``attention_mask`` / ``token_type_ids`` (those the model takes):
+
+- ``EMBEDDING``: the encoder with its mean pooling and L2 normalization -> ``embedding`` float32
+  [batch, hidden];
+- ``SEQUENCE_LOGITS``: a ``*ForSequenceClassification`` model -> ``logits`` float32 [batch, num_labels];
+- ``TOKEN_LOGITS``: a ``*ForTokenClassification`` model -> ``logits`` float32
+  [batch, sequence, num_labels].
+
+The graph runs in an ``onnxruntime.InferenceSession`` with the session options of ONNX models
+(``models.onnx.session_options``), on the CPU execution provider.
 
 The export is cached: in ``$KUBEINFER_CACHE_DIR``, else a ``.kubeinfer-cache`` folder in the model
 directory when it is writable, else the temporary directory (the pod's ``/tmp`` emptyDir), under a
 name that hashes the model's ``config.json``, its weight files (names, sizes, modification times),
-torch's and transformers' versions and this exporter's settings: a changed model or library exports
-again. The file is written under a temporary name and renamed, so a crash mid-export leaves nothing
-half-written behind.
+torch's and transformers' versions and the graph kind's export version: a changed model, library or
+graph exports again. The file is written under a temporary name and renamed, so a crash mid-export
+leaves nothing half-written behind.
 
-At load, the exported graph is checked against the torch model on the held-out sentences (mean cosine
-and nearest-neighbour agreement, reported as the quantization figures are): an fp32 export that does
-not reproduce the model is refused.
+At load, the exported graph is checked against the torch model on the held-out sentences: an
+embedder's mean cosine (``check_export``), a head's label agreement and largest score deviation
+(``check_scores_export``); an fp32 export that does not reproduce the model is refused.
 
 Quantization on this engine: ``none``, or ``int8-dynamic``: ONNX Runtime's dynamic quantization of the
 graph's MatMuls (``onnxruntime.quantization.quantize_dynamic``) with int8 weights quantized per output
@@ -25,7 +34,8 @@ saturate on full-range weights). Activations are quantized per batch at run time
 bundled MiniLM, 349 held-out sentences (``heldout_pairs.json``), against the fp32 export: mean cosine
 0.9923, paraphrase-query retrieval agreement 1.0000 (0.9398 with every sentence as a query); full
 range per tensor (the naive recipe) gives 0.9669, 7 bits per tensor 0.8907, per channel full range
-0.9933. The quantized graph is cached beside the export.
+0.9933. The quantized graph is cached beside the export. The heads' MatMuls (a classifier's pooler and
+classifier layers) are quantized with the encoder's.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +57,21 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-#: Part of the cache key: a change to how the graph is exported exports again.
+#: Part of the embedder's cache key: a change to how its graph is exported exports again.
 EXPORT_VERSION = "embed-mean-l2-opset17-v1"
-#: The exported graph's inputs, in the encoder's order, and its output.
+#: The exported graph's inputs, in the encoder's order (those the model takes), and the embedder's output.
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT = "embedding"
+#: A head's output (``SEQUENCE_LOGITS``, ``TOKEN_LOGITS``).
+LOGITS = "logits"
 #: Mean cosine to the torch model on the held-out sentences below which an fp32 export is refused.
 MIN_EXPORT_COSINE = 0.9999
+#: A head's fp32 export is refused below this label agreement with the torch model on the held-out
+#: sentences (not 1: two labels within float rounding of each other may swap), or above this largest
+#: score deviation (probabilities, or a reranker's scores, in their own units; fp32 exports measure
+#: about 1e-6).
+MIN_EXPORT_LABEL_AGREEMENT = 0.99
+MAX_EXPORT_SCORE_DEVIATION = 1e-3
 #: The int8-dynamic recipe (see the module docstring), part of the quantized file's name.
 INT8_RECIPE = "int8dyn-matmul-perchannel-7bit"
 
@@ -73,6 +93,42 @@ class _Embedder(nn.Module):
         return torch.nn.functional.normalize(summed / counts, p=2.0, dim=1)
 
 
+class _Logits(nn.Module):
+    """A transformers head model (``*ForSequenceClassification``, ``*ForTokenClassification``) returning
+    its ``logits`` tensor in float32, as one graph."""
+
+    def __init__(self, head: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.head = head
+        self.names = names
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.head(**dict(zip(self.names, tensors, strict=True))).logits
+        return logits.float()
+
+
+@dataclass(frozen=True)
+class GraphKind:
+    """What a model's exported graph computes.
+
+    Attributes:
+        version: part of the cache key (a change to the graph exports again).
+        output: the graph's one output.
+        output_axes: the output's dynamic axes (index -> name).
+        wrap: builds the exported module from the loaded model's module and its input names.
+    """
+
+    version: str
+    output: str
+    output_axes: dict[int, str] = field(default_factory=lambda: {0: "batch"})
+    wrap: Callable[[nn.Module, tuple[str, ...]], nn.Module] = _Logits
+
+
+EMBEDDING = GraphKind(EXPORT_VERSION, OUTPUT, wrap=_Embedder)
+SEQUENCE_LOGITS = GraphKind("sequence-logits-opset17-v1", LOGITS)
+TOKEN_LOGITS = GraphKind("token-logits-opset17-v1", LOGITS, {0: "batch", 1: "sequence"})
+
+
 def cache_dir(model_dir: Path) -> Path:
     """Where exports are kept (see the module docstring)."""
     configured = os.environ.get("KUBEINFER_CACHE_DIR")
@@ -83,8 +139,9 @@ def cache_dir(model_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / "kubeinfer-cache"
 
 
-def export_key(model_dir: Path) -> str:
-    """A hash of what the exported graph depends on (see the module docstring)."""
+def export_key(model_dir: Path, version: str = EXPORT_VERSION) -> str:
+    """A hash of what the graph of kind ``version`` exported from ``model_dir`` depends on (see the
+    module docstring): 16 hex digits."""
     import transformers
 
     digest = hashlib.sha256()
@@ -92,26 +149,38 @@ def export_key(model_dir: Path) -> str:
     for weights in sorted(list(model_dir.glob("*.safetensors")) + list(model_dir.glob("*.bin"))):
         stat = weights.stat()
         digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    digest.update(f"{torch.__version__}:{transformers.__version__}:{EXPORT_VERSION}".encode())
+    digest.update(f"{torch.__version__}:{transformers.__version__}:{version}".encode())
     return digest.hexdigest()[:16]
 
 
-def export_embedder(
-    module: nn.Module, names: tuple[str, ...], example: dict[str, torch.Tensor], path: Path
+def export_graph(
+    module: nn.Module,
+    names: tuple[str, ...],
+    example: dict[str, torch.Tensor],
+    path: Path,
+    kind: GraphKind = EMBEDDING,
 ) -> None:
-    """Export ``module`` with the embedder's pooling to ``path`` (written under a temporary name, then
-    renamed). ``example``: one tokenized batch (int64 [rows, seq]) of every name in ``names``."""
+    """Export ``module`` as the graph ``kind`` says to ``path`` (written under a temporary name, then
+    renamed), with dynamic batch and sequence axes on every input.
+
+    Args:
+        module: the loaded fp32 model (an encoder for ``EMBEDDING``, else a head model), on the CPU.
+        names: its input names, in ``INPUTS`` order.
+        example: one tokenized batch, int64 [rows, seq], of every name in ``names``.
+        path: the ``.onnx`` file to write.
+        kind: what the graph computes.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.partial")
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
-    axes[OUTPUT] = {0: "batch"}
+    axes[kind.output] = dict(kind.output_axes)
     with torch.inference_mode():
         torch.onnx.export(
-            _Embedder(module, names).eval(),
+            kind.wrap(module, names).eval(),
             tuple(example[n] for n in names),
             str(partial),
             input_names=list(names),
-            output_names=[OUTPUT],
+            output_names=[kind.output],
             dynamic_axes=axes,
             opset_version=17,
             dynamo=False,
@@ -119,22 +188,25 @@ def export_embedder(
     os.replace(partial, path)
 
 
-def onnx_session(model: Any, model_dir: Path) -> tuple[ort.InferenceSession, Path, bool]:
-    """The session of ``model``'s exported graph (``model``: a ``TextEmbeddingModel`` on the CPU),
-    exporting it first unless the cache has it. Returns the session, the file and whether it was
-    exported now."""
+def _cpu_session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), sess_options=session_options(), providers=["CPUExecutionProvider"])
+
+
+def onnx_session(
+    model: Any, model_dir: Path, kind: GraphKind = EMBEDDING
+) -> tuple[ort.InferenceSession, Path, bool]:
+    """The session of ``model``'s exported graph of ``kind`` (``model``: a ``huggingface.TextModel`` on
+    the CPU, fp32), exporting it first unless the cache has it. Returns the session, the file and
+    whether it was exported now."""
     names = tuple(n for n in INPUTS if n in model._forward_args)
-    path = cache_dir(model_dir) / f"{model_dir.name or 'model'}-{export_key(model_dir)}.onnx"
+    path = cache_dir(model_dir) / f"{model_dir.name or 'model'}-{export_key(model_dir, kind.version)}.onnx"
     exported = False
     if not path.is_file():
-        prepared = model.tokenize(["kubeinfer exports this sentence", "and this one"])
-        export_embedder(model.module, names, dict(prepared.tensors), path)
+        texts = ["kubeinfer exports this sentence", "and this one"]
+        prepared = model.tokenize(texts, texts[::-1]) if model.pairs else model.tokenize(texts)
+        export_graph(model.module, names, dict(prepared.tensors), path, kind)
         exported = True
-    return (
-        ort.InferenceSession(str(path), sess_options=session_options(), providers=["CPUExecutionProvider"]),
-        path,
-        exported,
-    )
+    return _cpu_session(path), path, exported
 
 
 def quantize_int8_dynamic(path: Path) -> Path:
@@ -157,17 +229,18 @@ def quantize_int8_dynamic(path: Path) -> Path:
     return target
 
 
-def use_onnxruntime(model: Any, model_dir: Path, quantization: str = "none") -> None:
-    """Switch ``model`` (a ``TextEmbeddingModel`` on the CPU, fp32) to the ONNX Runtime engine: its
-    exported graph (exported now unless the cache has it), int8-dynamic with ``quantization``
-    ``int8-dynamic``. The caller compares the switched model with the torch one."""
+def use_onnxruntime(
+    model: Any, model_dir: Path, quantization: str = "none", kind: GraphKind = EMBEDDING
+) -> None:
+    """Switch ``model`` (a ``huggingface.TextModel`` on the CPU, fp32) to the ONNX Runtime engine: its
+    exported graph of ``kind`` (exported now unless the cache has it), int8-dynamic with
+    ``quantization`` ``int8-dynamic``. Afterwards ``model.session`` runs the forward pass
+    (``run_graph``); the caller compares the switched model with the torch one."""
     t0 = time.perf_counter()
-    session, path, exported = onnx_session(model, model_dir)
+    session, path, exported = onnx_session(model, model_dir, kind)
     if quantization == "int8-dynamic":
         path = quantize_int8_dynamic(path)
-        session = ort.InferenceSession(
-            str(path), sess_options=session_options(), providers=["CPUExecutionProvider"]
-        )
+        session = _cpu_session(path)
     model.session = session
     model.platform = PLATFORM
     model.engine = "onnxruntime"
@@ -177,6 +250,21 @@ def use_onnxruntime(model: Any, model_dir: Path, quantization: str = "none") -> 
         path,
         time.perf_counter() - t0,
     )
+
+
+def run_graph(session: ort.InferenceSession, output: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Run an exported graph on one tokenized batch.
+
+    Args:
+        session: the graph's session (``use_onnxruntime``).
+        output: the output to return (``OUTPUT``, ``LOGITS``).
+        tensors: int64 [rows, seq] CPU tensors, one per graph input.
+
+    Returns:
+        The output as a float32 CPU tensor (the graph's shape, e.g. [rows, num_labels]).
+    """
+    feeds = {k: v.numpy() for k, v in tensors.items()}
+    return torch.from_numpy(session.run([output], feeds)[0])
 
 
 def check_export(model_dir: Path, cosine: float) -> None:
@@ -189,4 +277,21 @@ def check_export(model_dir: Path, cosine: float) -> None:
         raise ValueError(
             f"the ONNX export of {model_dir} deviates from the torch model: mean cosine {cosine:.6f} on the "
             f"held-out sentences, below {MIN_EXPORT_COSINE}; serve it with engine torch"
+        )
+
+
+def check_scores_export(model_dir: Path, task: str, agreement: float, deviation_max: float) -> None:
+    """Refuse a head's export whose scores deviate from the torch model's (``compare_scores`` of the
+    task's held-out comparison: label agreement ratio, largest absolute score difference).
+
+    Raises:
+        ValueError: agreement below ``MIN_EXPORT_LABEL_AGREEMENT`` or deviation above
+            ``MAX_EXPORT_SCORE_DEVIATION`` (both figures in the message).
+    """
+    if agreement < MIN_EXPORT_LABEL_AGREEMENT or not deviation_max <= MAX_EXPORT_SCORE_DEVIATION:
+        raise ValueError(
+            f"the ONNX export of {model_dir} ({task}) deviates from the torch model on the held-out "
+            f"sentences: label agreement {agreement:.4f} (at least {MIN_EXPORT_LABEL_AGREEMENT}), largest "
+            f"score difference {deviation_max:.6f} (at most {MAX_EXPORT_SCORE_DEVIATION}); serve it with "
+            "engine torch"
         )

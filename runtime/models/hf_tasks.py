@@ -1,5 +1,5 @@
 """Hugging Face tasks beyond embeddings: a text classifier, a token classifier (NER) and a cross-encoder
-reranker (torch engine).
+reranker, on engine torch or onnxruntime.
 
 ``model.task`` says what a Hugging Face directory does; unset, ``detect_task`` reads its
 ``config.json``:
@@ -30,7 +30,18 @@ Tensors (the v2 model metadata states them):
 All are ``huggingface.TextModel``: the embedder's tokenizer path, validation (UTF-8, tokens per text),
 batching across requests (rows of every request in one padded batch), warmup over the batch and
 sequence buckets, token counts, and quantization (every torch mode; int8 modes quantize the
-``nn.Linear`` layers, the head's included). The deviation from fp32 is measured at load on the
+``nn.Linear`` layers, the head's included).
+
+Engines: ``torch`` runs the head model (``module``); ``onnxruntime`` (CPU, quantization ``none`` or
+``int8-dynamic``) runs its graph exported at load by ``hf_onnx`` (``SEQUENCE_LOGITS`` for a classifier
+or reranker, ``TOKEN_LOGITS`` for a token classifier; cached; int8-dynamic by ONNX Runtime's recipe,
+``hf_onnx.INT8_RECIPE``). Only the forward pass differs (``head_logits``): labels, scores, the
+reranker's activation, the pipeline's entity post-processing and the v2 tensors are the same on both;
+the metadata's ``platform`` names the engine (``pytorch``, ``onnxruntime_onnx``) as for the embedder.
+An fp32 export whose held-out scores deviate from the torch model's is refused
+(``hf_onnx.check_scores_export``).
+
+The deviation from fp32 (the torch fp32 model, whatever the engine) is measured at load on the
 held-out sentences (``compare_scores``): a classifier's label agreement and probability deviation over
 the 349 held-out sentences; a token classifier's the same per token of those sentences; a reranker's
 top-1 agreement and score deviation over 32 held-out queries
@@ -66,6 +77,7 @@ from kubeinfer.runtime.models.huggingface import (
     OFFLINE_BATCH,
     TextModel,
     TokenizedBatch,
+    _check_onnxruntime,
     _decode_rows,
     _quantized,
     heldout_pairs,
@@ -159,6 +171,21 @@ def reranker_sigmoid(config: dict[str, Any]) -> bool:
     return ACTIVATIONS[short]
 
 
+def head_logits(model: TextModel, prepared: TokenizedBatch) -> torch.Tensor:
+    """The forward pass of a task model's head on one tokenized batch: its ``logits``, float32 on the
+    CPU, [rows, num_labels] (a sequence classifier or reranker) or [rows, longest, num_labels] (a token
+    classifier). On engine torch ``model.module`` runs (quantized or not); on engine onnxruntime its
+    exported graph (``model.session``, ``hf_onnx.run_graph``). Post-processing is the caller's, the
+    same on both engines."""
+    if model.session is not None:
+        from kubeinfer.runtime.models.hf_onnx import LOGITS, run_graph
+
+        return run_graph(model.session, LOGITS, prepared.tensors)
+    with torch.inference_mode():
+        out: torch.Tensor = model.module(**model._inputs_on_device(prepared)).logits
+        return out.to("cpu", dtype=torch.float32)
+
+
 class TextClassifierModel(TextModel):
     """A sequence classifier: ``text`` -> ``label``, ``score``, ``logits`` (see the module docstring).
 
@@ -190,10 +217,8 @@ class TextClassifierModel(TextModel):
         ]
 
     def logits(self, prepared: TokenizedBatch) -> torch.Tensor:
-        """The head's logits: float32 [rows, num_labels], on the CPU."""
-        with torch.inference_mode():
-            out: torch.Tensor = self.module(**self._inputs_on_device(prepared)).logits
-            return out.to("cpu", dtype=torch.float32)
+        """The head's logits: float32 [rows, num_labels], on the CPU (``head_logits``)."""
+        return head_logits(self, prepared)
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Per-label scores of ``logits`` [rows, num_labels]: sigmoid (multi-label), else softmax."""
@@ -255,9 +280,7 @@ class CrossEncoderModel(TextModel):
 
     def scores(self, prepared: TokenizedBatch) -> torch.Tensor:
         """One relevance score per pair: float32 [rows], on the CPU."""
-        with torch.inference_mode():
-            logit = self.module(**self._inputs_on_device(prepared)).logits[:, 0]
-            logit = logit.to("cpu", dtype=torch.float32)
+        logit = head_logits(self, prepared)[:, 0]
         return torch.sigmoid(logit) if self.sigmoid else logit
 
     def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
@@ -491,10 +514,8 @@ class TokenClassifierModel(TextModel):
         return columns, list(enc["offset_mapping"]), list(enc["special_tokens_mask"])
 
     def logits(self, prepared: TokenizedBatch) -> torch.Tensor:
-        """Every token's logits: float32 [rows, longest, num_labels], on the CPU."""
-        with torch.inference_mode():
-            out: torch.Tensor = self.module(**self._inputs_on_device(prepared)).logits
-            return out.to("cpu", dtype=torch.float32)
+        """Every token's logits: float32 [rows, longest, num_labels], on the CPU (``head_logits``)."""
+        return head_logits(self, prepared)
 
     def entities(
         self,
@@ -638,7 +659,8 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         ValueError: a task the directory's model cannot serve (no sequence- or token-classification
             head, a reranker with more than one label, an unsupported activation, a token classifier
             without a fast tokenizer), ``model.aggregation_strategy`` for another task, engine
-            onnxruntime, ``device: cuda`` without CUDA.
+            onnxruntime off the CPU or with an fp32 export that deviates from the torch model
+            (``hf_onnx.check_scores_export``), ``device: cuda`` without CUDA.
         QuantizationError (a ValueError): the quantization cannot be applied.
     """
     import os
@@ -648,14 +670,13 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     started = time.perf_counter()
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    if (cfg.model.engine or "torch") != "torch":
-        raise ValueError(
-            f"model.task {task}: engine onnxruntime serves text-embedding only for now; use torch"
-        )
     if cfg.model.aggregation_strategy is not None and task != "token-classification":
         raise ValueError(f"model.aggregation_strategy applies to token-classification, not {task}")
     device = resolve_device(cfg.device)
     check_supported(cfg.quantization.mode, device, cfg.quantization.skip_modules)
+    engine = cfg.model.engine or "torch"
+    if engine == "onnxruntime":
+        _check_onnxruntime(cfg.quantization.mode, device)
     configure_torch(device)
     path = model_dir(cfg.model.source)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -684,16 +705,29 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     qcfg = cfg.quantization
     compare_seconds = 0.0
     reference = None
-    if qcfg.mode != "none":
+    if qcfg.mode != "none" or engine == "onnxruntime":  # compared with the torch fp32 model
         t0 = time.perf_counter()
         reference = model.comparison()
         compare_seconds += time.perf_counter() - t0
-    model.module = _quantized(model, qcfg, device)
+    if engine == "onnxruntime":  # the fp32 head is exported; the engine quantizes its graph
+        from kubeinfer.runtime.models.hf_onnx import (
+            SEQUENCE_LOGITS,
+            TOKEN_LOGITS,
+            check_scores_export,
+            use_onnxruntime,
+        )
+
+        kind = TOKEN_LOGITS if task == "token-classification" else SEQUENCE_LOGITS
+        use_onnxruntime(model, path, qcfg.mode, kind)
+    else:
+        model.module = _quantized(model, qcfg, device)
     agreement, deviation_mean, deviation_max = 1.0, 0.0, 0.0
     if reference is not None:
         t0 = time.perf_counter()
         agreement, deviation_mean, deviation_max = compare_scores(reference, model.comparison())
         compare_seconds += time.perf_counter() - t0
+    if engine == "onnxruntime" and qcfg.mode == "none":
+        check_scores_export(path, task, agreement, deviation_max)
     model._report.update(
         {
             REPORT_LABEL_AGREEMENT: agreement,
@@ -704,9 +738,9 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         }
     )
     log.info(
-        "loaded %s (%s, %s) from %s on %s, quantization %s: %s agreement %.4f, score deviation mean %.4f "
-        "max %.4f (comparison %.2f s), load %.2f s",
-        cfg.model.name, task, type(model).__name__, path, device, qcfg.mode,
+        "loaded %s (%s, %s) from %s on %s (engine %s), quantization %s: %s agreement %.4f, score deviation "
+        "mean %.4f max %.4f (comparison %.2f s), load %.2f s",
+        cfg.model.name, task, type(model).__name__, path, device, engine, qcfg.mode,
         AGREEMENT_OF.get(task, "label"), agreement, deviation_mean, deviation_max,
         compare_seconds, model._report[REPORT_LOAD_SECONDS],
     )  # fmt: skip

@@ -386,8 +386,9 @@ class TextEmbeddingModel(TextModel):
 
     def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
         if self.session is not None:  # the ONNX Runtime engine: the same pooling, in the exported graph
-            feeds = {k: v.numpy() for k, v in prepared.tensors.items()}
-            return torch.from_numpy(self.session.run(["embedding"], feeds)[0])
+            from kubeinfer.runtime.models.hf_onnx import OUTPUT, run_graph
+
+            return run_graph(self.session, OUTPUT, prepared.tensors)
         inputs = self._inputs_on_device(prepared)
         hidden = self.module(**inputs).last_hidden_state.float()  # pool in fp32 (fp16/bf16 models too)
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)

@@ -28,7 +28,7 @@ from kubeinfer.runtime.models.hf_tasks import (
     model_task,
     reranker_sigmoid,
 )
-from kubeinfer.runtime.models.quantize import compare_scores
+from kubeinfer.runtime.models.quantize import QuantizationError, compare_scores
 from kubeinfer.runtime.openai_api import rerank_results
 from kubeinfer.runtime.server import RuntimeServer
 
@@ -150,8 +150,14 @@ def test_a_task_the_model_cannot_serve_is_refused(dirs: dict[str, Path]) -> None
         load_model(cfg(dirs["embedder"], "text-classification"))
     with pytest.raises(ValueError, match="3 labels"):
         load_model(cfg(dirs["classifier"], "reranking"))
-    with pytest.raises(ValueError, match="text-embedding only"):
-        load_model(cfg(dirs["reranker"], "reranking", engine="onnxruntime"))
+    with pytest.raises(QuantizationError, match="not supported on engine onnxruntime yet"):
+        load_model(
+            tiny_hf_config(
+                dirs["reranker"],
+                model={"name": "m", "source": str(dirs["reranker"]), "engine": "onnxruntime"},
+                quantization={"mode": "bf16"},
+            )
+        )
 
 
 # --- the classifier ----------------------------------------------------------------------------------
