@@ -1217,7 +1217,8 @@ class RuntimeSpec(_Spec):
     engine: Engine | None = Field(
         default=None,
         description="torch | onnxruntime. Unset: torch for huggingface, torchscript and pt2, onnxruntime for "
-        "onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached in /tmp) and checked "
+        "onnx. A huggingface model on onnxruntime (any task: the embedder with its pooling, a classifier's, "
+        "tagger's or reranker's head) is exported to ONNX at load (cached in /tmp) and checked "
         "against the torch model; onnxruntime runs on the CPU, with quantization none or int8-dynamic "
         "(ONNX Runtime's, per channel), in this release.",
     )

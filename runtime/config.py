@@ -77,7 +77,7 @@ class ModelConfig(_Strict):
     engine: Engine | None = Field(
         default=None,
         description="torch | onnxruntime; unset: torch for huggingface, torchscript and pt2, onnxruntime "
-        "for onnx. A huggingface model on onnxruntime is exported to ONNX at load (cached).",
+        "for onnx. A huggingface model on onnxruntime (any task) is exported to ONNX at load (cached).",
     )
     task: Task | None = Field(
         default=None,

@@ -135,3 +135,35 @@ def test_valid_minimal_manifest_gets_defaults(cluster: Cluster, crds: None, name
     assert spec["batching"]["maxQueueDelay"] == "5ms"
     assert spec["autoscaling"]["enabled"] is False
     assert spec["model"]["uri"] == "default"
+
+
+@pytest.mark.parametrize(
+    "task, mode",
+    [
+        (task, mode)
+        for task in ("text-embedding", "text-classification", "reranking", "token-classification")
+        for mode in ("none", "int8-dynamic")
+    ],
+)
+def test_every_huggingface_task_is_accepted_on_onnxruntime(
+    cluster: Cluster, crds: None, namespace: str, task: str, mode: str
+) -> None:
+    manifest = _merge(
+        BASE,
+        {
+            "spec": {
+                "model": {"uri": "/models/m", "task": task},
+                "quantization": {"mode": mode},
+                "runtime": {"engine": "onnxruntime"},
+            }
+        },
+    )
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-o", "yaml", "-f", "-", input=yaml.safe_dump(manifest)
+    )
+    spec = yaml.safe_load(result.stdout)["spec"]
+    assert (spec["model"]["task"], spec["runtime"]["engine"], spec["quantization"]["mode"]) == (
+        task,
+        "onnxruntime",
+        mode,
+    )

@@ -77,3 +77,19 @@ def test_a_pt2_model_needs_no_declared_tensors_runs_on_torch_and_is_served_as_ex
     ):
         with pytest.raises(pydantic.ValidationError, match=rf"spec\.{field}.*pt2"):
             _isvc(spec)
+
+
+@pytest.mark.parametrize(
+    "task", ["text-embedding", "text-classification", "reranking", "token-classification"]
+)
+@pytest.mark.parametrize("mode", ["none", "int8-dynamic"])
+def test_every_huggingface_task_runs_on_onnxruntime(task: str, mode: str) -> None:
+    isvc = _isvc(
+        {
+            "model": {"uri": "/models/m", "task": task},
+            "quantization": {"mode": mode},
+            "runtime": {"device": "cpu", "engine": "onnxruntime"},
+        }
+    )
+    model = _runtime(isvc).model
+    assert (model.task, model.engine) == (task, "onnxruntime")
