@@ -8,7 +8,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler \
-        bench-autoscaler-adversary bench-autoscaler-frontier clean images
+        bench-autoscaler-adversary bench-autoscaler-frontier bench-peers clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -84,6 +84,10 @@ bench-operator: setup ## operator benchmark -> bench/results/operator.json
 bench-cache: setup ## response cache: hit latency, max rate with 50 % repeats vs none -> bench/results/cache.json
 	$(PY) bench/cache_bench.py $(BENCH_NOISY)
 
+bench-peers: setup ## kubeinfer vs MLServer and infinity-emb (their venvs .cache/peer-*, installed here), same model and load, A-B-A -> bench/results/peers.json
+	@bash hack/setup.sh --peers
+	$(PY) bench/peers_bench.py $(BENCH_NOISY)
+
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
@@ -94,7 +98,7 @@ bench-autoscaler-frontier: setup ## kubeinfer vs the HPA at every GPU target -> 
 	$(PY) bench/autoscaler_frontier.py
 
 bench: bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler bench-autoscaler-adversary \
-       bench-autoscaler-frontier ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
+       bench-autoscaler-frontier bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
 
 clean: cluster-down ## remove the venv and build cache
 	rm -rf .venv .cache

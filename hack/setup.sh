@@ -4,6 +4,8 @@
 #   bash hack/setup.sh                 all steps
 #   bash hack/setup.sh --python-only   step 1 only (.venv from the lock + the package), for `make lint`
 #   bash hack/setup.sh --binaries-only steps 4-7 only (Go toolchain check + the Go-built binaries)
+#   bash hack/setup.sh --peers         only the peer servers `make bench-peers` measures kubeinfer against:
+#                                      .cache/peer-mlserver, .cache/peer-infinity (hack/lock.py PEERS), as step 9
 #
 # Steps:
 #   1. Python >= 3.11, .venv: the lock, requirements/lock.txt (`pip install --require-hashes`: every
@@ -26,7 +28,7 @@
 #      registry, and the client that pushes model images to it).
 #   9. Test clients that cannot share .venv (their pins conflict with the lock; hack/lock.py TOOLS):
 #      .cache/kserve-client, the KServe Python SDK, from requirements/kserve-client.txt
-#      (`pip install --require-hashes`), when that file or .venv's Python changed (stamp).
+#      (`uv pip install --require-hashes`), when that file or .venv's Python changed (stamp).
 #   Steps 5 to 8 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
 #   local main package, its build flags) or it is missing: one stamp per binary.
 #
@@ -46,8 +48,9 @@ MODE="all"
 case "${1:-}" in
   --python-only) MODE="python" ;;
   --binaries-only) MODE="binaries" ;;
+  --peers) MODE="peers" ;;
   "") ;;
-  *) echo "usage: $0 [--python-only|--binaries-only]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--python-only|--binaries-only|--peers]" >&2; exit 2 ;;
 esac
 
 TOTAL=9
@@ -102,11 +105,9 @@ setup_python() {
 # One venv per client in .cache/NAME, from requirements/NAME.txt (every file pinned and hashed; `make
 # lock` compiles it alone from NAME.in). Rebuilt from scratch (--clear) when the file or .venv's
 # Python changed, so a half-built venv from an interrupted run is never taken as done.
-TOOL_ENVS=(kserve-client)
-setup_tool_envs() {
-  step 9 "test clients: .cache/kserve-client (KServe Python SDK) from requirements/kserve-client.txt"
+install_envs() {
   local name dir want s
-  for name in "${TOOL_ENVS[@]}"; do
+  for name in "$@"; do
     dir="$CACHE/$name"
     want="$( { cat "requirements/$name.txt"; .venv/bin/python -VV; } | sha256sum | cut -c1-16)"
     if [ -x "$dir/bin/python" ] && [ "$(cat "$STAMPS/$name" 2>/dev/null || true)" = "$want" ]; then
@@ -114,14 +115,29 @@ setup_tool_envs() {
       continue
     fi
     s=$(date +%s)
-    echo "  $name: python -m venv --clear .cache/$name; pip install --require-hashes -r requirements/$name.txt"
+    echo "  $name: python -m venv --clear .cache/$name; uv pip install --require-hashes -r requirements/$name.txt"
     rm -f "$STAMPS/$name"
     .venv/bin/python -P -m venv --clear "$dir"
-    "$dir/bin/python" -P -m pip install --disable-pip-version-check -q --require-hashes --only-binary :all: \
-      -r "requirements/$name.txt" || die "pip install -r requirements/$name.txt into .cache/$name failed"
+    # uv (the lock's, in .venv), not the venv's pip 23: pip resolves a dependency's extra (kserve's
+    # uvicorn[standard]>=0.30.6,<1) apart from its pin, takes the newest release and then refuses it
+    # under --require-hashes as unpinned, so a release after the file was compiled broke the install.
+    .venv/bin/uv pip install --quiet --python "$dir/bin/python" --require-hashes --only-binary :all: \
+      -r "requirements/$name.txt" || die "uv pip install -r requirements/$name.txt into .cache/$name failed"
     echo "$want" > "$STAMPS/$name"
     echo "  $name: installed in $(( $(date +%s) - s ))s"
   done
+}
+TOOL_ENVS=(kserve-client)
+setup_tool_envs() {
+  step 9 "test clients: .cache/kserve-client (KServe Python SDK) from requirements/kserve-client.txt"
+  install_envs "${TOOL_ENVS[@]}"
+}
+# The peers of `make bench-peers` (hack/lock.py PEERS): not installed by a plain `make setup`, which
+# the tests need; each is a few GB (torch and its CUDA wheels again) and a few minutes.
+PEER_ENVS=(peer-mlserver peer-infinity)
+setup_peer_envs() {
+  echo "[setup peers] bench-peers servers: .cache/peer-mlserver (MLServer), .cache/peer-infinity (infinity-emb)"
+  install_envs "${PEER_ENVS[@]}"
 }
 
 # ---------------------------------------------------------------- apt (steps 2 and 3)
@@ -320,6 +336,7 @@ setup_storage_tools() {
 
 case "$MODE" in
   python) setup_python ;;
+  peers) setup_peer_envs ;;
   binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus; setup_storage_tools ;;
   all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries
        setup_node_prometheus; setup_storage_tools; setup_tool_envs ;;
