@@ -717,8 +717,8 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
             use_onnxruntime,
         )
 
-        kind = TOKEN_LOGITS if task == "token-classification" else SEQUENCE_LOGITS
-        use_onnxruntime(model, path, qcfg.mode, kind)
+        graph = TOKEN_LOGITS if task == "token-classification" else SEQUENCE_LOGITS
+        use_onnxruntime(model, path, qcfg.mode, graph)
     else:
         model.module = _quantized(model, qcfg, device)
     agreement, deviation_mean, deviation_max = 1.0, 0.0, 0.0
