@@ -35,8 +35,12 @@ Profile (``--no-profile`` skips it), tiny model, every encoding and front-end co
 ``sitecustomize`` the bench puts on the runtime's ``PYTHONPATH``; dormant otherwise), its own-time
 shares by category (HTTP/ASGI framework, JSON parse, JSON encode, tensor codec, IPC, gRPC, data plane,
 batcher hand-off, metrics, logging, event loop) applied to the main threads' µs per request. The
-floor is measured at the same rate. Everything in ``profile`` of the JSON (``profile.method`` says
-what the figures can and cannot see) and per configuration under ``...["profile"]``.
+floor is measured at the same rate. And the **plane baseline** (``plane_baseline``, its own process):
+the tiny model's ``DataPlane`` with no transport, waves of 1, 4, 16 and 32 concurrent one-row requests
+straight into ``DataPlane.infer``: what admission, validation, the batcher, tokenization, the model
+and the metrics cost per request at each batch size, before any HTTP, gRPC or IPC. Everything is
+in ``profile`` of the JSON (``profile.method`` says what the figures can and cannot see), and per
+configuration under ``...["profile"]``.
 
 Front-end processes (``server.httpWorkers``): every runtime is measured with each
 count of ``--workers`` (default ``1,2``) in the same run, one after the other: ``workers["1"]`` is the
@@ -124,6 +128,56 @@ def floor_server(host: str) -> int:
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))
+    return 0
+
+
+def plane_baseline(model_dir: str, requests: int) -> int:
+    """The tiny model's ``DataPlane`` with no transport (``--plane-baseline DIR``, its own process): waves of
+    1, 4, 16 and 32 concurrent one-row requests straight into ``DataPlane.infer`` (admission,
+    validation, the batcher and its default settings, tokenization, the model, metrics), the process's
+    CPU per request and its main thread's share; prints one JSON line ``{"concurrency N": {...}}``."""
+    import uvloop
+    from kubeinfer.runtime.batching import BatchSettings
+    from kubeinfer.runtime.dataplane import DataPlane, InferCall
+    from kubeinfer.runtime.metrics import RuntimeMetrics
+    from kubeinfer.runtime.models import load_model
+    from kubeinfer.runtime.models.huggingface import heldout_sentences
+
+    from hack.devtools.runtime_tiny import tiny_hf_config
+
+    cfg = tiny_hf_config(Path(model_dir))
+    model = load_model(cfg)
+    model.warmup(cfg.batching.max_batch_size, cfg.warmup.steps)
+    texts = [t.encode() for t in heldout_sentences()[:256]]
+    out: dict[str, Any] = {}
+
+    async def run() -> None:
+        plane = DataPlane(cfg.model.name, RuntimeMetrics(cfg.model.name), cfg.executors, cfg.cache)
+        plane.attach(model, BatchSettings.from_config(cfg.batching))
+
+        async def one(i: int) -> None:
+            async def decode() -> InferCall:
+                return InferCall({"text": np.array([texts[i % len(texts)]], dtype=object)}, ["embedding"])
+
+            await plane.infer(time.monotonic(), cfg.model.name, None, decode)
+
+        for concurrency in (1, 4, 16, 32):
+            waves = max(1, requests // concurrency)
+            await asyncio.gather(*(one(k) for k in range(concurrency)))  # warm
+            cpu0, main0 = time.process_time(), time.thread_time()
+            for w in range(waves):
+                await asyncio.gather(*(one(w * concurrency + k) for k in range(concurrency)))
+            cpu, main = time.process_time() - cpu0, time.thread_time() - main0
+            n = waves * concurrency
+            out[f"concurrency {concurrency}"] = {
+                "cpu_us_per_request": round(cpu / n * 1e6, 1),
+                "main_thread_us_per_request": round(main / n * 1e6, 1),
+                "other_threads_us_per_request": round((cpu - main) / n * 1e6, 1),
+            }
+        plane.close()
+
+    uvloop.run(run())
+    print(json.dumps(out), flush=True)
     return 0
 
 
@@ -681,6 +735,24 @@ async def bench_server(
     return result
 
 
+async def plane_baseline_run(tiny_dir: Path) -> dict[str, Any] | None:
+    """``plane_baseline`` in its own process (``--plane-baseline``): its figures, None if it failed."""
+    progress("plane baseline: the tiny model's data plane, batcher and model, no transport")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--plane-baseline", str(tiny_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    stdout, _ = await proc.communicate()
+    lines = stdout.decode().strip().splitlines()
+    if proc.returncode == 0 and lines:
+        figures: dict[str, Any] = json.loads(lines[-1])
+        cells = ", ".join(f"{k} {v['cpu_us_per_request']:.0f}" for k, v in figures.items())
+        progress(f"plane baseline, µs/request: {cells}")
+        return figures
+    progress(f"plane baseline failed (exit {proc.returncode})")
+    return None
+
+
 async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models.huggingface import heldout_sentences
@@ -695,6 +767,10 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}
+
+    tiny_dir = tiny_hf_dir(workdir / "tiny") if "tiny" in args.models else None
+    if tiny_dir is not None:
+        result["plane_baseline"] = await plane_baseline_run(tiny_dir)
 
     progress("floor: the runtime's HTTP stack, fixed response, no model")
     with FloorProcess() as floor:
@@ -714,8 +790,8 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     }
 
     models: list[tuple[str, RuntimeConfig, float]] = []
-    if "tiny" in args.models:
-        models.append(("tiny", tiny_hf_config(tiny_hf_dir(workdir / "tiny")), args.start_rate))
+    if tiny_dir is not None:
+        models.append(("tiny", tiny_hf_config(tiny_dir), args.start_rate))
     if "minilm" in args.models:
         models.append(("minilm", RuntimeConfig.model_validate({"device": "cpu"}), args.start_rate / 10))
     for name, base, start in models:
@@ -796,6 +872,7 @@ def profile_section(figures: dict[str, Any], args: argparse.Namespace) -> dict[s
         ),
         "rate_rps": args.profile_rate,
         "floor_cpu_us_per_request": figures.get("floor", {}).get("cpu_us_per_request_at_profile_rate"),
+        "plane_baseline": figures.get("plane_baseline"),
         "runs": runs,
     }
 
@@ -803,6 +880,7 @@ def profile_section(figures: dict[str, Any], args: argparse.Namespace) -> dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--floor-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--plane-baseline", metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="tiny,minilm", help="which runtimes: tiny, minilm")
     parser.add_argument("--workers", default="1,2", help="server.http_workers counts to measure, e.g. 1,2,4")
     parser.add_argument("--start-rate", type=float, default=300.0, help="first rate (tiny, floor), /s")
@@ -822,6 +900,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.floor_server:  # a child of the run below, which holds the bench lock
         return floor_server("127.0.0.1")
+    if args.plane_baseline:  # the same
+        logging.basicConfig(level=logging.WARNING)
+        return plane_baseline(args.plane_baseline, 3000)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
     logging.basicConfig(level=logging.WARNING)
@@ -882,6 +963,9 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
             "client runs on the same machine (2 cores, shared with other work): max rates are a lower bound",
             "profile: see profile.method; thread_us_per_request exact (/proc), the main threads split by "
             "cProfile's shares of their Python-visible time",
+            "plane_baseline: the tiny model's DataPlane.infer with no transport, in a process of its own, "
+            "waves of N concurrent one-row requests: process CPU per request (main thread: the batcher's "
+            "loop, validation, metrics; other threads: tokenization and the model); a transport adds to it",
         ],
         "elapsed_seconds": time.monotonic() - started,
         "command": ["bench/frontend_bench.py", *(sys.argv[1:] if argv is None else argv)],
