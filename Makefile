@@ -94,7 +94,7 @@ bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.jso
 bench-autoscaler-adversary: setup ## steps where kubeinfer/HPA stand lower -> bench/results/autoscaler_adversary.json
 	$(PY) bench/autoscaler_adversary.py
 
-bench-autoscaler-frontier: setup ## kubeinfer vs the HPA at every GPU target -> bench/results/autoscaler_frontier.json
+bench-autoscaler-frontier: setup ## kubeinfer vs its peers at every setting (HPA on GPU utilization, KEDA request rate, Knative KPA, Ray Serve): dominated or not, per trace -> bench/results/autoscaler_frontier.json
 	$(PY) bench/autoscaler_frontier.py
 
 bench: bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler bench-autoscaler-adversary \
