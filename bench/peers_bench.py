@@ -10,10 +10,10 @@ all-MiniLM-L6-v2 (mean pooling, L2-normalized, 256 tokens at most):
   best configuration at cosine >= 0.99 to fp32 (its load report's ``quantization_cosine_mean_ratio`` is
   recorded; ``docs/runtime.md`` has the recipe), max batch 32, the default max queue delay and thread count.
 - ``kubeinfer-fp32``: the same runtime, ``onnxruntime`` without quantization (cosine 1.0 to torch).
-- ``kubeinfer-torch``: the same runtime on the torch engine, fp32, and ``kubeinfer-2threads``: ``kubeinfer``
-  with two intra-op threads instead of the default one (the model sharing both cores with the front
-  end); neither is in the default order (``--order`` adds them: the engine comparison is ``make
-  bench-runtime``'s, the thread count a placement question).
+- ``kubeinfer-2threads``: ``kubeinfer`` with two intra-op threads instead of the default one (the
+  model sharing both cores with the front end and the tokenizer): what thread placement gives.
+- ``kubeinfer-torch``: the same runtime on the torch engine, fp32; not in the default order (``--order``
+  adds it: the engine comparison is ``make bench-runtime``'s).
 - ``mlserver``: MLServer 1.7.1 (``.cache/peer-mlserver``) with the runtime class a user writes for it
   (``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as kubeinfer's torch engine)
   and adaptive batching (``--mlserver-batch`` 16, ``--mlserver-delay`` 10 ms: the configuration of the
@@ -32,8 +32,9 @@ server, checking that it serves the same model (cosine of its embeddings of 32 s
 passages to sentence-transformers' in this process, recorded; a server under 0.99 is reported, not
 hidden), warming it up, then finding its highest rate at P99 <= 100 ms for each text kind, then
 stopping it. kubeinfer and MLServer are visited twice in A-B-A fashion (kubeinfer, MLServer, ...,
-MLServer, kubeinfer), so a drift of the machine shows as a difference between a server's own visits; a
-server's figure is the median of its visits.
+MLServer, kubeinfer; kubeinfer-fp32, infinity and kubeinfer-2threads once, between them), so a drift
+of the machine shows as a difference between a server's own visits; a server's figure is the median
+of its visits.
 
 **The search** (``max_slo_rate``): open-loop Poisson arrivals (``runtime_bench.run_rate``: seeded,
 latency from the scheduled arrival, the same aiohttp client), from ``--start-rate`` (or 0.7 of the
@@ -50,7 +51,7 @@ reports; it asserts no target.
 
 Like every benchmark that measures, it runs under ``bench/quiet.py`` (the bench lock; no measurement
 over a 1-minute load of 0.5 unless ``--noisy``, and then the JSON says so). Run time at the defaults:
-about 3 minutes a visit (server start, the checks, two searches), 18 to 20 minutes for the six visits.
+about 3 minutes a visit (server start, the checks, two searches), 20 to 25 minutes for the seven visits.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ KUBEINFER: dict[str, tuple[str, str, int | None]] = {
     "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2),
 }
 SERVERS = (*KUBEINFER, "mlserver", "infinity")
-DEFAULT_ORDER = ("kubeinfer", "mlserver", "kubeinfer-fp32", "infinity", "mlserver", "kubeinfer")
+DEFAULT_ORDER = (
+    "kubeinfer", "mlserver", "kubeinfer-fp32", "infinity", "kubeinfer-2threads", "mlserver", "kubeinfer",
+)  # fmt: skip
 #: Rate multiplier between two points of the ramp.
 STEP = 1.4
 #: The ratios the targets are stated in: (name, numerator server, denominator server, target or None).
