@@ -115,6 +115,7 @@ RATIOS = (
     ("kubeinfer_to_infinity", "kubeinfer", "infinity", None),
     ("kubeinfer_fp32_to_infinity", "kubeinfer-fp32", "infinity", None),
     ("mlserver_to_infinity", "mlserver", "infinity", None),
+    ("kubeinfer_2threads_to_kubeinfer", "kubeinfer-2threads", "kubeinfer", None),
 )
 
 
