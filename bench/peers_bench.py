@@ -18,6 +18,9 @@ all-MiniLM-L6-v2 (mean pooling, L2-normalized, 256 tokens at most):
   (``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as kubeinfer's torch engine)
   and adaptive batching (``--mlserver-batch`` 16, ``--mlserver-delay`` 10 ms: the configuration of the
   measurement that set the targets); its other settings are its defaults (one inference worker process).
+- ``mlserver-1thread``, ``infinity-1thread``: the same peers with torch on one intra-op thread
+  (``OMP_NUM_THREADS=1``): the setting a user who profiles them on a small node picks; not in the
+  default order (``--order`` adds them).
 - ``infinity``: infinity-emb 0.0.78 (``.cache/peer-infinity``), ``infinity_emb v2`` with the torch
   engine on the CPU, batch size 32 (its default), its other defaults.
 
@@ -102,7 +105,11 @@ KUBEINFER: dict[str, tuple[str, str, int | None]] = {
     "kubeinfer-torch": ("torch", "none", None),
     "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2),
 }
-SERVERS = (*KUBEINFER, "mlserver", "infinity")
+#: Peer configurations beside each peer's defaults: torch on one intra-op thread (``OMP_NUM_THREADS=1``,
+#: which torch reads at import). On two cores a peer's default two threads spin-wait against its own
+#: HTTP process: 20 to 30 ms of CPU per sentence where one thread needs about 5.
+ONE_THREAD = {"mlserver-1thread": "mlserver", "infinity-1thread": "infinity"}
+SERVERS = (*KUBEINFER, "mlserver", "infinity", *ONE_THREAD)
 DEFAULT_ORDER = (
     "kubeinfer", "mlserver", "kubeinfer-fp32", "infinity", "kubeinfer-2threads", "mlserver", "kubeinfer",
 )  # fmt: skip
@@ -116,6 +123,9 @@ RATIOS = (
     ("kubeinfer_fp32_to_infinity", "kubeinfer-fp32", "infinity", None),
     ("mlserver_to_infinity", "mlserver", "infinity", None),
     ("kubeinfer_2threads_to_kubeinfer", "kubeinfer-2threads", "kubeinfer", None),
+    ("kubeinfer_to_mlserver_1thread", "kubeinfer", "mlserver-1thread", 4.0),
+    ("kubeinfer_fp32_to_mlserver_1thread", "kubeinfer-fp32", "mlserver-1thread", 1.5),
+    ("kubeinfer_to_infinity_1thread", "kubeinfer", "infinity-1thread", None),
 )
 
 
@@ -320,6 +330,8 @@ def start_server(
             }
             yield Endpoint(f"{rt.url}/v2/models/{MODEL}/infer", v2_body, v2_embeddings, rt.pid), about
         return
+    threads_env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if name in ONE_THREAD else {}
+    name = ONE_THREAD.get(name, name)
     venv = PEER_VENVS[name]
     if not (venv / "bin" / "python").exists():
         raise FileNotFoundError(f"{venv} is missing: `make bench-peers` installs the peers' venvs")
@@ -329,7 +341,7 @@ def start_server(
             workdir / "mlserver", model_path, ports, args.mlserver_batch, args.mlserver_delay
         )
         base = f"http://127.0.0.1:{ports['http']}"
-        env = {**PEER_ENV, "PYTHONPATH": str(ROOT / "bench" / "peers")}
+        env = {**PEER_ENV, **threads_env, "PYTHONPATH": str(ROOT / "bench" / "peers")}
         cmd = [str(venv / "bin" / "mlserver"), "start", str(folder)]
         with peer_process(cmd, f"{base}/v2/models/{MODEL}/ready", log, env, args.start_timeout) as pid:
             about = {
@@ -340,7 +352,7 @@ def start_server(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = infinity_command(venv, model_path, port, args.infinity_batch)
-    with peer_process(cmd, f"{base}/health", log, PEER_ENV, args.start_timeout) as pid:
+    with peer_process(cmd, f"{base}/health", log, {**PEER_ENV, **threads_env}, args.start_timeout) as pid:
         yield (
             Endpoint(f"{base}/embeddings", openai_body, openai_embeddings, pid),
             {"batch_size": args.infinity_batch},
@@ -697,9 +709,8 @@ def load_texts(args: argparse.Namespace) -> tuple[Path, dict[str, list[str]], di
 def main(argv: list[str] | None = None) -> int:
     """Run the visits (``parse_args``' options) under the bench lock and write ``--out``."""
     args = parse_args(argv)
-    missing = [
-        n for n in set(args.order) if n in PEER_VENVS and not (PEER_VENVS[n] / "bin" / "python").exists()
-    ]
+    peers_used = {ONE_THREAD.get(n, n) for n in args.order}
+    missing = [n for n in peers_used if n in PEER_VENVS and not (PEER_VENVS[n] / "bin" / "python").exists()]
     if missing:
         print(
             f"peers_bench: no venv for {', '.join(sorted(missing))}: run `make bench-peers`", file=sys.stderr
