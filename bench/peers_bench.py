@@ -384,8 +384,9 @@ def peer_versions() -> dict[str, str | None]:
         if not python.exists():
             out[name] = None
             continue
+        # -P: from the repository root, its operator/ would shadow the standard library module
         code = f"import importlib.metadata as m; print(m.version({package!r}))"
-        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+        done = subprocess.run([str(python), "-P", "-c", code], capture_output=True, text=True, check=False)
         out[name] = done.stdout.strip() or None
     return out
 
