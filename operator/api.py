@@ -1219,8 +1219,8 @@ class RuntimeSpec(_Spec):
         description="torch | onnxruntime. Unset: torch for huggingface, torchscript and pt2, onnxruntime for "
         "onnx. A huggingface model on onnxruntime (any task: the embedder with its pooling, a classifier's, "
         "tagger's or reranker's head) is exported to ONNX at load (cached in /tmp) and checked "
-        "against the torch model; onnxruntime runs on the CPU, with quantization none or int8-dynamic "
-        "(ONNX Runtime's, per channel), in this release.",
+        "against the torch model; onnxruntime runs on the CPU, with quantization none, int8-dynamic "
+        "or int8-static (ONNX Runtime's recipes, per channel; no skipModules), in this release.",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     args: list[str] = Field(default_factory=list, max_length=64, description="Extra runtime CLI arguments.")
@@ -1263,10 +1263,11 @@ class InferenceServiceSpec(_Spec):
                 ),
                 _cel(
                     "!has(self.runtime.engine) || self.runtime.engine != 'onnxruntime' || "
-                    "((self.quantization.mode == 'none' || self.quantization.mode == 'int8-dynamic') && "
-                    "self.resources.gpus == 0)",
-                    "spec.runtime.engine onnxruntime runs on the CPU, with quantization none or "
-                    "int8-dynamic, in this release (spec.resources.gpus 0)",
+                    "(self.quantization.mode != 'fp16' && self.quantization.mode != 'bf16' && "
+                    "self.resources.gpus == 0 && (!has(self.quantization.skipModules) || "
+                    "size(self.quantization.skipModules) == 0))",
+                    "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, "
+                    "int8-dynamic or int8-static and no skipModules, in this release (spec.resources.gpus 0)",
                     ".runtime.engine",
                     "FieldValueInvalid",
                 ),
@@ -1337,10 +1338,12 @@ class InferenceServiceSpec(_Spec):
             raise ValueError(
                 "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on onnxruntime"
             )
-        if engine == "onnxruntime" and (self.quantization.mode not in ("none", "int8-dynamic") or gpus > 0):
+        if engine == "onnxruntime" and (
+            self.quantization.mode in ("fp16", "bf16") or gpus > 0 or self.quantization.skip_modules
+        ):
             raise ValueError(
-                "spec.runtime.engine onnxruntime runs on the CPU, with quantization none or int8-dynamic, "
-                "in this release (spec.resources.gpus 0)"
+                "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, int8-dynamic or "
+                "int8-static and no skipModules, in this release (spec.resources.gpus 0)"
             )
         if self.model.format == "onnx" and self.quantization.mode != "none":
             raise ValueError(

@@ -36,6 +36,22 @@ bundled MiniLM, 349 held-out sentences (``heldout_pairs.json``), against the fp3
 range per tensor (the naive recipe) gives 0.9669, 7 bits per tensor 0.8907, per channel full range
 0.9933. The quantized graph is cached beside the export. The heads' MatMuls (a classifier's pooler and
 classifier layers) are quantized with the encoder's.
+
+``int8-static`` (``INT8_STATIC_RECIPE``): ``onnxruntime.quantization.quantize_static`` in the QOperator
+format (QLinearMatMul), weights int8 per output channel in 7 bits, activations uint8 with one
+asymmetric scale per tensor from the MinMax of the calibration texts (``quantization.calibration``,
+tokenized and batched as ``TextModel.calibration_batches`` does). Two kinds of MatMul stay in float
+(``float_kept_matmuls``): those of two activations (attention's scores and context, which have no
+weight) and the down-projections (a weight with more rows than columns: a feed-forward block's output
+layer, whose input is the activation function's output, with the outliers one static scale per tensor
+cannot hold). Measured on the bundled MiniLM against the fp32 export, calibrated on the bundled 150
+texts: every MatMul quantized 0.9446 mean cosine (QDQ 0.9395; Percentile and Entropy calibration no
+better, 0.942-0.945); attention's left float 0.9440; the down-projections left float too 0.9962.
+As served (the runtime's load report, calibration in batches of 32, against torch fp32): mean cosine
+0.9943, paraphrase retrieval agreement 1.0000 (0.9513 with every sentence as a query). A third of the
+encoder's weight FLOPs stay in float, so int8-static runs between fp32 and int8-dynamic here; its
+use is a static scale a user calibrated on their own data. The quantized graph is cached beside the
+export, under a name with the calibration texts' hash.
 """
 
 from __future__ import annotations
@@ -45,11 +61,12 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import torch
 from kubeinfer.runtime.models.onnx import PLATFORM, session_options
@@ -74,6 +91,8 @@ MIN_EXPORT_LABEL_AGREEMENT = 0.99
 MAX_EXPORT_SCORE_DEVIATION = 1e-3
 #: The int8-dynamic recipe (see the module docstring), part of the quantized file's name.
 INT8_RECIPE = "int8dyn-matmul-perchannel-7bit"
+#: The int8-static recipe (see the module docstring), part of the quantized file's name.
+INT8_STATIC_RECIPE = "int8static-qop-minmax-perchannel-7bit-floatdown"
 
 
 class _Embedder(nn.Module):
@@ -229,17 +248,109 @@ def quantize_int8_dynamic(path: Path) -> Path:
     return target
 
 
+def float_kept_matmuls(graph: Any) -> list[str]:
+    """The names of the MatMul nodes of ``graph`` (an ``onnx.GraphProto``) that int8-static keeps in
+    float: those with no constant weight (two activations) and those whose 2-D weight initializer has
+    more rows than columns (a down-projection, [in, out] with in > out)."""
+    weights = {t.name: list(t.dims) for t in graph.initializer}
+    kept = []
+    for node in graph.node:
+        if node.op_type != "MatMul":
+            continue
+        dims = weights.get(node.input[1])
+        if dims is None or (len(dims) == 2 and dims[0] > dims[1]):
+            kept.append(node.name)
+    return kept
+
+
+def calibration_key(texts: Sequence[str]) -> str:
+    """12 hex digits of the calibration texts' hash (part of the int8-static graph's name)."""
+    return hashlib.sha256("\n".join(texts).encode("utf-8")).hexdigest()[:12]
+
+
+def quantize_int8_static(path: Path, batches: Iterable[dict[str, np.ndarray]], key: str) -> Path:
+    """The int8-static graph of the fp32 graph at ``path`` (``INT8_STATIC_RECIPE``), calibrated on
+    ``batches`` (feeds of the graph's inputs: int64 [rows, seq] arrays by input name), made now unless
+    the file for ``key`` (``calibration_key`` of the texts) is there already; written under a
+    temporary name and renamed.
+
+    Raises:
+        QuantizationError: no calibration batch.
+    """
+    target = path.with_name(f"{path.stem}-{INT8_STATIC_RECIPE}-{key}.onnx")
+    if target.is_file():
+        return target
+    import onnx
+    from kubeinfer.runtime.models.quantize import QuantizationError
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    feeds = list(batches)
+    if not feeds:
+        raise QuantizationError("quantization int8-static: no calibration batch to calibrate on")
+
+    class _Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._feeds = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._feeds, None)
+
+    kept = float_kept_matmuls(onnx.load(str(path), load_external_data=False).graph)
+    partial = target.with_suffix(f".{os.getpid()}.partial")
+    quantize_static(  # its calibration copy of the graph goes to a temporary directory of its own
+        str(path),
+        str(partial),
+        _Reader(),
+        quant_format=QuantFormat.QOperator,
+        op_types_to_quantize=["MatMul"],
+        per_channel=True,
+        reduce_range=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+        nodes_to_exclude=kept,
+        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+        calibration_providers=["CPUExecutionProvider"],
+    )
+    os.replace(partial, target)
+    log.info(
+        "int8-static: calibrated on %d batches, %d MatMuls kept in float, %s", len(feeds), len(kept), target
+    )
+    return target
+
+
 def use_onnxruntime(
-    model: Any, model_dir: Path, quantization: str = "none", kind: GraphKind = EMBEDDING
+    model: Any,
+    model_dir: Path,
+    quantization: str = "none",
+    kind: GraphKind = EMBEDDING,
+    calibration: Sequence[str] = (),
 ) -> None:
     """Switch ``model`` (a ``huggingface.TextModel`` on the CPU, fp32) to the ONNX Runtime engine: its
-    exported graph of ``kind`` (exported now unless the cache has it), int8-dynamic with
-    ``quantization`` ``int8-dynamic``. Afterwards ``model.session`` runs the forward pass
-    (``run_graph``); the caller compares the switched model with the torch one."""
+    exported graph of ``kind`` (exported now unless the cache has it), quantized as ``quantization``
+    says (``int8-dynamic``; ``int8-static`` calibrated on the texts ``calibration``). Afterwards
+    ``model.session`` runs the forward pass (``run_graph``); the caller compares the switched model
+    with the torch one.
+
+    Raises:
+        QuantizationError: int8-static without calibration texts.
+    """
     t0 = time.perf_counter()
     session, path, exported = onnx_session(model, model_dir, kind)
     if quantization == "int8-dynamic":
         path = quantize_int8_dynamic(path)
+        session = _cpu_session(path)
+    elif quantization == "int8-static":
+        batches = (
+            {k: v.numpy() for k, v in b.tensors.items()} for b in model.calibration_batches(calibration)
+        )
+        path = quantize_int8_static(path, batches, calibration_key(calibration))
         session = _cpu_session(path)
     model.session = session
     model.platform = PLATFORM

@@ -32,10 +32,11 @@ batching across requests (rows of every request in one padded batch), warmup ove
 sequence buckets, token counts, and quantization (every torch mode; int8 modes quantize the
 ``nn.Linear`` layers, the head's included).
 
-Engines: ``torch`` runs the head model (``module``); ``onnxruntime`` (CPU, quantization ``none`` or
-``int8-dynamic``) runs its graph exported at load by ``hf_onnx`` (``SEQUENCE_LOGITS`` for a classifier
-or reranker, ``TOKEN_LOGITS`` for a token classifier; cached; int8-dynamic by ONNX Runtime's recipe,
-``hf_onnx.INT8_RECIPE``). Only the forward pass differs (``head_logits``): labels, scores, the
+Engines: ``torch`` runs the head model (``module``); ``onnxruntime`` (CPU, quantization ``none``,
+``int8-dynamic`` or ``int8-static``) runs its graph exported at load by ``hf_onnx`` (``SEQUENCE_LOGITS``
+for a classifier or reranker, ``TOKEN_LOGITS`` for a token classifier; cached; the int8 modes by ONNX
+Runtime's recipes, ``hf_onnx.INT8_RECIPE`` and ``hf_onnx.INT8_STATIC_RECIPE``). Only the forward
+pass differs (``head_logits``): labels, scores, the
 reranker's activation, the pipeline's entity post-processing and the v2 tensors are the same on both;
 the metadata's ``platform`` names the engine (``pytorch``, ``onnxruntime_onnx``) as for the embedder.
 An fp32 export whose held-out scores deviate from the torch model's is refused
@@ -80,6 +81,7 @@ from kubeinfer.runtime.models.huggingface import (
     _check_onnxruntime,
     _decode_rows,
     _quantized,
+    calibration_texts,
     heldout_pairs,
     heldout_sentences,
     model_dir,
@@ -676,7 +678,7 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     check_supported(cfg.quantization.mode, device, cfg.quantization.skip_modules)
     engine = cfg.model.engine or "torch"
     if engine == "onnxruntime":
-        _check_onnxruntime(cfg.quantization.mode, device)
+        _check_onnxruntime(cfg.quantization, device)
     configure_torch(device)
     path = model_dir(cfg.model.source)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -718,7 +720,7 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         )
 
         graph = TOKEN_LOGITS if task == "token-classification" else SEQUENCE_LOGITS
-        use_onnxruntime(model, path, qcfg.mode, graph)
+        use_onnxruntime(model, path, qcfg.mode, graph, calibration_texts(qcfg))
     else:
         model.module = _quantized(model, qcfg, device)
     agreement, deviation_mean, deviation_max = 1.0, 0.0, 0.0

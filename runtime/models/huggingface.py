@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -270,15 +270,20 @@ class TextModel(ServableModel):
         counts: np.ndarray = prepared.tensors["attention_mask"].sum(dim=1).to(torch.int64).numpy()
         return counts
 
-    def run_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> None:
-        """Run the model on many texts (pairs: consecutive texts paired) and drop the outputs: the
-        calibration pass of int8-static."""
+    def calibration_batches(
+        self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH
+    ) -> Iterator[TokenizedBatch]:
+        """``texts`` tokenized in batches of ``batch_size`` (pairs: each text with the next one in its
+        batch, the last with the first): what int8-static calibrates on."""
         for start in range(0, len(texts), batch_size):
             chunk = list(texts[start : start + batch_size])
-            if self.pairs:
-                self.execute(self.tokenize(chunk, chunk[1:] + chunk[:1]))
-            else:
-                self.execute(self.tokenize(chunk))
+            yield self.tokenize(chunk, chunk[1:] + chunk[:1]) if self.pairs else self.tokenize(chunk)
+
+    def run_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> None:
+        """Run the model on many texts (``calibration_batches``) and drop the outputs: the calibration
+        pass of int8-static."""
+        for batch in self.calibration_batches(texts, batch_size):
+            self.execute(batch)
 
     def example_inputs(self, rows: int) -> dict[str, np.ndarray]:
         """``rows`` held-out sentences (cycled) as a BYTES tensor; for pairs, held-out pairs."""
@@ -480,12 +485,23 @@ def model_dir(source: str) -> Path:
     return path
 
 
+#: The quantization modes of the ONNX Runtime engine (``hf_onnx``).
+ONNXRUNTIME_MODES = ("none", "int8-dynamic", "int8-static")
+
+
+def calibration_texts(qcfg: QuantizationConfig) -> list[str]:
+    """int8-static: the texts of ``qcfg.calibration_path`` (``read_calibration``); other modes: none."""
+    if qcfg.mode != "int8-static":
+        return []
+    assert qcfg.calibration_path is not None  # enforced by QuantizationConfig
+    return read_calibration(qcfg.calibration_path)
+
+
 def _quantized(model: TextModel, qcfg: QuantizationConfig, device: torch.device) -> nn.Module:
     """``model.module`` quantized as ``qcfg`` says (int8-static calibrated on its calibration file)."""
     calibrate = None
     if qcfg.mode == "int8-static":
-        assert qcfg.calibration_path is not None  # enforced by QuantizationConfig
-        samples = read_calibration(qcfg.calibration_path)
+        samples = calibration_texts(qcfg)
 
         def calibrate(prepared_module: nn.Module) -> None:
             runner = copy.copy(model)
@@ -499,13 +515,19 @@ def _quantized(model: TextModel, qcfg: QuantizationConfig, device: torch.device)
     return quantized
 
 
-def _check_onnxruntime(mode: str, device: torch.device) -> None:
+def _check_onnxruntime(qcfg: QuantizationConfig, device: torch.device) -> None:
     """Raises ``QuantizationError`` / ``ValueError`` for what the ONNX Runtime engine does not serve
-    yet: a quantization mode other than ``none`` and ``int8-dynamic``, a device other than the CPU."""
-    if mode not in ("none", "int8-dynamic"):
+    yet: a quantization mode other than ``none``, ``int8-dynamic`` and ``int8-static``,
+    ``skip_modules`` (its recipes choose which MatMuls stay in float), a device other than the CPU."""
+    if qcfg.mode not in ONNXRUNTIME_MODES:
         raise QuantizationError(
-            f"quantization '{mode}' is not supported on engine onnxruntime yet; use 'none' or 'int8-dynamic' "
-            "(or engine torch)"
+            f"quantization '{qcfg.mode}' is not supported on engine onnxruntime yet; use one of "
+            f"{', '.join(ONNXRUNTIME_MODES)} (or engine torch)"
+        )
+    if qcfg.skip_modules:
+        raise QuantizationError(
+            "quantization.skip_modules applies to engine torch; on engine onnxruntime the int8 recipes "
+            "choose which MatMuls stay in float (docs/runtime.md)"
         )
     if device.type != "cpu":
         raise ValueError(
@@ -555,7 +577,7 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     sentences = heldout_sentences()
     engine = cfg.model.engine or "torch"
     if engine == "onnxruntime":
-        _check_onnxruntime(qcfg.mode, device)
+        _check_onnxruntime(qcfg, device)
     if qcfg.mode != "none" or engine == "onnxruntime":  # compared with the torch fp32 model
         t0 = time.perf_counter()
         reference = model.embed_texts(sentences)
@@ -564,7 +586,7 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     if engine == "onnxruntime":  # the fp32 module is exported; the engine quantizes its graph
         from kubeinfer.runtime.models.hf_onnx import use_onnxruntime
 
-        use_onnxruntime(model, path, qcfg.mode)
+        use_onnxruntime(model, path, qcfg.mode, calibration=calibration_texts(qcfg))
     else:
         model.module = _quantized(model, qcfg, device)
 

@@ -26,6 +26,8 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 _IO = {"name": "x", "datatype": "FP32", "shape": [-1, 2]}
+#: What a quantization mode needs beside it (int8-static: its calibration texts).
+CALIBRATION: dict[str, dict[str, Any]] = {"int8-static": {"calibration": {"uri": "/data/calibration.txt"}}}
 
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     (
@@ -93,6 +95,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("pt2-default-uri", {"model": {"format": "pt2"}}, "spec.model.uri"),
     (
+        "onnxruntime-skip-modules",
+        {
+            "quantization": {"mode": "int8-dynamic", "skipModules": ["encoder.layer.5"]},
+            "runtime": {"device": "cpu", "engine": "onnxruntime"},
+        },
+        "spec.runtime.engine",
+    ),
+    (
         "onnxruntime-bf16",
         {"quantization": {"mode": "bf16"}, "runtime": {"device": "cpu", "engine": "onnxruntime"}},
         "spec.runtime.engine",
@@ -142,7 +152,7 @@ def test_valid_minimal_manifest_gets_defaults(cluster: Cluster, crds: None, name
     [
         (task, mode)
         for task in ("text-embedding", "text-classification", "reranking", "token-classification")
-        for mode in ("none", "int8-dynamic")
+        for mode in ("none", "int8-dynamic", "int8-static")
     ],
 )
 def test_every_huggingface_task_is_accepted_on_onnxruntime(
@@ -153,7 +163,7 @@ def test_every_huggingface_task_is_accepted_on_onnxruntime(
         {
             "spec": {
                 "model": {"uri": "/models/m", "task": task},
-                "quantization": {"mode": mode},
+                "quantization": {"mode": mode, **CALIBRATION.get(mode, {})},
                 "runtime": {"engine": "onnxruntime"},
             }
         },

@@ -44,6 +44,10 @@ def test_the_engine_is_rendered_only_when_set() -> None:
         {"quantization": {"mode": "bf16"}, "runtime": {"device": "cpu", "engine": "onnxruntime"}},
         {"quantization": {"mode": "none"}, "resources": {"gpus": 1}, "runtime": {"engine": "onnxruntime"}},
         {
+            "quantization": {"mode": "int8-dynamic", "skipModules": ["encoder.layer.5"]},
+            "runtime": {"device": "cpu", "engine": "onnxruntime"},
+        },
+        {
             "model": {"uri": "/m.onnx", "format": "onnx"},
             "quantization": {"mode": "none"},
             "runtime": {"engine": "torch"},
@@ -82,12 +86,13 @@ def test_a_pt2_model_needs_no_declared_tensors_runs_on_torch_and_is_served_as_ex
 @pytest.mark.parametrize(
     "task", ["text-embedding", "text-classification", "reranking", "token-classification"]
 )
-@pytest.mark.parametrize("mode", ["none", "int8-dynamic"])
+@pytest.mark.parametrize("mode", ["none", "int8-dynamic", "int8-static"])
 def test_every_huggingface_task_runs_on_onnxruntime(task: str, mode: str) -> None:
+    calibration = {"calibration": {"uri": "/data/calibration.txt"}} if mode == "int8-static" else {}
     isvc = _isvc(
         {
             "model": {"uri": "/models/m", "task": task},
-            "quantization": {"mode": mode},
+            "quantization": {"mode": mode, **calibration},
             "runtime": {"device": "cpu", "engine": "onnxruntime"},
         }
     )

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import model_metadata_doc
-from kubeinfer.runtime.models import REPORT_COSINE_MEAN, REPORT_RETRIEVAL_AGREEMENT, load_model
+from kubeinfer.runtime.models import REPORT_COSINE_MEAN, REPORT_RETRIEVAL_AGREEMENT, hf_onnx, load_model
 from kubeinfer.runtime.models.base import TOKEN_COUNTS
+from kubeinfer.runtime.models.huggingface import read_calibration
 from kubeinfer.runtime.models.quantize import QuantizationError
 
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
@@ -103,3 +104,63 @@ def test_int8_dynamic_on_onnxruntime_quantizes_the_graph_and_reports_its_deviati
     out = quantized.execute(quantized.preprocess([rows(TEXTS)]))
     assert out["embedding"].shape == (len(TEXTS), 32)
     np.testing.assert_allclose(np.linalg.norm(out["embedding"], axis=1), 1.0, atol=1e-5)
+
+
+def test_int8_static_on_onnxruntime_calibrates_on_the_texts_and_keeps_the_outlier_matmuls_float(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx
+
+    monkeypatch.setenv("KUBEINFER_CACHE_DIR", str(tmp_path / "cache"))
+    model = {"name": "tiny", "source": str(tiny), "engine": "onnxruntime"}
+    quantized = load_model(
+        tiny_hf_config(tiny, model=model, quantization={"mode": "int8-static", "calibration_path": "default"})
+    )
+    session_file = Path(quantized.session._model_path)  # type: ignore[attr-defined]
+    texts = read_calibration("default")
+    assert session_file.name.endswith(f"{hf_onnx.INT8_STATIC_RECIPE}-{hf_onnx.calibration_key(texts)}.onnx")
+    fp32 = next(p for p in (tmp_path / "cache").glob("*.onnx") if hf_onnx.INT8_STATIC_RECIPE not in p.name)
+    kept = hf_onnx.float_kept_matmuls(onnx.load(str(fp32)).graph)
+    graph = onnx.load(str(session_file)).graph
+    ops = [n.op_type for n in graph.node]
+    # tiny BERT, 2 layers: Q, K, V, attention output, FFN up quantized; scores, context, FFN down float
+    assert ops.count("QLinearMatMul") == 2 * 5 and ops.count("MatMul") == len(kept) == 2 * 3
+    assert sorted(n.name for n in graph.node if n.op_type == "MatMul") == sorted(kept)
+    report = quantized.report()
+    assert 0.0 < report[REPORT_COSINE_MEAN] < 1.0 and 0.0 <= report[REPORT_RETRIEVAL_AGREEMENT] <= 1.0
+    out = quantized.execute(quantized.preprocess([rows(TEXTS)]))
+    np.testing.assert_allclose(np.linalg.norm(out["embedding"], axis=1), 1.0, atol=1e-5)
+    # other calibration texts make another graph; the same texts reuse it
+    other = tmp_path / "calibration.txt"
+    other.write_text("\n".join(f"calibration sentence number {i}" for i in range(40)))
+    again = load_model(
+        tiny_hf_config(
+            tiny, model=model, quantization={"mode": "int8-static", "calibration_path": str(other)}
+        )
+    )
+    assert Path(again.session._model_path) != session_file  # type: ignore[attr-defined]
+    assert len(list((tmp_path / "cache").glob(f"*{hf_onnx.INT8_STATIC_RECIPE}*.onnx"))) == 2
+
+
+def test_float_kept_matmuls_are_those_without_a_weight_and_the_down_projections() -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def weight(name: str, rows: int, cols: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.zeros((rows, cols), np.float32), name)
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "up"], ["h"], name="up"),  # [4, 16]: quantized
+        helper.make_node("MatMul", ["h", "down"], ["y"], name="down"),  # [16, 4]: float
+        helper.make_node("MatMul", ["y", "square"], ["z"], name="square"),  # [4, 4]: quantized
+        helper.make_node("MatMul", ["z", "zt"], ["scores"], name="scores"),  # two activations: float
+        helper.make_node("Add", ["scores", "scores"], ["out"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        initializer=[weight("up", 4, 16), weight("down", 16, 4), weight("square", 4, 4)],
+    )
+    assert hf_onnx.float_kept_matmuls(graph) == ["down", "scores"]

@@ -74,7 +74,8 @@ def _load(path: Path, cache: Path, engine: str, mode: str = "none") -> ServableM
     os.environ["KUBEINFER_CACHE_DIR"] = str(cache)
     try:
         model = {"name": "m", "source": str(path), "engine": engine}
-        return load_model(tiny_hf_config(path, model=model, quantization={"mode": mode}))
+        quantization = {"mode": mode, **({"calibration_path": "default"} if mode == "int8-static" else {})}
+        return load_model(tiny_hf_config(path, model=model, quantization=quantization))
     finally:
         if old is None:
             del os.environ["KUBEINFER_CACHE_DIR"]
@@ -188,13 +189,21 @@ def test_the_export_is_cached_per_model_and_kind(
     assert {p: os.stat(p).st_mtime_ns for p in cache.glob("*.onnx")} == before
 
 
+@pytest.mark.parametrize(
+    ("mode", "recipe"), [("int8-dynamic", hf_onnx.INT8_RECIPE), ("int8-static", hf_onnx.INT8_STATIC_RECIPE)]
+)
 @pytest.mark.parametrize("task", TASKS)
-def test_int8_dynamic_is_compared_with_torch_fp32(
-    task: str, models: dict[tuple[str, str], ServableModel], dirs: dict[str, Path], cache: Path
+def test_int8_is_compared_with_torch_fp32(
+    task: str,
+    mode: str,
+    recipe: str,
+    models: dict[tuple[str, str], ServableModel],
+    dirs: dict[str, Path],
+    cache: Path,
 ) -> None:
-    quantized = _load(dirs[task], cache, "onnxruntime", "int8-dynamic")
+    quantized = _load(dirs[task], cache, "onnxruntime", mode)
     assert getattr(quantized, "engine", None) == "onnxruntime"
-    assert list(cache.glob(f"*{hf_onnx.INT8_RECIPE}.onnx"))
+    assert recipe in str(quantized.session._model_path)  # type: ignore[attr-defined]
     report = quantized.report()
     reference: Any = models[task, "torch"]
     served: Any = quantized
@@ -219,3 +228,8 @@ def test_an_export_that_deviates_is_refused(
 def test_what_the_engine_does_not_serve_is_refused(dirs: dict[str, Path], cache: Path) -> None:
     with pytest.raises(QuantizationError, match="not supported on engine onnxruntime yet"):
         _load(dirs["text-classification"], cache, "onnxruntime", "bf16")
+    path = dirs["reranking"]
+    model = {"name": "m", "source": str(path), "engine": "onnxruntime"}
+    skipping = {"mode": "int8-dynamic", "skip_modules": ["bert.encoder.layer.1"]}
+    with pytest.raises(QuantizationError, match="skip_modules applies to engine torch"):
+        load_model(tiny_hf_config(path, model=model, quantization=skipping))
