@@ -777,6 +777,15 @@ class WarmupSpec(_Spec):
 
     enabled: bool = True
     steps: int = Field(default=1, ge=1, le=100)
+    dims: list[Annotated[int, Field(ge=1, le=65536)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="onnx, pt2 and torchscript models: the sizes every variable (-1) non-batch dimension "
+        "of the inputs takes in warmup, all at once, each size a pass over the batch buckets (e.g. the "
+        "sequence lengths clients send). Unset: 8. A huggingface model warms its own sequence-length "
+        "buckets.",
+    )
 
 
 class Toleration(_Spec):
@@ -1272,6 +1281,13 @@ class InferenceServiceSpec(_Spec):
                     "FieldValueInvalid",
                 ),
                 _cel(
+                    "!has(self.warmup.dims) || self.model.format != 'huggingface'",
+                    "spec.warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model "
+                    "warms its own sequence-length buckets",
+                    ".warmup.dims",
+                    "FieldValueForbidden",
+                ),
+                _cel(
                     "self.model.format != 'onnx' || self.quantization.mode == 'none'",
                     "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
                     "use none",
@@ -1345,6 +1361,23 @@ class InferenceServiceSpec(_Spec):
                 "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, int8-dynamic or "
                 "int8-static and no skipModules, in this release (spec.resources.gpus 0)"
             )
+        self._format_rules()
+        if self.resources.gpu_product is not None and gpus == 0:
+            raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
+        if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):
+            raise ValueError(
+                f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from the Secret"
+            )
+        return self
+
+    def _format_rules(self) -> None:
+        """What a model format refuses: quantizing an exported onnx or pt2 model, warmup sizes for a
+        huggingface model."""
+        if self.warmup.dims is not None and self.model.format == "huggingface":
+            raise ValueError(
+                "spec.warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model warms "
+                "its own sequence-length buckets"
+            )
         if self.model.format == "onnx" and self.quantization.mode != "none":
             raise ValueError(
                 "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
@@ -1355,13 +1388,6 @@ class InferenceServiceSpec(_Spec):
                 "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
                 "use none"
             )
-        if self.resources.gpu_product is not None and gpus == 0:
-            raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
-        if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):
-            raise ValueError(
-                f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from the Secret"
-            )
-        return self
 
     @classmethod
     def from_k8s(cls, spec: Any) -> InferenceServiceSpec:

@@ -13,7 +13,7 @@ This module is the contract between the operator and the runtime: it imports not
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -167,11 +167,23 @@ class BatchingConfig(_Strict):
         return self
 
 
+#: A size a variable non-batch dimension takes in warmup.
+WarmupDim = Annotated[int, Field(ge=1, le=65536)]
+
+
 class WarmupConfig(_Strict):
     """Warmup before readiness: every batch-size bucket up to max_batch_size, ``steps`` times."""
 
     enabled: bool = True
     steps: int = Field(default=1, ge=1, le=100)
+    dims: list[WarmupDim] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="onnx, pt2 and torchscript models: the sizes every variable (-1) non-batch dimension "
+        "of the inputs takes in warmup, all at once, each size a pass over the batch buckets (a "
+        "sequence-length sweep). Unset: 8. A huggingface model warms its own sequence-length buckets.",
+    )
 
 
 class LimitsConfig(_Strict):
@@ -244,6 +256,15 @@ class RuntimeConfig(_Strict):
     device: Device = "auto"
     executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
 
+    @model_validator(mode="after")
+    def _warmup_dims_of_tensor_models(self) -> RuntimeConfig:
+        if self.warmup.dims is not None and self.model.format == "huggingface":
+            raise ValueError(
+                "warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model warms its "
+                "own sequence-length buckets"
+            )
+        return self
+
     def file_data(self) -> dict[str, Any]:
         """What ``runtime.yaml`` holds: every field, but the optional ones at their default left out,
         so the file (and the operator's hash of it) reads as before those fields existed."""
@@ -262,6 +283,8 @@ class RuntimeConfig(_Strict):
             del data["model"]["task"]
         if self.model.aggregation_strategy is None:  # the task's default
             del data["model"]["aggregation_strategy"]
+        if self.warmup.dims is None:  # one size, the default
+            del data["warmup"]["dims"]
         return data
 
     def to_yaml(self) -> str:

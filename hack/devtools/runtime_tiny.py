@@ -158,10 +158,11 @@ TORCHSCRIPT_IO = {
 }
 
 
-def simple_onnx(path: Path, elements: int = 16) -> Path:
+def simple_onnx(path: Path, elements: int | str = 16) -> Path:
     """Write Triton's ``simple`` model as ONNX to ``path``: INT32 ``INPUT0``, ``INPUT1`` of shape
-    [batch, ``elements``] (a dynamic batch axis), ``OUTPUT0`` = their sum, ``OUTPUT1`` = their difference;
-    every tensor is declared by the model itself."""
+    [batch, ``elements``] (a dynamic batch axis; ``elements`` a name: a second dynamic axis),
+    ``OUTPUT0`` = their sum, ``OUTPUT1`` = their difference; every tensor is declared by the model
+    itself."""
     import onnx
     from onnx import TensorProto, helper
 

@@ -68,7 +68,12 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
             max_queue_size=spec.batching.max_queue_size,
             preferred_batch_sizes=list(spec.batching.preferred_batch_sizes),
         ),
-        warmup=WarmupConfig(enabled=spec.warmup.enabled, steps=spec.warmup.steps),
+        warmup=WarmupConfig(
+            enabled=spec.warmup.enabled,
+            steps=spec.warmup.steps,
+            # set only when given: left unset, runtime.yaml reads as it did before the sizes existed
+            **({} if spec.warmup.dims is None else {"dims": list(spec.warmup.dims)}),
+        ),
         server=ServerConfig(
             host="0.0.0.0",
             port=api.RUNTIME_PORT,

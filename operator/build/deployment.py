@@ -58,13 +58,15 @@ def startup_budget_seconds(isvc: api.InferenceService) -> int:
     """Seconds the startupProbe allows before the kubelet restarts a replica: load + warmup.
 
     Load: 120 s for the bundled model, 600 s for any other (a path, a PVC, fetched, an OCI image:
-    large weights); warmup: 60 s per step when enabled. The budget counts from the runtime container's
-    start: the fetch init containers run (and an image volume is pulled) before it, outside the
-    budget; they are bounded by their own stall timeout and retries (``spec.model.fetch``).
+    large weights); warmup: 60 s per step (and per size of ``spec.warmup.dims``) when enabled. The
+    budget counts from the runtime container's start: the fetch init containers run (and an image
+    volume is pulled) before it, outside the budget; they are bounded by their own stall timeout and
+    retries (``spec.model.fetch``).
     """
     spec = isvc.spec
     load = LOAD_BUDGET_SECONDS["default" if spec.model.uri == "default" else "other"]
-    warmup = WARMUP_STEP_BUDGET_SECONDS * spec.warmup.steps if spec.warmup.enabled else 0
+    passes = spec.warmup.steps * len(spec.warmup.dims or [None])
+    warmup = WARMUP_STEP_BUDGET_SECONDS * passes if spec.warmup.enabled else 0
     total: int = load + warmup
     return total
 

@@ -55,18 +55,25 @@ def load_model(cfg: RuntimeConfig) -> ServableModel:
         FileNotFoundError: the model source does not exist.
         ValueError: the configuration cannot be served (e.g. fp16 on a CPU, a bad calibration file).
     """
-    if cfg.model.format == "torchscript":
-        from kubeinfer.runtime.models.torchscript import load_torchscript
+    if cfg.model.format in ("torchscript", "onnx", "pt2"):
+        from kubeinfer.runtime.models.tensors import TensorModel
 
-        return load_torchscript(cfg)
-    if cfg.model.format == "onnx":
-        from kubeinfer.runtime.models.onnx import load_onnx
+        model: TensorModel
+        if cfg.model.format == "torchscript":
+            from kubeinfer.runtime.models.torchscript import load_torchscript
 
-        return load_onnx(cfg)
-    if cfg.model.format == "pt2":
-        from kubeinfer.runtime.models.pt2 import load_pt2
+            model = load_torchscript(cfg)
+        elif cfg.model.format == "onnx":
+            from kubeinfer.runtime.models.onnx import load_onnx
 
-        return load_pt2(cfg)
+            model = load_onnx(cfg)
+        else:
+            from kubeinfer.runtime.models.pt2 import load_pt2
+
+            model = load_pt2(cfg)
+        if cfg.warmup.dims is not None:
+            model.warmup_dims = tuple(cfg.warmup.dims)
+        return model
     from kubeinfer.runtime.models.hf_tasks import load_task_model, model_task
 
     task = model_task(cfg)

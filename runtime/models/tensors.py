@@ -6,8 +6,10 @@ configuration's ``model.inputs/outputs`` may only fix what the model leaves dyna
 
 A tensor model takes and gives tensors whose first dimension is the batch; requests batch together
 when every input's other dimensions agree (``batch_key``), and a batch is each input's requests
-concatenated on that dimension (``stack``). Warmup runs seeded random inputs (``example_inputs``) at
-batch sizes 1, 2, 4, ..., the maximum. The engine's part is ``preprocess`` (the stacked arrays to its
+concatenated on that dimension (``stack``). Warmup runs seeded random inputs (``random_inputs``) at
+batch sizes 1, 2, 4, ..., the maximum, once for each size of ``warmup_dims`` (``warmup.dims``) that the
+variable non-batch dimensions take, so that the first request at a warmed length finds the
+engine's allocations and kernels for it ready. The engine's part is ``preprocess`` (the stacked arrays to its
 own tensors) and ``execute``.
 """
 
@@ -95,13 +97,15 @@ def stack(specs: Sequence[TensorConfig], batch: Sequence[Mapping[str, np.ndarray
     return arrays
 
 
-def random_inputs(specs: Sequence[TensorConfig], rows: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs of ``rows`` rows for ``specs``; -1 non-batch dimensions take
-    ``EXAMPLE_DIM``; BYTES inputs are short ASCII strings."""
+def random_inputs(
+    specs: Sequence[TensorConfig], rows: int, seed: int = 0, dim: int = EXAMPLE_DIM
+) -> dict[str, np.ndarray]:
+    """Seeded random inputs of ``rows`` rows for ``specs``; -1 non-batch dimensions take ``dim``;
+    BYTES inputs are short ASCII strings."""
     rng = np.random.default_rng(seed)
     data: dict[str, np.ndarray] = {}
     for spec in specs:
-        shape = [rows] + [EXAMPLE_DIM if d == -1 else d for d in spec.shape[1:]]
+        shape = [rows] + [dim if d == -1 else d for d in spec.shape[1:]]
         if spec.datatype in ("FP16", "BF16", "FP32", "FP64"):
             array = rng.standard_normal(shape).astype(np.float16 if spec.datatype == "FP16" else np.float32)
             if spec.datatype == "FP64":
@@ -127,6 +131,8 @@ class TensorModel(ServableModel):
     """
 
     _report: dict[str, float]
+    #: The sizes the variable non-batch dimensions take in warmup (``warmup.dims``, set by ``load_model``).
+    warmup_dims: tuple[int, ...] = (EXAMPLE_DIM,)
 
     def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Any:
         """Requests batch together only if every input has the same non-batch dimensions."""
@@ -137,12 +143,16 @@ class TensorModel(ServableModel):
         return random_inputs(self.inputs, rows, seed)
 
     def warmup(self, max_batch_size: int, steps: int) -> float:
-        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times; return seconds."""
+        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times, at each size of
+        ``warmup_dims`` of the variable non-batch dimensions (once when there is none); return
+        seconds."""
         started = time.perf_counter()
-        for rows in batch_buckets(max_batch_size):
-            prepared = self.preprocess([self.example_inputs(rows)])
-            for _ in range(steps):
-                self.execute(prepared)
+        variable = any(d == -1 for spec in self.inputs for d in spec.shape[1:])
+        for dim in self.warmup_dims if variable else self.warmup_dims[:1]:
+            for rows in batch_buckets(max_batch_size):
+                prepared = self.preprocess([random_inputs(self.inputs, rows, dim=dim)])
+                for _ in range(steps):
+                    self.execute(prepared)
         self.max_batch_size = max_batch_size
         seconds = time.perf_counter() - started
         self._report[REPORT_WARMUP_SECONDS] = seconds

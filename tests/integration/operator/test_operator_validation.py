@@ -94,6 +94,12 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.quantization.mode",
     ),
     ("pt2-default-uri", {"model": {"format": "pt2"}}, "spec.model.uri"),
+    ("warmup-dims-on-huggingface", {"warmup": {"dims": [16, 128]}}, "spec.warmup.dims"),
+    (
+        "warmup-dims-zero",
+        {"model": {"uri": "/m.onnx", "format": "onnx"}, "warmup": {"dims": [0]}},
+        "spec.warmup.dims",
+    ),
     (
         "onnxruntime-skip-modules",
         {
@@ -177,3 +183,14 @@ def test_every_huggingface_task_is_accepted_on_onnxruntime(
         "onnxruntime",
         mode,
     )
+
+
+def test_warmup_dims_are_accepted_for_a_tensor_model(cluster: Cluster, crds: None, namespace: str) -> None:
+    manifest = _merge(
+        BASE,
+        {"spec": {"model": {"uri": "/models/m.onnx", "format": "onnx"}, "warmup": {"dims": [16, 128]}}},
+    )
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-o", "yaml", "-f", "-", input=yaml.safe_dump(manifest)
+    )
+    assert yaml.safe_load(result.stdout)["spec"]["warmup"] == {"enabled": True, "steps": 1, "dims": [16, 128]}

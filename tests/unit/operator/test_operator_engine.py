@@ -98,3 +98,22 @@ def test_every_huggingface_task_runs_on_onnxruntime(task: str, mode: str) -> Non
     )
     model = _runtime(isvc).model
     assert (model.task, model.engine) == (task, "onnxruntime")
+
+
+def test_warmup_dims_reach_the_runtime_and_the_startup_budget() -> None:
+    from kubeinfer.operator.build.deployment import WARMUP_STEP_BUDGET_SECONDS, startup_budget_seconds
+
+    model = {"uri": "/models/simple.onnx", "format": "onnx"}
+    plain = _isvc({"model": model, "quantization": {"mode": "none"}})
+    swept = _isvc(
+        {"model": model, "quantization": {"mode": "none"}, "warmup": {"steps": 2, "dims": [16, 64, 256]}}
+    )
+    assert _runtime(plain).warmup.dims is None and _runtime(swept).warmup.dims == [16, 64, 256]
+    # every size is a pass of every step: the startupProbe allows for each
+    assert startup_budget_seconds(swept) - startup_budget_seconds(plain) == WARMUP_STEP_BUDGET_SECONDS * (
+        6 - 1
+    )
+    with pytest.raises(
+        pydantic.ValidationError, match=r"spec\.warmup\.dims applies to onnx, pt2 and torchscript"
+    ):
+        _isvc({"quantization": {"mode": "none"}, "warmup": {"dims": [16]}})

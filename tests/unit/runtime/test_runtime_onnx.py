@@ -43,6 +43,61 @@ def test_tensors_come_from_the_model_and_requests_batch_along_the_first_dimensio
     assert model.warmup(8, 1) >= 0 and model.max_batch_size == 8
 
 
+def _warmed_shapes(model: OnnxModel, max_batch_size: int) -> list[tuple[int, ...]]:
+    """The INPUT0 shapes warmup runs, in order."""
+    seen: list[tuple[int, ...]] = []
+    execute = model.execute
+
+    def recording(prepared: object) -> dict[str, np.ndarray]:
+        seen.append(tuple(prepared["INPUT0"].shape))  # type: ignore[index]
+        return execute(prepared)  # type: ignore[arg-type]
+
+    model.execute = recording  # type: ignore[method-assign]
+    assert model.warmup(max_batch_size, 1) >= 0
+    return seen
+
+
+def test_warmup_runs_every_batch_bucket_at_each_size_of_the_variable_dimensions(tmp_path: Path) -> None:
+    path = simple_onnx(tmp_path / "seq.onnx", "sequence")
+    model = load_model(cfg(path))
+    assert isinstance(model, OnnxModel)
+    assert _warmed_shapes(model, 4) == [(1, 8), (2, 8), (4, 8)]  # unset: one size, 8
+    sized = RuntimeConfig.model_validate({**cfg(path).model_dump(), "warmup": {"dims": [16, 128]}})
+    model = load_model(sized)
+    assert isinstance(model, OnnxModel) and model.warmup_dims == (16, 128)
+    assert _warmed_shapes(model, 4) == [(1, 16), (2, 16), (4, 16), (1, 128), (2, 128), (4, 128)]
+    # no variable dimension: the sizes do not multiply the passes
+    fixed = RuntimeConfig.model_validate(
+        {**cfg(simple_onnx(tmp_path / "simple.onnx")).model_dump(), "warmup": {"dims": [16, 128]}}
+    )
+    model = load_model(fixed)
+    assert isinstance(model, OnnxModel)
+    assert _warmed_shapes(model, 2) == [(1, 16), (2, 16)]
+
+
+@pytest.mark.parametrize(
+    ("warmup", "message"),
+    [
+        ({"dims": [0]}, "greater than or equal to 1"),
+        ({"dims": []}, "at least 1 item"),
+        ({"dims": list(range(1, 18))}, "at most 16 items"),
+    ],
+)
+def test_bad_warmup_dims_are_refused_naming_the_field(warmup: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=rf"warmup\.dims[\s\S]*{message}"):
+        RuntimeConfig.model_validate({"model": {"format": "onnx", "source": "/m.onnx"}, "warmup": warmup})
+
+
+def test_warmup_dims_are_refused_for_a_huggingface_model_and_left_out_of_the_file_when_unset() -> None:
+    with pytest.raises(ValueError, match=r"warmup\.dims applies to onnx, pt2 and torchscript"):
+        RuntimeConfig.model_validate({"warmup": {"dims": [16]}})
+    assert "dims" not in RuntimeConfig().to_yaml()
+    on = RuntimeConfig.model_validate(
+        {"model": {"format": "onnx", "source": "/m.onnx"}, "warmup": {"dims": [64]}}
+    )
+    assert RuntimeConfig.from_yaml(on.to_yaml()).warmup.dims == [64]
+
+
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
