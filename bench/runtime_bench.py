@@ -143,7 +143,7 @@ def load_in_process(engine: str, quantization: str, threads: int) -> Any:
     from kubeinfer.runtime.models.device import THREADS_ENV
 
     cfg = RuntimeConfig.model_validate(
-        {"model": {"engine": engine}, "quantization": {"mode": quantization}, "device": "cpu"}
+        {"model": {"engine": engine}, "quantization": quantization_config(quantization), "device": "cpu"}
     )
     saved = os.environ.get(THREADS_ENV)
     os.environ[THREADS_ENV] = str(threads)
@@ -295,6 +295,11 @@ def ideal_slo_rate(
     return lo
 
 
+def quantization_config(mode: str) -> dict[str, Any]:
+    """runtime.yaml's ``quantization`` for ``mode``: int8-static calibrates on the bundled texts."""
+    return {"mode": mode, **({"calibration_path": "default"} if mode == "int8-static" else {})}
+
+
 def compare_modes(modes: list[str], max_batch: int, repeats: int, seed: int) -> dict[str, Any]:
     """Optional: every quantization mode side by side in process: the loader's deviation report and
     s(1), s(B), measured in interleaved rounds (median); speed-up relative to ``none``."""
@@ -304,10 +309,9 @@ def compare_modes(modes: list[str], max_batch: int, repeats: int, seed: int) -> 
 
     models = {}
     for mode in modes:
-        quant: dict[str, Any] = {"mode": mode}
-        if mode == "int8-static":
-            quant["calibration_path"] = "default"
-        model = load_model(RuntimeConfig.model_validate({"quantization": quant, "device": "cpu"}))
+        model = load_model(
+            RuntimeConfig.model_validate({"quantization": quantization_config(mode), "device": "cpu"})
+        )
         model.warmup(max_batch, 1)
         models[mode] = model
         progress(f"  {mode}: {model.report()}")
@@ -720,7 +724,7 @@ def max_slo_rate(points: list[dict[str, Any]]) -> float:
 
 #: The engines ``--engines`` takes (``model.engine``), and the quantization modes each one serves.
 ENGINES = ("torch", "onnxruntime")
-ENGINE_MODES = {"onnxruntime": ("none", "int8-dynamic")}
+ENGINE_MODES = {"onnxruntime": ("none", "int8-dynamic", "int8-static")}
 #: The variant every other one's figures are divided by in ``engines`` (torch fp32).
 REFERENCE = ("torch", "none")
 
@@ -809,7 +813,7 @@ def engine_variants(
         refused = [m for m in modes if served is not None and m not in served]
         if refused:
             parser.error(
-                f"--engines {engine} serves quantization {' and '.join(served or ())} only, not "
+                f"--engines {engine} serves quantization {', '.join(served or ())} only, not "
                 f"{', '.join(refused)}: drop it from --quantization or the engine from --engines"
             )
     return [(e, m) for e in engines for m in modes]
@@ -1201,7 +1205,7 @@ def run_mode(
     base = RuntimeConfig.model_validate(
         {
             "model": {"engine": engine},
-            "quantization": {"mode": args.quantization},
+            "quantization": quantization_config(args.quantization),
             "device": "cpu",
             "batching": {"max_batch_size": args.max_batch, "max_queue_size": 4096},
         }

@@ -48,7 +48,7 @@ def test_engines_cross_the_quantization_modes_in_order() -> None:
         (["--engines", ""], "at least one value"),
         (
             ["--quantization", "none,bf16"],
-            "onnxruntime serves quantization none and int8-dynamic only, not bf16",
+            "onnxruntime serves quantization none, int8-dynamic, int8-static only, not bf16",
         ),
         (["--batches", "0,8"], "--batches needs positive batch sizes"),
         (["--batches", "eight"], "--delays, --batches, --threads"),
