@@ -145,14 +145,35 @@ class TensorModel(ServableModel):
     def warmup(self, max_batch_size: int, steps: int) -> float:
         """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times, at each size of
         ``warmup_dims`` of the variable non-batch dimensions (once when there is none); return
-        seconds."""
+        seconds.
+
+        Raises:
+            ValueError: the model refuses a warmup batch (a size its variable dimensions cannot take:
+                a fixed or bounded dimension the model declares dynamic, two that must agree), naming
+                ``warmup.dims``, the size and the input shapes; the engine's error is its cause.
+        """
         started = time.perf_counter()
         variable = any(d == -1 for spec in self.inputs for d in spec.shape[1:])
         for dim in self.warmup_dims if variable else self.warmup_dims[:1]:
             for rows in batch_buckets(max_batch_size):
-                prepared = self.preprocess([random_inputs(self.inputs, rows, dim=dim)])
-                for _ in range(steps):
-                    self.execute(prepared)
+                inputs = random_inputs(self.inputs, rows, dim=dim)
+                try:
+                    prepared = self.preprocess([inputs])
+                    for _ in range(steps):
+                        self.execute(prepared)
+                except Exception as exc:
+                    shapes = ", ".join(f"'{n}' {list(a.shape)}" for n, a in inputs.items())
+                    hint = (
+                        "; set warmup.dims to sizes every variable (-1) dimension of the inputs can take "
+                        "(or fix the dimension in model.inputs)"
+                        if variable
+                        else ""
+                    )
+                    raise ValueError(
+                        f"{f'warmup.dims size {dim}' if variable else 'warmup'}: the model refuses a warmup "
+                        f"batch of {rows} row(s) with inputs {shapes}: {type(exc).__name__}: "
+                        f"{str(exc).strip()[:500]}{hint}"
+                    ) from exc
         self.max_batch_size = max_batch_size
         seconds = time.perf_counter() - started
         self._report[REPORT_WARMUP_SECONDS] = seconds

@@ -230,6 +230,18 @@ def test_torchscript_serves_declared_io(ts_cfg: RuntimeConfig) -> None:
         model.validate({"x": r1["x"], "k": np.array([1], dtype=np.int64)})
 
 
+def test_torchscript_warmup_dims_the_module_cannot_take_are_refused_naming_warmup_dims(
+    ts_cfg: RuntimeConfig,
+) -> None:
+    inputs = [{**t, "shape": [-1, -1]} if t["name"] == "x" else t for t in TORCHSCRIPT_IO["inputs"]]
+    data = ts_cfg.model_dump()
+    data["model"]["inputs"] = inputs
+    data["warmup"] = {"dims": [3, 5]}  # x is [n, 3] inside the module: 5 does not fit its Linear
+    model = load_model(RuntimeConfig.model_validate(data))
+    with pytest.raises(ValueError, match=r"warmup\.dims size 5: .*'x' \[1, 5\]"):
+        model.warmup(2, 1)
+
+
 def test_torchscript_batch_key_separates_shapes(ts_cfg: RuntimeConfig) -> None:
     model = load_model(ts_cfg)
     a = {"x": np.ones((2, 3), dtype=np.float32), "k": np.zeros(2, dtype=np.int64)}

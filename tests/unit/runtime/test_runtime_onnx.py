@@ -177,3 +177,32 @@ def test_the_model_file_of_a_directory(tmp_path: Path) -> None:
     simple_onnx(tmp_path / "one" / "other.onnx")
     with pytest.raises(FileNotFoundError, match=r"expected model\.onnx or exactly one \.onnx file"):
         model_file(str(tmp_path / "one"))
+
+
+def _fixed_inner_onnx(path: Path) -> Path:
+    """x FP32 [batch, n] @ W [8, 4]: ``n`` is declared dynamic, yet only 8 fits the weight."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "fixed-inner",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(np.ones((8, 4), np.float32), "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_warmup_size_the_model_cannot_take_is_refused_naming_warmup_dims_and_the_tensor(
+    tmp_path: Path,
+) -> None:
+    path = _fixed_inner_onnx(tmp_path / "inner.onnx")
+    assert load_model(cfg(path)).warmup(2, 1) >= 0  # unset: 8, which fits
+    sized = RuntimeConfig.model_validate({**cfg(path).model_dump(), "warmup": {"dims": [8, 16]}})
+    with pytest.raises(ValueError, match=r"warmup\.dims size 16: .*'x' \[1, 16\].*MatMul") as info:
+        load_model(sized).warmup(2, 1)
+    assert info.value.__cause__ is not None  # the engine's own error stays attached

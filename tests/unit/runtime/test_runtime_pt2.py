@@ -195,6 +195,22 @@ def test_other_dynamic_dimensions_are_minus_one_and_keyword_inputs_are_named(tmp
     np.testing.assert_array_equal(out["output_0"], [[18.0]])
 
 
+def test_a_warmup_size_outside_the_programs_range_is_refused_naming_warmup_dims(tmp_path: Path) -> None:
+    seq = torch.export.Dim("seq", min=2, max=64)
+    program = torch.export.export(
+        _Dynamic(),
+        (torch.ones(2, 5),),
+        {"scale": torch.ones(2, 1)},
+        dynamic_shapes={"x": {0: BATCH, 1: seq}, "scale": {0: BATCH}},
+    )
+    torch.export.save(program, str(tmp_path / "seq.pt2"))
+    sized = RuntimeConfig.model_validate(
+        {**cfg(tmp_path / "seq.pt2").model_dump(), "warmup": {"dims": [64, 1000]}}
+    )
+    with pytest.raises(ValueError, match=r"warmup\.dims size 1000: .*'x' \[1, 1000\]"):
+        load_model(sized).warmup(2, 1)
+
+
 def test_a_fixed_or_bounded_batch_is_refused_naming_the_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"pt2 input 'x': shape \[2, 3\] has a fixed first dimension"):
         load_model(cfg(tiny_pt2_mlp(tmp_path / "fixed.pt2", batch="fixed")))
