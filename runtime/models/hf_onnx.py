@@ -21,7 +21,8 @@ directory when it is writable, else the temporary directory (the pod's ``/tmp`` 
 name that hashes the model's ``config.json``, its weight files (names, sizes, modification times),
 torch's and transformers' versions and the graph kind's export version: a changed model, library or
 graph exports again. The file is written under a temporary name and renamed, so a crash mid-export
-leaves nothing half-written behind.
+leaves nothing half-written behind; a cached graph that does not load all the same (a copy cut short, a
+full disk) is removed and made again (``_cached_session``).
 
 At load, the exported graph is checked against the torch model on the held-out sentences: an
 embedder's mean cosine (``check_export``), a head's label agreement and largest score deviation
@@ -211,6 +212,32 @@ def _cpu_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), sess_options=session_options(), providers=["CPUExecutionProvider"])
 
 
+def _cached_session(path: Path, make: Callable[[], object]) -> tuple[ort.InferenceSession, bool]:
+    """The session of the graph at ``path``, made by ``make`` first unless the cache has it; a cached
+    file the engine cannot load (truncated or corrupt: a full disk, a copy cut short) is removed and
+    made again, once. Returns the session and whether the graph was made now.
+
+    Raises:
+        ValueError: a cached file that does not load and cannot be removed, naming it.
+    """
+    if not path.is_file():
+        make()
+        return _cpu_session(path), True
+    try:
+        return _cpu_session(path), False
+    except Exception as exc:
+        log.warning("the cached graph %s does not load (%s); making it again", path, exc)
+        try:
+            path.unlink()
+        except OSError as err:
+            raise ValueError(
+                f"the cached graph {path} does not load ({exc}) and cannot be removed ({err}); delete it, "
+                "or set KUBEINFER_CACHE_DIR to a writable directory, so that it is made again"
+            ) from exc
+    make()
+    return _cpu_session(path), True
+
+
 def onnx_session(
     model: Any, model_dir: Path, kind: GraphKind = EMBEDDING
 ) -> tuple[ort.InferenceSession, Path, bool]:
@@ -219,13 +246,14 @@ def onnx_session(
     whether it was exported now."""
     names = tuple(n for n in INPUTS if n in model._forward_args)
     path = cache_dir(model_dir) / f"{model_dir.name or 'model'}-{export_key(model_dir, kind.version)}.onnx"
-    exported = False
-    if not path.is_file():
+
+    def export() -> None:
         texts = ["kubeinfer exports this sentence", "and this one"]
         prepared = model.tokenize(texts, texts[::-1]) if model.pairs else model.tokenize(texts)
         export_graph(model.module, names, dict(prepared.tensors), path, kind)
-        exported = True
-    return _cpu_session(path), path, exported
+
+    session, exported = _cached_session(path, export)
+    return session, path, exported
 
 
 def quantize_int8_dynamic(path: Path) -> Path:
@@ -344,14 +372,20 @@ def use_onnxruntime(
     t0 = time.perf_counter()
     session, path, exported = onnx_session(model, model_dir, kind)
     if quantization == "int8-dynamic":
-        path = quantize_int8_dynamic(path)
-        session = _cpu_session(path)
+        fp32 = path
+        path = quantize_int8_dynamic(fp32)
+        session, _ = _cached_session(path, lambda: quantize_int8_dynamic(fp32))
     elif quantization == "int8-static":
-        batches = (
-            {k: v.numpy() for k, v in b.tensors.items()} for b in model.calibration_batches(calibration)
-        )
-        path = quantize_int8_static(path, batches, calibration_key(calibration))
-        session = _cpu_session(path)
+        fp32, key = path, calibration_key(calibration)
+
+        def calibrated() -> Path:
+            batches = (
+                {k: v.numpy() for k, v in b.tensors.items()} for b in model.calibration_batches(calibration)
+            )
+            return quantize_int8_static(fp32, batches, key)
+
+        path = calibrated()
+        session, _ = _cached_session(path, calibrated)
     model.session = session
     model.platform = PLATFORM
     model.engine = "onnxruntime"

@@ -97,7 +97,7 @@ def read_calibration(path: str) -> list[str]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        QuantizationError: fewer than ``MIN_CALIBRATION_SAMPLES`` lines.
+        QuantizationError: not UTF-8, or fewer than ``MIN_CALIBRATION_SAMPLES`` lines.
     """
     if path == BUNDLED_CALIBRATION:
         text = resources.files("kubeinfer.runtime.models").joinpath("data/calibration.txt").read_text("utf-8")
@@ -105,7 +105,13 @@ def read_calibration(path: str) -> list[str]:
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"quantization.calibration_path: no such file: {path}")
-        text = file.read_text("utf-8")
+        try:
+            text = file.read_text("utf-8")
+        except UnicodeDecodeError as exc:
+            raise QuantizationError(
+                f"quantization.calibration_path {path}: not UTF-8 text ({exc}); write one calibration "
+                "text per line, UTF-8 encoded"
+            ) from exc
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) < MIN_CALIBRATION_SAMPLES:
         raise QuantizationError(

@@ -164,3 +164,53 @@ def test_float_kept_matmuls_are_those_without_a_weight_and_the_down_projections(
         initializer=[weight("up", 4, 16), weight("down", 16, 4), weight("square", 4, 4)],
     )
     assert hf_onnx.float_kept_matmuls(graph) == ["down", "scores"]
+
+
+def test_a_calibration_file_that_is_not_utf8_is_refused_naming_the_field(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café au lait\n".encode("latin-1") * 20)
+    with pytest.raises(QuantizationError, match=r"quantization\.calibration_path .*latin1\.txt: not UTF-8"):
+        read_calibration(str(latin1))
+    blank = tmp_path / "blank.txt"
+    blank.write_text(" \n\t\n" * 20)
+    with pytest.raises(QuantizationError, match=r"calibration_path .*: 0 samples; need at least 10"):
+        read_calibration(str(blank))
+
+
+@pytest.mark.parametrize(
+    "quantization", [{"mode": "none"}, {"mode": "int8-static", "calibration_path": "default"}]
+)
+def test_a_truncated_or_empty_cached_graph_is_made_again(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quantization: dict[str, str]
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KUBEINFER_CACHE_DIR", str(cache))
+    config = tiny_hf_config(
+        tiny, model={"name": "tiny", "source": str(tiny), "engine": "onnxruntime"}, quantization=quantization
+    )
+    first = load_model(config)
+    want = first.execute(first.preprocess([rows(TEXTS)]))["embedding"]
+    files = sorted(cache.glob("*.onnx"))
+    for cut in files:  # a copy cut short, a full disk: each cached graph in turn
+        cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+        again = load_model(config)
+        np.testing.assert_allclose(
+            again.execute(again.preprocess([rows(TEXTS)]))["embedding"], want, atol=1e-5
+        )
+        cut.write_bytes(b"")
+        load_model(config)
+    assert sorted(cache.glob("*.onnx")) == files and not list(cache.glob("*.partial"))
+
+
+def test_a_cached_graph_that_does_not_load_and_cannot_be_removed_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = tmp_path / "m.onnx"
+    graph.write_bytes(b"not a graph")
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refuse)  # a read-only cache directory (chmod does not stop root)
+    with pytest.raises(ValueError, match=r"the cached graph .*m\.onnx does not load .*delete it"):
+        hf_onnx._cached_session(graph, lambda: None)
