@@ -218,10 +218,11 @@ def _cached_session(path: Path, make: Callable[[], object]) -> tuple[ort.Inferen
     made again, once. Returns the session and whether the graph was made now.
 
     Raises:
-        ValueError: a cached file that does not load and cannot be removed, naming it.
+        ValueError: a cached file that does not load and cannot be removed, or a graph that cannot be
+            written (a read-only or full cache directory), naming the file.
     """
     if not path.is_file():
-        make()
+        _make(path, make)
         return _cpu_session(path), True
     try:
         return _cpu_session(path), False
@@ -234,8 +235,20 @@ def _cached_session(path: Path, make: Callable[[], object]) -> tuple[ort.Inferen
                 f"the cached graph {path} does not load ({exc}) and cannot be removed ({err}); delete it, "
                 "or set KUBEINFER_CACHE_DIR to a writable directory, so that it is made again"
             ) from exc
-    make()
+    _make(path, make)
     return _cpu_session(path), True
+
+
+def _make(path: Path, make: Callable[[], object]) -> None:
+    """``make()``, the graph at ``path``; an ``OSError`` writing it becomes a ``ValueError`` naming the
+    file and ``KUBEINFER_CACHE_DIR``."""
+    try:
+        make()
+    except OSError as exc:
+        raise ValueError(
+            f"engine onnxruntime cannot write its graph {path} ({exc}); set KUBEINFER_CACHE_DIR to a "
+            "writable directory with room for the model's graphs"
+        ) from exc
 
 
 def onnx_session(

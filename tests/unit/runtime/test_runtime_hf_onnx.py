@@ -214,3 +214,13 @@ def test_a_cached_graph_that_does_not_load_and_cannot_be_removed_is_refused_nami
     monkeypatch.setattr(Path, "unlink", refuse)  # a read-only cache directory (chmod does not stop root)
     with pytest.raises(ValueError, match=r"the cached graph .*m\.onnx does not load .*delete it"):
         hf_onnx._cached_session(graph, lambda: None)
+
+
+def test_a_graph_that_cannot_be_written_is_refused_naming_the_file_and_the_cache_setting(
+    tmp_path: Path,
+) -> None:
+    def read_only() -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "m.123.partial"))
+
+    with pytest.raises(ValueError, match=r"cannot write its graph .*m\.onnx .*KUBEINFER_CACHE_DIR"):
+        hf_onnx._cached_session(tmp_path / "m.onnx", read_only)
