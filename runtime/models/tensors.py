@@ -164,8 +164,8 @@ class TensorModel(ServableModel):
                 except Exception as exc:
                     shapes = ", ".join(f"'{n}' {list(a.shape)}" for n, a in inputs.items())
                     hint = (
-                        "; set warmup.dims to sizes every variable (-1) dimension of the inputs can take "
-                        "(or fix the dimension in model.inputs)"
+                        f"; if the model cannot take {dim} there, set warmup.dims to sizes every variable "
+                        "(-1) dimension of the inputs can take (or fix the dimension in model.inputs)"
                         if variable
                         else ""
                     )
