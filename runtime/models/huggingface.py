@@ -104,7 +104,8 @@ def read_calibration(path: str) -> list[str]:
     else:
         file = Path(path)
         if not file.is_file():
-            raise FileNotFoundError(f"quantization.calibration_path: no such file: {path}")
+            what = "a directory, not a file" if file.is_dir() else "no such file"
+            raise FileNotFoundError(f"quantization.calibration_path: {what}: {path}")
         try:
             text = file.read_text("utf-8")
         except UnicodeDecodeError as exc:

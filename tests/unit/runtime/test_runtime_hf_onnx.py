@@ -171,6 +171,8 @@ def test_a_calibration_file_that_is_not_utf8_is_refused_naming_the_field(tmp_pat
     latin1.write_bytes("café au lait\n".encode("latin-1") * 20)
     with pytest.raises(QuantizationError, match=r"quantization\.calibration_path .*latin1\.txt: not UTF-8"):
         read_calibration(str(latin1))
+    with pytest.raises(FileNotFoundError, match=r"quantization\.calibration_path: a directory, not a file"):
+        read_calibration(str(tmp_path))
     blank = tmp_path / "blank.txt"
     blank.write_text(" \n\t\n" * 20)
     with pytest.raises(QuantizationError, match=r"calibration_path .*: 0 samples; need at least 10"):
