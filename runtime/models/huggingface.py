@@ -121,6 +121,8 @@ def read_calibration(path: str) -> list[str]:
         )
     if len(lines) < 100:
         log.warning("calibrating int8-static on only %d samples (100-200 recommended)", len(lines))
+    if len(lines) > MAX_CALIBRATION_SAMPLES:
+        log.info("calibrating on the first %d of %d samples", MAX_CALIBRATION_SAMPLES, len(lines))
     return lines[:MAX_CALIBRATION_SAMPLES]
 
 

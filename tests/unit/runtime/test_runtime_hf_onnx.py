@@ -118,7 +118,9 @@ def test_int8_static_on_onnxruntime_calibrates_on_the_texts_and_keeps_the_outlie
     )
     session_file = Path(quantized.session._model_path)  # type: ignore[attr-defined]
     texts = read_calibration("default")
-    assert session_file.name.endswith(f"{hf_onnx.INT8_STATIC_RECIPE}-{hf_onnx.calibration_key(texts)}.onnx")
+    key = hf_onnx.calibration_key(texts, quantized.max_sequence_length)  # type: ignore[attr-defined]
+    assert session_file.name.endswith(f"{hf_onnx.INT8_STATIC_RECIPE}-{key}.onnx")
+    assert key != hf_onnx.calibration_key(texts, 128)  # a truncation length of its own, another graph
     fp32 = next(p for p in (tmp_path / "cache").glob("*.onnx") if hf_onnx.INT8_STATIC_RECIPE not in p.name)
     kept = hf_onnx.float_kept_matmuls(onnx.load(str(fp32)).graph)
     graph = onnx.load(str(session_file)).graph
