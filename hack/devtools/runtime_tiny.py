@@ -81,17 +81,25 @@ def tiny_hf_classifier(
     return _save_with_tokenizer(BertForSequenceClassification(config), path)  # type: ignore[arg-type]
 
 
-def tiny_hf_cross_encoder(path: Path, activation: str | None = "Sigmoid") -> Path:
+def tiny_hf_cross_encoder(
+    path: Path, activation: str | None = "Sigmoid", head_std: float | None = None
+) -> Path:
     """Write the tiny BERT with a seeded one-label head (a cross-encoder reranker) and the bundled
     tokenizer to ``path``; ``config.json`` names ``activation`` (``Sigmoid``, ``Identity``) as
-    sentence-transformers' CrossEncoder does (None: no sentence-transformers entry). Returns ``path``."""
+    sentence-transformers' CrossEncoder does (None: no sentence-transformers entry). ``head_std``
+    redraws the head's weights that wide (BERT's 0.02 gives every pair nearly the same score; 0.5
+    spreads them, so a check can tell the pairs apart). Returns ``path``."""
     from transformers import BertForSequenceClassification
 
     torch.manual_seed(2)
     extra: dict[str, object] = {"num_labels": 1}
     if activation is not None:
         extra["sentence_transformers"] = {"activation_fn": f"torch.nn.modules.activation.{activation}"}
-    return _save_with_tokenizer(BertForSequenceClassification(_tiny_bert_config(**extra)), path)  # type: ignore[arg-type]
+    model = BertForSequenceClassification(_tiny_bert_config(**extra))  # type: ignore[arg-type]
+    if head_std is not None:
+        with torch.no_grad():
+            model.classifier.weight.normal_(0.0, head_std)
+    return _save_with_tokenizer(model, path)
 
 
 #: The tiny token classifier's labels (``id2label`` order): CoNLL-style BIO tags of two entity types.

@@ -8,12 +8,15 @@ Service to ``tritonclient.http`` and ``tritonclient.grpc``:
   engine, and the same directory as ``task: text-classification`` on ``engine: onnxruntime``
   (exported to ONNX in the pod at load): labels, scores and logits are those transformers computes in
   this process on the same model;
-- a tiny token classifier (task detected): its entities are ``transformers.pipeline``'s.
+- a tiny token classifier (task detected): its entities are ``transformers.pipeline``'s;
+- Triton's ``simple`` as ONNX (``format: onnx``, a ``.onnx`` file, no tensor declared) on ONNX Runtime;
+- a tiny cross-encoder reranker (task detected from its one-label head), on ``engine: onnxruntime``:
+  its scores are the sigmoid of the logits transformers computes here for each (query, text) pair.
 
 For each, concurrent requests from both clients batch together (the model's statistics count fewer
 executions than requests) with the same answers, and a wrong tensor (a wrong datatype, a wrong name)
-is a 400 over REST and INVALID_ARGUMENT over gRPC naming it. ONNX as ``format: onnx`` and the
-cross-encoder reranker are served on the real node by test_e2e_model_sources.py.
+is a 400 over REST and INVALID_ARGUMENT over gRPC naming it. test_e2e_model_sources.py serves the
+ONNX model and the reranker from every model source, with Triton's own example clients.
 
 The models are made here (hack/devtools/runtime_tiny.py) and served by the project's HTTP file
 server on the node's address (``allowInsecureHttp``): the ``.pt2`` as one file, each Hugging Face
@@ -41,7 +44,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from hack.devtools.runtime_tiny import simple_pt2, tiny_hf_classifier, tiny_hf_token_classifier
+from hack.devtools.runtime_tiny import (
+    simple_onnx,
+    simple_pt2,
+    tiny_hf_classifier,
+    tiny_hf_cross_encoder,
+    tiny_hf_token_classifier,
+)
 from hack.podnetwork import NODE_IP
 from tests.e2e.conftest import runtime_pods, wait_isvc
 from tests.e2e.test_e2e_model_sources import _service_url, _tar_gz
@@ -72,7 +81,11 @@ SERVICES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "classifier": ({}, {}, "classifier.tar.gz"),
     "classifier-ort": ({"task": "text-classification"}, {"engine": "onnxruntime"}, "classifier.tar.gz"),
     "tagger": ({}, {}, "tagger.tar.gz"),
+    "simple-onnx": ({"format": "onnx"}, {}, "simple.onnx"),
+    "reranker": ({}, {"engine": "onnxruntime"}, "reranker.tar.gz"),
 }
+#: The services that serve Triton's add/sub model (``simple``'s tensors, one format each).
+ADD_SUB = ("simple", "simple-onnx")
 CLIENTS = ((httpclient, "http"), (grpcclient, "grpc"))
 
 
@@ -81,6 +94,7 @@ class Models:
     files: FileServer
     classifier_dir: Path
     tagger_dir: Path
+    reranker_dir: Path
     sha256: dict[str, str]
 
 
@@ -97,9 +111,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Models]:
     served = work / "http"
     served.mkdir()
     simple_pt2(served / "simple.pt2", ELEMENTS)
+    simple_onnx(served / "simple.onnx", ELEMENTS)
     classifier_dir = tiny_hf_classifier(work / "classifier", LABELS)
     tagger_dir = tiny_hf_token_classifier(work / "tagger")
-    for name, directory in (("classifier", classifier_dir), ("tagger", tagger_dir)):
+    reranker_dir = tiny_hf_cross_encoder(work / "reranker", head_std=0.5)
+    for name, directory in (
+        ("classifier", classifier_dir),
+        ("tagger", tagger_dir),
+        ("reranker", reranker_dir),
+    ):
         files = {
             p.relative_to(directory).as_posix(): p.read_bytes() for p in directory.rglob("*") if p.is_file()
         }
@@ -107,7 +127,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Models]:
     sha256 = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in served.iterdir()}
     server = FileServer(served, host=NODE_IP).start()
     try:
-        yield Models(files=server, classifier_dir=classifier_dir, tagger_dir=tagger_dir, sha256=sha256)
+        yield Models(
+            files=server,
+            classifier_dir=classifier_dir,
+            tagger_dir=tagger_dir,
+            reranker_dir=reranker_dir,
+            sha256=sha256,
+        )
     finally:
         server.stop()
 
@@ -189,9 +215,9 @@ def _texts(module: Any, name: str, rows: list[str]) -> Any:
     return _tensor(module, name, np.array([t.encode() for t in rows], dtype=np.object_), "BYTES")
 
 
-def _add_sub(module: Any, client: Any, a: np.ndarray, b: np.ndarray) -> None:
+def _add_sub(module: Any, client: Any, a: np.ndarray, b: np.ndarray, name: str = "simple") -> None:
     result = client.infer(
-        "simple", [_tensor(module, "INPUT0", a, "INT32"), _tensor(module, "INPUT1", b, "INT32")]
+        name, [_tensor(module, "INPUT0", a, "INT32"), _tensor(module, "INPUT1", b, "INT32")]
     )
     out0, out1 = result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
     assert out0 is not None and out0.dtype == np.int32
@@ -255,24 +281,29 @@ def test_every_model_is_ready_from_its_fetched_file_on_its_engine(cluster: Clust
     assert "loaded pt2 simple from /mnt/models/simple.pt2 (ExportedProgram) on cpu" in logs["simple"], logs[
         "simple"
     ][-3000:]
-    assert "engine onnxruntime" in logs["classifier-ort"], logs["classifier-ort"][-3000:]
+    assert "loaded ONNX simple-onnx from /mnt/models/simple.onnx on cpu" in logs["simple-onnx"], logs[
+        "simple-onnx"
+    ][-3000:]
+    for name in ("classifier-ort", "reranker"):
+        assert "engine onnxruntime" in logs[name], logs[name][-3000:]
     assert "engine onnxruntime" not in logs["classifier"], logs["classifier"][-3000:]
 
 
 @pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])
-def test_pt2_simple_states_the_programs_tensors_and_adds_and_subtracts(
-    served: Served, module: Any, protocol: str
+@pytest.mark.parametrize(("name", "platform"), [("simple", "pytorch"), ("simple-onnx", "onnxruntime_onnx")])
+def test_simple_states_the_models_own_tensors_and_adds_and_subtracts(
+    served: Served, module: Any, protocol: str, name: str, platform: str
 ) -> None:
-    client = _client(module, served, "simple")
+    client = _client(module, served, name)
     tensor = {"datatype": "INT32", "shape": [-1, ELEMENTS]}
-    assert _metadata(client, "simple") == {
-        "platform": "pytorch",
+    assert _metadata(client, name) == {
+        "platform": platform,
         "inputs": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
         "outputs": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
     }
     a = np.arange(3 * ELEMENTS, dtype=np.int32).reshape(3, ELEMENTS)
-    _add_sub(module, client, a, np.full((3, ELEMENTS), -7, np.int32))
-    _add_sub(module, client, a[:1], a[:1] * 5)
+    _add_sub(module, client, a, np.full((3, ELEMENTS), -7, np.int32), name)
+    _add_sub(module, client, a[:1], a[:1] * 5, name)
 
 
 @pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])
@@ -307,6 +338,53 @@ def test_token_classifier_gives_the_pipelines_entities(
         _tag(module, client, pipeline, TEXTS, strategy)
 
 
+#: The reranker's scores against transformers' here: a random tiny cross-encoder scores every pair
+#: within about 1e-3 of the others (ONNX Runtime against torch differs by about 1e-7).
+RERANK_ATOL = 2e-6
+#: (query, text) pairs: one query against several texts, and another query, in one request.
+PAIRS = [
+    ("how do I reset my password?", "Reset it from the login page."),
+    ("how do I reset my password?", "The weather is sunny."),
+    ("how do I reset my password?", ""),
+    ("où est la gare ?", "La gare est à deux rues d'ici."),
+    ("", "héllo wörld ✓"),
+]
+
+
+def _rerank(module: Any, client: Any, models: Models, pairs: list[tuple[str, str]]) -> None:
+    """The scores of ``pairs`` are the sigmoid of the logits transformers computes on the same model
+    (the tiny cross-encoder's config names sentence-transformers' Sigmoid activation)."""
+    queries, texts = [q for q, _ in pairs], [t for _, t in pairs]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(models.reranker_dir))
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(str(models.reranker_dir))
+    with torch.inference_mode():
+        logits = reference.eval()(**tokenizer(queries, texts, padding=True, return_tensors="pt")).logits
+    result = client.infer("reranker", [_texts(module, "query", queries), _texts(module, "text", texts)])
+    scores = result.as_numpy("score")
+    assert scores is not None and scores.dtype == np.float32 and scores.shape == (len(pairs),)
+    want = torch.sigmoid(logits[:, 0]).numpy()
+    np.testing.assert_allclose(scores, want, atol=RERANK_ATOL)
+    if len(pairs) > 1:  # the pairs' scores lie apart: each row's score is its own pair's
+        assert np.diff(np.sort(want)).min() > 5 * RERANK_ATOL, want
+
+
+@pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])
+def test_reranker_scores_each_pair_as_transformers_does(
+    served: Served, models: Models, module: Any, protocol: str
+) -> None:
+    client = _client(module, served, "reranker")
+    assert _metadata(client, "reranker") == {
+        "platform": "onnxruntime_onnx",
+        "inputs": [
+            {"name": "query", "datatype": "BYTES", "shape": [-1]},
+            {"name": "text", "datatype": "BYTES", "shape": [-1]},
+        ],
+        "outputs": [{"name": "score", "datatype": "FP32", "shape": [-1]}],
+    }
+    _rerank(module, client, models, PAIRS)
+    _rerank(module, client, models, PAIRS[3:4])
+
+
 def _counts(served: Served, name: str) -> tuple[int, int]:
     stats = _client(httpclient, served, name).get_inference_statistics(name)["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])
@@ -329,9 +407,12 @@ def test_concurrent_requests_batch_together_with_the_same_answers(
         if name == "tagger":
             start.wait()
             _tag(module, client, pipeline, texts, ("simple", None)[i % 2])
-        elif name == "simple":
+        elif name in ADD_SUB:
             start.wait()
-            _add_sub(module, client, a, b)
+            _add_sub(module, client, a, b, name)
+        elif name == "reranker":
+            start.wait()
+            _rerank(module, client, models, [PAIRS[(i + j) % len(PAIRS)] for j in range(rows[i])])
         else:
             start.wait()
             _classify(module, client, name, models, texts)
@@ -345,7 +426,7 @@ def test_concurrent_requests_batch_together_with_the_same_answers(
 
 
 def _wrong_tensors(module: Any, name: str) -> list[tuple[list[Any], str]]:
-    if name == "simple":
+    if name in ADD_SUB:
         good = np.ones((1, ELEMENTS), np.int32)
         return [
             (
@@ -358,6 +439,17 @@ def _wrong_tensors(module: Any, name: str) -> list[tuple[list[Any], str]]:
             (
                 [_tensor(module, "INPUT0", good, "INT32"), _tensor(module, "INPUT2", good, "INT32")],
                 "input tensor 'INPUT1' is missing",
+            ),
+        ]
+    if name == "reranker":
+        return [
+            (
+                [_texts(module, "query", ["q"]), _tensor(module, "text", np.zeros(1, np.float32), "FP32")],
+                "input tensor 'text': expected datatype BYTES",
+            ),
+            (
+                [_texts(module, "query", ["q"]), _texts(module, "texts", ["hello"])],
+                "input tensor 'text' is missing",
             ),
         ]
     return [
