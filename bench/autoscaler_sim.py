@@ -410,6 +410,41 @@ def _morning_ramp_bursts(n: int, rng: np.random.Generator) -> np.ndarray:
     return ramp * bursts * _ar1_log_noise(n, rng, 0.9, 0.08)
 
 
+def _push_notification(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    # A push notification at 900 s: x3 within 20 s, users trickling away with a 3-minute time constant.
+    rise = np.clip((t - 900.0) / 20.0, 0.0, 1.0)
+    decay = np.where(t < 920.0, 1.0, np.exp(-(t - 920.0) / 180.0))
+    return 1.2 * (1.0 + 2.0 * rise * decay) * _ar1_log_noise(n, rng, 0.9, 0.1)
+
+
+def _evening_winddown(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    # 3.5 mu for 5 minutes, then a 25-minute linear fall to 0.6 mu that stays.
+    shape = np.interp(t, [0, 300, 1800, n], [3.5, 3.5, 0.6, 0.6])
+    return shape * _ar1_log_noise(n, rng, 0.95, 0.08)
+
+
+def _scraper_onoff(n: int, rng: np.random.Generator) -> np.ndarray:
+    # 1.5 mu of users plus a scraper of 1 mu that is on for Exp(120 s) and off for Exp(240 s).
+    scraper = np.empty(n)
+    on, i = False, 0
+    while i < n:
+        stay = max(1, int(rng.exponential(120.0 if on else 240.0)))
+        scraper[i : i + stay] = 1.0 if on else 0.0
+        i += stay
+        on = not on
+    return (1.5 + scraper) * _ar1_log_noise(n, rng, 0.9, 0.1)
+
+
+def _two_region_waves(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    # Two regions' busy hours, one after the other, with x1.4 bursts of 15-25 s (mean gap 300 s).
+    waves = 0.6 + 1.8 * np.exp(-(((t - 900.0) / 500.0) ** 2)) + 1.5 * np.exp(-(((t - 2100.0) / 500.0) ** 2))
+    bursts = _poisson_bursts(n, rng, 300.0, (15.0, 25.0), 1.4)
+    return waves * bursts * _ar1_log_noise(n, rng, 0.9, 0.08)
+
+
 Shape = Callable[[int, np.random.Generator], np.ndarray | tuple[np.ndarray, np.ndarray]]
 
 
@@ -446,13 +481,20 @@ BUILTIN: dict[str, tuple[Shape, int]] = {
 #: Later batches of natural traces, each written to a folder of its own before any policy change runs on
 #: them (``--write-traces DIR --batch NAME``, run with ``--traces DIR``), so that bench/traces/ stays the
 #: set the passes of bench/traces/README.md describe. ``peers_batch``: written after the peers' frontier
-#: (bench/autoscaler_frontier.py) and before any policy change was tried against it.
+#: (bench/autoscaler_frontier.py) and before any policy change was tried against it; ``batch6``: written
+#: after the policy became typed rules (41827a4) and before any controller ran on it.
 BATCHES: dict[str, dict[str, tuple[Shape, int]]] = {
     "peers_batch": {
         "flash_sale": (_flash_sale, 1800),
         "fanout_cron": (_fanout_cron, 2400),
         "backfill_window": (_backfill_window, 2400),
         "morning_ramp_bursts": (_morning_ramp_bursts, 3000),
+    },
+    "batch6": {
+        "push_notification": (_push_notification, 2400),
+        "evening_winddown": (_evening_winddown, 2400),
+        "scraper_onoff": (_scraper_onoff, 2400),
+        "two_region_waves": (_two_region_waves, 3000),
     },
 }
 
