@@ -25,11 +25,16 @@ kubernetes_sd and refuses such a job ("field kubernetes_sd_configs not found").
 
 :meth:`stop` then :meth:`start` restarts on the same port with the same TSDB directory (the
 autoscaler tests take Prometheus away and bring it back).
+
+:meth:`PrometheusServer.backfill` writes past samples (:class:`Series`) into the TSDB as blocks, the way
+an operator imports history (``promtool tsdb create-blocks-from openmetrics``, Debian's promtool), and
+restarts the server so that it loads them: a test can give a service a past it did not live through.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,8 @@ import yaml
 from hack.procs import die_with_parent
 
 PROMETHEUS_BIN = Path("/usr/bin/prometheus")
+#: Debian's promtool (the same package), for :meth:`PrometheusServer.backfill`.
+PROMTOOL_BIN = Path("/usr/bin/promtool")
 #: Prometheus with kubernetes_sd for the one-node cluster, built by ``make setup`` (step 7).
 NODE_PROMETHEUS_BIN = Path(__file__).resolve().parents[2] / ".cache" / "bin" / "prometheus"
 
@@ -167,6 +175,44 @@ def podmonitor_scrape_config(
         "kubernetes_sd_configs": [sd],
         "relabel_configs": relabel,
     }
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series to backfill: metric ``name``, its ``labels`` and ``samples`` as ``(unix seconds, value)``
+    pairs, oldest first."""
+
+    name: str
+    labels: Mapping[str, str]
+    samples: Sequence[tuple[float, float]]
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def openmetrics_text(series: Iterable[Series]) -> str:
+    """``series`` in the OpenMetrics text format with timestamps, as ``promtool tsdb
+    create-blocks-from openmetrics`` reads it: one ``unknown``-typed family per metric name (a family's
+    series together), ``# EOF`` at the end.
+
+    Raises ValueError when a series' timestamps do not increase.
+    """
+    families: dict[str, list[Series]] = {}
+    for one in series:
+        times = [t for t, _ in one.samples]
+        if any(b <= a for a, b in itertools.pairwise(times)):
+            raise ValueError(f"series {one.name}{dict(one.labels)}: timestamps must increase")
+        families.setdefault(one.name, []).append(one)
+    lines: list[str] = []
+    for name, members in families.items():
+        lines.append(f"# TYPE {name} unknown")
+        for one in members:
+            labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(one.labels.items()))
+            head = f"{name}{{{labels}}}" if labels else name
+            lines.extend(f"{head} {float(value)!r} {t:.3f}" for t, value in one.samples)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
 
 
 def _snake(camel: str) -> str:
@@ -330,6 +376,39 @@ class PrometheusServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def backfill(self, series: Sequence[Series], *, promtool: Path = PROMTOOL_BIN) -> None:
+        """Write ``series`` into this server's TSDB as blocks and (re)start it so that it loads them.
+
+        The samples may lie before this server's own and overlap them in time: Prometheus merges
+        overlapping blocks and the head at query time (vertical compaction is always on from 2.39).
+        The server is stopped for the write (``promtool tsdb create-blocks-from openmetrics`` into the
+        data directory) and started again, on the same port, whether or not it was running and whether
+        or not promtool took the input.
+
+        Raises PrometheusError with promtool's output when it is missing or refuses the input, and
+        ValueError from :func:`openmetrics_text`.
+        """
+        text = openmetrics_text(series)
+        if not os.access(promtool, os.X_OK):
+            raise PrometheusError(f"{promtool} is missing: run `make setup` (apt-get install prometheus)")
+        self.stop()
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.data_dir.mkdir(exist_ok=True)
+            source = self.workdir / "backfill.om"
+            source.write_text(text)
+            done = subprocess.run(
+                [str(promtool), "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.data_dir)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise PrometheusError(f"promtool refused the backfill: {(done.stdout + done.stderr)[-2000:]}")
+        finally:
+            self.start()
 
     # -------------------------------------------------------------------- targets
 

@@ -6,7 +6,9 @@ responses plus ``deriv`` of the requests in flight) as a range query, as ``loop.
 first tick, and must give that rate back, one sample per step. The second test drops the rate suddenly
 and checks that the history read back carries what the policy holds for a level the traffic left
 (``headroom.left_level``): the decision of an operator restarted after the drop keeps the replicas of
-the level, where one that relearns from nothing follows the traffic down.
+the level, where one that relearns from nothing follows the traffic down. The third writes a past with
+recurring bursts into the TSDB (``PrometheusServer.backfill``, as the end-to-end burst-headroom test
+does) and checks that it reads back exactly and gives the burst headroom's count.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from kubeinfer.operator.autoscale.signals import default_queries
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import start_http_server
 
-from hack.devtools.prom import PrometheusServer
+from hack.devtools.prom import PrometheusError, PrometheusServer, Series
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -140,3 +142,75 @@ def test_autoscale_history_carries_a_level_left_suddenly(prometheus: PrometheusS
         fresh = decide(obs, current, policy, State(), now)
         assert "left suddenly" not in fresh.reason
         assert fresh.state.recommendations[-1][1] == 1
+
+
+PAST_RATE, PAST_BURST = 66.0, 1.8  # requests/s, and its bursts' factor
+
+
+def _bursty_past(service: str, end: float) -> list[Series]:
+    """15 minutes up to ``end`` (Unix seconds) at ``PAST_RATE`` with x``PAST_BURST`` bursts of 20 s every
+    3 minutes (farther apart than two reaction times, or they would read as a level), 1 s samples, as a
+    runtime's request counter and in-flight gauge."""
+    labels = {"namespace": "t", "inferenceservice": service, "pod": "gone"}
+    counter, inflight, total = [], [], 0.0
+    for t in range(int(end) - 900, int(end) + 1):
+        total += PAST_RATE * (PAST_BURST if (t - int(end)) % 180 < 20 and t < end - 90 else 1.0)
+        counter.append((float(t), total))
+        inflight.append((float(t), 0.0))
+    return [
+        Series("kubeinfer_requests_total", labels, counter),
+        Series("kubeinfer_inflight_requests", labels, inflight),
+    ]
+
+
+def test_autoscale_history_backfilled_with_bursts_gives_the_burst_headroom(
+    prometheus: PrometheusServer,
+) -> None:
+    # A past the server did not scrape, written as blocks (promtool) and loaded by a restart, is what
+    # the history query reads back; an operator restarted onto it keeps the headroom its bursts need.
+    prometheus.backfill(_bursty_past("past", time.time() - 5))
+    client = PrometheusSignals(PrometheusConfig(url=prometheus.url))
+    try:
+        wall = dt.datetime.now(dt.UTC)
+        queries = default_queries("t", "past", "10s", arrival_window="10s")
+        samples = client.history(queries.arrival_rate, wall - dt.timedelta(seconds=900), wall, 5.0)
+    finally:
+        client.close()
+    rates = sorted(v for _, v in samples)
+    print(f"{len(samples)} samples: median {rates[len(rates) // 2]:.1f}/s, max {rates[-1]:.1f}/s")
+    assert len(samples) >= 170
+    assert rates[len(rates) // 2] == pytest.approx(PAST_RATE, rel=1e-6)
+    assert rates[-1] == pytest.approx(PAST_BURST * PAST_RATE, rel=1e-6)
+    policy = Policy(target_p99_seconds=1.0)
+    now = 5000.0
+    state = restore_arrivals(
+        State(), [(wall.timestamp() - ts, v) for ts, v in samples], now=now, policy=policy
+    )
+    # s(b) = 40 ms + 20 ms*b, B = 4: a replica serves 33.3/s at the SLO; the rate is two replicas' worth.
+    obs = Observation(
+        p99_seconds=0.3,
+        gpu_utilization=0.6,
+        request_rate=PAST_RATE,
+        queue_size=0.0,
+        inflight_requests=0.0,
+        sample_age_seconds=1.0,
+        arrival_rate=PAST_RATE,
+        service_time_a_seconds=0.04,
+        service_time_c_seconds=0.02,
+        max_batch_size=4,
+    )
+    current = Current(replicas=3, batch_timeout_seconds=0.005, ready_replicas=3)
+    restored = decide(obs, current, policy, state, now)
+    print(restored.reason)
+    assert "burst headroom x1.80 learned from" in restored.reason
+    assert restored.replicas == math.ceil(PAST_BURST * PAST_RATE / (4 / 0.12)) == 4
+    assert decide(obs, current, policy, State(), now).replicas == 3  # nothing learned: the rule's 3
+
+
+def test_a_backfill_promtool_refuses_is_an_error_and_the_server_runs_again(
+    prometheus: PrometheusServer,
+) -> None:
+    with pytest.raises(PrometheusError, match="promtool refused the backfill"):
+        prometheus.backfill([Series("m", {"0bad": "label name"}, [(time.time() - 60, 1.0)])])
+    assert prometheus.running
+    assert prometheus.query("vector(1)")[0]["value"][1] == "1"

@@ -1,0 +1,37 @@
+"""``hack.devtools.prom.openmetrics_text``: the OpenMetrics text ``promtool tsdb create-blocks-from
+openmetrics`` reads, for the backfill the autoscaler's tests write history with."""
+
+from __future__ import annotations
+
+import pytest
+
+from hack.devtools.prom import Series, openmetrics_text
+
+
+def test_openmetrics_text_groups_families_with_timestamps_and_ends_with_eof() -> None:
+    text = openmetrics_text(
+        [
+            Series("reqs_total", {"pod": "b", "namespace": "ns"}, [(100.0, 1.0), (101.5, 3.0)]),
+            Series("inflight", {}, [(100.0, 0.0)]),
+            Series("reqs_total", {"pod": "c"}, [(100.0, 2.0)]),
+        ]
+    )
+    assert text == (
+        "# TYPE reqs_total unknown\n"
+        'reqs_total{namespace="ns",pod="b"} 1.0 100.000\n'
+        'reqs_total{namespace="ns",pod="b"} 3.0 101.500\n'
+        'reqs_total{pod="c"} 2.0 100.000\n'
+        "# TYPE inflight unknown\n"
+        "inflight 0.0 100.000\n"
+        "# EOF\n"
+    )
+
+
+def test_openmetrics_text_escapes_label_values() -> None:
+    text = openmetrics_text([Series("m", {"a": 'say "hi"\\\n'}, [(1.0, 1)])])
+    assert 'm{a="say \\"hi\\"\\\\\\n"} 1.0 1.000' in text
+
+
+def test_openmetrics_text_refuses_timestamps_that_do_not_increase() -> None:
+    with pytest.raises(ValueError, match=r"series m\{'pod': 'p'\}: timestamps must increase"):
+        openmetrics_text([Series("m", {"pod": "p"}, [(2.0, 1.0), (2.0, 2.0)])])
