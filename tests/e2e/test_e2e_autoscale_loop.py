@@ -25,27 +25,22 @@ stops and restarts that Prometheus; it is restarted whatever happens).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
-import re
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
-from kubeinfer.operator.api import parse_duration
 
 from hack.devtools.prom import PrometheusServer
+from tests.e2e.autoscaled import Load, ServiceView, gauge
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE, runtime_pods
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaled"
-MODEL = "minilm"
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -78,120 +73,7 @@ def isvc_manifest(namespace: str) -> dict[str, Any]:
     return doc
 
 
-class Load:
-    """Requests to ``url`` (host:port) from an asyncio loop in a thread, one connection each.
-
-    ``rate`` > 0: open loop, that many requests per second; ``concurrency`` > 0: closed loop.
-    """
-
-    def __init__(self, url: str, *, rate: float = 0.0, concurrency: int = 0) -> None:
-        self.url = url
-        self.rate = rate
-        self.concurrency = concurrency
-        self.sent = 0
-        self.ok = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-        body = {
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["A short sentence."]}]
-        }
-        self._body = body
-
-    def __enter__(self) -> Load:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    async def _one(self, client: httpx.AsyncClient) -> None:
-        self.sent += 1
-        try:
-            r = await client.post(f"http://{self.url}/v2/models/{MODEL}/infer", json=self._body)
-            self.ok += r.status_code == 200
-        except httpx.HTTPError:
-            await asyncio.sleep(0.05)
-
-    async def _main(self) -> None:
-        limits = httpx.Limits(max_connections=MAX_QUEUE, max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=10.0, limits=limits, headers={"Connection": "close"}) as client:
-            if self.concurrency:
-
-                async def worker() -> None:
-                    while not self._stop.is_set():
-                        await self._one(client)
-
-                await asyncio.gather(*(worker() for _ in range(self.concurrency)))
-            else:
-                tasks: set[asyncio.Task[None]] = set()
-                while not self._stop.is_set():
-                    task = asyncio.create_task(self._one(client))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    await asyncio.sleep(1.0 / self.rate)
-                if tasks:
-                    await asyncio.wait(tasks, timeout=10)
-
-
-def gauge(target: str, metric: str) -> float | None:
-    text = httpx.get(f"http://{target}/metrics", timeout=5).text
-    m = re.search(rf"^{metric}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M)
-    return float(m.group(1)) if m else None
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
-
-
-class _Service:
-    """Reads of the InferenceService under test, its Deployment, pods and Prometheus targets."""
-
-    def __init__(self, cluster: Cluster, namespace: str, prometheus: PrometheusServer) -> None:
-        self.cluster, self.namespace, self.prometheus = cluster, namespace, prometheus
-
-    def ready_targets(self) -> list[str]:
-        """``<pod IP>:8080`` of the Ready runtime pods."""
-        pods = runtime_pods(self.cluster, self.namespace, NAME)
-        return [f"{p['status']['podIP']}:8080" for p in pods if _ready(p)]
-
-    def isvc(self) -> dict[str, Any]:
-        obj: dict[str, Any] = self.cluster.get_json(
-            "inferenceservices.kubeinfer.io", NAME, "-n", self.namespace
-        )
-        return obj
-
-    def replicas(self) -> int:
-        return int(self.cluster.get_json("deployment", NAME, "-n", self.namespace)["spec"]["replicas"])
-
-    def batch_timeout(self) -> float | None:
-        text = (self.isvc().get("status") or {}).get("batchTimeout")
-        return parse_duration(text) if text else None
-
-    def decision_time(self) -> Any:
-        return (self.isvc()["status"].get("lastDecision") or {}).get("time")
-
-    def condition(self) -> tuple[str, str]:
-        for c in (self.isvc().get("status") or {}).get("conditions") or []:
-            if c.get("type") == "AutoscalingActive":
-                return str(c.get("status")), str(c.get("reason"))
-        return "", ""
-
-    def scraped(self, target: str) -> bool:
-        return any(
-            t["labels"].get("instance") == target
-            and t["health"] == "up"
-            and t["labels"].get("inferenceservice") == NAME
-            for t in self.prometheus.active_targets()
-        )
-
-    def url(self) -> str:
-        svc = self.cluster.get_json("service", NAME, "-n", self.namespace)
-        port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
-        return f"{svc['spec']['clusterIP']}:{port}"
-
-
-def _batch_timeout_falls(s: _Service, url: str, target: str) -> None:
+def _batch_timeout_falls(s: ServiceView, url: str, target: str) -> None:
     """Phase 1: P99 over target with idle executors: the batch timeout falls, the running pod applies it."""
     with Load(url, rate=3.0):
         wait_until(
@@ -209,7 +91,7 @@ def _batch_timeout_falls(s: _Service, url: str, target: str) -> None:
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
-def _saturated_scales_up(s: _Service, url: str) -> float:
+def _saturated_scales_up(s: ServiceView, url: str) -> float:
     """Phase 2: saturated, replicas rise and the new pod turns Ready. Returns the batch timeout then."""
     with Load(url, concurrency=8) as probe:
         time.sleep(3.0)
@@ -230,7 +112,7 @@ def _saturated_scales_up(s: _Service, url: str) -> float:
     return timeout_after_load
 
 
-def _prometheus_outage_holds(s: _Service) -> Any:
+def _prometheus_outage_holds(s: ServiceView) -> Any:
     """Phase 4: Prometheus stopped, nothing changes and the condition says why; phase 5: it is
     started again (whatever happens). Returns the last decision's time before the outage."""
     s.prometheus.stop()
@@ -255,7 +137,7 @@ def test_autoscale_closes_the_loop(
     node_prometheus: PrometheusServer,
     namespace: str,
 ) -> None:
-    s = _Service(cluster, namespace, node_prometheus)
+    s = ServiceView(cluster, namespace, node_prometheus, NAME)
     cluster.apply(isvc_manifest(namespace))
     try:
         targets = wait_until(s.ready_targets, timeout=240, interval=1.0, message="one ready runtime pod")
