@@ -336,8 +336,11 @@ def summarize(rows: dict[str, Any]) -> dict[str, Any]:
 def by_setting(rows: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each peer setting alone over every trace that has ``peers`` (one configuration for all traces, as
     a user runs it): on how many traces it dominates kubeinfer (``dominates``, the names), on how many
-    kubeinfer is at least as good on both axes (``kubeinfer_at_least_on_both``), and kubeinfer's
-    replica-seconds over all those traces over the setting's."""
+    kubeinfer is at least as good on both axes (``kubeinfer_at_least_on_both``), kubeinfer's
+    replica-seconds over all those traces over the setting's, and over all of them at once: the mean SLO
+    attainment of the setting and of kubeinfer (``mean_slo``, ``kubeinfer_mean_slo``) and whether the
+    setting dominates kubeinfer on (mean SLO attainment, total replica-seconds)
+    (``dominates_over_all``)."""
     out: dict[str, dict[str, Any]] = {}
     with_peers = {n: r for n, r in rows.items() if "peers" in r}
     families = list(dict.fromkeys(fam for r in with_peers.values() for fam in r["peers"]))
@@ -355,14 +358,21 @@ def by_setting(rows: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for n, (k, p) in pairs.items()
             if k["slo_attainment"] >= p["slo_attainment"] and k["replica_seconds"] <= p["replica_seconds"]
         ]
+        ki_cost = sum(k["replica_seconds"] for k, _ in pairs.values())
+        cost = sum(p["replica_seconds"] for _, p in pairs.values())
+        ki_slo = sum(k["slo_attainment"] for k, _ in pairs.values()) / len(pairs)
+        slo = sum(p["slo_attainment"] for _, p in pairs.values()) / len(pairs)
+        over_all = dominance(
+            {"slo_attainment": ki_slo, "replica_seconds": ki_cost},
+            {"p": {"slo_attainment": slo, "replica_seconds": cost}},
+        )
         out[f"{fam} {key}"] = {
             "dominates": sorted(dom),
             "kubeinfer_at_least_on_both": len(both),
-            "replica_seconds_ratio": round(
-                sum(k["replica_seconds"] for k, _ in pairs.values())
-                / sum(p["replica_seconds"] for _, p in pairs.values()),
-                3,
-            ),
+            "replica_seconds_ratio": round(ki_cost / cost, 3),
+            "mean_slo": round(slo, 4),
+            "kubeinfer_mean_slo": round(ki_slo, 4),
+            "dominates_over_all": bool(over_all["dominated"]),
         }
     return out
 
@@ -444,13 +454,25 @@ def table(result: dict[str, Any]) -> str:
             f"({', '.join(s['dominated']) or 'none'}); not dominated on {s['not_dominated_count']}.",
             "",
             "| one peer setting on every trace | dominates kubeinfer on | kubeinfer at least as good on both "
-            "| kubeinfer's replica-s over all traces / its |",
-            "|---|---|---|---|",
+            "| kubeinfer's replica-s over all traces / its | its mean SLO (kubeinfer's) | dominates over all "
+            "traces |",
+            "|---|---|---|---|---|---|",
             *(
                 f"| {label} | {len(b['dominates'])} ({', '.join(b['dominates']) or '-'}) | "
-                f"{b['kubeinfer_at_least_on_both']} | {b['replica_seconds_ratio']:.3f} |"
+                f"{b['kubeinfer_at_least_on_both']} | {b['replica_seconds_ratio']:.3f} | "
+                f"{b['mean_slo']:.4f} ({b['kubeinfer_mean_slo']:.4f}) | "
+                f"{'yes' if b['dominates_over_all'] else 'no'} |"
                 for label, b in s["by_setting"].items()
             ),
+            "",
+            "Over all traces at once (mean SLO attainment, total replica-seconds), "
+            + (
+                "dominated by "
+                + ", ".join(label for label, b in s["by_setting"].items() if b["dominates_over_all"])
+                if any(b["dominates_over_all"] for b in s["by_setting"].values())
+                else "no setting dominates kubeinfer"
+            )
+            + ".",
             "",
             *s["verdict"],
             "",
@@ -458,9 +480,53 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def combine(paths: Sequence[Path]) -> dict[str, Any]:
+    """The traces of several runs' JSON (``--out`` files of this script) summarized together, without
+    simulating: ``{"traces", "summary", "config": {"combined": [{"file", "command", "seeds"}, ...]}}``.
+    Each run keeps its own seeds (every controller of a run saw the same arrivals).
+
+    Raises ValueError naming the file when one is not such a JSON or two runs share a trace name, and
+    OSError when one cannot be read.
+    """
+    traces: dict[str, Any] = {}
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            rows, config = data["traces"], data["config"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a result of bench/autoscaler_frontier.py ({exc!r})") from exc
+        for name, row in rows.items():
+            if name in traces:
+                raise ValueError(f"{path}: trace {name!r} is also in an earlier file")
+            traces[name] = row
+        runs.append({"file": str(path), "command": config.get("command"), "seeds": config.get("seeds")})
+    return {"config": {"combined": runs}, "traces": traces, "summary": summarize(traces)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="summarize the traces of these runs together, without simulating (e.g. the default run and "
+        "those of later batches); needs --out",
+    )
     args, cfg, source, traces = sim.parse_run_args(ap, argv, DEFAULT_OUT, jobs_help="traces run at once")
+    if args.combine:
+        if args.out == DEFAULT_OUT or args.out in args.combine:
+            ap.error("--combine: give --out another file than the runs' and the default result")
+        try:
+            result = combine(args.combine)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--combine: {exc}")
+        result["config"]["command"] = "bench/autoscaler_frontier.py " + " ".join(
+            sys.argv[1:] if argv is None else argv
+        )
+        sim.write_results(args.out, result, table(result))
+        return 0
     a, c = cfg.a, cfg.c
     settings = peer_settings(cfg)
     print(f"s(b) = {a * 1000:.2f} ms + {c * 1000:.3f} ms*b ({source}); peer settings:", flush=True)

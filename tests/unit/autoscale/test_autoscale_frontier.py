@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -172,10 +173,25 @@ def test_autoscale_frontier_summary_lists_the_dominated_traces() -> None:
         "dominates": ["bursty"],
         "kubeinfer_at_least_on_both": 0,
         "replica_seconds_ratio": round(12000 / 11000, 3),
+        # over both traces at once it is cheaper but its mean SLO is lower: not dominated
+        "mean_slo": 0.965,
+        "kubeinfer_mean_slo": 0.9845,
+        "dominates_over_all": False,
     }
     assert list(s["by_setting"]) == ["hpa_gpu 0.80", "knative_kpa 18.3"]
     text = fr.table({"traces": rows, "summary": s})
     assert "Dominated on 1 of 2 traces (bursty)" in text and text.rstrip().endswith(s["verdict"][0])
+    assert (
+        "Over all traces at once (mean SLO attainment, total replica-seconds), no setting dominates" in text
+    )
+    # a setting better on the mean and cheaper in total dominates over all, though not on calm
+    rows["bursty"] = row(
+        {"slo_attainment": 0.90, "replica_seconds": 6000.0},
+        {"slo_attainment": 0.99, "replica_seconds": 5500.0},
+    )
+    over_all = fr.summarize(rows)["by_setting"]["knative_kpa 18.3"]
+    assert over_all["dominates"] == ["bursty"] and over_all["dominates_over_all"] is True
+    assert "dominated by knative_kpa 18.3." in fr.table({"traces": rows, "summary": fr.summarize(rows)})
     calm_only = fr.summarize({"calm": rows["calm"]})
     assert calm_only["dominated"] == [] and calm_only["verdict"] == ["not dominated"]
 
@@ -195,3 +211,59 @@ def test_autoscale_frontier_peer_settings_sweep_each_knob() -> None:
         and kpa.label == f"knative_kpa {kpa.value:.1f}"
     )
     assert next(p for p in settings if p.family == "hpa_gpu").label == "hpa_gpu 0.50"
+
+
+def _result(path: Path, names: list[str], seeds: list[int]) -> Path:
+    row = {
+        "kubeinfer": {"slo_attainment": 1.0, "replica_seconds": 1000.0},
+        "hpa_gpu_by_target": {"0.80": POINTS[0.8]},
+        "cost_matched": None,
+        "slo_matched": None,
+        "peers": {"hpa_gpu": {"0.80": POINTS[0.8]}},
+        "dominance": fr.dominance(
+            {"slo_attainment": 1.0, "replica_seconds": 1000.0}, {"hpa_gpu 0.80": POINTS[0.8]}
+        ),
+    }
+    data = {"config": {"command": f"run {path.stem}", "seeds": seeds}, "traces": dict.fromkeys(names, row)}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_autoscale_frontier_combine_summarizes_several_runs_together(tmp_path: Path) -> None:
+    a = _result(tmp_path / "a.json", ["step", "ramp"], [1])
+    b = _result(tmp_path / "b.json", ["flash_sale"], [1, 2, 3])
+    combined = fr.combine([a, b])
+    assert list(combined["traces"]) == ["step", "ramp", "flash_sale"]
+    assert combined["summary"]["traces"] == 3 and combined["summary"]["dominated"] == []
+    assert combined["config"]["combined"] == [
+        {"file": str(a), "command": "run a", "seeds": [1]},
+        {"file": str(b), "command": "run b", "seeds": [1, 2, 3]},
+    ]
+    out = tmp_path / "all.json"
+    assert fr.main(["--combine", str(a), str(b), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["summary"]["traces"] == 3
+    assert "Over all traces at once" in out.with_suffix(".md").read_text()
+
+
+def test_autoscale_frontier_combine_refuses_a_trace_twice_a_bad_file_and_its_own_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _result(tmp_path / "a.json", ["step"], [1])
+    again = _result(tmp_path / "again.json", ["step"], [1])
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traces": {}}')
+    with pytest.raises(ValueError, match=r"again.json: trace 'step' is also in an earlier file"):
+        fr.combine([a, again])
+    with pytest.raises(ValueError, match=r"bad.json: not a result of bench/autoscaler_frontier.py"):
+        fr.combine([bad])
+    for argv, words in (
+        (["--combine", str(a), "--out", str(a)], "give --out another file"),
+        (["--combine", str(a)], "give --out another file"),
+        (["--combine", str(a), str(again), "--out", str(tmp_path / "o.json")], "also in an earlier file"),
+        (["--combine", str(tmp_path / "absent.json"), "--out", str(tmp_path / "o.json")], "No such file"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            fr.main(argv)
+        assert exc.value.code == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
