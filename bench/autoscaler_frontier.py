@@ -43,11 +43,13 @@ kubeinfer's SLO attainment for fewer replica-seconds (``cheaper_at_slo``: the ch
 and the replica-seconds it saves), or (b) it spends no more replica-seconds and has a better SLO
 attainment (``better_within_cost``: the best such setting, and its SLO gain). Each trace's row carries
 ``dominance``; ``summary.dominated`` lists the dominated traces and ``summary.by_setting`` each setting
-alone over every trace. The last line printed is "not dominated" or the dominated traces with their
-figures.
+alone over every trace, trace by trace and over all of them at once (mean SLO attainment, total
+replica-seconds: ``dominates_over_all``). The last line printed is "not dominated" or the dominated
+traces with their figures.
 
 The JSON goes to ``bench/results/autoscaler_frontier.json`` (``--out``), the table to the ``.md``
-beside it.
+beside it. ``--combine RUN.json ... --out ALL.json`` summarizes the traces of several runs (the default
+folder's and later batches') together, without simulating.
 """
 
 from __future__ import annotations
