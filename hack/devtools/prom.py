@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import shutil
 import socket
@@ -191,18 +192,37 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _number(value: float) -> str:
+    """A sample value as OpenMetrics writes it (``NaN``, ``+Inf``, ``-Inf`` for the special ones)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
 def openmetrics_text(series: Iterable[Series]) -> str:
     """``series`` in the OpenMetrics text format with timestamps, as ``promtool tsdb
     create-blocks-from openmetrics`` reads it: one ``unknown``-typed family per metric name (a family's
-    series together), ``# EOF`` at the end.
+    series together), timestamps in seconds with millisecond precision (the TSDB's), ``# EOF`` at the
+    end.
 
-    Raises ValueError when a series' timestamps do not increase.
+    Raises ValueError naming the series when its timestamps are not finite or do not increase once
+    rounded to milliseconds, or when two series have the same name and labels.
     """
     families: dict[str, list[Series]] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for one in series:
-        times = [t for t, _ in one.samples]
-        if any(b <= a for a, b in itertools.pairwise(times)):
-            raise ValueError(f"series {one.name}{dict(one.labels)}: timestamps must increase")
+        what = f"series {one.name}{dict(one.labels)}"
+        key = (one.name, tuple(sorted(one.labels.items())))
+        if key in seen:
+            raise ValueError(f"{what}: given twice")
+        seen.add(key)
+        if not all(math.isfinite(t) for t, _ in one.samples):
+            raise ValueError(f"{what}: a timestamp is not finite")
+        millis = [round(t * 1000) for t, _ in one.samples]
+        if any(b <= a for a, b in itertools.pairwise(millis)):
+            raise ValueError(f"{what}: timestamps must increase (by at least a millisecond)")
         families.setdefault(one.name, []).append(one)
     lines: list[str] = []
     for name, members in families.items():
@@ -210,7 +230,7 @@ def openmetrics_text(series: Iterable[Series]) -> str:
         for one in members:
             labels = ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(one.labels.items()))
             head = f"{name}{{{labels}}}" if labels else name
-            lines.extend(f"{head} {float(value)!r} {t:.3f}" for t, value in one.samples)
+            lines.extend(f"{head} {_number(value)} {round(t * 1000) / 1000:.3f}" for t, value in one.samples)
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
 
@@ -383,32 +403,49 @@ class PrometheusServer:
         The samples may lie before this server's own and overlap them in time: Prometheus merges
         overlapping blocks and the head at query time (vertical compaction is always on from 2.39).
         The server is stopped for the write (``promtool tsdb create-blocks-from openmetrics`` into the
-        data directory) and started again, on the same port, whether or not it was running and whether
-        or not promtool took the input.
+        data directory) and started again on the same port (clients keep their URL), whether or not it
+        was running and whether or not promtool took the input. No series: nothing is done.
 
-        Raises PrometheusError with promtool's output when it is missing or refuses the input, and
-        ValueError from :func:`openmetrics_text`.
+        Raises PrometheusError with promtool's output when it is missing, refuses the input or runs
+        over 120 s, or when the server does not start again on its port (the two messages together
+        when both fail); ValueError from :func:`openmetrics_text`.
         """
+        if not series:
+            return
         text = openmetrics_text(series)
         if not os.access(promtool, os.X_OK):
             raise PrometheusError(f"{promtool} is missing: run `make setup` (apt-get install prometheus)")
         self.stop()
+        refused: PrometheusError | None = None
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
             self.data_dir.mkdir(exist_ok=True)
             source = self.workdir / "backfill.om"
             source.write_text(text)
-            done = subprocess.run(
-                [str(promtool), "tsdb", "create-blocks-from", "openmetrics", str(source), str(self.data_dir)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+            cmd = [
+                str(promtool),
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                str(source),
+                str(self.data_dir),
+            ]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
             if done.returncode != 0:
-                raise PrometheusError(f"promtool refused the backfill: {(done.stdout + done.stderr)[-2000:]}")
-        finally:
+                refused = PrometheusError(
+                    f"promtool refused the backfill: {(done.stdout + done.stderr)[-2000:]}"
+                )
+        except subprocess.TimeoutExpired:
+            refused = PrometheusError("promtool ran over 120 s on the backfill")
+        fixed, self._fixed_port = self._fixed_port, True  # the same port, or an error
+        try:
             self.start()
+        except PrometheusError as exc:
+            raise PrometheusError(f"{refused}; then {exc}" if refused else str(exc)) from exc
+        finally:
+            self._fixed_port = fixed
+        if refused is not None:
+            raise refused
 
     # -------------------------------------------------------------------- targets
 

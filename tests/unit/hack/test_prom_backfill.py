@@ -35,3 +35,19 @@ def test_openmetrics_text_escapes_label_values() -> None:
 def test_openmetrics_text_refuses_timestamps_that_do_not_increase() -> None:
     with pytest.raises(ValueError, match=r"series m\{'pod': 'p'\}: timestamps must increase"):
         openmetrics_text([Series("m", {"pod": "p"}, [(2.0, 1.0), (2.0, 2.0)])])
+
+
+def test_openmetrics_text_writes_special_values_and_millisecond_timestamps() -> None:
+    text = openmetrics_text(
+        [Series("m", {}, [(1.0004, float("nan")), (2.0, float("inf")), (3.0, -float("inf")), (4.0, 2)])]
+    )
+    assert text.splitlines()[1:5] == ["m NaN 1.000", "m +Inf 2.000", "m -Inf 3.000", "m 2.0 4.000"]
+
+
+def test_openmetrics_text_refuses_what_promtool_would() -> None:
+    with pytest.raises(ValueError, match="by at least a millisecond"):
+        openmetrics_text([Series("m", {}, [(1.0001, 1.0), (1.0002, 2.0)])])  # both 1.000 s
+    with pytest.raises(ValueError, match="a timestamp is not finite"):
+        openmetrics_text([Series("m", {}, [(float("nan"), 1.0)])])
+    with pytest.raises(ValueError, match=r"series m\{'a': 'b'\}: given twice"):
+        openmetrics_text([Series("m", {"a": "b"}, [(1.0, 1.0)]), Series("m", {"a": "b"}, [(2.0, 1.0)])])
