@@ -27,7 +27,7 @@ class Load:
     ``rate`` > 0: open loop, that many requests per second, paced on a schedule (a late send does not
     make the next one early by more than a second's worth); set ``rate`` while it runs to change it.
     ``concurrency`` > 0: closed loop. ``latencies`` holds ``(time.monotonic() at the response, seconds)``
-    of every 200 response.
+    of every 200 response. Raises ValueError when neither ``rate`` nor ``concurrency`` is positive.
     """
 
     def __init__(
@@ -39,6 +39,8 @@ class Load:
         text: str = "A short sentence.",
         max_connections: int = 512,
     ) -> None:
+        if rate <= 0 and concurrency <= 0:
+            raise ValueError("Load: rate > 0 (open loop) or concurrency > 0 (closed loop)")
         self.url = url
         self.rate = rate
         self.concurrency = concurrency

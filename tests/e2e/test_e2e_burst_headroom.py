@@ -13,12 +13,13 @@ is 1 s; the operator decides every 5 s (the session release). Phases, each bound
    so (a loaded replica's s(b) is not the probe's on a shared CPU): the SLO-capacity rule asks three
    replicas and no burst has been seen, so the fleet stays at three (the control);
 3. a past is written into Prometheus (``PrometheusServer.backfill``: blocks made by promtool): the
-   28 minutes before the load, the same rate with x``BURST`` bursts of 30 s every 4 minutes, under a
-   pod that is gone. The operator is restarted (``kubectl rollout restart``): on its first tick it
-   reads the arrival rate's last 30 minutes back (``loop.Autoscaler._restore_history``), learns the
-   bursts and scales to four while the P99 is under target, the reason naming the burst headroom. The
-   pure policy on the same history and signals (``decide``, what ``bench/autoscaler_sim.py`` runs)
-   gives the same count, and three without the history;
+   half hour before the load (from 3 minutes inside the operator's 30-minute memory), the same rate
+   with x``BURST`` bursts of 30 s every 4 minutes, under a pod that is gone. The operator is
+   restarted (``kubectl rollout restart``): on its first tick it reads the arrival rate's last 30
+   minutes back (``loop.Autoscaler._restore_history``), learns the bursts and scales to four while the
+   P99 is under target, the reason naming the burst headroom. The pure policy on the same history and
+   signals (``decide``, what ``bench/autoscaler_sim.py`` runs) gives the same count, and three without
+   the history;
 4. the fourth replica turns Ready and stays through more than the 30 s stabilization window under the
    same load (standing capacity: the rule alone would scale in to three); a burst of x``LIVE_BURST``
    then comes for 30 s and is served (0.71 of four replicas' SLO capacity, 0.95 of three's).
@@ -68,7 +69,8 @@ RHO = 1.9
 RHO_TOLERANCE = 0.08
 BURST = 1.9  # the past's bursts, x the steady rate (under the headroom's x2 limit)
 BURST_SECONDS, BURST_EVERY = 30, 240
-PAST_SECONDS = 1680  # the past written: 28 minutes, within the operator's 30-minute memory
+MEMORY_SECONDS = 1800  # the operator's burst memory (Policy.burst_memory_seconds)
+RESTART_MARGIN = 180  # the past starts this long inside that memory, for the restart to come
 LIVE_BURST = 1.5  # x the steady rate: 2.85 replicas' SLO capacity, 0.71 of four's, 0.95 of three's
 INTERVAL = 5.0  # the session release's autoscaleIntervalSeconds
 #: About 60 tokens: tens of milliseconds of one 250m replica's CPU per row.
@@ -127,16 +129,15 @@ def _slo_capacity(s: ServiceView, q: Queries) -> tuple[float, float, float]:
     return a, c, capacity
 
 
-def _past(namespace: str, rate: float, end: float) -> list[Series]:
-    """The arrival history of a pod gone before the test: ``rate`` requests/s with x``BURST`` bursts,
-    1 s samples over the ``PAST_SECONDS`` up to ``end`` (Unix seconds), as its request counter and its
-    (empty) in-flight gauge; the bursts' starts."""
+def _past(namespace: str, rate: float, start: float, end: float, quiet_from: float) -> list[Series]:
+    """The arrival history of a pod gone before the test: ``rate`` requests/s from ``start`` to ``end``
+    (Unix seconds), 1 s samples, with x``BURST`` bursts of ``BURST_SECONDS`` every ``BURST_EVERY`` from a
+    minute in until ``quiet_from``, as its request counter and its (empty) in-flight gauge."""
     labels = {"namespace": namespace, "inferenceservice": NAME, "pod": f"{NAME}-before", "job": "backfill"}
-    start = int(end) - PAST_SECONDS
     counter, total, inflight = [], 0.0, []
-    for t in range(start, int(end) + 1):
-        since = t - start - 180  # the first burst 3 minutes in
-        in_burst = since >= 0 and since % BURST_EVERY < BURST_SECONDS and t < end - 120
+    for t in range(int(start), int(end) + 1):
+        since = t - int(start) - 60
+        in_burst = since >= 0 and since % BURST_EVERY < BURST_SECONDS and t + BURST_SECONDS < quiet_from
         total += rate * (BURST if in_burst else 1.0)
         counter.append((float(t), total))
         inflight.append((float(t), 0.0))
@@ -175,9 +176,9 @@ def _operator_log(cluster: Cluster) -> str:
     ).stdout
 
 
-def _capacity_probe(s: ServiceView, q: Queries) -> float:
-    """Phase 1: three Ready replicas, scraped; a closed-loop probe for the s(b) fit. Returns the steady load's
-    rate, ``RHO`` x one replica's SLO capacity (requests/s)."""
+def _capacity_probe(s: ServiceView, q: Queries) -> tuple[float, float]:
+    """Phase 1: three Ready replicas, scraped; a closed-loop probe for the s(b) fit. Returns the steady
+    load's rate, ``RHO`` x one replica's SLO capacity (requests/s), and when the probe started (Unix s)."""
     targets = wait_until(
         lambda: (t := s.ready_targets()) and len(t) == MIN_REPLICAS and t,
         timeout=420,
@@ -186,6 +187,7 @@ def _capacity_probe(s: ServiceView, q: Queries) -> float:
     )
     for target in targets:
         wait_until(lambda t=target: s.scraped(t), timeout=60, interval=1.0, message=f"{target} scraped")
+    probe_started = time.time()
     # Closed loop, four clients per replica: batches of several sizes for the fit (without warmup, the
     # runtime fits s(b) from the batches it serves).
     with Load(s.url(), concurrency=4 * MIN_REPLICAS, text=TEXT):
@@ -200,7 +202,7 @@ def _capacity_probe(s: ServiceView, q: Queries) -> float:
     rate = RHO * capacity
     print(f"s(b) = {a * 1000:.1f} ms + {c * 1000:.2f} ms*b: {capacity:.1f}/s per replica; load {rate:.1f}/s")
     assert rate <= 150, f"one replica's SLO capacity is {capacity:.0f}/s: too fast for this test's load"
-    return rate
+    return rate, probe_started
 
 
 def _demand_ratio(s: ServiceView, q: Queries) -> float | None:
@@ -240,8 +242,8 @@ def _control(s: ServiceView, q: Queries, signals: PrometheusSignals, load: Load)
         if abs(ratio / RHO - 1) > RHO_TOLERANCE:
             load.rate *= min(1.2, max(0.8, RHO / ratio)) ** 0.5  # half the step: the fit moves with the load
             settled = 0
-        elif s.replicas() == MIN_REPLICAS:
-            settled += 1
+        else:
+            settled = settled + 1 if s.replicas() == MIN_REPLICAS else 0
     wall = dt.datetime.now(dt.UTC)
     arrivals = [v for _, v in signals.history(q.arrival_rate, wall - dt.timedelta(seconds=30), wall, 1.0)]
     live = statistics.median(arrivals)
@@ -250,50 +252,75 @@ def _control(s: ServiceView, q: Queries, signals: PrometheusSignals, load: Load)
     return live
 
 
+def _scaled_by_the_headroom(s: ServiceView) -> dict[str, Any] | None:
+    """``status`` when its last decision is the scale-out to four and ``observed`` is that decision's
+    (one read: a later tick rewrites both), else ``None``."""
+    status = dict(s.isvc().get("status") or {})
+    decision, observed = status.get("lastDecision") or {}, status.get("observed") or {}
+    scaled = decision.get("replicas") == MAX_REPLICAS and f"→ {MAX_REPLICAS} replicas" in str(
+        decision.get("reason")
+    )
+    return status if scaled and observed.get("time") == decision.get("time") else None
+
+
 def _restarted_onto_a_bursty_past(
-    cluster: Cluster, s: ServiceView, q: Queries, signals: PrometheusSignals, live: float, load_started: float
+    cluster: Cluster,
+    s: ServiceView,
+    q: Queries,
+    signals: PrometheusSignals,
+    live: float,
+    started: tuple[float, float],
 ) -> dict[str, Any]:
     """Phase 3: the past written, the operator restarted; it scales to four naming the burst headroom
-    while the P99 is under target. Returns the decision (``status.lastDecision``)."""
-    # The past hands over to the load one arrival window (two scrapes of irate) before it started.
-    s.prometheus.backfill(_past(s.namespace, live, load_started - 2 * INTERVAL))
-    wall = dt.datetime.now(dt.UTC)
-    history = signals.history(q.arrival_rate, wall - dt.timedelta(seconds=PAST_SECONDS), wall, INTERVAL)
+    while the P99 is under target. ``started``: when the probe and the load started (Unix s). Returns
+    ``status`` as that decision wrote it (``lastDecision``, ``observed``)."""
+    probe_started, load_started = started
+    # From RESTART_MARGIN inside the memory to one arrival window (two scrapes of irate) before the
+    # load, where the past hands over to it; its bursts end a minute before the probe.
+    start = time.time() - MEMORY_SECONDS + RESTART_MARGIN
+    s.prometheus.backfill(_past(s.namespace, live, start, load_started - 2 * INTERVAL, probe_started - 60))
+    history = signals.history(
+        q.arrival_rate,
+        dt.datetime.fromtimestamp(start, dt.UTC),
+        dt.datetime.fromtimestamp(probe_started - 10, dt.UTC),
+        INTERVAL,
+    )
     peak, level = max(v for _, v in history), statistics.median(v for _, v in history)
-    print(f"history read back: {len(history)} samples, level {level:.1f}/s, peak {peak:.1f}/s")
-    assert peak >= 0.9 * BURST * live, history
-    before = s.decision_time()
+    print(f"the past read back: {len(history)} samples, level {level:.1f}/s, peak {peak:.1f}/s")
+    assert abs(level / live - 1) < 0.02 and abs(peak / (BURST * live) - 1) < 0.02, history
+    restarted = dt.datetime.now(dt.UTC)
     _restart_operator(cluster)
-    wait_until(
-        lambda: "arrival-rate samples of the last" in _operator_log(cluster),
+    pattern = rf"autoscale {re.escape(s.namespace)}/{NAME}: (\d+) arrival-rate samples of the last"
+    read_back = wait_until(
+        lambda: re.findall(pattern, _operator_log(cluster)),
         timeout=120,
         message="the restarted operator reading the arrival history back",
     )
-    wait_until(
-        lambda: s.last_decision().get("replicas") == MAX_REPLICAS,
-        timeout=120,
-        message="the burst headroom's 4th replica",
+    assert int(read_back[-1]) >= 0.5 * (MEMORY_SECONDS - RESTART_MARGIN) / INTERVAL, read_back
+    status = wait_until(
+        lambda: _scaled_by_the_headroom(s), timeout=120, message="the burst headroom's 4th replica"
     )
-    decision = s.last_decision()
-    assert decision.get("time") != before
-    reason = str(decision.get("reason", ""))
+    decision, observed = status["lastDecision"], status["observed"]
     print(f"decision: {decision}")
+    assert dt.datetime.fromisoformat(decision["time"].replace("Z", "+00:00")) >= restarted.replace(
+        microsecond=0
+    )
+    reason = str(decision.get("reason", ""))
     learned = re.search(r"burst headroom x([0-9.]+) learned from (\d+) bursts", reason)
     assert learned, reason
     factor, bursts = float(learned.group(1)), int(learned.group(2))
     assert 0.9 * BURST <= factor <= 2.0 and bursts >= 2, reason
-    observed = dict((s.isvc().get("status") or {}).get("observed") or {})
     assert observed.get("p99Seconds") is not None and observed["p99Seconds"] < TARGET_P99, observed
-    return decision
+    return status
 
 
 def _pure_policy_agrees(
-    s: ServiceView, q: Queries, signals: PrometheusSignals, decision: dict[str, Any]
+    s: ServiceView, q: Queries, signals: PrometheusSignals, status: dict[str, Any]
 ) -> None:
-    """The pure policy on the decision's signals and the history Prometheus holds: four with the
-    history read back, three without it."""
+    """The pure policy on the decision's signals (``status.observed``) and the history Prometheus holds:
+    four with the history read back, three without it."""
     isvc = api.InferenceService.from_body(s.isvc())
-    observed = dict((s.isvc().get("status") or {}).get("observed") or {})
+    decision, observed = status["lastDecision"], status["observed"]
     policy = policy_from_spec(isvc.spec.autoscaling, stale_after_seconds=20.0)
     wall = dt.datetime.now(dt.UTC)
     history = signals.history(
@@ -360,12 +387,14 @@ def test_burst_headroom_scales_before_the_breach(
     signals = PrometheusSignals(PrometheusConfig(url=node_prometheus.url))
     cluster.apply(isvc_manifest(namespace))
     try:
-        rate = _capacity_probe(s, q)
+        rate, probe_started = _capacity_probe(s, q)
         with Load(s.url(), rate=rate, text=TEXT) as load:
             load_started = time.time()
             live = _control(s, q, signals, load)
-            decision = _restarted_onto_a_bursty_past(cluster, s, q, signals, live, load_started)
-            _pure_policy_agrees(s, q, signals, decision)
+            status = _restarted_onto_a_bursty_past(
+                cluster, s, q, signals, live, (probe_started, load_started)
+            )
+            _pure_policy_agrees(s, q, signals, status)
             _headroom_stands(s, load)
     except BaseException:
         print("operator log tail:")
