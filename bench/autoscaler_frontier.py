@@ -340,9 +340,9 @@ def by_setting(rows: dict[str, Any]) -> dict[str, dict[str, Any]]:
     a user runs it): on how many traces it dominates kubeinfer (``dominates``, the names), on how many
     kubeinfer is at least as good on both axes (``kubeinfer_at_least_on_both``), kubeinfer's
     replica-seconds over all those traces over the setting's, and over all of them at once: the mean SLO
-    attainment of the setting and of kubeinfer (``mean_slo``, ``kubeinfer_mean_slo``) and whether the
-    setting dominates kubeinfer on (mean SLO attainment, total replica-seconds)
-    (``dominates_over_all``)."""
+    attainment of the setting and of kubeinfer (``mean_slo``, ``kubeinfer_mean_slo``: each trace counts
+    once, whatever its length) and whether the setting dominates kubeinfer on (mean SLO attainment, total
+    replica-seconds) (``dominates_over_all``); ``traces``: how many traces the setting ran on."""
     out: dict[str, dict[str, Any]] = {}
     with_peers = {n: r for n, r in rows.items() if "peers" in r}
     families = list(dict.fromkeys(fam for r in with_peers.values() for fam in r["peers"]))
@@ -369,6 +369,7 @@ def by_setting(rows: dict[str, Any]) -> dict[str, dict[str, Any]]:
             {"p": {"slo_attainment": slo, "replica_seconds": cost}},
         )
         out[f"{fam} {key}"] = {
+            "traces": len(pairs),
             "dominates": sorted(dom),
             "kubeinfer_at_least_on_both": len(both),
             "replica_seconds_ratio": round(ki_cost / cost, 3),
@@ -487,17 +488,26 @@ def combine(paths: Sequence[Path]) -> dict[str, Any]:
     simulating: ``{"traces", "summary", "config": {"combined": [{"file", "command", "seeds"}, ...]}}``.
     Each run keeps its own seeds (every controller of a run saw the same arrivals).
 
-    Raises ValueError naming the file when one is not such a JSON or two runs share a trace name, and
-    OSError when one cannot be read.
+    Raises ValueError naming the file when one is not such a JSON, two runs share a trace name or ran
+    other peer settings (another service model or sweep: their settings would be judged on part of the
+    traces), and OSError when one cannot be read.
     """
     traces: dict[str, Any] = {}
     runs: list[dict[str, Any]] = []
+    settings: Any = None  # the first file's
     for path in paths:
         try:
             data = json.loads(path.read_text())
             rows, config = data["traces"], data["config"]
+            if not isinstance(rows, dict) or not isinstance(config, dict):
+                raise TypeError("traces and config must be objects")
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a result of bench/autoscaler_frontier.py ({exc!r})") from exc
+        if runs and config.get("peer_settings") != settings:
+            raise ValueError(
+                f"{path}: its peer settings differ from the first file's: {config.get('peer_settings')}"
+            )
+        settings = config.get("peer_settings")
         for name, row in rows.items():
             if name in traces:
                 raise ValueError(f"{path}: trace {name!r} is also in an earlier file")
@@ -518,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args, cfg, source, traces = sim.parse_run_args(ap, argv, DEFAULT_OUT, jobs_help="traces run at once")
     if args.combine:
-        if args.out == DEFAULT_OUT or args.out in args.combine:
+        if args.out.resolve() in {DEFAULT_OUT.resolve(), *(c.resolve() for c in args.combine)}:
             ap.error("--combine: give --out another file than the runs' and the default result")
         try:
             result = combine(args.combine)

@@ -170,6 +170,7 @@ def test_autoscale_frontier_summary_lists_the_dominated_traces() -> None:
     assert s["verdict"] == [fr.dominance_words("bursty", rows["bursty"]["dominance"])]
     # one setting alone: the KPA at 18.3 dominates on bursty; kubeinfer is at least as good on both on calm
     assert s["by_setting"]["knative_kpa 18.3"] == {
+        "traces": 2,
         "dominates": ["bursty"],
         "kubeinfer_at_least_on_both": 0,
         "replica_seconds_ratio": round(12000 / 11000, 3),
@@ -213,7 +214,7 @@ def test_autoscale_frontier_peer_settings_sweep_each_knob() -> None:
     assert next(p for p in settings if p.family == "hpa_gpu").label == "hpa_gpu 0.50"
 
 
-def _result(path: Path, names: list[str], seeds: list[int]) -> Path:
+def _result(path: Path, names: list[str], seeds: list[int], settings: object = None) -> Path:
     row = {
         "kubeinfer": {"slo_attainment": 1.0, "replica_seconds": 1000.0},
         "hpa_gpu_by_target": {"0.80": POINTS[0.8]},
@@ -224,7 +225,8 @@ def _result(path: Path, names: list[str], seeds: list[int]) -> Path:
             {"slo_attainment": 1.0, "replica_seconds": 1000.0}, {"hpa_gpu 0.80": POINTS[0.8]}
         ),
     }
-    data = {"config": {"command": f"run {path.stem}", "seeds": seeds}, "traces": dict.fromkeys(names, row)}
+    config = {"command": f"run {path.stem}", "seeds": seeds, "peer_settings": settings}
+    data = {"config": config, "traces": dict.fromkeys(names, row)}
     path.write_text(json.dumps(data))
     return path
 
@@ -256,6 +258,12 @@ def test_autoscale_frontier_combine_refuses_a_trace_twice_a_bad_file_and_its_own
         fr.combine([a, again])
     with pytest.raises(ValueError, match=r"bad.json: not a result of bench/autoscaler_frontier.py"):
         fr.combine([bad])
+    bad.write_text('{"traces": [], "config": {}}')
+    with pytest.raises(ValueError, match=r"bad.json: not a result .*traces and config must be objects"):
+        fr.combine([bad])
+    other = _result(tmp_path / "other.json", ["ramp"], [1], settings={"hpa_gpu": [0.7]})
+    with pytest.raises(ValueError, match=r"other.json: its peer settings differ from the first file's"):
+        fr.combine([a, other])
     for argv, words in (
         (["--combine", str(a), "--out", str(a)], "give --out another file"),
         (["--combine", str(a)], "give --out another file"),
