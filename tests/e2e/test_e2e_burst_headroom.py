@@ -22,7 +22,7 @@ is 1 s; the operator decides every 5 s (the session release). Phases, each bound
    the history;
 4. the fourth replica turns Ready and stays through more than the 30 s stabilization window under the
    same load (standing capacity: the rule alone would scale in to three); a burst of x``LIVE_BURST``
-   then comes for 30 s and is served (0.71 of four replicas' SLO capacity, 0.95 of three's).
+   then comes for 30 s and is served (0.64 of four replicas' SLO capacity, 0.85 of three's).
 
 This shares the session's cluster, chart and Prometheus (phase 3 restarts both that Prometheus and the
 session's operator).
@@ -49,7 +49,7 @@ from kubeinfer.operator.autoscale.prometheus import PrometheusConfig, Prometheus
 from kubeinfer.operator.autoscale.signals import Queries, default_queries
 
 from hack.devtools.prom import PrometheusServer, Series
-from tests.e2e.autoscaled import Load, ServiceView
+from tests.e2e.autoscaled import Load, ServiceView, ready
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
 from tests.support.cluster import Cluster, wait_until
 
@@ -61,18 +61,19 @@ pytestmark = pytest.mark.timeout(1500)
 TARGET_P99 = 1.0  # seconds
 MAX_BATCH = 8
 MIN_REPLICAS, MAX_REPLICAS = 3, 4
-#: The steady load, in units of one replica's SLO capacity: the rule plans 3 replicas for it (1.9 / 0.85
-#: rounds up to 3) and the bursts learned ask ``BURST`` x 1.9 = 3.6 at full capacity, so 4; the load is
-#: held within ``RHO_TOLERANCE`` of it (3.3 to 3.9, and the rule's 2.1 to 2.4, both clear of a whole
-#: replica while the fit moves).
-RHO = 1.9
-RHO_TOLERANCE = 0.08
-BURST = 1.9  # the past's bursts, x the steady rate (under the headroom's x2 limit)
+#: The steady load, in units of one replica's SLO capacity: the rule plans 3 replicas for it (1.7 / 0.85
+#: = 2 rounds up to 3 with the backlog; the demand can rise by half, as a stall on the shared CPU drains,
+#: before it asks 4) and the bursts learned ask ``BURST`` x 1.7 = 3.3 at full capacity, so 4; the load is
+#: held within ``RHO_TOLERANCE`` of it (3.15 to 3.5).
+RHO = 1.7
+RHO_TOLERANCE = 0.05
+BURST = 1.95  # the past's bursts, x the steady rate (under the headroom's x2 limit)
 BURST_SECONDS, BURST_EVERY = 30, 240
 MEMORY_SECONDS = 1800  # the operator's burst memory (Policy.burst_memory_seconds)
 RESTART_MARGIN = 180  # the past starts this long inside that memory, for the restart to come
-LIVE_BURST = 1.5  # x the steady rate: 2.85 replicas' SLO capacity, 0.71 of four's, 0.95 of three's
+LIVE_BURST = 1.5  # x the steady rate: 2.55 replicas' SLO capacity, 0.64 of four's, 0.85 of three's
 INTERVAL = 5.0  # the session release's autoscaleIntervalSeconds
+PROBE_SECONDS = 40  # under two reaction times (2 x 60 s), so that the probe is not a level
 #: About 60 tokens: tens of milliseconds of one 250m replica's CPU per row.
 TEXT = (
     "Operators of inference services watch the tail of the latency distribution rather than its mean, "
@@ -163,10 +164,22 @@ def _observation(observed: dict[str, Any]) -> Observation:
     )
 
 
+def _one_operator_pod(cluster: Cluster) -> bool:
+    """Whether the session's operator is one Ready pod (the tests after this one expect that)."""
+    items = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubeinfer")[
+        "items"
+    ]
+    return len(items) == 1 and ready(items[0])
+
+
 def _restart_operator(cluster: Cluster) -> None:
+    """``kubectl rollout restart`` of the session's operator, until the old pod is gone."""
     cluster.kubectl("rollout", "restart", f"deployment/{RELEASE}", "-n", OPERATOR_NAMESPACE)
     cluster.kubectl(
         "rollout", "status", f"deployment/{RELEASE}", "-n", OPERATOR_NAMESPACE, "--timeout=180s", timeout=190
+    )
+    wait_until(
+        lambda: _one_operator_pod(cluster), timeout=150, interval=2.0, message="the old operator pod gone"
     )
 
 
@@ -188,16 +201,19 @@ def _capacity_probe(s: ServiceView, q: Queries) -> tuple[float, float]:
     for target in targets:
         wait_until(lambda t=target: s.scraped(t), timeout=60, interval=1.0, message=f"{target} scraped")
     probe_started = time.time()
-    # Closed loop, four clients per replica: batches of several sizes for the fit (without warmup, the
-    # runtime fits s(b) from the batches it serves).
+    # Closed loop, four clients per replica, for at most PROBE_SECONDS: batches of several sizes for the
+    # fit (without warmup the runtime fits s(b) from the batches it serves). Longer, the probe's rate
+    # would stand long enough to be a level, and the drop to the load a level left, held for 30 minutes.
     with Load(s.url(), concurrency=4 * MIN_REPLICAS, text=TEXT):
-        wait_until(
-            lambda: _value(s.prometheus, q.service_time_c) is not None,
-            timeout=120,
-            interval=2.0,
-            message="the runtimes' s(b) fit (kubeinfer_service_time_slope_seconds)",
-        )
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: _value(s.prometheus, q.service_time_c) is not None, timeout=PROBE_SECONDS - 10)
         time.sleep(10)
+    wait_until(
+        lambda: _value(s.prometheus, q.service_time_c) is not None,
+        timeout=30,
+        interval=2.0,
+        message="the runtimes' s(b) fit (kubeinfer_service_time_slope_seconds)",
+    )
     a, c, capacity = _slo_capacity(s, q)
     rate = RHO * capacity
     print(f"s(b) = {a * 1000:.1f} ms + {c * 1000:.2f} ms*b: {capacity:.1f}/s per replica; load {rate:.1f}/s")
@@ -367,7 +383,7 @@ def _headroom_stands(s: ServiceView, load: Load) -> None:
     p99, count = load.p99_since(burst_started)
     load.rate = rate
     # The client's P99 is printed, not asserted: on this shared 2-core machine it moves with whatever
-    # else runs (0.67 s, 1.39 s and 1.02 s in three runs against the 1 s target).
+    # else runs (0.67 s, 1.39 s, 1.02 s and 1.74 s in four runs against the 1 s target).
     print(
         f"x{LIVE_BURST} for {BURST_SECONDS} s on {MAX_REPLICAS} replicas: "
         f"P99 {p99 * 1000:.0f} ms, {count} responses"
@@ -407,3 +423,7 @@ def test_burst_headroom_scales_before_the_breach(
         signals.close()
         if not node_prometheus.running:
             node_prometheus.start()
+        with contextlib.suppress(TimeoutError):  # a failure during the restart: leave one operator pod
+            wait_until(
+                lambda: _one_operator_pod(cluster), timeout=150, interval=2.0, message="one operator pod"
+            )
