@@ -246,15 +246,23 @@ def _diurnal(n: int, rng: np.random.Generator) -> np.ndarray:
     return 2.75 - 2.25 * np.cos(2 * np.pi * t / n)
 
 
-def _mmpp(n: int, rng: np.random.Generator) -> np.ndarray:
+def _two_state(
+    n: int, rng: np.random.Generator, stays: tuple[float, float], levels: tuple[float, float]
+) -> np.ndarray:
+    """Shape (n,): a two-state Markov chain on a 1 s grid, from state 0: state k holds ``levels[k]`` for
+    Exp(``stays[k]``) seconds (at least 1), then the other state."""
     out = np.empty(n)
-    high, i = False, 0
+    state, i = 0, 0
     while i < n:
-        stay = max(1, int(rng.exponential(45.0 if high else 90.0)))
-        out[i : i + stay] = 4.0 if high else 0.8
+        stay = max(1, int(rng.exponential(stays[state])))
+        out[i : i + stay] = levels[state]
         i += stay
-        high = not high
+        state = 1 - state
     return out
+
+
+def _mmpp(n: int, rng: np.random.Generator) -> np.ndarray:
+    return _two_state(n, rng, (90.0, 45.0), (0.8, 4.0))
 
 
 def _flash_crowd(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -427,13 +435,7 @@ def _evening_winddown(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def _scraper_onoff(n: int, rng: np.random.Generator) -> np.ndarray:
     # 1.5 mu of users plus a scraper of 1 mu that is on for Exp(120 s) and off for Exp(240 s).
-    scraper = np.empty(n)
-    on, i = False, 0
-    while i < n:
-        stay = max(1, int(rng.exponential(120.0 if on else 240.0)))
-        scraper[i : i + stay] = 1.0 if on else 0.0
-        i += stay
-        on = not on
+    scraper = _two_state(n, rng, (240.0, 120.0), (0.0, 1.0))
     return (1.5 + scraper) * _ar1_log_noise(n, rng, 0.9, 0.1)
 
 
