@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -66,6 +67,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import autoscaler_peers as peers
 import autoscaler_sim as sim
+import quiet
 
 DEFAULT_OUT = sim.ROOT / "bench" / "results" / "autoscaler_frontier.json"
 #: GPU-utilization targets of the HPA, ratios (0.7 is the one ``autoscaler_sim`` uses). Over 0.9 the
@@ -537,6 +539,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["config"]["command"] = "bench/autoscaler_frontier.py " + " ".join(
             sys.argv[1:] if argv is None else argv
         )
+        # Nothing is simulated or timed here: each run's own JSON records the load it ran at.
+        result["machine"] = {
+            **quiet.machine(),
+            "loadavg": list(os.getloadavg()),
+            "load_check": "not applied (combined from the runs' JSON; no simulation, no timing)",
+        }
         sim.write_results(args.out, result, table(result))
         return 0
     a, c = cfg.a, cfg.c
