@@ -106,6 +106,12 @@ class Plane(Protocol):
 
     model_name: str
 
+    @property
+    def closing(self) -> bool:
+        """The server is shutting down (from the SIGTERM on): HTTP responses carry ``Connection: close``,
+        so that a keep-alive client reconnects (through the Service, to a pod that stays) instead of
+        sending its next request on a connection the shutdown is about to close under it."""
+
     async def liveness(self) -> str | None:
         """None when live, else why not."""
 
@@ -282,6 +288,11 @@ class DataPlane:
         self.shm.close()
 
     # ----- health and metadata ---------------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        """``announce_shutdown`` or ``drain`` was called (``Plane.closing``)."""
+        return self.stopping or self.draining
+
     @property
     def ready(self) -> bool:
         """Model loaded and warmed up, and not shutting down."""

@@ -64,11 +64,15 @@ class RemotePlane:
         self.client = client
         #: the model's metadata once known (the model does not change while the process runs)
         self._metadata: dict[str, Any] | None = None
+        #: the model process said it is shutting down (``Header.closing`` on a reply): ``Plane.closing``
+        self.closing = False
 
     async def _call(
         self, header: ipc.Header, frames: Sequence[ipc.Buffer] = ()
     ) -> tuple[ipc.Header, list[Any]]:
         reply, out = await self.client.call(header, frames)
+        if reply.closing:
+            self.closing = True
         if reply.error is not None:
             ipc.raise_error(reply.error)
         return reply, out

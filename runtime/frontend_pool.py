@@ -130,7 +130,7 @@ class FrontEndPool:
         self.port = self._reserved.getsockname()[1]
         self._reserved_grpc = reserve_port(cfg.server.host, cfg.server.grpc_port)
         self.grpc_port = self._reserved_grpc.getsockname()[1]
-        self._endpoint = ipc.ModelEndpoint(self.address, self.handle)
+        self._endpoint = ipc.ModelEndpoint(self.address, self.handle, closing=lambda: self.plane.closing)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._endpoint.run()))
         for slot in self._slots:
@@ -193,10 +193,9 @@ class FrontEndPool:
         SIGKILL), close the endpoint.
 
         After a drain, ``linger`` (``DRAIN_LINGER_SECONDS``) keeps the listeners open a little: a
-        keep-alive client that has just received its last answer and sends again meets a 503
-        ("shutting down") instead of a connection that its front end closes, in its graceful shutdown,
-        under the new request (seen as "connection closed" by a client, once in several runs of
-        the SIGTERM-under-load test)."""
+        client that has just received its last answer (with ``Connection: close``, as every response
+        after the SIGTERM) and connects again meets a 503 ("shutting down") rather than a refused
+        connection."""
         self._stopping = True
         if linger > 0:
             await asyncio.sleep(linger)

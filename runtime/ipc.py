@@ -102,6 +102,8 @@ class Header(msgspec.Struct, omit_defaults=True):
     code: int = 0
     seconds: float = 0.0
     pid: int = 0
+    #: on a reply: the model process is shutting down (``dataplane.Plane.closing``)
+    closing: bool = False
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -303,11 +305,14 @@ class ModelEndpoint:
     Args:
         address: ``ipc://PATH`` to bind.
         handler: see ``Handler``.
+        closing: when given and true at the time of a reply, the reply (an error one too) carries
+            ``Header.closing``.
     """
 
-    def __init__(self, address: str, handler: Handler) -> None:
+    def __init__(self, address: str, handler: Handler, closing: Callable[[], bool] | None = None) -> None:
         self.address = address
         self._handler = handler
+        self._closing = closing
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = _socket(self._ctx, zmq.ROUTER)
         self._sock.bind(address)
@@ -348,6 +353,8 @@ class ModelEndpoint:
             return
         out, out_frames = reply
         out.id = header.id
+        if self._closing is not None and self._closing():
+            out.closing = True
         self._pump.send([peer, encode_header(out), *out_frames])
 
     def close(self) -> None:

@@ -28,6 +28,11 @@ byte --, tensor bytes, elements, text tokens, rows over the warmed maximum batch
 (``Retry-After``); 500 the model failed on this request; 503 not ready or shutting down; 504 the
 request's ``timeout`` passed while it was queued.
 
+From the SIGTERM on (``Plane.closing``: during ``server.shutdown_delay_seconds``, the drain and after),
+every response carries ``Connection: close``: a keep-alive client's next request opens a new
+connection (to a pod that stays, once the endpoints dropped this one; here a 503 or a refused
+connection) rather than meeting the shutdown's close of its idle connection under the request.
+
 Also here, for both HTTP servers: the listening socket (``listen_socket``), uvicorn with kubeinfer's
 signal handling (``UvicornServer``) and the event loop (``event_loop_factory``).
 """
@@ -72,6 +77,7 @@ _SERVER_METADATA = encode_json(SERVER_METADATA)
 _JSON_TYPE = (b"content-type", JSON.encode())
 _BINARY_TYPE = (b"content-type", b"application/octet-stream")
 _HEADER_LENGTH = b"inference-header-content-length"
+_CONNECTION_CLOSE = (b"connection", b"close")
 _INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 
 
@@ -157,16 +163,32 @@ class RestApp:
                 try:
                     body, header_length = await self._infer(Request(scope, receive))
                 except InferenceError as exc:
-                    await error_response(exc.status, exc.message, exc.headers)(scope, receive, send)
+                    await error_response(exc.status, exc.message, exc.headers)(
+                        scope, receive, self._send(send)
+                    )
                     return
                 # the messages starlette's Response sends, without building one per request
                 headers = [(b"content-length", str(len(body)).encode()), _JSON_TYPE]
                 if header_length is not None:
                     headers = [(_HEADER_LENGTH, str(header_length).encode()), headers[0], _BINARY_TYPE]
+                if self.plane.closing:
+                    headers.append(_CONNECTION_CLOSE)
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 return
-        await self.router(scope, receive, send)
+        await self.router(scope, receive, self._send(send) if scope["type"] == "http" else send)
+
+    def _send(self, send: Any) -> Any:
+        """``send`` that adds ``Connection: close`` to the response's start while ``plane.closing``
+        (read when the response starts, after the plane answered): uvicorn then closes the connection
+        after this response, and the client's next request opens a new one."""
+
+        async def send_closing(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and self.plane.closing:
+                message = {**message, "headers": [*message.get("headers", ()), _CONNECTION_CLOSE]}
+            await send(message)
+
+        return send_closing
 
     # ----- health and metadata ---------------------------------------------------------------------
     async def live(self, request: Request) -> Response:

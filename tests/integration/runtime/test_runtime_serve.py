@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import signal
 import threading
 import time
 import urllib.error
@@ -321,6 +322,45 @@ def test_sigterm_under_load_loses_nothing(workers: int) -> None:
         f"200 after SIGTERM: {in_flight_at_signal}"
     )
     assert served_before >= 100 and outcomes.count("200") >= served_before
+
+
+@pytest.mark.parametrize("workers", HTTP_WORKERS)
+def test_responses_after_sigterm_close_their_keep_alive_connections(workers: int) -> None:
+    """From the SIGTERM on, a response ends its connection (``Connection: close``): the client's next
+    request opens a new connection instead of being sent on one the shutdown closes under it."""
+    cfg = base_config(workers)
+    cfg.server.shutdown_delay_seconds = 3.0
+    body = json.dumps(
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a keep-alive client"]}]}
+    )
+
+    def infer(conn: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        conn.request("POST", "/v2/models/minilm/infer", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp
+
+    with RuntimeProcess(cfg) as rt:
+        conn = http.client.HTTPConnection(rt.address, timeout=30)
+        before = infer(conn)
+        assert before.status == 200 and before.getheader("connection") != "close"
+        assert infer(conn).status == 200 and conn.sock is not None, "keep-alive: the same connection"
+        assert rt.proc is not None
+        rt.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while rt.get("/v2/health/ready")[0] != 503:
+            assert time.monotonic() < deadline, "readiness did not turn false after SIGTERM"
+            time.sleep(0.05)
+        during = infer(conn)  # within server.shutdown_delay_seconds: served, and the connection ends
+        assert during.status == 200
+        assert during.getheader("connection") == "close"
+        assert conn.sock is None, "http.client keeps a connection the server said it closes"
+        again = http.client.HTTPConnection(rt.address, timeout=30)
+        served = infer(again)
+        assert served.status == 200 and served.getheader("connection") == "close"
+        again.close()
+        assert rt.proc.wait(60) == 0, rt.tail()
+        assert "drained" in rt.log_text()
 
 
 def test_sigterm_during_model_load_exits_promptly() -> None:

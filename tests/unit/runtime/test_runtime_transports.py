@@ -120,7 +120,9 @@ async def open_transports(tmp_path: Path, cfg: RuntimeConfig) -> AsyncIterator[T
     plane = DataPlane("fake", RuntimeMetrics("fake"), cache=cfg.cache)
     model = FakeModel(max_batch_size=8)
     address = f"ipc://{tmp_path}/model.sock"
-    endpoint = ipc.ModelEndpoint(address, FrontEndPool(plane, cfg, workers=0).handle)
+    endpoint = ipc.ModelEndpoint(
+        address, FrontEndPool(plane, cfg, workers=0).handle, closing=lambda: plane.closing
+    )
     serving = asyncio.get_running_loop().create_task(endpoint.run())
     ipc_client = ipc.ModelClient(address)
     await ipc_client.start()
@@ -217,6 +219,40 @@ async def test_not_ready_and_draining_are_the_same_503_everywhere(transports: Tr
     assert draining == [(503, "shutting down")] * 2
     assert await t.via_grpc(case) == ("StatusCode.UNAVAILABLE", "shutting down")
     assert (await t.frontend.get("/v2/health/ready")).json() == {"ready": False, "error": "shutting down"}
+
+
+async def test_from_the_shutdown_on_every_rest_response_closes_its_connection(transports: Transports) -> None:
+    """``Connection: close`` on every HTTP response once the shutdown was announced (and none before):
+    the infer fast path, its errors, routed responses, on one process and through a front end (which
+    learns it from the model process's replies)."""
+    t = transports
+    t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+    good = rest_body(Case(x=np.array([[1.0, 2.0]], np.float32), outputs=["y"]))
+    bad = rest_body(Case(x=np.ones((1, 3), np.float32)))
+
+    async def connection_headers(client: httpx.AsyncClient) -> list[tuple[int, str | None]]:
+        responses = [
+            await client.post("/v2/models/fake/infer", json=good),
+            await client.post("/v2/models/fake/infer", json=bad),
+            await client.get("/v2/models/fake"),
+            await client.get("/v2/health/ready"),
+        ]
+        return [(r.status_code, r.headers.get("connection")) for r in responses]
+
+    for client in (t.rest, t.frontend):
+        assert await connection_headers(client) == [(200, None), (400, None), (200, None), (200, None)]
+    t.plane.announce_shutdown()  # the SIGTERM: not ready, still serving
+    for client in (t.rest, t.frontend):
+        assert await connection_headers(client) == [
+            (200, "close"),
+            (400, "close"),
+            (200, "close"),
+            (503, "close"),
+        ]
+    assert await t.plane.drain(1.0)
+    for client in (t.rest, t.frontend):
+        r = await client.post("/v2/models/fake/infer", json=good)
+        assert (r.status_code, r.headers.get("connection")) == (503, "close")
 
 
 def sample(t: Transports, name: str, **labels: str) -> float:
