@@ -16,18 +16,22 @@ help: ## list the targets
 setup: ## idempotent: .venv from the lock (requirements/lock.txt) + package, .cache/kserve-client (KServe SDK, requirements/kserve-client.txt), Debian packages (prometheus, runc, CNI, buildah...), Kubernetes, containerd, CoreDNS and helm binaries, MinIO and crane for the model-source tests (hack/setup.sh)
 	@bash hack/setup.sh
 
-test: images ## setup and images, then the unit, integration and end-to-end (real node) tests
-	@$(PY) -m pytest tests/unit tests/integration tests/e2e; rc=$$?; \
+# The slowest tests (pytest's --durations) and the time of each tier (tests/support/durations.py) close
+# every run, so the suite's budget (docs/development.md, "Durations") stays in sight.
+PYTEST_DURATIONS := --durations=30 --durations-min=1
+
+test: images ## setup and images, then the unit, integration and end-to-end (real node) tests; prints the 30 slowest and each tier's time
+	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/unit tests/integration tests/e2e; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 test-unit: ## unit tests only (no setup of the control plane)
-	@$(PY) -m pytest tests/unit
+	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/unit
 
 test-integration: setup ## integration tests only
-	@$(PY) -m pytest tests/integration
+	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/integration
 
 test-e2e: images ## end-to-end tests only: images, a one-node cluster, the chart, examples (needs root)
-	@$(PY) -m pytest tests/e2e
+	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/e2e
 
 lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	@bash hack/setup.sh --python-only
