@@ -1438,17 +1438,6 @@ class InferenceServiceSpec(_Spec):
 # --- status ----------------------------------------------------------------------------------------
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-#: Condition types the operator writes.
-#: Ready: serving the current generation (every desired replica updated, available and ready).
-CONDITION_READY = "Ready"
-#: Serving: at least one ready pod serves traffic (of any version; true through a rollout).
-CONDITION_SERVING = "Serving"
-#: Reconciling (kstatus): a creation or rollout is in flight; present only while true.
-CONDITION_RECONCILING = "Reconciling"
-#: Stalled (kstatus): a fault that will not resolve by itself (bad image, crash loop, ...); only while true.
-CONDITION_STALLED = "Stalled"
-#: AutoscalingActive: the autoscaler's; removed when autoscaling is off.
-CONDITION_AUTOSCALING_ACTIVE = "AutoscalingActive"
 
 
 def object_reference(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -1553,7 +1542,7 @@ def configmap_name(name: str) -> str:
 class InferenceService(BaseModel):
     """A parsed InferenceService: identity (name, namespace, uid, generation) + spec + status.
 
-    Build it from a watch/GET body with :meth:`from_body`; the builders in ``kubeinfer.operator.build``
+    Build it from a watch/GET body with :meth:`from_body`; the builders in ``kubeinfer.operator.builders``
     take it as their input.
     """
 

@@ -16,11 +16,10 @@ from typing import Any
 
 from kubeinfer.operator import api, k8s
 from kubeinfer.operator.autoscale import loop
-from kubeinfer.operator.build import scraper_peer
+from kubeinfer.operator.builders import scraper_peer
 from kubeinfer.operator.peering import ensure_peering
-from kubeinfer.operator.reconcile import Reconciler
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
-from kubeinfer.operator.reconcile.reconciler import Lookup
+from kubeinfer.operator.reconcile.reconciler import Lookup, Reconciler
 from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.settings import Settings
 from kubeinfer.operator.status import object_key

@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 from kubeinfer.operator import api, k8s
-from kubeinfer.operator.build.common import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from kubeinfer.operator.builders.common import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from kubeinfer.operator.controllers import Controllers
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OwnedKind
 from kubeinfer.operator.reconcile.reconciler import Lookup

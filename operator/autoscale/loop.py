@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pydantic
-from kubeinfer.operator import api, k8s, rfc3339, status
+from kubeinfer.operator import api, conditions, k8s, rfc3339, status
 from kubeinfer.operator.autoscale import prometheus, wording
 from kubeinfer.operator.autoscale import signals as sig
 from kubeinfer.operator.autoscale.policy import (
@@ -65,7 +65,7 @@ from kubeinfer.operator.autoscale.policy import (
     restore_arrivals,
     restore_state,
 )
-from kubeinfer.operator.build.configmap import build_configmap
+from kubeinfer.operator.builders.configmap import build_configmap
 from kubeinfer.operator.settings import Settings
 from kubeinfer.runtime.config import CONFIG_FILE
 
@@ -75,13 +75,6 @@ logger = logging.getLogger(__name__)
 SIGNAL_RETRY_MAX_SECONDS = 120.0
 #: Most samples one arrival-history range query asks for (Prometheus refuses over 11,000 per series).
 HISTORY_MAX_POINTS = 10_000
-#: Condition reason when signals are known and the loop acts.
-ACTIVE = "Active"
-#: Condition reason when the InferenceService has no Deployment yet.
-NO_DEPLOYMENT = "NoDeployment"
-#: Condition reason (False) when Prometheus answered but the policy cannot act on the values (e.g. no
-#: request completed in the window while requests are queued).
-UNUSABLE_SIGNALS = "UnusableSignals"
 
 
 def prom_duration(seconds: float) -> str:
@@ -139,7 +132,7 @@ def observed_status(obs: Observation, when: str) -> dict[str, Any]:
 
 
 def condition_after(
-    conditions: list[Mapping[str, Any]],
+    conds: list[Mapping[str, Any]],
     status_: api.ConditionStatus,
     reason: str,
     message: str,
@@ -150,7 +143,7 @@ def condition_after(
     to 1000 characters), or ``None`` when its status, reason and observedGeneration are already those
     (the message alone changing is not worth a write; a new generation is, so that every condition's
     observedGeneration is current)."""
-    previous = next((c for c in conditions if c.get("type") == api.CONDITION_AUTOSCALING_ACTIVE), None)
+    previous = next((c for c in conds if c.get("type") == conditions.CONDITION_AUTOSCALING_ACTIVE), None)
     unchanged = (status_, reason, generation)
     if (
         previous is not None
@@ -158,7 +151,7 @@ def condition_after(
     ):
         return None
     state = status.ConditionState(status_, reason, message[:1000])
-    return status.put_condition(conditions, api.CONDITION_AUTOSCALING_ACTIVE, state, now, generation)
+    return status.put_condition(conds, conditions.CONDITION_AUTOSCALING_ACTIVE, state, now, generation)
 
 
 def decision_status(decision: Decision, observation: Observation, when: str) -> dict[str, Any]:
@@ -188,10 +181,10 @@ def condition_of(reading: sig.Reading, decision: Decision) -> status.ConditionSt
         unknown = reading.observation.unknown_reason or "unknown signals"
         return status.ConditionState("False", reading.condition_reason, unknown)
     if not decision.known:
-        return status.ConditionState("False", UNUSABLE_SIGNALS, decision.reason)
+        return status.ConditionState("False", conditions.UNUSABLE_SIGNALS, decision.reason)
     if decision.hold is not None:
         return status.ConditionState("True", decision.hold, decision.reason)
-    return status.ConditionState("True", ACTIVE, f"last decision: {decision.reason}")
+    return status.ConditionState("True", conditions.ACTIVE, f"last decision: {decision.reason}")
 
 
 @dataclass
@@ -309,12 +302,12 @@ class Autoscaler:
         current_status: Mapping[str, Any] = body.get("status") or {}
 
         if deployment is None:
-            no_deployment = status.ConditionState("False", NO_DEPLOYMENT, "no Deployment yet")
+            no_deployment = status.ConditionState("False", conditions.NO_DEPLOYMENT, "no Deployment yet")
             await self._write_status(isvc, body, {}, no_deployment, when)
-            return TickResult(None, NO_DEPLOYMENT)
+            return TickResult(None, conditions.NO_DEPLOYMENT)
 
         if now < mem.retry_at:  # Prometheus was unavailable: wait out the back-off, read nothing
-            return TickResult(None, mem.signal_problem or ACTIVE)
+            return TickResult(None, mem.signal_problem or conditions.ACTIVE)
         window_s = api.parse_duration(spec.window)
         queries = sig.default_queries(
             ns,
@@ -346,7 +339,7 @@ class Autoscaler:
             decision, reason=wording.for_device(decision.reason, gpus=isvc.spec.resources.gpus)
         )
         mem.state = decision.state
-        result = TickResult(decision, reading.condition_reason or ACTIVE)
+        result = TickResult(decision, reading.condition_reason or conditions.ACTIVE)
 
         fields = decision_status(decision, reading.observation, when)
         condition = condition_of(reading, decision)
@@ -371,7 +364,7 @@ class Autoscaler:
         if decision.changed:
             logger.info("autoscale %s/%s: %s", ns, name, decision.reason)
             await self.kube.record_event(
-                api.object_reference(body), reason="Autoscaled", message=decision.reason
+                api.object_reference(body), reason=conditions.AUTOSCALED, message=decision.reason
             )
         return result
 
@@ -425,7 +418,7 @@ class Autoscaler:
         ``interval · 2^(n-1)`` after the n-th failed read in a row, at most
         :data:`SIGNAL_RETRY_MAX_SECONDS`."""
         reason = reading.condition_reason
-        if reason == sig.PROMETHEUS_UNAVAILABLE:
+        if reason == conditions.PROMETHEUS_UNAVAILABLE:
             mem.failures += 1
             delay = min(self.interval_seconds * 2.0 ** min(mem.failures - 1, 20), SIGNAL_RETRY_MAX_SECONDS)
             mem.retry_at = now + delay
@@ -435,7 +428,7 @@ class Autoscaler:
             where = f"autoscale {isvc.namespace}/{isvc.name}"
             if reason is None:
                 logger.info("%s: signals readable again", where)
-            elif reason in (sig.PROMETHEUS_UNAVAILABLE, sig.QUERY_ERROR):
+            elif reason in (conditions.PROMETHEUS_UNAVAILABLE, conditions.QUERY_ERROR):
                 logger.warning(
                     "%s: %s: %s; retrying with back-off, holding replicas and batch timeout",
                     where,
@@ -465,7 +458,7 @@ class Autoscaler:
                 # the spec moved since this tick read it (autoscaling turned off, say: the operator
                 # removed AutoscalingActive): a decision for the old spec writes nothing
                 return None
-            conditions = condition_after(
+            conds = condition_after(
                 list((current.get("status") or {}).get("conditions") or []),
                 condition.status,
                 condition.reason,
@@ -474,8 +467,8 @@ class Autoscaler:
                 isvc.generation,
             )
             full = dict(fields)
-            if conditions is not None:
-                full["conditions"] = conditions
+            if conds is not None:
+                full["conditions"] = conds
                 if observation is not None and "observed" not in full:
                     full["observed"] = observed_status(observation, when)
             return full

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from kubeinfer.operator import conditions
 from kubeinfer.operator.autoscale.signals import (
-    PROMETHEUS_UNAVAILABLE,
-    QUERY_ERROR,
     Queries,
     Reading,
     SignalError,
@@ -135,25 +134,26 @@ class PrometheusSignals:
             status = self._last_status.code
             # 4xx but 429: the query is at fault (bad PromQL, 422 execution error); else Prometheus is.
             reason = (
-                QUERY_ERROR
+                conditions.QUERY_ERROR
                 if isinstance(status, int) and 400 <= status < 500 and status != 429
-                else PROMETHEUS_UNAVAILABLE
+                else conditions.PROMETHEUS_UNAVAILABLE
             )
             logger.debug("Prometheus answered HTTP %s for %s: %s", status, promql, exc)
             raise SignalError(reason, f"Prometheus answered HTTP {status}: {str(exc)[:200]}") from exc
         except (KeyError, TypeError) as exc:  # HTTP 200 without data.result (a proxy's page, say)
             logger.debug("Prometheus answered without data.result for %s: %s", promql, exc)
             raise SignalError(
-                QUERY_ERROR, f"unexpected answer from {self.config.url}: no data.result"
+                conditions.QUERY_ERROR, f"unexpected answer from {self.config.url}: no data.result"
             ) from exc
         except (requests.RequestException, ValueError) as exc:
             # the exception's text carries the URL-encoded query: DEBUG only, the condition gets its kind
             logger.debug("Prometheus unavailable at %s for %s: %s", self.config.url, promql, exc)
             raise SignalError(
-                PROMETHEUS_UNAVAILABLE, f"Prometheus unavailable at {self.config.url} ({type(exc).__name__})"
+                conditions.PROMETHEUS_UNAVAILABLE,
+                f"Prometheus unavailable at {self.config.url} ({type(exc).__name__})",
             ) from exc
         if not isinstance(result, list):
-            raise SignalError(QUERY_ERROR, f"unexpected answer to {promql}: {result!r}"[:300])
+            raise SignalError(conditions.QUERY_ERROR, f"unexpected answer to {promql}: {result!r}"[:300])
         return result
 
     def read(self, queries: Queries, stale_after_seconds: float) -> Reading:

@@ -47,12 +47,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kubeinfer.operator import conditions
 from kubeinfer.operator.autoscale.policy import (
-    INVALID_METRICS,
-    METRICS_MISSING,
     READER_REQUIRES,
-    STALE_METRICS,
-    UNUSABLE_SIGNALS,
     Observation,
     Problem,
     check_observation,
@@ -68,12 +65,6 @@ __all__ = [
     "parse_history",
     "read_signals",
 ]
-
-#: ``AutoscalingActive=False`` reasons of the reader (those about values come from ``policy``:
-#: ``METRICS_MISSING``, ``INVALID_METRICS``, ``STALE_METRICS``, ``UNUSABLE_SIGNALS``, re-exported here).
-PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
-QUERY_ERROR = "QueryError"
-VALUE_REASONS = (METRICS_MISSING, INVALID_METRICS, STALE_METRICS, UNUSABLE_SIGNALS)
 
 
 class SignalError(Exception):
@@ -188,12 +179,14 @@ def _scalar(result: Sequence[Mapping[str, Any]], what: str, promql: str) -> floa
         return None
     if len(result) > 1:
         logger.debug("%s: %d series from %s", what, len(result), promql)
-        raise SignalError(QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1")
+        raise SignalError(conditions.QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1")
     try:
         return float(result[0]["value"][1])
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         logger.debug("%s: unexpected result %r from %s", what, result[0], promql)
-        raise SignalError(QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}") from exc
+        raise SignalError(
+            conditions.QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}"
+        ) from exc
 
 
 def parse_history(result: Sequence[Mapping[str, Any]], what: str) -> list[tuple[float, float]]:
@@ -206,11 +199,13 @@ def parse_history(result: Sequence[Mapping[str, Any]], what: str) -> list[tuple[
     if not result:
         return []
     if len(result) > 1:
-        raise SignalError(QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1")
+        raise SignalError(conditions.QUERY_ERROR, f"{what}: query returned {len(result)} series, expected 1")
     try:
         samples = [(float(ts), float(value)) for ts, value in result[0]["values"]]
     except (KeyError, TypeError, ValueError) as exc:
-        raise SignalError(QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}") from exc
+        raise SignalError(
+            conditions.QUERY_ERROR, f"{what}: unexpected result {str(result[0])[:100]}"
+        ) from exc
     return [(ts, v) for ts, v in samples if math.isfinite(v) and v >= 0]
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubeinfer.operator import api
+from kubeinfer.operator import conditions
 from kubeinfer.operator.status import ConditionState, conditions_of
 
-#: Reason of ``Ready=False`` while the API server keeps failing the operator's requests.
-API_SERVER_ERROR_REASON = "ApiServerError"
 #: Consecutive failed reconciles (transient API errors: 5xx, 429, conflicts, network) of one
 #: InferenceService before ``Ready=False ApiServerError`` is written (3 × the 5 s retry ≈ 15–35 s:
 #: long enough to ride out an API server restart, short enough for a user to see the cause).
@@ -44,12 +42,12 @@ def api_error_state(
     """
     if failures < threshold:
         return None
-    ready = conditions_of({"status": current_status}).get(api.CONDITION_READY)
+    ready = conditions_of({"status": current_status}).get(conditions.CONDITION_READY)
     if (
         ready is not None
         and ready.get("status") == "False"
-        and ready.get("reason") == API_SERVER_ERROR_REASON
+        and ready.get("reason") == conditions.API_SERVER_ERROR
     ):
         return None
     message = f"{failures} consecutive reconciles failed; retrying with back-off: {error[:1000]}"
-    return ConditionState("False", API_SERVER_ERROR_REASON, message)
+    return ConditionState("False", conditions.API_SERVER_ERROR, message)

@@ -4,7 +4,7 @@ An ``oci://`` model (``spec.model.uri``) is mounted as an image volume (``volume
 Kubernetes 1.31 (feature gate ``ImageVolume`` off), beta but still off by default in 1.33 and 1.34, on
 by default from 1.35, GA (locked on) from 1.36. An API server with the gate off refuses such a pod spec
 or drops the volume, so the operator does not apply one there: the InferenceService gets
-``Ready=False`` reason :data:`IMAGE_VOLUME_UNSUPPORTED`, naming the cluster's version and what to do,
+``Ready=False`` reason ``ImageVolumeUnsupported``, naming the cluster's version and what to do,
 and nothing is applied.
 
 The operator reads the API server's version once at start (``GET /version``, its ``gitVersion``) and
@@ -19,10 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kubeinfer.operator import api
+from kubeinfer.operator import api, conditions
 from kubeinfer.operator.status import ConditionState
 
-IMAGE_VOLUME_UNSUPPORTED = "ImageVolumeUnsupported"
 #: The first Kubernetes minor version with the ImageVolume feature gate on by default.
 IMAGE_VOLUMES_DEFAULT_FROM = (1, 35)
 #: ``v1.34.2``, ``1.34``, ``v1.34.2-eks-abc``, ``v1.30.5-gke.1014001``: the major and minor version.
@@ -63,7 +62,7 @@ class ClusterCapabilities:
         return f"API server {version}; image volumes (oci:// models, imageVolumes: {setting}): {served}"
 
     def refusal(self, isvc: api.InferenceService) -> ConditionState | None:
-        """``Ready=False`` :data:`IMAGE_VOLUME_UNSUPPORTED` for an ``oci://`` model where image volumes
+        """``Ready=False`` ``ImageVolumeUnsupported`` for an ``oci://`` model where image volumes
         cannot be used, naming the cluster's version and what to do; ``None`` otherwise."""
         if api.oci_reference(isvc.spec.model.uri) is None or self.image_volumes_served() is not False:
             return None
@@ -83,4 +82,4 @@ class ClusterCapabilities:
                 "gate on the API server and the kubelets and set the chart value imageVolumes: true, or "
                 f"{_INSTEAD}); nothing was applied"
             )
-        return ConditionState("False", IMAGE_VOLUME_UNSUPPORTED, message)
+        return ConditionState("False", conditions.IMAGE_VOLUME_UNSUPPORTED, message)

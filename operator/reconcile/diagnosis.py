@@ -7,46 +7,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kubeinfer.operator.build.source import FETCH_CONTAINER, FETCH_CONTAINERS
+from kubeinfer.operator import conditions
+from kubeinfer.operator.builders.source import FETCH_CONTAINER, FETCH_CONTAINERS
 from kubeinfer.operator.reconcile.rollout import Rollout, new_pods, rollout_of
 from kubeinfer.operator.rfc3339 import parse_time
 from kubeinfer.operator.status import ConditionState, conditions_of
 
-#: Container waiting reasons that will not resolve by themselves (bad image, bad config, crash loop).
-BAD_WAITING_REASONS = frozenset(
-    {
-        "ErrImagePull",
-        "ImagePullBackOff",
-        "InvalidImageName",
-        "ErrImageNeverPull",
-        "RegistryUnavailable",
-        "SignatureValidationFailed",
-        "CrashLoopBackOff",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-    }
-)
 #: Waiting reasons of an image that cannot be pulled (the kubelet's image manager). ErrImagePull and
-#: ImagePullBackOff alternate while a pull keeps failing: both are reported as
-#: :data:`IMAGE_PULL_BACK_OFF`, so the reason stays put while the fault lasts.
+#: ImagePullBackOff alternate while a pull keeps failing: all are reported as
+#: :data:`conditions.IMAGE_PULL_BACK_OFF`, so the reason stays put while the fault lasts.
 IMAGE_PULL_REASONS = frozenset(
     {
         "ErrImagePull",
-        "ImagePullBackOff",
+        conditions.IMAGE_PULL_BACK_OFF,
         "RegistryUnavailable",
         "SignatureValidationFailed",
         "ErrImageNeverPull",
     }
 )
-IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
-#: Ready=False reasons of the model's own faults: its source cannot be fetched (the fetch init container
-#: failed, cannot start, or the OCI model image cannot be pulled); it was fetched but does not load; a
-#: container was killed for memory; the runtime keeps exiting for another reason.
-MODEL_FETCH_FAILED = "ModelFetchFailed"
-MODEL_LOAD_FAILED = "ModelLoadFailed"
-OOM_KILLED = "OOMKilled"
-CRASH_LOOP = "CrashLoopBackOff"
+#: Container waiting reasons that will not resolve by themselves (bad image, bad config, crash loop):
+#: the image pull's, and those carried over as the Ready reason (:data:`conditions.KUBELET_WAITING_REASONS`).
+BAD_WAITING_REASONS = IMAGE_PULL_REASONS | conditions.KUBELET_WAITING_REASONS
 #: How the runtime's termination message of a model that does not load starts (runtime/server.py).
 MODEL_LOAD_PREFIX = "model load failed"
 #: Characters kept of a termination message or a kubelet message (its start: our one-line messages name
@@ -114,19 +95,21 @@ def _crash_state(
     one-line termination message; it stays the same through the restarts (no back-off time, no count)."""
     code = terminated.get("exitCode")
     text = termination_text(pod, name, terminated)
-    if terminated.get("reason") == "OOMKilled":
+    if terminated.get("reason") == conditions.OOM_KILLED:  # the kubelet's word, reported as it is
         return ConditionState(
             "False",
-            OOM_KILLED,
+            conditions.OOM_KILLED,
             f"{where}: killed for memory, exit code {code}{_memory_limit(pod, name)}"
             + (f": {text}" if text else ""),
         )
     if name in FETCH_CONTAINERS:
         return ConditionState(
-            "False", MODEL_FETCH_FAILED, f"{where}: {text or f'fetch failed, exit code {code}'}"
+            "False", conditions.MODEL_FETCH_FAILED, f"{where}: {text or f'fetch failed, exit code {code}'}"
         )
     detail = f"exit code {code}" + (f" ({terminated['reason']})" if terminated.get("reason") else "")
-    reason = MODEL_LOAD_FAILED if text.startswith(MODEL_LOAD_PREFIX) else CRASH_LOOP
+    reason = (
+        conditions.MODEL_LOAD_FAILED if text.startswith(MODEL_LOAD_PREFIX) else conditions.CRASH_LOOP_BACK_OFF
+    )
     return ConditionState("False", reason, f"{where}: {detail}" + (f": {text}" if text else ""))
 
 
@@ -144,11 +127,11 @@ def container_problem(
 ) -> ConditionState | None:
     """The lasting problem of one container of ``pod`` (``cs``: its status), ``None`` when it has none.
 
-    - waiting to pull an image: :data:`MODEL_FETCH_FAILED` when the kubelet's message names the OCI model
+    - waiting to pull an image: ``ModelFetchFailed`` when the kubelet's message names the OCI model
       image ``model_image`` (an image volume that cannot be pulled is reported on the container that
-      mounts it), else :data:`IMAGE_PULL_BACK_OFF`;
+      mounts it), else ``ImagePullBackOff``;
     - a fetch init container that cannot start (``CreateContainerConfigError``: a missing Secret or
-      key of ``spec.model.credentials``): :data:`MODEL_FETCH_FAILED` with the kubelet's message;
+      key of ``spec.model.credentials``): ``ModelFetchFailed`` with the kubelet's message;
     - a container that exited with an error, also while it waits in its back-off or runs again after the
       crash (:func:`failed_termination`): :func:`_crash_state`;
     - any other waiting reason in :data:`BAD_WAITING_REASONS` carried over with its message.
@@ -161,11 +144,13 @@ def container_problem(
     if reason in IMAGE_PULL_REASONS:
         if model_image is not None and names_image(message, model_image):
             return ConditionState(
-                "False", MODEL_FETCH_FAILED, f"{where}: model image {model_image}: {message or reason}"
+                "False",
+                conditions.MODEL_FETCH_FAILED,
+                f"{where}: model image {model_image}: {message or reason}",
             )
-        return ConditionState("False", IMAGE_PULL_BACK_OFF, f"{where}: {message or reason}")
-    if reason == "CreateContainerConfigError" and name in FETCH_CONTAINERS:
-        return ConditionState("False", MODEL_FETCH_FAILED, f"{where}: {message or reason}")
+        return ConditionState("False", conditions.IMAGE_PULL_BACK_OFF, f"{where}: {message or reason}")
+    if reason == conditions.CREATE_CONTAINER_CONFIG_ERROR and name in FETCH_CONTAINERS:
+        return ConditionState("False", conditions.MODEL_FETCH_FAILED, f"{where}: {message or reason}")
     terminated = failed_termination(cs)
     if terminated is not None:
         return _crash_state(pod, where, name, terminated)
@@ -177,13 +162,14 @@ def container_problem(
 def _unschedulable(pod: Mapping[str, Any]) -> ConditionState | None:
     pod_name = (pod.get("metadata") or {}).get("name")
     for cond in (pod.get("status") or {}).get("conditions") or []:
-        unschedulable = cond.get("reason") == "Unschedulable" and cond.get("status") == "False"
-        if cond.get("type") == "PodScheduled" and unschedulable:
+        # the scheduler's reason, reported as it is
+        unschedulable = cond.get("reason") == conditions.UNSCHEDULABLE and cond.get("status") == "False"
+        if cond.get("type") == conditions.POD_SCHEDULED and unschedulable:
             message = f"pod {pod_name}: {cond.get('message', '')}"
             asks = scheduling_asks(pod)
             if asks:
                 message = f"{message} (the pod asks for {asks})"
-            return ConditionState("False", "Unschedulable", message)
+            return ConditionState("False", conditions.UNSCHEDULABLE, message)
     return None
 
 
@@ -253,8 +239,17 @@ def scheduling_asks(pod: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def stalled_state(ready: ConditionState) -> ConditionState | None:
+    """``Stalled=True`` with the reason and message of ``ready`` when it is ``False`` with a reason that
+    stalls (:func:`conditions.sets_stalled`: a fault that will not resolve by itself, not a step of a
+    healthy start-up or rollout); ``None`` (no Stalled condition) otherwise."""
+    if ready.status != "False" or not conditions.sets_stalled(ready.reason):
+        return None
+    return ConditionState("True", ready.reason, ready.message)
+
+
 #: ``Serving=False`` while no pod is ready.
-NOT_SERVING = ConditionState("False", "NoReadyReplicas", "no ready replica serves")
+NOT_SERVING = ConditionState("False", conditions.NO_READY_REPLICAS, "no ready replica serves")
 
 
 @dataclass(frozen=True)
@@ -284,39 +279,43 @@ def serving_state(rollout: Rollout | None) -> ConditionState:
         return NOT_SERVING
     return ConditionState(
         "True",
-        "ReadyReplicas",
+        conditions.READY_REPLICAS,
         f"{rollout.ready} ready replica(s) serve, {rollout.updated_ready} of the current version",
     )
 
 
 def _replica_failure(deployment: Mapping[str, Any]) -> ConditionState | None:
     """The Deployment's ``ReplicaFailure`` True (pods cannot be created: quota, admission)."""
-    failure = conditions_of(deployment).get("ReplicaFailure")
+    failure = conditions_of(deployment).get(conditions.DEPLOYMENT_REPLICA_FAILURE)
     if failure is not None and failure.get("status") == "True":
         return ConditionState(
-            "False", str(failure.get("reason") or "ReplicaFailure"), str(failure.get("message") or "")
+            "False",
+            str(failure.get("reason") or conditions.REPLICA_FAILURE),
+            str(failure.get("message") or ""),
         )
     return None
 
 
 def _progress_failure(deployment: Mapping[str, Any]) -> ConditionState | None:
     """The Deployment's ``Progressing`` False (e.g. ProgressDeadlineExceeded)."""
-    progressing = conditions_of(deployment).get("Progressing")
+    progressing = conditions_of(deployment).get(conditions.DEPLOYMENT_PROGRESSING)
     if progressing is not None and progressing.get("status") == "False":
         return ConditionState(
-            "False", str(progressing.get("reason") or "ProgressFailed"), str(progressing.get("message") or "")
+            "False",
+            str(progressing.get("reason") or conditions.PROGRESS_FAILED),
+            str(progressing.get("message") or ""),
         )
     return None
 
 
 def _operator_fault(missing_pvcs: list[str], error: str | None, namespace: str) -> ConditionState | None:
     if error is not None:
-        return ConditionState("False", "ReconcileFailed", error)
+        return ConditionState("False", conditions.RECONCILE_FAILED, error)
     if missing_pvcs:
         names = ", ".join(missing_pvcs)
         return ConditionState(
             "False",
-            "PersistentVolumeClaimNotFound",
+            conditions.PERSISTENT_VOLUME_CLAIM_NOT_FOUND,
             f"PersistentVolumeClaim {names} not found in {namespace}",
         )
     return None
@@ -350,35 +349,36 @@ def health(
 ) -> Health:
     """The conditions of an InferenceService, from what only the operator can see and the Deployment.
 
-    Faults first (``Ready=False`` with their reason, ``Stalled=True``): an apply error; a missing
-    PersistentVolumeClaim; the Deployment's ``ReplicaFailure`` (True); while the rollout is not
-    complete, a lasting problem of the new ReplicaSet's pods (:func:`pod_problem`: the model's fetch or
-    load, memory, bad image, crash loop, unschedulable; ``model_image``: an ``oci://`` model's image);
-    the Deployment's ``Progressing`` (False, e.g. ProgressDeadlineExceeded). Else, while the rollout is
-    not complete (:attr:`Rollout.complete`), ``Ready=False Progressing`` and ``Reconciling=True`` with
-    the counts; else ``Ready=True`` (the reason of the Deployment's ``Available`` condition carried
-    over; with ``pods``, :attr:`Health.note` says what the model's fetch took). ``Serving`` follows the
-    ready pods in every case.
+    Faults first (``Ready=False`` with their reason, ``Stalled=True``: :func:`stalled_state`): an
+    apply error; a missing PersistentVolumeClaim; the Deployment's ``ReplicaFailure`` (True); while
+    the rollout is not complete, a lasting problem of the new ReplicaSet's pods (:func:`pod_problem`:
+    the model's fetch or load, memory, bad image, crash loop, unschedulable; ``model_image``: an
+    ``oci://`` model's image); the Deployment's ``Progressing`` (False, e.g. ProgressDeadlineExceeded).
+    Else, while the rollout is not complete (:attr:`Rollout.complete`), ``Ready=False Progressing`` and
+    ``Reconciling=True`` with the counts; else ``Ready=True`` (the reason of the Deployment's
+    ``Available`` condition carried over; with ``pods``, :attr:`Health.note` says what the model's
+    fetch took). ``Serving`` follows the ready pods in every case.
     """
     rollout = rollout_of(deployment, replicasets) if deployment is not None else None
     serving = serving_state(rollout)
     fault = _operator_fault(missing_pvcs, error, namespace)
     if fault is None and deployment is None:
-        creating = ConditionState("False", "Creating", "waiting for the Deployment to be created")
-        return Health(creating, serving, reconciling=ConditionState("True", "Creating", creating.message))
+        creating = ConditionState("False", conditions.CREATING, "waiting for the Deployment to be created")
+        reconciling = ConditionState("True", conditions.CREATING, creating.message)
+        return Health(creating, serving, reconciling=reconciling, stalled=stalled_state(creating))
     if fault is None and deployment is not None and rollout is not None:
         fault = _deployment_fault(deployment, rollout, pods, model_image)
     if fault is not None:
-        return Health(
-            fault, serving, stalled=ConditionState("True", fault.reason, fault.message), rollout=rollout
-        )
+        return Health(fault, serving, stalled=stalled_state(fault), rollout=rollout)
     assert deployment is not None and rollout is not None
     if not rollout.complete:
-        progressing = ConditionState("False", "Progressing", rollout.message())
-        reconciling = ConditionState("True", "RolloutInProgress", rollout.message())
-        return Health(progressing, serving, reconciling=reconciling, rollout=rollout)
-    available = conditions_of(deployment).get("Available") or {}
-    reason = str(available.get("reason") or "RolloutComplete")
+        progressing = ConditionState("False", conditions.PROGRESSING, rollout.message())
+        reconciling = ConditionState("True", conditions.ROLLOUT_IN_PROGRESS, rollout.message())
+        return Health(
+            progressing, serving, reconciling=reconciling, stalled=stalled_state(progressing), rollout=rollout
+        )
+    available = conditions_of(deployment).get(conditions.DEPLOYMENT_AVAILABLE) or {}
+    reason = str(available.get("reason") or conditions.ROLLOUT_COMPLETE)
     message = f"{rollout.summary()} replicas ready"
     note = fetch_note(new_pods(pods, rollout.new_hash)) if pods else None
     return Health(ConditionState("True", reason, message), serving, rollout=rollout, note=note)

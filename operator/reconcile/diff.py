@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from kubeinfer.operator.build.common import APPLIED_HASH_ANNOTATION
+from kubeinfer.operator.builders.common import APPLIED_HASH_ANNOTATION
 
 #: What to do with one owned object (see :func:`plan_apply`).
 Action = Literal["create", "update", "revert", "none"]

@@ -7,13 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
-from kubeinfer.operator import api
+from kubeinfer.operator import api, conditions
 from kubeinfer.operator.reconcile.diff import is_subset
 from kubeinfer.operator.status import conditions_of
 from kubeinfer.runtime.config import CONFIG_FILE
-
-#: Ready=False reasons of a healthy start-up or rollout: no Event (the rollout's own Events say it).
-EXPECTED_NOT_READY_REASONS = frozenset({"Creating", "Progressing"})
 
 #: An Event to post: ``(type, reason, message)``; type ``Normal`` or ``Warning``.
 Event = tuple[str, str, str]
@@ -43,15 +40,19 @@ def update_events(
         want, have = desired.get("spec") or {}, current.get("spec") or {}
         if not is_subset(want.get("template") or {}, have.get("template") or {}):
             return [
-                ("Normal", "RolloutStarted", f"rolling out a new pod template (generation {isvc.generation})")
+                (
+                    "Normal",
+                    conditions.ROLLOUT_STARTED,
+                    f"rolling out a new pod template (generation {isvc.generation})",
+                )
             ]
         if "replicas" in want and want["replicas"] != have.get("replicas"):
-            return [("Normal", "Scaled", f"replicas {have.get('replicas')} → {want['replicas']}")]
+            return [("Normal", conditions.SCALED, f"replicas {have.get('replicas')} → {want['replicas']}")]
     if desired.get("kind") == "ConfigMap" and not isvc.spec.autoscaling.enabled:
         old, new = _batch_timeout_of(current), _batch_timeout_of(desired)
         if old is not None and new is not None and old != new:
             message = f"batch timeout {api.format_duration(old)} → {api.format_duration(new)}"
-            return [("Normal", "BatchTimeoutChanged", message)]
+            return [("Normal", conditions.BATCH_TIMEOUT_CHANGED, message)]
     return []
 
 
@@ -65,7 +66,7 @@ def transition_events(
     message followed by ``note`` when given (what the model's fetch took); the
     start of a rollout or a scale is the apply's Event (:func:`update_events`). Warning only for
     faults: Ready turning false, or changing reason while false, with a reason not in
-    :data:`EXPECTED_NOT_READY_REASONS`. Nothing when the conditions did not change in status or
+    :data:`conditions.EXPECTED_NOT_READY_REASONS`. Nothing when the conditions did not change in status or
     reason (a new message alone, e.g. new counts).
     """
     old, new = (
@@ -78,9 +79,12 @@ def transition_events(
         return str(c.get("status", "")), str(c.get("reason", ""))
 
     events: list[Event] = []
-    rec_before, rec_after = key(old, api.CONDITION_RECONCILING)[0], key(new, api.CONDITION_RECONCILING)[0]
-    ready = new.get(api.CONDITION_READY)
-    if ready is None or key(old, api.CONDITION_READY) == key(new, api.CONDITION_READY):
+    rec_before, rec_after = (
+        key(old, conditions.CONDITION_RECONCILING)[0],
+        key(new, conditions.CONDITION_RECONCILING)[0],
+    )
+    ready = new.get(conditions.CONDITION_READY)
+    if ready is None or key(old, conditions.CONDITION_READY) == key(new, conditions.CONDITION_READY):
         return events
     status, reason, message = (
         str(ready.get("status")),
@@ -90,7 +94,7 @@ def transition_events(
     if status == "True":
         finished = rec_before == "True" and rec_after != "True"
         text = f"Ready=True: {message}" + (f"; {note}" if note else "")
-        events.append(("Normal", "RolloutFinished" if finished else reason, text))
-    elif reason not in EXPECTED_NOT_READY_REASONS:
+        events.append(("Normal", conditions.ROLLOUT_FINISHED if finished else reason, text))
+    elif reason not in conditions.EXPECTED_NOT_READY_REASONS:
         events.append(("Warning", reason, f"Ready={status}: {message}"))
     return events

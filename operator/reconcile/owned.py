@@ -2,7 +2,7 @@
 
 ``OWNED`` drives the reconciler (what to build, apply, delete and forget), the handlers (one kopf
 index and one watch per kind) and ``k8s`` (the resource paths, through :class:`k8s.Resource`).
-Adding an owned kind is one row here and one builder in ``kubeinfer.operator.build``.
+Adding an owned kind is one row here and one builder in ``kubeinfer.operator.builders``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeinfer.operator import api, k8s
-from kubeinfer.operator.build import (
+from kubeinfer.operator.builders import (
     build_configmap,
     build_deployment,
     build_networkpolicy,

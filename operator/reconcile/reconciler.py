@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-from kubeinfer.operator import api, k8s, metrics, rfc3339
-from kubeinfer.operator.build.common import selector_string
+from kubeinfer.operator import api, conditions, k8s, metrics, rfc3339
+from kubeinfer.operator.builders.common import selector_string
 from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
@@ -243,7 +243,7 @@ class Reconciler:
             await self._write_fault(
                 body,
                 current_status,
-                ConditionState("False", "InvalidSpec", f"invalid spec: {message}"[:2000]),
+                ConditionState("False", conditions.INVALID_SPEC, f"invalid spec: {message}"[:2000]),
             )
             return
         # Nothing is applied when refused: the pods never receive what it names, and the API server
@@ -277,7 +277,7 @@ class Reconciler:
             if isinstance(out, tuple) and out[0] == "create" and out[1] is not None
         ]
         if created:
-            self._event_later(body, "Created", "created " + ", ".join(created))
+            self._event_later(body, conditions.CREATED, "created " + ", ".join(created))
         for kind in (k for k, obj in built.items() if obj is None):
             await self._delete_unwanted(body, lookup, kind)
 
@@ -309,7 +309,9 @@ class Reconciler:
             return None
         self._applied[(kind, isvc.namespace, obj_name)] = stored
         if action == "revert":
-            self._event_later(body, "DriftReverted", f"put back the fields of {kind} {obj_name}", "Warning")
+            self._event_later(
+                body, conditions.DRIFT_REVERTED, f"put back the fields of {kind} {obj_name}", "Warning"
+            )
         elif action == "update":
             for type_, reason, message in events.update_events(obj, current, isvc):
                 self._event_later(body, reason, message, type_)
@@ -346,7 +348,9 @@ class Reconciler:
                 missing.append(claim)
         pods: list[dict[str, Any]] = []
         replicasets: list[dict[str, Any]] = []
-        ready = (conditions_of({"status": current_status}).get(api.CONDITION_READY) or {}).get("status")
+        ready = (conditions_of({"status": current_status}).get(conditions.CONDITION_READY) or {}).get(
+            "status"
+        )
         becoming_ready = api.is_fetched(isvc.spec.model.uri) and ready != "True"
         if deployment is not None and not missing and (becoming_ready or not rollout_of(deployment).complete):
             selector = selector_string(isvc)
@@ -444,5 +448,5 @@ class Reconciler:
         if self._current(lookup, kind, namespace, name) is None:
             return
         if await self.kube.delete(owned.resource.path(namespace, name)):
-            self._event_later(body, "Deleted", f"deleted {kind} {name} ({owned.unwanted})")
+            self._event_later(body, conditions.DELETED, f"deleted {kind} {name} ({owned.unwanted})")
         self._applied.pop((kind, namespace, name), None)

@@ -9,8 +9,8 @@ not Pods could read them through the pod. The cluster admin closes that with the
 ``secret_references_allowed`` and ``service_account_references_allowed`` (chart values
 ``secretReferences.allowed``, ``serviceAccountReferences.allowed``): glob patterns of ``NAME`` or
 ``NAMESPACE/NAME``; ``*`` (the default) allows every one, an empty list none. An InferenceService that
-names one outside them is refused (``Ready=False`` reason :data:`SECRET_NOT_ALLOWED` or
-:data:`SERVICE_ACCOUNT_NOT_ALLOWED`, naming the object and the field) before anything is applied.
+names one outside them is refused (``Ready=False`` reason ``SecretNotAllowed`` or
+``ServiceAccountNotAllowed``, naming the object and the field) before anything is applied.
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from kubeinfer.operator import api
+from kubeinfer.operator import api, conditions
 from kubeinfer.operator.status import ConditionState
 
-SECRET_NOT_ALLOWED = "SecretNotAllowed"
-SERVICE_ACCOUNT_NOT_ALLOWED = "ServiceAccountNotAllowed"
 #: The setting that allows every reference (and the default).
 ALLOW_ALL = ("*",)
 
@@ -85,7 +83,7 @@ class ReferencePolicy:
             if not matches(self.secrets, isvc.namespace, name):
                 return ConditionState(
                     "False",
-                    SECRET_NOT_ALLOWED,
+                    conditions.SECRET_NOT_ALLOWED,
                     f'{path}: Secret "{name}" is not one InferenceServices may reference (the operator\'s '
                     f"secretReferences.allowed: {_shown(self.secrets)}); nothing was applied",
                 )
@@ -93,7 +91,7 @@ class ReferencePolicy:
         if account is not None and not matches(self.service_accounts, isvc.namespace, account):
             return ConditionState(
                 "False",
-                SERVICE_ACCOUNT_NOT_ALLOWED,
+                conditions.SERVICE_ACCOUNT_NOT_ALLOWED,
                 f'spec.serviceAccountName: ServiceAccount "{account}" is not one InferenceServices may use '
                 f"(the operator's serviceAccountReferences.allowed: {_shown(self.service_accounts)}); "
                 "nothing was applied",

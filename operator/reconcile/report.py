@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubeinfer.operator import api, status
-from kubeinfer.operator.build.common import selector_string
-from kubeinfer.operator.reconcile.diagnosis import Health
+from kubeinfer.operator import api, conditions, status
+from kubeinfer.operator.builders.common import selector_string
+from kubeinfer.operator.reconcile.diagnosis import Health, stalled_state
 from kubeinfer.operator.reconcile.replicas import initial_replicas
 from kubeinfer.operator.reconcile.rollout import Rollout
 from kubeinfer.operator.status import ConditionState
@@ -23,8 +23,8 @@ def ready_conditions(
     as they are (:func:`status.set_condition`: ``lastTransitionTime``, ``now`` when it changes, is
     kept unless the status changes)."""
     conds = [c for c in current_status.get("conditions") or [] if isinstance(c, Mapping)]
-    out = status.put_condition(conds, api.CONDITION_READY, ready, now, generation)
-    return sorted(out, key=lambda c: c.get("type") != api.CONDITION_READY)
+    out = status.put_condition(conds, conditions.CONDITION_READY, ready, now, generation)
+    return sorted(out, key=lambda c: c.get("type") != conditions.CONDITION_READY)
 
 
 def conditions_for(
@@ -35,25 +35,25 @@ def conditions_for(
     it is off; every condition the operator sets carries ``generation``."""
     conds = ready_conditions(current_status, state.ready, now, generation)
     for type_, value in (
-        (api.CONDITION_SERVING, state.serving),
-        (api.CONDITION_RECONCILING, state.reconciling),
-        (api.CONDITION_STALLED, state.stalled),
+        (conditions.CONDITION_SERVING, state.serving),
+        (conditions.CONDITION_RECONCILING, state.reconciling),
+        (conditions.CONDITION_STALLED, state.stalled),
     ):
         conds = status.put_condition(conds, type_, value, now, generation)
     if not autoscaling:
-        conds = status.remove_condition(conds, api.CONDITION_AUTOSCALING_ACTIVE)
+        conds = status.remove_condition(conds, conditions.CONDITION_AUTOSCALING_ACTIVE)
     return conds
 
 
 def fault_conditions(
     current_status: Mapping[str, Any], ready: ConditionState, now: str, generation: int
 ) -> list[dict[str, Any]]:
-    """``status.conditions`` for a fault found before the Deployment is looked at (an invalid spec):
-    Ready and ``Stalled=True`` with its reason, Reconciling removed, the other types kept."""
+    """``status.conditions`` for a fault found before the Deployment is looked at (an invalid spec, a
+    reference the policy refuses): Ready and Stalled with its reason (:func:`stalled_state`: ``True``
+    for each of those faults), Reconciling removed, the other types kept."""
     conds = ready_conditions(current_status, ready, now, generation)
-    conds = status.remove_condition(conds, api.CONDITION_RECONCILING)
-    stalled = ConditionState("True", ready.reason, ready.message)
-    return status.put_condition(conds, api.CONDITION_STALLED, stalled, now, generation)
+    conds = status.remove_condition(conds, conditions.CONDITION_RECONCILING)
+    return status.put_condition(conds, conditions.CONDITION_STALLED, stalled_state(ready), now, generation)
 
 
 def desired_status(

@@ -121,11 +121,7 @@ from kubeinfer.operator.autoscale.policy.reactive import over_target, under_targ
 from kubeinfer.operator.autoscale.policy.tick import Outcome, Tick, bounded
 from kubeinfer.operator.autoscale.policy.values import (
     DECIDE_REQUIRES,
-    INVALID_METRICS,
-    METRICS_MISSING,
     READER_REQUIRES,
-    STALE_METRICS,
-    UNUSABLE_SIGNALS,
     Current,
     Decision,
     Observation,
@@ -137,11 +133,7 @@ from kubeinfer.operator.autoscale.policy.values import (
 
 __all__ = [
     "DECIDE_REQUIRES",
-    "INVALID_METRICS",
-    "METRICS_MISSING",
     "READER_REQUIRES",
-    "STALE_METRICS",
-    "UNUSABLE_SIGNALS",
     "Current",
     "Decision",
     "Observation",

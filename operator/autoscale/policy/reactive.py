@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from kubeinfer.operator import conditions
 from kubeinfer.operator.autoscale.policy.common import EPS, cooled, ms
 from kubeinfer.operator.autoscale.policy.stabilization import scale_in
 from kubeinfer.operator.autoscale.policy.tick import Outcome, Tick, unchanged
@@ -37,11 +38,11 @@ def scale_up(t: Tick, overload: float) -> tuple[int, str, str | None]:
     step_cap = min(p.max_replicas, t.replicas + p.max_scale_up_step)
     wanted = min(step_cap, max(t.replicas + 1, math.ceil(t.replicas * overload - EPS)))
     if wanted <= t.replicas:
-        return t.replicas, f"at max replicas {p.max_replicas}", "AtMaxReplicas"
+        return t.replicas, f"at max replicas {p.max_replicas}", conditions.AT_MAX_REPLICAS
     if t.starting > 0:
-        return t.replicas, f"{t.starting} added replicas still starting", "ReplicasStarting"
+        return t.replicas, f"{t.starting} added replicas still starting", conditions.REPLICAS_STARTING
     if not cooled(t.up_since, p.scale_up_cooldown_seconds, t.now):
-        return t.replicas, "scale-up cooling down", "ScaleUpCoolingDown"
+        return t.replicas, "scale-up cooling down", conditions.SCALE_UP_COOLING_DOWN
     return wanted, f"{t.replicas} → {wanted} replicas", None
 
 
@@ -65,7 +66,7 @@ def over_target(t: Tick) -> Outcome:
     p = t.policy
     head = f"{t.p99_words} > target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
     if t.drained is not None:  # the window's P99 is history: recommend what the demand needs now
-        out = unchanged(t, f"{head}: {t.drained}", "BacklogDrained")
+        out = unchanged(t, f"{head}: {t.drained}", conditions.BACKLOG_DRAINED)
         return out if t.needed is None else replace(out, recommendation=min(t.needed, t.replicas))
     if t.busy and t.needed is not None:  # the demand is covered: one replica more, not the P99 ratio
         return with_scale_up(t, f"{head}, demand covered", (t.replicas + 1) / t.replicas)
@@ -74,7 +75,7 @@ def over_target(t: Tick) -> Outcome:
     if t.batch_timeout <= p.batch_timeout_min_seconds:
         return with_scale_up(t, f"{head}, batch timeout at minimum", t.ratio)
     if not cooled(t.state.last_timeout_change, p.timeout_cooldown_seconds, t.now):
-        return unchanged(t, f"{head}: batch timeout cooling down", "BatchTimeoutCoolingDown")
+        return unchanged(t, f"{head}: batch timeout cooling down", conditions.BATCH_TIMEOUT_COOLING_DOWN)
     cut = max(p.batch_timeout_min_seconds, t.batch_timeout * p.timeout_decrease_factor)
     return replace(
         unchanged(t, f"{head}: batch timeout {ms(t.batch_timeout)} → {ms(cut)}"),
@@ -103,7 +104,9 @@ def grow_timeout(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
     if t.batch_timeout >= p.batch_timeout_max_seconds:
         return out, None
     if not cooled(t.state.last_timeout_change, p.timeout_cooldown_seconds, t.now):
-        return replace(out, holds=(*out.holds, "BatchTimeoutCoolingDown")), "batch timeout cooling down"
+        return replace(
+            out, holds=(*out.holds, conditions.BATCH_TIMEOUT_COOLING_DOWN)
+        ), "batch timeout cooling down"
     grown = min(p.batch_timeout_max_seconds, t.batch_timeout + p.timeout_increase_step_seconds)
     words = f"batch timeout {ms(t.batch_timeout)} → {ms(grown)}"
     return replace(out, batch_timeout=grown, last_timeout_change=t.now), words
@@ -138,7 +141,7 @@ def under_target(t: Tick) -> Outcome:
         if words is not None:
             parts.append(words)
     words = f"{head}: {', '.join(parts) if parts else 'nothing to change'}"
-    return replace(out, words=words, holds=(*out.holds, "TargetMet"))
+    return replace(out, words=words, holds=(*out.holds, conditions.TARGET_MET))
 
 
 def within_tolerance(t: Tick) -> Outcome:
@@ -147,4 +150,4 @@ def within_tolerance(t: Tick) -> Outcome:
     words = (
         f"{t.p99_words} within {p.tolerance:.0%} of target {p.target_p99_seconds:.2f} s, {t.gpu_words}: hold"
     )
-    return unchanged(t, words, "WithinTolerance")
+    return unchanged(t, words, conditions.WITHIN_TOLERANCE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from kubeinfer.operator import conditions
 from kubeinfer.operator.autoscale.policy.common import EPS, cooled, rate
 from kubeinfer.operator.autoscale.policy.tick import Outcome, Tick
 
@@ -32,12 +33,12 @@ def scale_in(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
     first_seen = t.state.first_seen if t.state.first_seen is not None else t.now
     if t.now - first_seen < window:
         words = f"scale-in waits for the {window:.0f} s stabilization window"
-        return replace(out, holds=(*out.holds, "StabilizationWindow")), words
+        return replace(out, holds=(*out.holds, conditions.STABILIZATION_WINDOW)), words
     rising = arrivals_rising(t, stable)
     if rising is not None:
-        return replace(out, holds=(*out.holds, "ArrivalsRising")), f"scale-in waits: {rising}"
+        return replace(out, holds=(*out.holds, conditions.ARRIVALS_RISING)), f"scale-in waits: {rising}"
     if not cooled(t.state.last_scale_down, p.scale_down_cooldown_seconds, t.now):
-        return replace(out, holds=(*out.holds, "ScaleInCoolingDown")), "scale-in cooling down"
+        return replace(out, holds=(*out.holds, conditions.SCALE_IN_COOLING_DOWN)), "scale-in cooling down"
     return replace(out, replicas=stable, last_scale_down=t.now), f"{t.replicas} → {stable} replicas"
 
 

@@ -7,13 +7,11 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
+from kubeinfer.operator import conditions
+
 __all__ = [
     "DECIDE_REQUIRES",
-    "INVALID_METRICS",
-    "METRICS_MISSING",
     "READER_REQUIRES",
-    "STALE_METRICS",
-    "UNUSABLE_SIGNALS",
     "Current",
     "Decision",
     "Observation",
@@ -22,13 +20,6 @@ __all__ = [
     "State",
     "check_observation",
 ]
-
-#: ``AutoscalingActive=False`` reasons given by ``check_observation`` (the readers' own, such as
-#: ``PrometheusUnavailable`` and ``QueryError``, live in ``signals``).
-METRICS_MISSING = "MetricsMissing"
-INVALID_METRICS = "InvalidMetrics"
-STALE_METRICS = "StaleMetrics"
-UNUSABLE_SIGNALS = "UnusableSignals"
 
 #: Signals without which ``decide`` holds. P99 is required too unless the service is idle.
 DECIDE_REQUIRES: tuple[str, ...] = ("gpu_utilization",)
@@ -129,16 +120,16 @@ def _positive(value: float | None) -> float | None:
 
 def _invalid(what: str, value: float) -> Problem | None:
     if not _finite(value):
-        return Problem(INVALID_METRICS, f"{what} is {value}")
+        return Problem(conditions.INVALID_METRICS, f"{what} is {value}")
     if value < 0:
-        return Problem(INVALID_METRICS, f"{what} is negative ({value})")
+        return Problem(conditions.INVALID_METRICS, f"{what} is negative ({value})")
     return None
 
 
 def _age_problem(age: float | None, stale_after_seconds: float) -> Problem | None:
     if age is not None and (not _finite(age) or age > stale_after_seconds):
         return Problem(
-            STALE_METRICS,
+            conditions.STALE_METRICS,
             f"stale metrics: newest sample {age:.0f} s old (limit {stale_after_seconds:.0f} s)",
         )
     return None
@@ -150,10 +141,11 @@ def _p99_problem(obs: Observation, required: Collection[str]) -> Problem | None:
         return None  # idle: NaN from histogram_quantile on zero rates, no latency to judge
     if obs.request_rate == 0.0 and obs.queue_size and not _finite(p99):
         return Problem(
-            UNUSABLE_SIGNALS, f"no request completed in the window while {obs.queue_size:.0f} are queued"
+            conditions.UNUSABLE_SIGNALS,
+            f"no request completed in the window while {obs.queue_size:.0f} are queued",
         )
     if p99 is None:
-        return Problem(METRICS_MISSING, _MISSING_WORDS["p99_seconds"])
+        return Problem(conditions.METRICS_MISSING, _MISSING_WORDS["p99_seconds"])
     return _invalid("P99 latency", p99)
 
 
@@ -182,7 +174,7 @@ def check_observation(
         ``None``, GPU utilization is capped at 1 and a negative sample age (clock skew) becomes 0.
     """
     if observation.unknown_reason is not None:
-        return Problem(UNUSABLE_SIGNALS, observation.unknown_reason)
+        return Problem(conditions.UNUSABLE_SIGNALS, observation.unknown_reason)
     obs = replace(
         observation,
         queue_size=_optional(observation.queue_size),
@@ -194,7 +186,7 @@ def check_observation(
     )
     for name in dict.fromkeys((*required, "gpu_utilization")):  # decide cannot act without it
         if getattr(obs, name) is None:
-            return Problem(METRICS_MISSING, _MISSING_WORDS.get(name, f"{name} missing"))
+            return Problem(conditions.METRICS_MISSING, _MISSING_WORDS.get(name, f"{name} missing"))
     checks = (
         None if obs.request_rate is None else _invalid("request rate", obs.request_rate),
         _age_problem(obs.sample_age_seconds, stale_after_seconds),
@@ -206,7 +198,7 @@ def check_observation(
             return problem
     gpu = obs.gpu_utilization
     if gpu is None:  # unreachable: required above; keeps the type narrow
-        return Problem(METRICS_MISSING, _MISSING_WORDS["gpu_utilization"])
+        return Problem(conditions.METRICS_MISSING, _MISSING_WORDS["gpu_utilization"])
     return replace(
         obs,
         p99_seconds=None if obs.idle else obs.p99_seconds,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_configmap, build_deployment, build_pdb, build_service
+from kubeinfer.operator.builders import build_configmap, build_deployment, build_pdb, build_service
 from kubeinfer.operator.reconcile import diff, replicas
 from kubeinfer.runtime.config import RuntimeConfig
 

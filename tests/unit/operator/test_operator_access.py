@@ -13,7 +13,7 @@ import pydantic
 import pytest
 import yaml
 from kubeinfer.operator import api, k8s
-from kubeinfer.operator.build import (
+from kubeinfer.operator.builders import (
     build_configmap,
     build_deployment,
     build_networkpolicy,
@@ -21,7 +21,7 @@ from kubeinfer.operator.build import (
     runtime_config,
     scraper_peer,
 )
-from kubeinfer.operator.build.common import selector_labels, stable_hash
+from kubeinfer.operator.builders.common import selector_labels, stable_hash
 from kubeinfer.operator.controllers import scrapers
 from kubeinfer.operator.reconcile import owned
 from kubeinfer.operator.settings import Settings

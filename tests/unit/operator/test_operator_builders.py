@@ -1,4 +1,4 @@
-"""Golden-file and property tests of the pure builders (operator/build/)."""
+"""Golden-file and property tests of the pure builders (operator/builders/)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build import (
+from kubeinfer.operator.builders import (
     build_configmap,
     build_deployment,
     build_networkpolicy,

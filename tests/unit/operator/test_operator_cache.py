@@ -11,7 +11,7 @@ import pydantic
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_configmap, build_deployment
+from kubeinfer.operator.builders import build_configmap, build_deployment
 from kubeinfer.runtime.config import RuntimeConfig
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "minilm.yaml"

@@ -15,12 +15,9 @@ from typing import Any
 import pydantic
 import pytest
 from kubeinfer.operator import api, k8s
+from kubeinfer.operator.conditions import IMAGE_VOLUME_UNSUPPORTED
 from kubeinfer.operator.controllers import Controllers, read_server_version
-from kubeinfer.operator.reconcile.capabilities import (
-    IMAGE_VOLUME_UNSUPPORTED,
-    ClusterCapabilities,
-    parse_version,
-)
+from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities, parse_version
 from kubeinfer.operator.reconcile.reconciler import Reconciler
 from kubeinfer.operator.settings import Settings
 

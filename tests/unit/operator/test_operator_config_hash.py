@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build.configmap import config_hash
+from kubeinfer.operator.builders.configmap import config_hash
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -11,7 +11,7 @@ import pydantic
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_configmap
+from kubeinfer.operator.builders import build_configmap
 from kubeinfer.runtime.config import RuntimeConfig
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "minilm.yaml"
@@ -101,7 +101,7 @@ def test_every_huggingface_task_runs_on_onnxruntime(task: str, mode: str) -> Non
 
 
 def test_warmup_dims_reach_the_runtime_and_the_startup_budget() -> None:
-    from kubeinfer.operator.build.deployment import WARMUP_STEP_BUDGET_SECONDS, startup_budget_seconds
+    from kubeinfer.operator.builders.deployment import WARMUP_STEP_BUDGET_SECONDS, startup_budget_seconds
 
     model = {"uri": "/models/simple.onnx", "format": "onnx"}
     plain = _isvc({"model": model, "quantization": {"mode": "none"}})

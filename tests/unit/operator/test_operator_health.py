@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_configmap, build_deployment
+from kubeinfer.operator.builders import build_configmap, build_deployment
 from kubeinfer.operator.reconcile import diagnosis, report, rollout
 from kubeinfer.operator.reconcile import events as reconcile_events
 

@@ -7,7 +7,7 @@ import pydantic
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build.configmap import build_configmap, config_hash
+from kubeinfer.operator.builders.configmap import build_configmap, config_hash
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The model's source as pod spec (operator/build/source.py, deployment.py, configmap.py): the fetch init
+"""The model's source as pod spec (operator/builders/source.py, deployment.py, configmap.py): the fetch init
 container of s3/https/http/hf exactly as the contract with ``kubeinfer-runtime fetch`` says, the emptyDir,
 the OCI image volume, the credentials as secretKeyRef env / imagePullSecrets, runtime.yaml's
 ``model.source``, the ServiceAccount token. Golden files: tests/unit/operator/golden/source-*.yaml."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_configmap, build_deployment, config_hash, runtime_config
-from kubeinfer.operator.build.deployment import CONTAINER_SECURITY_CONTEXT
-from kubeinfer.operator.build.source import FETCH_RESOURCES
+from kubeinfer.operator.builders import build_configmap, build_deployment, config_hash, runtime_config
+from kubeinfer.operator.builders.deployment import CONTAINER_SECURITY_CONTEXT
+from kubeinfer.operator.builders.source import FETCH_RESOURCES
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("KUBEINFER_UPDATE_GOLDEN") == "1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator import api, status
-from kubeinfer.operator.build import build_service
+from kubeinfer.operator.builders import build_service
 from kubeinfer.operator.reconcile import diagnosis, diff, replicas, report
 from kubeinfer.operator.status import ConditionState as ReadyState
 

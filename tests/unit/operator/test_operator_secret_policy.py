@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_deployment
+from kubeinfer.operator.builders import build_deployment
 from kubeinfer.operator.controllers import Controllers
 from kubeinfer.operator.reconcile.reconciler import Reconciler
 from kubeinfer.operator.reconcile.references import ReferencePolicy, matches, secret_references

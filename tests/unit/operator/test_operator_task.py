@@ -13,7 +13,7 @@ import pydantic
 import pytest
 import yaml
 from kubeinfer.operator import api
-from kubeinfer.operator.build import build_configmap
+from kubeinfer.operator.builders import build_configmap
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "minilm.yaml"
 

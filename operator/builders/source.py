@@ -1,7 +1,7 @@
 """Where the model (and the calibration file) come from, as pod spec. Pure.
 
 - ``default``, ``/abs/path``: in the runtime image; ``pvc://<claim>/<path>``: the claim mounted
-  read-only under :data:`~kubeinfer.operator.build.common.PVC_MOUNT_ROOT` (``deployment._volumes``).
+  read-only under :data:`~kubeinfer.operator.builders.common.PVC_MOUNT_ROOT` (``deployment._volumes``).
 - ``s3://``, ``https://``, ``http://``, ``hf://``: an init container (:data:`FETCH_CONTAINER`, the
   runtime image's ``kubeinfer-runtime fetch``) downloads the source into an emptyDir
   (:data:`MODEL_VOLUME`, ``sizeLimit`` = ``spec.model.fetch.sizeLimit``), mounted read-write in the

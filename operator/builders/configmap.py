@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build.common import container_path, metadata, stable_hash, with_applied_hash
-from kubeinfer.operator.build.source import calibration_source_path, model_source_path
+from kubeinfer.operator.builders.common import container_path, metadata, stable_hash, with_applied_hash
+from kubeinfer.operator.builders.source import calibration_source_path, model_source_path
 from kubeinfer.runtime.config import (
     CONFIG_FILE,
     BatchingConfig,

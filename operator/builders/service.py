@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build.common import (
+from kubeinfer.operator.builders.common import (
     GRPC_PORT_NAME,
     PORT_NAME,
     metadata,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build.common import metadata, selector_labels, with_applied_hash
+from kubeinfer.operator.builders.common import metadata, selector_labels, with_applied_hash
 
 
 def wants_pdb(isvc: api.InferenceService) -> bool:

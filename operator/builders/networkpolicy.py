@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build.common import metadata, selector_labels, with_applied_hash
+from kubeinfer.operator.builders.common import metadata, selector_labels, with_applied_hash
 
 #: The label the API server puts on every namespace (Kubernetes >= 1.21): its name.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"

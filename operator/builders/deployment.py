@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from kubeinfer.operator import api
-from kubeinfer.operator.build.common import (
+from kubeinfer.operator.builders.common import (
     CONFIG_HASH_ANNOTATION,
     GRPC_PORT_NAME,
     PORT_NAME,
@@ -16,8 +16,8 @@ from kubeinfer.operator.build.common import (
     selector_labels,
     with_applied_hash,
 )
-from kubeinfer.operator.build.configmap import SHUTDOWN_DELAY_SECONDS, config_hash
-from kubeinfer.operator.build.source import SourceParts, source_parts
+from kubeinfer.operator.builders.configmap import SHUTDOWN_DELAY_SECONDS, config_hash
+from kubeinfer.operator.builders.source import SourceParts, source_parts
 from kubeinfer.runtime.config import CONFIG_DIR, CONFIG_FILE, DEFAULT_CONFIG_PATH
 
 CONTAINER_NAME = "runtime"

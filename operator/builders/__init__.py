@@ -1,0 +1,19 @@
+"""Pure builders of the objects an InferenceService owns (no I/O, no clock, no randomness)."""
+
+from kubeinfer.operator.builders.configmap import build_configmap, config_hash, runtime_config
+from kubeinfer.operator.builders.deployment import build_deployment
+from kubeinfer.operator.builders.networkpolicy import build_networkpolicy, scraper_peer
+from kubeinfer.operator.builders.pdb import build_pdb, wants_pdb
+from kubeinfer.operator.builders.service import build_service
+
+__all__ = [
+    "build_configmap",
+    "build_deployment",
+    "build_networkpolicy",
+    "build_pdb",
+    "build_service",
+    "config_hash",
+    "runtime_config",
+    "scraper_peer",
+    "wants_pdb",
+]
