@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeinfer.operator import api, k8s
+from kubeinfer.operator import k8s
 from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.builders import scraper_peer
 from kubeinfer.operator.peering import ensure_peering
@@ -164,8 +164,11 @@ class Controllers:
             await self.reconciler.reconcile(body, lookup)
 
     async def autoscale(self, body: Mapping[str, Any], lookup: Lookup) -> None:
-        """The autoscaler's control step for one InferenceService (a no-op when autoscaling is off)."""
+        """The autoscaler's control step for one InferenceService (a no-op when autoscaling is off).
+        A step that changed the batch timeout wrote it to ``status.batchTimeout`` only; the reconciler,
+        the one writer of owned objects, then renders and applies the ConfigMap from the InferenceService
+        as stored with it (the runtime reloads the file without a restart)."""
         namespace, name = object_key(body)
-        deployment = lookup("Deployment", namespace, name)
-        configmap = lookup("ConfigMap", namespace, api.configmap_name(name))
-        await self.autoscaler.tick(body, deployment, configmap)
+        result = await self.autoscaler.tick(body, lookup("Deployment", namespace, name))
+        if result is not None and result.stored is not None:
+            await self.reconciler.reconcile(result.stored, lookup)

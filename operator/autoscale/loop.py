@@ -13,10 +13,10 @@ InferenceService.
 - Actuation, only when the decision changes something:
   replicas through the Deployment's **scale subresource** (merge patch, field manager
   ``kubeinfer-autoscaler``: the operator's reconcile then leaves ``spec.replicas`` alone);
-  the batch timeout by writing ``status.batchTimeout`` first and then applying the ConfigMap rendered
-  by the operator's ``build_configmap`` (field manager ``kubeinfer``, the same content the operator's
-  reconcile renders from that status, so the two never fight). The runtime hot-reloads the file.
-  An Event (``Autoscaled``) with the decision's reason.
+  the batch timeout by writing ``status.batchTimeout``, and nothing else: the tick's result carries the
+  InferenceService as stored with it (:attr:`TickResult.stored`), which ``controllers`` hands to the
+  reconciler, the one writer of owned objects: it renders the ConfigMap from that status and applies
+  it. The runtime hot-reloads the file. An Event (``Autoscaled``) with the decision's reason.
 - Status: ``lastDecision`` and ``observed`` when a decision changes something; the
   ``AutoscalingActive`` condition when its status or reason changes: True/Active on a tick that acts;
   True with the kind of hold (``Decision.hold``: BacklogDrained, AtMaxReplicas, ReplicasStarting,
@@ -65,9 +65,7 @@ from kubeinfer.operator.autoscale.policy import (
     restore_arrivals,
     restore_state,
 )
-from kubeinfer.operator.builders.configmap import build_configmap
 from kubeinfer.operator.settings import Settings
-from kubeinfer.runtime.config import CONFIG_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -202,13 +200,16 @@ class _Memory:
 
 @dataclass
 class TickResult:
-    """What one tick did (for logs and tests)."""
+    """What one tick did: its decision (``None``: none was made), the AutoscalingActive reason, whether
+    it wrote status and scaled the Deployment, and ``stored``: the InferenceService as the API server
+    stored it with a new ``status.batchTimeout`` (``None`` when the batch timeout did not change or the
+    write was skipped), for the reconciler to render the ConfigMap from."""
 
     decision: Decision | None
     condition_reason: str
     wrote_status: bool = False
     scaled: bool = False
-    applied_configmap: bool = False
+    stored: Mapping[str, Any] | None = None
 
 
 SignalsFactory = Callable[[], prometheus.PrometheusSignals]
@@ -266,12 +267,11 @@ class Autoscaler:
         self,
         body: Mapping[str, Any],
         deployment: Mapping[str, Any] | None,
-        configmap: Mapping[str, Any] | None,
     ) -> TickResult | None:
-        """One control step for the InferenceService ``body``; ``deployment``/``configmap``: its owned
-        objects as last seen (``None`` if absent). Returns ``None`` when autoscaling is off, the object is
-        being deleted or the spec is invalid (the operator's reconcile reports that). API errors are
-        logged, not raised: the next tick tries again."""
+        """One control step for the InferenceService ``body``; ``deployment``: its Deployment as last
+        seen (``None`` if absent). Returns ``None`` when autoscaling is off, the object is being deleted
+        or the spec is invalid (the operator's reconcile reports that). API errors are logged, not
+        raised: the next tick tries again."""
         try:
             isvc = api.InferenceService.from_body(body)
         except pydantic.ValidationError:
@@ -280,7 +280,7 @@ class Autoscaler:
             self.forget(isvc.namespace, isvc.name)
             return None
         try:
-            return await self._tick(isvc, body, deployment, configmap)
+            return await self._tick(isvc, body, deployment)
         except k8s.KubeError as exc:
             logger.warning(
                 "autoscale %s/%s: API error, next tick retries: %s", isvc.namespace, isvc.name, exc
@@ -292,7 +292,6 @@ class Autoscaler:
         isvc: api.InferenceService,
         body: Mapping[str, Any],
         deployment: Mapping[str, Any] | None,
-        configmap: Mapping[str, Any] | None,
     ) -> TickResult:
         spec = isvc.spec.autoscaling
         ns, name = isvc.namespace, isvc.name
@@ -343,9 +342,10 @@ class Autoscaler:
 
         fields = decision_status(decision, reading.observation, when)
         condition = condition_of(reading, decision)
-        result.wrote_status = await self._write_status(
-            isvc, body, fields, condition, when, reading.observation
-        )
+        written = await self._write_status(isvc, body, fields, condition, when, reading.observation)
+        result.wrote_status = written.sent
+        if decision.timeout_changed and "batchTimeout" in written.patch:
+            result.stored = written.stored
 
         if decision.replicas_changed:
             await self.kube.patch_merge(
@@ -355,12 +355,6 @@ class Autoscaler:
                 subresource="scale",
             )
             result.scaled = True
-        if decision.timeout_changed:
-            desired_cm = build_configmap(isvc, decision.batch_timeout_seconds)
-            current_data = ((configmap or {}).get("data") or {}).get(CONFIG_FILE)
-            if current_data != desired_cm["data"][CONFIG_FILE]:
-                await self.kube.apply(desired_cm, field_manager=api.FIELD_MANAGER, force=True)
-                result.applied_configmap = True
         if decision.changed:
             logger.info("autoscale %s/%s: %s", ns, name, decision.reason)
             await self.kube.record_event(
@@ -447,11 +441,12 @@ class Autoscaler:
         condition: status.ConditionState,
         when: str,
         observation: Observation | None = None,
-    ) -> bool:
+    ) -> status.StatusWrite:
         """Write ``fields`` plus ``AutoscalingActive`` when its kind changes (:func:`condition_after`;
         then also ``observed``, from ``observation``) through :attr:`status_writer`: only what differs, a 409
         re-reads the object and computes them again, unless its generation moved (the decision was for
-        the old spec). Returns True if a request was sent."""
+        the old spec). Returns what was written (``sent``: a request was sent; ``stored``: the object
+        as stored)."""
 
         def desire(current: Mapping[str, Any]) -> dict[str, Any] | None:
             if status.generation_of(current) != isvc.generation:
@@ -473,7 +468,7 @@ class Autoscaler:
                     full["observed"] = observed_status(observation, when)
             return full
 
-        return (await self.status_writer.update(body, desire)).sent
+        return await self.status_writer.update(body, desire)
 
 
 def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:

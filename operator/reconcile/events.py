@@ -6,34 +6,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import yaml
 from kubeinfer.operator import api, conditions
 from kubeinfer.operator.reconcile.diff import is_subset
 from kubeinfer.operator.status import conditions_of
-from kubeinfer.runtime.config import CONFIG_FILE
 
 #: An Event to post: ``(type, reason, message)``; type ``Normal`` or ``Warning``.
 Event = tuple[str, str, str]
 
 
-def _batch_timeout_of(configmap: Mapping[str, Any] | None) -> float | None:
-    """``batching.max_queue_delay_seconds`` of a runtime ConfigMap (``None`` if absent or unreadable)."""
-    text = ((configmap or {}).get("data") or {}).get(CONFIG_FILE)
-    try:
-        value = (yaml.safe_load(text or "") or {}).get("batching", {}).get("max_queue_delay_seconds")
-        return float(value) if value is not None else None
-    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-        return None
-
-
 def update_events(
-    desired: Mapping[str, Any], current: Mapping[str, Any] | None, isvc: api.InferenceService
+    desired: Mapping[str, Any],
+    current: Mapping[str, Any] | None,
+    isvc: api.InferenceService,
+    *,
+    batch_timeout: tuple[str | None, float],
 ) -> list[Event]:
     """Normal Events for an update of an owned object from ``current`` to ``desired``: a Deployment
     whose pod template changes ``RolloutStarted``; one whose replicas alone change ``Scaled``
     (``spec.replicas`` with autoscaling off or clamped into its bounds; the autoscaler posts its own
-    ``Autoscaled``); a ConfigMap whose batch timeout changes, with autoscaling off,
-    ``BatchTimeoutChanged`` (the runtime reloads it without a restart)."""
+    ``Autoscaled``); a ConfigMap update that changes the batch timeout, with autoscaling off,
+    ``BatchTimeoutChanged`` (the runtime reloads it without a restart).
+
+    ``batch_timeout``: ``(before, now)``, the InferenceService's ``status.batchTimeout`` as the
+    reconcile found it (the value the ConfigMap was last rendered with; ``None``: not known, no Event)
+    and the value in force the ConfigMap is rendered with now, seconds. The values are compared, not
+    the ConfigMaps' text."""
     if current is None:
         return []
     if desired.get("kind") == "Deployment":
@@ -49,10 +46,9 @@ def update_events(
         if "replicas" in want and want["replicas"] != have.get("replicas"):
             return [("Normal", conditions.SCALED, f"replicas {have.get('replicas')} → {want['replicas']}")]
     if desired.get("kind") == "ConfigMap" and not isvc.spec.autoscaling.enabled:
-        old, new = _batch_timeout_of(current), _batch_timeout_of(desired)
-        if old is not None and new is not None and old != new:
-            message = f"batch timeout {api.format_duration(old)} → {api.format_duration(new)}"
-            return [("Normal", conditions.BATCH_TIMEOUT_CHANGED, message)]
+        before, now = batch_timeout[0], api.format_duration(batch_timeout[1])
+        if before is not None and before != now:
+            return [("Normal", conditions.BATCH_TIMEOUT_CHANGED, f"batch timeout {before} → {now}")]
     return []
 
 

@@ -267,8 +267,11 @@ class Reconciler:
             return_exceptions=True,
         )
         errors: list[str] = []
+        # The batch timeout the ConfigMap was last rendered with (status) and the one it has now.
+        before = current_status.get("batchTimeout")
+        batch_timeout = (before if isinstance(before, str) else None, inputs.batch_timeout_seconds)
         for obj, current, outcome in zip(desired, currents, outcomes, strict=True):
-            stored = self._record_apply(body, isvc, obj, current, outcome, errors)
+            stored = self._record_apply(body, isvc, obj, current, outcome, errors, batch_timeout)
             if stored is not None and obj["kind"] == "Deployment":
                 deployment = stored
         created = [
@@ -294,10 +297,12 @@ class Reconciler:
         current: Mapping[str, Any] | None,
         outcome: tuple[Action, dict[str, Any] | None] | BaseException,
         errors: list[str],
+        batch_timeout: tuple[str | None, float],
     ) -> dict[str, Any] | None:
         """Remember one apply's response and post its Events (DriftReverted; the update's, see
-        :func:`events.update_events`). Returns the stored object (``None``: nothing was sent, or it
-        failed). A permanent error is appended to ``errors``; any other exception is raised."""
+        :func:`events.update_events`, which ``batch_timeout`` is passed to). Returns the stored object
+        (``None``: nothing was sent, or it failed). A permanent error is appended to ``errors``; any
+        other exception is raised."""
         kind, obj_name = obj["kind"], obj["metadata"]["name"]
         if isinstance(outcome, k8s.PermanentError):
             errors.append(f"{kind} {obj_name}: {outcome}")
@@ -313,7 +318,9 @@ class Reconciler:
                 body, conditions.DRIFT_REVERTED, f"put back the fields of {kind} {obj_name}", "Warning"
             )
         elif action == "update":
-            for type_, reason, message in events.update_events(obj, current, isvc):
+            for type_, reason, message in events.update_events(
+                obj, current, isvc, batch_timeout=batch_timeout
+            ):
                 self._event_later(body, reason, message, type_)
         return stored
 

@@ -26,7 +26,9 @@ class Recorder:
         self, path: str, patch: dict[str, Any], *, field_manager: str, subresource: str | None = None
     ) -> dict[str, Any]:
         self.calls.append((f"patch {subresource} {field_manager}", patch))
-        return {}
+        # what the API server stores, less all but the patch; an old resourceVersion, so that the
+        # status writer keeps comparing with the bodies the test hands in
+        return {**patch, "metadata": {"resourceVersion": "0"}}
 
     async def apply(self, obj: dict[str, Any], *, field_manager: str, force: bool = True) -> dict[str, Any]:
         self.calls.append((f"apply {obj['kind']} {field_manager}", obj))
@@ -141,7 +143,7 @@ def test_autoscale_loop_observed_never_zero() -> None:
 async def test_autoscale_loop_disabled_touches_nothing() -> None:
     a, rec, _ = scaler()
     b = body(enabled=False)
-    assert await a.tick(b, DEPLOYMENT, None) is None
+    assert await a.tick(b, DEPLOYMENT) is None
     assert rec.calls == []
 
 
@@ -149,41 +151,42 @@ async def test_autoscale_loop_writes_only_on_change() -> None:
     a, rec, canned = scaler()
     status: dict[str, Any] = {"batchTimeout": "10ms"}
     # Tick 1, in the tolerance band: only the condition (first time) is written.
-    r = await a.tick(body(status), DEPLOYMENT, None)
-    assert r is not None and not r.decision.changed  # type: ignore[union-attr]
+    r = await a.tick(body(status), DEPLOYMENT)
+    assert r is not None and not r.decision.changed and r.stored is None  # type: ignore[union-attr]
     assert [c[0] for c in rec.calls] == ["patch status kubeinfer-autoscaler"]
     status.update(rec.calls[0][1]["status"])
     rec.calls.clear()
     # Tick 2, same signals, status now carries the condition: no request at all.
-    await a.tick(body(status), DEPLOYMENT, None)
+    await a.tick(body(status), DEPLOYMENT)
     assert rec.calls == []
-    # Tick 3, P99 over target with idle GPUs: batch timeout halves → status, ConfigMap, Event.
+    # Tick 3, P99 over target with idle GPUs: batch timeout halves → status and Event; no ConfigMap:
+    # the tick hands the stored object to the reconciler (controllers), the one writer of owned objects.
     canned.reading = Reading(Observation(0.4, 0.2, 5.0, 3.0, 1.0), None)
-    r = await a.tick(body(status), DEPLOYMENT, {"data": {"runtime.yaml": "old"}})
+    r = await a.tick(body(status), DEPLOYMENT)
     assert r is not None and r.decision is not None and r.decision.timeout_changed
     kinds = [c[0] for c in rec.calls]
-    assert kinds == ["patch status kubeinfer-autoscaler", "apply ConfigMap kubeinfer", "event"]
+    assert kinds == ["patch status kubeinfer-autoscaler", "event"]
     patch = rec.calls[0][1]["status"]
     assert patch["batchTimeout"] == "5ms" and "batch timeout 10 ms → 5 ms" in patch["lastDecision"]["reason"]
-    assert "max_queue_delay_seconds: 0.005" in rec.calls[1][1]["data"]["runtime.yaml"]
+    assert r.stored is not None and r.stored["status"]["batchTimeout"] == "5ms"
     status.update(patch)
     rec.calls.clear()
     # Tick 4, Prometheus down: the condition flips (one write), nothing else moves.
     canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
-    await a.tick(body(status), DEPLOYMENT, None)
+    await a.tick(body(status), DEPLOYMENT)
     assert [c[0] for c in rec.calls] == ["patch status kubeinfer-autoscaler"]
     cond = rec.calls[0][1]["status"]["conditions"][-1]
     assert (cond["status"], cond["reason"]) == ("False", "PrometheusUnavailable")
     status.update(rec.calls[0][1]["status"])
     rec.calls.clear()
-    await a.tick(body(status), DEPLOYMENT, None)
+    await a.tick(body(status), DEPLOYMENT)
     assert rec.calls == []
 
 
 async def test_autoscale_loop_scales_through_the_scale_subresource() -> None:
     a, rec, canned = scaler()
     canned.reading = Reading(Observation(0.5, 0.95, 100.0, 500.0, 1.0), None)
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert r is not None and r.scaled
     scale = [c for c in rec.calls if c[0] == "patch scale kubeinfer-autoscaler"]
     assert scale and scale[0][1] == {"spec": {"replicas": 4}}
@@ -196,7 +199,7 @@ async def test_autoscale_loop_hold_kind_shows_in_the_condition_once_per_transiti
     async def tick(obs: Observation) -> list[dict[str, Any]]:
         canned.reading = Reading(obs, None)
         rec.calls.clear()
-        r = await a.tick(body(status), DEPLOYMENT, None)
+        r = await a.tick(body(status), DEPLOYMENT)
         assert r is not None and r.decision is not None and not r.decision.changed
         writes = [c[1]["status"] for c in rec.calls]
         for w in writes:
@@ -238,7 +241,7 @@ async def test_autoscale_loop_prometheus_outage_logs_once_and_backs_off(
     status: dict[str, Any] = {"batchTimeout": "10ms"}
     with caplog.at_level("INFO", logger="kubeinfer.operator.autoscale"):
         for _ in range(16):  # 16 ticks, 0..225 s: reads at 0, 15, 45, 105, 225 s (15 · 2^n back-off)
-            await a.tick(body(status), DEPLOYMENT, None)
+            await a.tick(body(status), DEPLOYMENT)
             for call in rec.calls:
                 status.update(call[1].get("status") or {})
             rec.calls.clear()
@@ -250,7 +253,7 @@ async def test_autoscale_loop_prometheus_outage_logs_once_and_backs_off(
     caplog.clear()
     with caplog.at_level("INFO", logger="kubeinfer.operator.autoscale"):
         for _ in range(30):  # 240..675 s: the back-off ends at 345 s (225 + the 120 s cap)
-            await a.tick(body(status), DEPLOYMENT, None)
+            await a.tick(body(status), DEPLOYMENT)
     assert [r.getMessage() for r in caplog.records if "readable again" in r.getMessage()] == [
         "autoscale ns/svc: signals readable again"
     ]
@@ -278,7 +281,7 @@ async def test_autoscale_loop_status_write_dropped_when_the_spec_moved_meanwhile
 
     rec.patch_merge = conflict  # type: ignore[method-assign]
     rec.get = get  # type: ignore[method-assign]
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert r is not None and not r.wrote_status
     assert len(attempts) == 1  # the first attempt only: no second write on the newer generation
 
@@ -308,7 +311,7 @@ async def test_autoscale_loop_restart_reads_the_burst_history_back() -> None:
     canned.reading = Reading(BUSY, None)
     ages = range(1785, 0, -15)
     canned.samples = [(WALL - age, 1800.0 if age in (1500, 900) else 1000.0) for age in ages]
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None
     assert "burst headroom x1.80 learned from 2 bursts" in r.decision.reason, r.decision.reason
     ((promql, start, end, step),) = canned.history_calls
@@ -316,12 +319,12 @@ async def test_autoscale_loop_restart_reads_the_burst_history_back() -> None:
     assert (WALL - start.timestamp(), WALL - end.timestamp()) == (1800.0, 15.0)
     assert len(r.decision.state.arrivals) == len(ages) + 1  # the history, then this tick's sample
     # read once: the next tick does not query the history again
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert len(canned.history_calls) == 1
 
     fresh, _, canned = scaler()  # no history (a new service): the surge prior, not a learned factor
     canned.reading = Reading(BUSY, None)
-    r = await fresh.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    r = await fresh.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None and "surge prior" in r.decision.reason
 
 
@@ -331,17 +334,17 @@ async def test_autoscale_loop_history_failure_does_not_block_the_tick(
     a, _, canned = scaler()
     canned.reading = Reading(BUSY, None)
     canned.samples = SignalError("PrometheusUnavailable", "Prometheus answered HTTP 503")
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None and r.decision.known
     assert "arrival-rate history not read" in caplog.text
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert len(canned.history_calls) == 1  # tried once; the headroom relearns from new samples
 
 
 async def test_autoscale_loop_history_waits_for_known_signals() -> None:
     a, _, canned = scaler()
     canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     assert canned.history_calls == []
 
 
@@ -349,6 +352,6 @@ async def test_autoscale_loop_history_step_stays_under_prometheus_point_limit() 
     a, _, canned = scaler()
     a.interval_seconds = 0.1  # 18,000 samples in 30 minutes: over Prometheus' 11,000 points
     canned.reading = Reading(BUSY, None)
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT, None)
+    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     ((_, start, end, step),) = canned.history_calls
     assert (end - start).total_seconds() / step <= loop.HISTORY_MAX_POINTS

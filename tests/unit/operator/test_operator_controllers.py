@@ -10,6 +10,7 @@ from typing import Any
 
 import kopf
 from kubeinfer.operator import handlers
+from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.autoscale.policy import Observation, restore_state
 from kubeinfer.operator.autoscale.signals import Reading
 from kubeinfer.operator.controllers import Controllers
@@ -102,6 +103,34 @@ async def test_owned_and_pod_events_without_an_owner_or_at_listing_do_nothing() 
     await c.pod_event("MODIFIED", None, nothing)
     await c.resync(BODY, nothing, indexed=False)  # an object gone from the index: no reconcile
     assert c.reconciler.bodies == {}
+
+
+async def test_an_autoscale_step_that_changed_the_batch_timeout_is_applied_by_the_reconciler() -> None:
+    """The autoscaler writes status only; the InferenceService it stored with the new batch timeout
+    goes to the reconciler (the one writer of the ConfigMap); a step that changed nothing does not."""
+    c, _ = controllers()
+    stored = {**BODY, "status": {"batchTimeout": "4ms"}}
+    results = iter(
+        [loop.TickResult(None, "Active", wrote_status=True, stored=stored), loop.TickResult(None, "Active")]
+    )
+    seen: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
+
+    async def tick(body: Mapping[str, Any], deployment: Mapping[str, Any] | None) -> loop.TickResult:
+        seen.append((body, deployment))
+        return next(results)
+
+    reconciled: list[Mapping[str, Any]] = []
+
+    async def reconcile(body: Mapping[str, Any], lookup: Any, *, latest: bool = False) -> None:
+        reconciled.append(body)
+
+    c.autoscaler.tick = tick  # type: ignore[method-assign]
+    c.reconciler.reconcile = reconcile  # type: ignore[method-assign]
+    deployment = {"kind": "Deployment"}
+    await c.autoscale(BODY, lambda kind, ns, name: deployment if kind == "Deployment" else None)
+    assert seen == [(BODY, deployment)] and reconciled == [stored]
+    await c.autoscale(BODY, nothing)
+    assert reconciled == [stored]
 
 
 def test_handlers_register_with_the_settings_intervals_and_nothing_at_import() -> None:
