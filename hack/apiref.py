@@ -2,7 +2,7 @@
 """Render the InferenceService field reference (markdown) from the generated CRD.
 
 The CRD (``crds/inferenceservices.kubeinfer.io.yaml``, written by ``make crds`` from
-``operator/api.py``) is what the API server validates against, so the reference is taken from it:
+``operator/api/``) is what the API server validates against, so the reference is taken from it:
 every ``spec`` field with its type, default, validation and description, then the cross-field CEL
 rules. docs/api.md embeds the output between ``<!-- apiref:begin -->`` and ``<!-- apiref:end -->``;
 ``tests/unit/chart/test_chart_apiref.py`` fails when they differ. Regenerate with::

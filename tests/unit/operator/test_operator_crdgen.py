@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_crds_match_models() -> None:
     assert crdgen.main(["--root", str(ROOT), "--check"]) == 0, (
-        "crds/ drifted from operator/api.py: run `make crds`"
+        "crds/ drifted from operator/api/: run `make crds`"
     )
 
 

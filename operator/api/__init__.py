@@ -1,0 +1,193 @@
+"""The InferenceService API: pydantic models of ``spec`` and ``status``.
+
+``kubeinfer.io/v1alpha1``, kind ``InferenceService`` (plural ``inferenceservices``, short name
+``kisvc``), namespaced. Field names are camelCase in YAML/JSON (pydantic alias generator); in Python
+they are snake_case. Parse a custom resource with :meth:`InferenceServiceSpec.from_k8s` and
+:meth:`InferenceServiceStatus.from_k8s`; render with ``model_dump(by_alias=True, exclude_none=True)``.
+
+The CRD's ``openAPIV3Schema`` is generated from these models by ``kubeinfer.operator.crdgen``
+(``make crds``). Rules that span fields are written twice, on purpose: as CEL
+``x-kubernetes-validations`` (so ``kubectl apply`` refuses a bad manifest, message naming the field)
+and as pydantic validators (so the operator and unit tests see the same rules).
+
+Durations are Go/Kubernetes duration strings (``"10ms"``, ``"1.5s"``, ``"5m"``, ``"1h30m"``): the
+CRD declares them ``type: string`` with :data:`DURATION_PATTERN`, CEL's ``duration()`` parses them,
+and :func:`parse_duration` converts them to float seconds.
+
+One module per concept; each imports only those below it (an import-linter contract):
+
+- ``resource``: group, version, kind, field managers; :class:`InferenceService`, the names derived from it;
+- ``spec`` (:class:`InferenceServiceSpec`) | ``status`` (:class:`InferenceServiceStatus`);
+- ``model`` (model, quantization, batching, warmup, cache) | ``autoscaling`` | ``server`` (ports, auth,
+  NetworkPolicy peers) | ``workload`` (runtime container, resources);
+- ``sources``: model and data URIs, the settings of a source and which scheme takes which;
+- ``base``: the base models and the CEL helpers;
+- ``formats``: durations, quantities, names, keys and labels.
+
+Import the names from here (``from kubeinfer.operator import api``; ``api.NAME``).
+"""
+
+from kubeinfer.operator.api.autoscaling import (
+    AutoscalingSpec,
+    BatchTimeoutBounds,
+    GpuUtilizationBand,
+    PromQueries,
+)
+from kubeinfer.operator.api.formats import (
+    CONFIGMAP_KEY_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    DURATION_PATTERN,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    QUANTITY_PATTERN,
+    SECRET_KEY_PATTERN,
+    Duration,
+    LabelKey,
+    LabelValue,
+    Quantity,
+    cpu_cores,
+    format_duration,
+    parse_duration,
+)
+from kubeinfer.operator.api.model import (
+    DEFAULT_MODEL_NAME,
+    MIN_CACHE_BYTES,
+    BatchingSpec,
+    CacheSpec,
+    CalibrationSpec,
+    ModelSpec,
+    QuantizationSpec,
+    TensorSpec,
+    WarmupSpec,
+)
+from kubeinfer.operator.api.resource import (
+    API_VERSION,
+    AUTOSCALER_FIELD_MANAGER,
+    FIELD_MANAGER,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    InferenceService,
+    configmap_name,
+    object_reference,
+    service_url,
+)
+from kubeinfer.operator.api.server import (
+    BEARER_TOKEN_ENV,
+    RUNTIME_GRPC_PORT,
+    RUNTIME_PORT,
+    AuthSpec,
+    LabelSelectorRequirement,
+    NamespaceSelector,
+    NetworkPeer,
+    PodSelector,
+    SecretKeyRef,
+    ServerSpec,
+)
+from kubeinfer.operator.api.sources import (
+    DATA_URI_PATTERN,
+    ENDPOINT_PATTERN,
+    FETCHED_SCHEMES,
+    MODEL_URI_PATTERN,
+    SHA256_PATTERN,
+    CaBundleSpec,
+    CredentialsSpec,
+    FetchSpec,
+    HuggingFaceSpec,
+    S3Spec,
+    is_fetched,
+    oci_reference,
+    parse_pvc_uri,
+    uri_scheme,
+)
+from kubeinfer.operator.api.spec import MAX_DEFAULT_HTTP_WORKERS, InferenceServiceSpec
+from kubeinfer.operator.api.status import (
+    AutoscalerDecisionStatus,
+    Condition,
+    ConditionStatus,
+    InferenceServiceStatus,
+    ObservedSignals,
+)
+from kubeinfer.operator.api.workload import DEFAULT_IMAGE, EnvVar, ResourcesSpec, RuntimeSpec, Toleration
+
+__all__ = [
+    "API_VERSION",
+    "AUTOSCALER_FIELD_MANAGER",
+    "BEARER_TOKEN_ENV",
+    "CONFIGMAP_KEY_PATTERN",
+    "DATA_URI_PATTERN",
+    "DEFAULT_IMAGE",
+    "DEFAULT_MODEL_NAME",
+    "DNS_SUBDOMAIN_PATTERN",
+    "DURATION_PATTERN",
+    "ENDPOINT_PATTERN",
+    "FETCHED_SCHEMES",
+    "FIELD_MANAGER",
+    "GROUP",
+    "KIND",
+    "LABEL_KEY_PATTERN",
+    "LABEL_VALUE_PATTERN",
+    "MAX_DEFAULT_HTTP_WORKERS",
+    "MIN_CACHE_BYTES",
+    "MODEL_URI_PATTERN",
+    "PLURAL",
+    "QUANTITY_PATTERN",
+    "RUNTIME_GRPC_PORT",
+    "RUNTIME_PORT",
+    "SECRET_KEY_PATTERN",
+    "SHA256_PATTERN",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "AuthSpec",
+    "AutoscalerDecisionStatus",
+    "AutoscalingSpec",
+    "BatchTimeoutBounds",
+    "BatchingSpec",
+    "CaBundleSpec",
+    "CacheSpec",
+    "CalibrationSpec",
+    "Condition",
+    "ConditionStatus",
+    "CredentialsSpec",
+    "Duration",
+    "EnvVar",
+    "FetchSpec",
+    "GpuUtilizationBand",
+    "HuggingFaceSpec",
+    "InferenceService",
+    "InferenceServiceSpec",
+    "InferenceServiceStatus",
+    "LabelKey",
+    "LabelSelectorRequirement",
+    "LabelValue",
+    "ModelSpec",
+    "NamespaceSelector",
+    "NetworkPeer",
+    "ObservedSignals",
+    "PodSelector",
+    "PromQueries",
+    "Quantity",
+    "QuantizationSpec",
+    "ResourcesSpec",
+    "RuntimeSpec",
+    "S3Spec",
+    "SecretKeyRef",
+    "ServerSpec",
+    "TensorSpec",
+    "Toleration",
+    "WarmupSpec",
+    "configmap_name",
+    "cpu_cores",
+    "format_duration",
+    "is_fetched",
+    "object_reference",
+    "oci_reference",
+    "parse_duration",
+    "parse_pvc_uri",
+    "service_url",
+    "uri_scheme",
+]

@@ -1,0 +1,157 @@
+"""``spec.autoscaling``: the SLO the autoscaler keeps, the bounds of its two levers (replicas and
+the batch timeout), its pacing and its PromQL overrides.
+"""
+
+from __future__ import annotations
+
+from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
+from kubeinfer.operator.api.formats import Duration, parse_duration
+from pydantic import ConfigDict, Field, model_validator
+
+
+class GpuUtilizationBand(_Spec):
+    """The GPU-utilization band (ratios 0..1) the autoscaler keeps replicas in."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.low < self.high",
+                    "spec.autoscaling.gpuUtilization.low must be less than "
+                    "spec.autoscaling.gpuUtilization.high",
+                    ".low",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+    low: float = Field(default=0.5, ge=0.0, le=1.0)
+    high: float = Field(default=0.8, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _rules(self) -> GpuUtilizationBand:
+        if not self.low < self.high:
+            raise ValueError(
+                "spec.autoscaling.gpuUtilization.low must be less than spec.autoscaling.gpuUtilization.high"
+            )
+        return self
+
+
+class BatchTimeoutBounds(_Spec):
+    """Bounds within which the autoscaler tunes the batch timeout (max queue delay)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    _if_durations("duration(self.min) <= duration(self.max)", "min", "max"),
+                    "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max",
+                    ".min",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    _if_durations("duration(self.max) <= duration('10s')", "max"),
+                    "spec.autoscaling.batchTimeout.max must be at most 10s",
+                    ".max",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    min: Duration = "1ms"
+    max: Duration = "50ms"
+
+    @model_validator(mode="after")
+    def _rules(self) -> BatchTimeoutBounds:
+        if parse_duration(self.min) > parse_duration(self.max):
+            raise ValueError(
+                "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max"
+            )
+        if parse_duration(self.max) > 10.0:
+            raise ValueError("spec.autoscaling.batchTimeout.max must be at most 10s")
+        return self
+
+
+class PromQueries(_Spec):
+    """Optional PromQL overrides of the autoscaler's default queries ("" = default).
+
+    The autoscaler substitutes ``{namespace}`` and ``{name}`` (see ``operator/autoscale/signals.py``).
+    """
+
+    p99: str = Field(default="", max_length=4096)
+    gpu_utilization: str = Field(default="", max_length=4096)
+    request_rate: str = Field(default="", max_length=4096)
+    queue_size: str = Field(default="", max_length=4096)
+
+
+class AutoscalingSpec(_Spec):
+    """SLO-driven autoscaling of replicas and of the batch timeout."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
+                    ".minReplicas",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    _if_durations("duration(self.targetP99) > duration('0s')", "targetP99"),
+                    "spec.autoscaling.targetP99 must be greater than 0",
+                    ".targetP99",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    _if_durations("duration(self.window) > duration('0s')", "window"),
+                    "spec.autoscaling.window must be greater than 0 (a PromQL range)",
+                    ".window",
+                    "FieldValueInvalid",
+                ),
+                # the schema's minimum lets an exact 0 through (seen on the API server used here)
+                _cel(
+                    "!has(self.planUtilization) || self.planUtilization >= 0.05",
+                    "spec.autoscaling.planUtilization must be at least 0.05",
+                    ".planUtilization",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    enabled: bool = False
+    min_replicas: int = Field(default=1, ge=1, le=1000)
+    max_replicas: int = Field(default=4, ge=1, le=1000)
+    target_p99: Duration = Field(default="200ms", description="P99 latency objective (request duration).")
+    gpu_utilization: GpuUtilizationBand = Field(default_factory=GpuUtilizationBand)
+    batch_timeout: BatchTimeoutBounds = Field(default_factory=BatchTimeoutBounds)
+    tolerance: float = Field(default=0.1, ge=0.0, le=1.0, description="Dead band around the target, ratio.")
+    window: Duration = Field(default="60s", description="PromQL range window of the signals.")
+    scale_down_stabilization: Duration = Field(
+        default="300s", description="Stabilization window: scale down to the max recommendation over it."
+    )
+    scale_up_cooldown: Duration = "30s"
+    scale_down_cooldown: Duration = "60s"
+    batch_timeout_cooldown: Duration = "15s"
+    max_scale_up_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per decision.")
+    plan_utilization: float = Field(
+        default=0.85,
+        ge=0.05,
+        le=1.0,
+        description="Share of a replica's SLO capacity (b/s(b) at the P99 target) the fleet is planned at; "
+        "lower keeps more standing headroom for load increases nobody has seen, at a cost in replicas "
+        "(the counterpart of the HPA's target utilization).",
+    )
+    queries: PromQueries = Field(default_factory=PromQueries)
+
+    @model_validator(mode="after")
+    def _rules(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas")
+        if parse_duration(self.target_p99) <= 0:
+            raise ValueError("spec.autoscaling.targetP99 must be greater than 0")
+        if parse_duration(self.window) <= 0:
+            raise ValueError("spec.autoscaling.window must be greater than 0 (a PromQL range)")
+        return self

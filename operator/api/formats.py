@@ -1,0 +1,130 @@
+"""The string formats of the API: durations, resource quantities, names, keys and labels.
+
+Each is a pattern the CRD's schema carries (``type: string`` + ``pattern``) and pydantic checks, with
+the parser the operator uses: :func:`parse_duration`, :func:`format_duration`, :func:`cpu_cores`.
+This module imports no other module of the API.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, StringConstraints
+
+# --- durations -------------------------------------------------------------------------------------
+
+#: A Go duration (``time.ParseDuration``) without sign: one or more ``<number><unit>`` groups.
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
+_DURATION_RE = re.compile(DURATION_PATTERN)
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Convert a Go duration string to float seconds.
+
+    ``"10ms"`` → 0.01, ``"1.5s"`` → 1.5, ``"1h30m"`` → 5400.0. Units: ns, us, ms, s, m, h (the
+    units of Go's ``time.ParseDuration``, which CEL's ``duration()`` also uses; ``µs`` excepted).
+
+    Raises:
+        ValueError: ``text`` is not a duration (the message quotes it).
+    """
+    if not isinstance(text, str) or not _DURATION_RE.match(text):
+        raise ValueError(
+            f"invalid duration {text!r}: expected e.g. '10ms', '1.5s', '5m' (units ns|us|ms|s|m|h)"
+        )
+    return sum(float(num) * _UNIT_SECONDS[unit] for num, unit in _DURATION_PART_RE.findall(text))
+
+
+def format_duration(seconds: float, *, significant: int | None = None) -> str:
+    """Render float seconds as the shortest exact-enough Go duration string.
+
+    Sub-second values are rendered in ms (``0.005`` → ``"5ms"``, ``0.0125`` → ``"12.5ms"``), values
+    below 1 ms in us, others in s (``90.0`` → ``"90s"``). Precision: 3 decimals of the unit.
+    ``parse_duration(format_duration(x))`` equals ``x`` to within 1 ns. ``significant``: round
+    ``seconds`` to that many significant digits first, for a measured value that a person reads
+    (``0.023353``, 3 → ``"23.4ms"``).
+
+    Raises:
+        ValueError: ``seconds`` is negative, NaN or infinite.
+    """
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"duration must be finite and >= 0, got {seconds!r}")
+    if significant is not None:
+        seconds = float(f"{seconds:.{significant}g}")
+    if seconds == 0:
+        return "0s"
+    if seconds < 1e-3:
+        value, unit = seconds * 1e6, "us"
+    elif seconds < 1.0:
+        value, unit = seconds * 1e3, "ms"
+    else:
+        value, unit = seconds, "s"
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    if text == "0":  # below 1 ns resolution of the chosen unit's 3 decimals
+        text, unit = f"{seconds * 1e9:.0f}", "ns"
+    return f"{text}{unit}"
+
+
+def _check_duration(text: str) -> str:
+    parse_duration(text)
+    return text
+
+
+#: A duration string field (``type: string`` + ``pattern`` in the CRD).
+Duration = Annotated[
+    str,
+    StringConstraints(pattern=DURATION_PATTERN, max_length=64),
+    AfterValidator(_check_duration),
+]
+
+#: A positive Kubernetes resource quantity (``"2"``, ``"500m"``, ``"8Gi"``, ``"1.5"``, ``"1e3"``): the
+#: quantity grammar of apimachinery's ``resource.Quantity`` (number, then a binary-SI, decimal-SI or
+#: exponent suffix) without a sign and with at least one non-zero digit. apimachinery's own loose
+#: pre-check ``^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$`` let ``-1`` (422 on the Deployment),
+#: ``0`` / ``.`` (a pod with no memory) and ``1.2.3`` (a 500 from the API server on every retry) through.
+QUANTITY_PATTERN = (
+    r"^([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+)
+Quantity = Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)]
+_SUFFIX_SCALE = {
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}  # fmt: skip
+
+
+def cpu_cores(quantity: str) -> float:
+    """A ``Quantity`` (``QUANTITY_PATTERN``) as a number: ``"500m"`` -> 0.5, ``"2"`` -> 2.0, ``"1e3"`` ->
+    1000.0 (for CPUs: cores; for bytes, ``"64Mi"`` -> 67108864.0). Raises ``ValueError`` for a string
+    outside the pattern."""
+    match = re.fullmatch(QUANTITY_PATTERN, quantity)
+    if match is None:
+        raise ValueError(f"not a resource quantity: {quantity!r}")
+    suffix = match.group(3) or ""
+    number = quantity[: len(quantity) - len(suffix)]
+    if suffix[:1] in ("e", "E"):
+        return float(number) * 10.0 ** int(suffix[1:])
+    return float(number) * _SUFFIX_SCALE.get(suffix, 1.0)
+
+
+#: A DNS subdomain (RFC 1123), the name of a Secret or a ServiceAccount.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+# --- names, keys and labels -------------------------------------------------------------------
+
+#: A ConfigMap key (``[-._a-zA-Z0-9]+``, as Kubernetes validates it).
+CONFIGMAP_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+#: A key of a Secret's data (``[-._a-zA-Z0-9]+``, as the API server checks it).
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+#: A label key: an optional DNS-subdomain prefix and ``/``, then a name of at most 63 characters.
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+#: A label value: empty, or at most 63 alphanumerics, ``-``, ``_`` and ``.``, alphanumeric at both ends.
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+LabelKey = Annotated[str, StringConstraints(min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE_PATTERN)]

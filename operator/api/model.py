@@ -1,0 +1,366 @@
+"""What is served and how the runtime serves it: ``spec.model`` (source, format, tensors),
+``spec.quantization`` (with its calibration data), ``spec.batching``, ``spec.warmup`` and
+``spec.cache``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
+from kubeinfer.operator.api.formats import Duration, Quantity, cpu_cores, parse_duration
+from kubeinfer.operator.api.sources import (
+    _CALIBRATION_SETTINGS,
+    _MODEL_SETTINGS,
+    DATA_URI_PATTERN,
+    MODEL_URI_PATTERN,
+    SHA256_PATTERN,
+    CaBundleSpec,
+    CredentialsSpec,
+    FetchSpec,
+    HuggingFaceSpec,
+    S3Spec,
+    _check_source,
+    _settings_of,
+    _source_rules,
+)
+from kubeinfer.runtime.config import (
+    BUNDLED_MODEL,
+    AggregationStrategy,
+    Datatype,
+    ModelFormat,
+    Quantization,
+    Task,
+)
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
+
+#: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.
+DEFAULT_MODEL_NAME = "minilm"
+
+
+class TensorSpec(_Spec):
+    """A declared model input or output (TorchScript: required; ONNX, pt2: refines what the model declares).
+    ``shape``: -1 for a variable dimension."""
+
+    name: str = Field(min_length=1, max_length=128)
+    datatype: Datatype
+    shape: list[int] = Field(min_length=1, max_length=8)
+
+
+class ModelSpec(_Spec):
+    """Where the model comes from and its format."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.format != 'torchscript' || (has(self.inputs) && size(self.inputs) > 0 && "
+                    "has(self.outputs) && size(self.outputs) > 0)",
+                    "spec.model.inputs and spec.model.outputs are required when spec.model.format is "
+                    "torchscript",
+                    ".inputs",
+                    "FieldValueRequired",
+                ),
+                _cel(
+                    "self.format != 'torchscript' || self.uri != 'default'",
+                    "spec.model.uri: the bundled default model is huggingface, not torchscript",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.format != 'onnx' || self.uri != 'default'",
+                    "spec.model.uri: the bundled default model is huggingface, not onnx",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.format != 'pt2' || self.uri != 'default'",
+                    "spec.model.uri: the bundled default model is huggingface, not pt2",
+                    ".uri",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.task) || self.format == 'huggingface'",
+                    "spec.model.task applies to huggingface models only",
+                    ".task",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.aggregationStrategy) || (self.format == 'huggingface' && "
+                    "(!has(self.task) || self.task == 'token-classification'))",
+                    "spec.model.aggregationStrategy applies to huggingface token classifiers only "
+                    "(spec.model.task token-classification, or unset and detected)",
+                    ".aggregationStrategy",
+                    "FieldValueInvalid",
+                ),
+                *_source_rules("spec.model", _MODEL_SETTINGS),
+            ]
+        }
+    )
+
+    uri: str = Field(
+        default=BUNDLED_MODEL,
+        pattern=MODEL_URI_PATTERN,
+        max_length=1024,
+        description="'default' (bundled all-MiniLM-L6-v2), an absolute path inside the runtime image, "
+        "pvc://<claim>/<path> (mounted read-only); fetched by an init container into an emptyDir at "
+        "/mnt/models: s3://bucket/key-or-prefix/, https://host/path (a file, or a .tar, .tar.gz, .tgz, "
+        ".zip archive unpacked), http://... (with allowInsecureHttp), hf://org/repo[@revision]; or "
+        "oci://registry/repo:tag | oci://registry/repo@sha256:<digest>, an OCI image mounted read-only "
+        "at /mnt/models as an image volume (Kubernetes >= 1.33 with ImageVolume).",
+    )
+    format: ModelFormat = Field(
+        default="huggingface",
+        description="huggingface | torchscript (deprecated: torch deprecates TorchScript; export to pt2) | "
+        "onnx (a .onnx file or its directory, run on ONNX Runtime; its tensors are read from the model) | "
+        "pt2 (a torch.export program saved by torch.export.save, or an AOTInductor package, run on torch; "
+        "its tensors are read from the program)",
+    )
+    task: Task | None = Field(
+        default=None,
+        description="huggingface only: text-embedding (text -> embedding), text-classification (text -> "
+        "label, score, logits), token-classification (text -> entities with character offsets, as the "
+        "transformers pipeline aggregates them) or reranking (query, text -> score, and POST /v1/rerank). "
+        "Unset: detected from the model's config.json (*ForSequenceClassification: reranking with one "
+        "label, else text-classification; *ForTokenClassification: token-classification; otherwise "
+        "text-embedding).",
+    )
+    aggregation_strategy: AggregationStrategy | None = Field(
+        default=None,
+        description="token-classification only: how token labels become entities when a request sends "
+        "no aggregation_strategy input: none | simple | first | average | max, as the transformers "
+        "pipeline's aggregation_strategy. Unset: none, the pipeline's default.",
+    )
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",
+        max_length=63,
+        description="Served model name (v2 protocol). Default: 'minilm' for the bundled model, else "
+        "metadata.name.",
+    )
+    inputs: list[TensorSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="TorchScript: required. ONNX, pt2: optional, refines the model's own (same names and "
+        "datatypes); required for an AOTInductor package without its program.",
+    )
+    outputs: list[TensorSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="TorchScript: required. ONNX, pt2: optional, refines the model's own (same names and "
+        "datatypes); required for an AOTInductor package without its program.",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=SHA256_PATTERN,
+        description="SHA-256 (hex) of the single file or archive fetched (s3, https, http; an hf:// "
+        "model is pinned by its revision): a mismatch fails the fetch.",
+    )
+    allow_insecure_http: bool = Field(
+        default=False,
+        description="Allow an http:// uri: the model (and a bearer token) travel unencrypted; a sha256 "
+        "at least detects a changed file.",
+    )
+    s3: S3Spec | None = Field(default=None, description="s3:// only: endpoint, region, addressing style.")
+    hf: HuggingFaceSpec | None = Field(default=None, description="hf:// only: endpoint, allowPatterns.")
+    credentials: CredentialsSpec | None = Field(
+        default=None, description="The Secret with the source's credentials (keys per scheme)."
+    )
+    fetch: FetchSpec | None = Field(
+        default=None,
+        description="Limits of the fetch init container (size, timeouts, retries); unset: their defaults.",
+    )
+    ca_bundle: CaBundleSpec | None = Field(
+        default=None,
+        description="s3://, https://, hf:// only: a ConfigMap key with the PEM CA certificates of a "
+        "private CA (an on-prem MinIO, an internal artifact server or hub), trusted by the fetch besides "
+        "the public CAs. Unset: the public CAs of the runtime image only.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        settings = _settings_of(self, _MODEL_SETTINGS)
+        _check_source("spec.model", self.uri, settings, self.allow_insecure_http)
+        if self.format == "torchscript" and (not self.inputs or not self.outputs):
+            raise ValueError(
+                "spec.model.inputs and spec.model.outputs are required when spec.model.format is torchscript"
+            )
+        if self.format in ("torchscript", "onnx", "pt2") and self.uri == BUNDLED_MODEL:
+            raise ValueError(f"spec.model.uri: the bundled default model is huggingface, not {self.format}")
+        if self.task is not None and self.format != "huggingface":
+            raise ValueError("spec.model.task applies to huggingface models only")
+        if self.aggregation_strategy is not None and (
+            self.format != "huggingface" or self.task not in (None, "token-classification")
+        ):
+            raise ValueError(
+                "spec.model.aggregationStrategy applies to huggingface token classifiers only "
+                "(spec.model.task token-classification, or unset and detected)"
+            )
+        return self
+
+
+class CalibrationSpec(_Spec):
+    """Calibration data for int8-static: one file, one text sample per line."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                *_source_rules("spec.quantization.calibration", _CALIBRATION_SETTINGS)
+            ]
+        }
+    )
+
+    uri: str = Field(
+        pattern=DATA_URI_PATTERN,
+        max_length=1024,
+        description="/path, pvc://<claim>/<path>, or a file fetched by an init container: "
+        "s3://bucket/key, https://host/path/file (http:// with allowInsecureHttp).",
+    )
+    sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN, description="SHA-256 (hex) of the fetched file."
+    )
+    allow_insecure_http: bool = Field(
+        default=False, description="Allow an http:// uri (the file travels unencrypted)."
+    )
+    s3: S3Spec | None = Field(default=None, description="s3:// only: endpoint, region, addressing style.")
+    credentials: CredentialsSpec | None = Field(
+        default=None, description="The Secret with the credentials (keys as for spec.model.credentials)."
+    )
+    ca_bundle: CaBundleSpec | None = Field(
+        default=None,
+        description="s3://, https:// only: a ConfigMap key with the PEM CA certificates of a private CA "
+        "(as spec.model.caBundle).",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> CalibrationSpec:
+        settings = _settings_of(self, _CALIBRATION_SETTINGS)
+        _check_source("spec.quantization.calibration", self.uri, settings, self.allow_insecure_http)
+        return self
+
+
+class QuantizationSpec(_Spec):
+    """Post-training quantization applied by the runtime at load."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.mode != 'int8-static' || has(self.calibration)",
+                    "spec.quantization.calibration is required when spec.quantization.mode is int8-static",
+                    ".calibration",
+                    "FieldValueRequired",
+                )
+            ]
+        }
+    )
+
+    mode: Quantization = Field(default="none", description="none | fp16 | bf16 | int8-dynamic | int8-static")
+    calibration: CalibrationSpec | None = None
+    skip_modules: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Module-name prefixes left unquantized (non-empty).",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> QuantizationSpec:
+        if self.mode == "int8-static" and self.calibration is None:
+            raise ValueError(
+                "spec.quantization.calibration is required when spec.quantization.mode is int8-static"
+            )
+        return self
+
+
+class BatchingSpec(_Spec):
+    """Dynamic batching (hot-reloaded by the runtime: changing it does not roll the pods)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.preferredBatchSizes) || "
+                    "self.preferredBatchSizes.all(b, b <= self.maxBatchSize)",
+                    "spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize",
+                    ".preferredBatchSizes",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    _if_durations("duration(self.maxQueueDelay) <= duration('10s')", "maxQueueDelay"),
+                    "spec.batching.maxQueueDelay must be at most 10s",
+                    ".maxQueueDelay",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    max_batch_size: int = Field(default=32, ge=1, le=4096, description="Rows per batch.")
+    max_queue_delay: Duration = Field(
+        default="5ms", description="Max queue delay (the batch timeout), a duration such as '5ms'."
+    )
+    max_queue_size: int = Field(
+        default=1024, ge=1, le=1_000_000, description="Queued requests beyond which 429."
+    )
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=list, max_length=32
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> BatchingSpec:
+        if any(b > self.max_batch_size for b in self.preferred_batch_sizes):
+            raise ValueError("spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize")
+        if parse_duration(self.max_queue_delay) > 10.0:
+            raise ValueError("spec.batching.maxQueueDelay must be at most 10s")
+        return self
+
+
+class WarmupSpec(_Spec):
+    """Warmup before readiness: every batch-size bucket up to maxBatchSize, ``steps`` times."""
+
+    enabled: bool = True
+    steps: int = Field(default=1, ge=1, le=100)
+    dims: list[Annotated[int, Field(ge=1, le=65536)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="onnx, pt2 and torchscript models: the sizes every variable (-1) non-batch dimension "
+        "of the inputs takes in warmup, all at once, each size a pass over the batch buckets (e.g. the "
+        "sequence lengths clients send). Unset: 8. A huggingface model warms its own sequence-length "
+        "buckets.",
+    )
+
+
+#: Smallest ``spec.cache.maxBytes`` (the runtime's ``cache.max_bytes`` minimum).
+MIN_CACHE_BYTES = 1024
+
+
+class CacheSpec(_Spec):
+    """The runtime's response cache: a request whose input tensors were answered before gets the same
+    outputs without the queue and the model (a request opts out with the parameter ``cache: false``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"quantity(self.maxBytes).compareTo(quantity('{MIN_CACHE_BYTES}')) >= 0",
+                    f"spec.cache.maxBytes must be at least {MIN_CACHE_BYTES} bytes",
+                    ".maxBytes",
+                    "FieldValueInvalid",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Answer repeated requests from the cache.")
+    max_bytes: Quantity = Field(
+        default="64Mi",
+        description="Bytes of cached outputs kept per replica (least recently used go first); counts "
+        "toward resources.memory.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> CacheSpec:
+        if cpu_cores(self.max_bytes) < MIN_CACHE_BYTES:
+            raise ValueError(f"spec.cache.maxBytes must be at least {MIN_CACHE_BYTES} bytes")
+        return self

@@ -1,0 +1,75 @@
+"""The InferenceService resource: its group, version and names, the field managers that write it,
+the parsed object (:class:`InferenceService`: identity, spec, status) and the names derived from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubeinfer.operator.api.server import RUNTIME_PORT
+from kubeinfer.operator.api.spec import InferenceServiceSpec
+from kubeinfer.operator.api.status import InferenceServiceStatus
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "kubeinfer.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ("kisvc",)
+
+#: Server-side-apply field manager of the operator (Deployment, Service, ConfigMap, PDB, status).
+FIELD_MANAGER = "kubeinfer"
+#: Field manager of the autoscaler (``Deployment.spec.replicas`` through the scale subresource).
+AUTOSCALER_FIELD_MANAGER = "kubeinfer-autoscaler"
+
+
+def object_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The InferenceService ``body`` as the ``involved`` object of an Event (apiVersion, kind, metadata)."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": body.get("metadata") or {}}
+
+
+def service_url(name: str, namespace: str) -> str:
+    """In-cluster URL of an InferenceService's v2 endpoint."""
+    return f"http://{name}.{namespace}.svc.cluster.local:{RUNTIME_PORT}"
+
+
+def configmap_name(name: str) -> str:
+    """Name of an InferenceService's runtime ConfigMap (``<isvc>-runtime``)."""
+    return f"{name}-runtime"
+
+
+class InferenceService(BaseModel):
+    """A parsed InferenceService: identity (name, namespace, uid, generation) + spec + status.
+
+    Build it from a watch/GET body with :meth:`from_body`; the builders in ``kubeinfer.operator.builders``
+    take it as their input.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 0
+    spec: InferenceServiceSpec = Field(default_factory=InferenceServiceSpec)
+    status: InferenceServiceStatus = Field(default_factory=InferenceServiceStatus)
+
+    @classmethod
+    def from_body(cls, body: Any) -> InferenceService:
+        """Parse a custom-resource mapping (``metadata``/``spec``/``status``).
+
+        Raises:
+            pydantic.ValidationError: the spec breaks a rule (the message names the field).
+        """
+        meta = body.get("metadata") or {}
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace") or "default",
+            uid=meta.get("uid") or "",
+            generation=int(meta.get("generation") or 0),
+            spec=InferenceServiceSpec.from_k8s(body.get("spec")),
+            status=InferenceServiceStatus.from_k8s(body.get("status")),
+        )

@@ -1,0 +1,315 @@
+"""Where a model or calibration data comes from: the URI grammars and their helpers, the settings
+of a source (S3, Hugging Face, credentials, CA bundle, the fetch's limits) and the rules saying which
+scheme takes which setting (CEL and pydantic alike).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
+from kubeinfer.operator.api.formats import (
+    CONFIGMAP_KEY_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
+    Duration,
+    Quantity,
+    parse_duration,
+)
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.config import JsonDict
+
+# --- where a model comes from ----------------------------------------------------------------------
+# The URI grammars, one per scheme. The CRD's pattern is their alternation (RE2 and Python both read
+# them); pydantic checks the same pattern. ``$`` is allowed in paths: the fetch init container's
+# arguments escape it (``$$``), so that the kubelet expands no ``$(VAR)`` of its environment into them.
+
+_PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
+#: An S3 bucket name (3-63 of lowercase letters, digits, dots, hyphens), then an optional key or prefix.
+_S3 = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?"
+#: An http(s) URL of a file without userinfo (no ``user:password@``: a credential would be in the spec
+#: and in the pod's arguments; the bearer token comes from spec.model.credentials): its path ends in a
+#: file name that is not hidden (the fetch names the file after it), no ``@`` before the query.
+_HTTP = r"https?://[^/?#@\s]+/([^?#@\s]*/)?[^/?#@\s.][^/?#@\s]*([?#][^\s]*)?"
+#: ``hf://org/repo`` with an optional ``@revision`` (a branch, tag or commit).
+_HF = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]{0,95}/[A-Za-z0-9][-A-Za-z0-9_.]{0,95}(@[A-Za-z0-9][-A-Za-z0-9_./]{0,254})?"
+#: ``oci://registry/repo:tag`` or ``oci://registry/repo@sha256:<64 hex>``: a registry host (with a dot or
+#: a port, or localhost: a bare first component would be read as a Docker Hub namespace) and a tag or a
+#: digest (no implicit ``latest``).
+_OCI = (
+    r"oci://((localhost|[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)(:[0-9]{1,5})?|[a-zA-Z0-9-]+:[0-9]{1,5})"
+    r"(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})"
+)
+#: ``model.uri``: the bundled model, an absolute path in the image, ``pvc://<claim>/<path>``, a source
+#: the fetch init container downloads (``s3://``, ``https://``, ``http://``, ``hf://``) or an OCI image
+#: mounted as an image volume (``oci://``).
+MODEL_URI_PATTERN = rf"^(default|/.*|{_PVC}|{_S3}|{_HTTP}|{_HF}|{_OCI})$"
+#: A data reference (calibration data, one file): an absolute path in the image, ``pvc://<claim>/<path>``,
+#: or a file fetched from ``s3://bucket/key`` or ``https://host/path`` (ending in a file name; ``http://``
+#: with ``allowInsecureHttp``).
+DATA_URI_PATTERN = rf"^(/.*|{_PVC}|s3://[a-z0-9][a-z0-9.-]{{1,61}}[a-z0-9]/(.*/)?[^/]+|https?://[^/?#@\s]+/([^?#\s]*/)?[^/?#\s]+([?#][^\s]*)?)$"
+_PVC_RE = re.compile(r"^pvc://([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)/(.+)$")
+#: Schemes the runtime's ``fetch`` init container downloads into an emptyDir (``kubeinfer-runtime fetch``).
+FETCHED_SCHEMES = ("s3", "https", "http", "hf")
+#: CEL: the URI is one the fetch init container downloads.
+_CEL_FETCHED = r"self.uri.matches('^(s3|https?|hf)://')"
+#: A SHA-256 digest, hex (of a single file or archive the fetch init container downloads).
+SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
+#: An http(s) endpoint URL (an S3 or Hugging Face endpoint), without userinfo.
+ENDPOINT_PATTERN = r"^https?://[^/?#@\s]+(/[^\s]*)?$"
+
+
+def parse_pvc_uri(uri: str) -> tuple[str, str] | None:
+    """Split ``pvc://<claim>/<path>`` into ``(claim, path)``; ``None`` for any other URI."""
+    m = _PVC_RE.match(uri)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def uri_scheme(uri: str) -> str:
+    """The scheme of a model or data URI: ``s3``, ``https``, ``http``, ``hf``, ``oci``, ``pvc``; ``""`` for
+    ``default`` and an absolute path."""
+    scheme, sep, _ = uri.partition("://")
+    return scheme if sep else ""
+
+
+def is_fetched(uri: str) -> bool:
+    """Whether the fetch init container downloads ``uri`` (:data:`FETCHED_SCHEMES`)."""
+    return uri_scheme(uri) in FETCHED_SCHEMES
+
+
+def oci_reference(uri: str) -> str | None:
+    """The image reference of ``oci://<reference>`` (``registry/repo:tag``); ``None`` for another URI."""
+    return uri.removeprefix("oci://") if uri_scheme(uri) == "oci" else None
+
+
+class S3Spec(_Spec):
+    """How to reach an ``s3://`` source (an S3-compatible store: AWS S3, MinIO, ...)."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=ENDPOINT_PATTERN,
+        description="Endpoint URL, e.g. https://minio.storage.svc:9000. Unset: AWS S3 of the region. "
+        "With http:// the objects travel unencrypted (requests are still signed: the secret key is not "
+        "sent).",
+    )
+    region: str | None = Field(
+        default=None, max_length=64, pattern=r"^[a-z0-9][-a-z0-9]*$", description="e.g. eu-west-1."
+    )
+    addressing_style: Literal["path", "virtual", "auto"] | None = Field(
+        default=None,
+        description="path (https://endpoint/bucket/key, usual for MinIO) | virtual "
+        "(https://bucket.endpoint/key) | auto. Unset: the client's default (auto).",
+    )
+
+
+class HuggingFaceSpec(_Spec):
+    """How to fetch an ``hf://org/repo[@revision]`` source (a Hugging Face Hub repository snapshot)."""
+
+    endpoint: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=ENDPOINT_PATTERN,
+        description="Hub endpoint (a mirror or a private Hub). Unset: https://huggingface.co. With "
+        "http:// the files and the HF_TOKEN travel unencrypted.",
+    )
+    allow_patterns: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Globs of the repository files to download. Unset: by spec.model.format (huggingface: "
+        "*.json, *.txt, *.safetensors, tokenizer*, *.model, 1_Pooling/*, and *.onnx, onnx/* on engine "
+        "onnxruntime; onnx: *.onnx, *.onnx_data; pt2: *.pt2; torchscript: *.pt, *.pth). Pickled *.bin "
+        "weights only when listed here.",
+    )
+
+
+class CredentialsSpec(_Spec):
+    """The Secret (in the InferenceService's namespace) with a source's credentials. The operator never
+    reads it: the pod spec references its keys, the kubelet reads them for the pod."""
+
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="s3: keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN (no "
+        "credentials: the default chain, e.g. IRSA / workload identity with spec.serviceAccountName); "
+        "hf: HF_TOKEN; https/http: BEARER_TOKEN (sent as 'Authorization: Bearer'); oci: a "
+        "kubernetes.io/dockerconfigjson Secret (the pod's imagePullSecrets). The pod does not start "
+        "until the Secret and its keys exist.",
+    )
+
+
+class CaBundleSpec(_Spec):
+    """A ConfigMap key (in the InferenceService's namespace) holding the PEM CA certificates the fetch
+    trusts besides the runtime image's public CAs: a private CA of an https:// server, an S3 endpoint
+    or a hub. Only the fetch init container mounts it (read-only); the operator never reads it."""
+
+    config_map_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The ConfigMap (e.g. one that trust-manager or the cluster's CA injection fills). The "
+        "pod does not start until it and the key exist.",
+    )
+    key: str = Field(
+        default="ca.crt",
+        min_length=1,
+        max_length=253,
+        pattern=CONFIGMAP_KEY_PATTERN,
+        description="The key of the PEM bundle in the ConfigMap.",
+    )
+
+
+class FetchSpec(_Spec):
+    """Limits of the fetch init container (``s3://``, ``https://``, ``http://``, ``hf://`` models)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    _if_durations("duration(self.connectTimeout) > duration('0s')", "connectTimeout"),
+                    "spec.model.fetch.connectTimeout must be greater than 0",
+                    ".connectTimeout",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    _if_durations("duration(self.stallTimeout) > duration('0s')", "stallTimeout"),
+                    "spec.model.fetch.stallTimeout must be greater than 0",
+                    ".stallTimeout",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    size_limit: Quantity = Field(
+        default="20Gi",
+        description="Size limit of the emptyDir the model is fetched into (node disk): a source that "
+        "states a bigger total size is refused before the download starts, and a pod whose emptyDir "
+        "grows past it is evicted.",
+    )
+    connect_timeout: Duration = Field(default="10s", description="Timeout of one connection attempt.")
+    stall_timeout: Duration = Field(
+        default="60s", description="An attempt that receives no byte for this long fails (and is retried)."
+    )
+    retries: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description="Retries of a transient failure (connection error, timeout, 5xx, 429), with "
+        "exponential back-off from 1 s; a 4xx, a checksum mismatch or a missing object fails at once.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> FetchSpec:
+        if parse_duration(self.connect_timeout) <= 0:
+            raise ValueError("spec.model.fetch.connectTimeout must be greater than 0")
+        if parse_duration(self.stall_timeout) <= 0:
+            raise ValueError("spec.model.fetch.stallTimeout must be greater than 0")
+        return self
+
+
+#: Where each setting of a source may be set: CEL over ``self.uri``, the schemes it means, and the words
+#: of the refusal (``{f}``: the source object's field, e.g. ``spec.model``; ``{fetched}``,
+#: ``{credentialed}``: its schemes, :data:`_SOURCE_WORDS`).
+_SOURCE_SETTINGS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "sha256": (
+        r"self.uri.matches('^(s3|https?)://')",
+        ("s3", "https", "http"),
+        "applies only when {f}.uri is s3://, https:// or http:// (a single file or archive; pin an "
+        "hf:// model by its revision instead)",
+    ),
+    "s3": ("self.uri.startsWith('s3://')", ("s3",), "applies only when {f}.uri is s3://"),
+    "hf": ("self.uri.startsWith('hf://')", ("hf",), "applies only when {f}.uri is hf://"),
+    "credentials": (
+        r"self.uri.matches('^(s3|https?|hf|oci)://')",
+        (*FETCHED_SCHEMES, "oci"),
+        "applies only when {f}.uri is {credentialed} (not pvc://, a path or default)",
+    ),
+    "fetch": (
+        _CEL_FETCHED,
+        FETCHED_SCHEMES,
+        "applies only when {f}.uri is {fetched} (downloaded by the fetch init container)",
+    ),
+    "caBundle": (
+        r"self.uri.matches('^(s3|https|hf)://')",
+        ("s3", "https", "hf"),
+        "applies only when {f}.uri is {tls} (the fetch init container's TLS; an oci:// image is pulled "
+        "with the node's CAs, and plain http:// has no TLS)",
+    ),
+}
+#: The schemes each source object takes, in the words of its refusals.
+_SOURCE_WORDS: dict[str, dict[str, str]] = {
+    "spec.model": {
+        "fetched": "s3://, https://, http:// or hf://",
+        "credentialed": "s3://, https://, http://, hf:// or oci://",
+        "tls": "s3://, https:// or hf://",
+    },
+    "spec.quantization.calibration": {
+        "fetched": "s3://, https:// or http://",
+        "credentialed": "s3://, https:// or http://",
+        "tls": "s3:// or https://",
+    },
+}
+
+
+def _refusal(field: str, name: str) -> str:
+    """The message refusing ``field``.``name`` (:data:`_SOURCE_SETTINGS`) where the uri does not take it."""
+    words = _SOURCE_SETTINGS[name][2].format(f=field, **_SOURCE_WORDS[field])
+    return f"{field}.{name} {words}"
+
+
+def _http_refusal(field: str) -> str:
+    return (
+        f"{field}.allowInsecureHttp must be true for an http:// {field}.uri (the data travels unencrypted "
+        "and unauthenticated); prefer https://"
+    )
+
+
+def _source_rules(field: str, settings: tuple[str, ...]) -> list[JsonDict]:
+    """The CEL rules of a source object at ``field`` (``spec.model``): each of ``settings`` only where its
+    ``uri`` takes it (:data:`_SOURCE_SETTINGS`), and plain http only with ``allowInsecureHttp``."""
+    rules = [
+        _cel(
+            f"!has(self.{name}) || {cel}",
+            _refusal(field, name),
+            f".{name}",
+            "FieldValueForbidden",
+        )
+        for name, cel in ((n, _SOURCE_SETTINGS[n][0]) for n in settings)
+    ]
+    rules.append(
+        _cel(
+            "!self.uri.startsWith('http://') || self.allowInsecureHttp",
+            _http_refusal(field),
+            ".uri",
+            "FieldValueForbidden",
+        )
+    )
+    return rules
+
+
+def _check_source(field: str, uri: str, settings: Mapping[str, object], insecure_ok: bool) -> None:
+    """The pydantic side of :func:`_source_rules`. Raises ``ValueError`` (the message names the field)."""
+    scheme = uri_scheme(uri)
+    for name, value in settings.items():
+        if value is not None and scheme not in _SOURCE_SETTINGS[name][1]:
+            raise ValueError(_refusal(field, name))
+    if not insecure_ok and scheme == "http":
+        raise ValueError(_http_refusal(field))
+
+
+#: The settings of each source object, by their names in the API (:data:`_SOURCE_SETTINGS`).
+_MODEL_SETTINGS = ("sha256", "s3", "hf", "credentials", "fetch", "caBundle")
+_CALIBRATION_SETTINGS = ("sha256", "s3", "credentials", "caBundle")
+
+
+def _settings_of(source: BaseModel, names: tuple[str, ...]) -> dict[str, object]:
+    """The values of ``source``'s settings ``names`` (API names, e.g. ``caBundle``), by API name."""
+    return {
+        field.alias or attr: getattr(source, attr)
+        for attr, field in type(source).model_fields.items()
+        if (field.alias or attr) in names
+    }

@@ -1,0 +1,228 @@
+"""``InferenceService.spec``: the parts put together, the rules that span them, and the values in
+force that the builders and the autoscaler read (served model name, PVC claims, HTTP workers, batch
+timeout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.operator.api.autoscaling import AutoscalingSpec
+from kubeinfer.operator.api.base import _cel, _Spec
+from kubeinfer.operator.api.formats import DNS_SUBDOMAIN_PATTERN, cpu_cores, parse_duration
+from kubeinfer.operator.api.model import (
+    DEFAULT_MODEL_NAME,
+    BatchingSpec,
+    CacheSpec,
+    ModelSpec,
+    QuantizationSpec,
+    WarmupSpec,
+)
+from kubeinfer.operator.api.server import BEARER_TOKEN_ENV, ServerSpec
+from kubeinfer.operator.api.sources import parse_pvc_uri
+from kubeinfer.operator.api.workload import ResourcesSpec, RuntimeSpec
+from kubeinfer.runtime.config import BUNDLED_MODEL
+from pydantic import ConfigDict, Field, model_validator
+
+#: Largest default of ``server.httpWorkers`` (``InferenceServiceSpec.http_workers_in_force``).
+MAX_DEFAULT_HTTP_WORKERS = 8
+
+
+class InferenceServiceSpec(_Spec):
+    """``InferenceService.spec``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.quantization.mode != 'fp16' || self.resources.gpus > 0",
+                    "spec.quantization.mode fp16 requires spec.resources.gpus > 0",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.quantization.mode != 'bf16' || self.resources.gpus > 0 || "
+                    "self.runtime.device == 'cpu'",
+                    "spec.quantization.mode bf16 requires spec.resources.gpus > 0 "
+                    "(or spec.runtime.device cpu)",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.runtime.device != 'cuda' || self.resources.gpus > 0",
+                    "spec.runtime.device cuda requires spec.resources.gpus > 0",
+                    ".runtime.device",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.runtime.engine) || (self.runtime.engine == 'onnxruntime' ? "
+                    "(self.model.format != 'torchscript' && self.model.format != 'pt2') : "
+                    "self.model.format != 'onnx')",
+                    "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on "
+                    "onnxruntime",
+                    ".runtime.engine",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.runtime.engine) || self.runtime.engine != 'onnxruntime' || "
+                    "(self.quantization.mode != 'fp16' && self.quantization.mode != 'bf16' && "
+                    "self.resources.gpus == 0 && (!has(self.quantization.skipModules) || "
+                    "size(self.quantization.skipModules) == 0))",
+                    "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, "
+                    "int8-dynamic or int8-static and no skipModules, in this release (spec.resources.gpus 0)",
+                    ".runtime.engine",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.warmup.dims) || self.model.format != 'huggingface'",
+                    "spec.warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model "
+                    "warms its own sequence-length buckets",
+                    ".warmup.dims",
+                    "FieldValueForbidden",
+                ),
+                _cel(
+                    "self.model.format != 'onnx' || self.quantization.mode == 'none'",
+                    "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
+                    "use none",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "self.model.format != 'pt2' || self.quantization.mode == 'none'",
+                    "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
+                    "use none",
+                    ".quantization.mode",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.resources.gpuProduct) || self.resources.gpus > 0",
+                    "spec.resources.gpuProduct requires spec.resources.gpus > 0",
+                    ".resources.gpuProduct",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.server.auth) || !has(self.runtime.env) || "
+                    f"!self.runtime.env.exists(e, e.name == '{BEARER_TOKEN_ENV}')",
+                    f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from "
+                    "the Secret",
+                    ".runtime.env",
+                    "FieldValueForbidden",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    replicas: int = Field(default=1, ge=0, le=1000, description="Replicas when autoscaling is off.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="ServiceAccount of the runtime pods, with its token mounted (workload identity, e.g. "
+        "IRSA for an s3:// model without credentials). Unset: the namespace's default ServiceAccount and "
+        "no token in the pods (automountServiceAccountToken false).",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> InferenceServiceSpec:
+        gpus = self.resources.gpus
+        if self.quantization.mode == "fp16" and gpus == 0:
+            raise ValueError("spec.quantization.mode fp16 requires spec.resources.gpus > 0")
+        if self.quantization.mode == "bf16" and gpus == 0 and self.runtime.device != "cpu":
+            raise ValueError(
+                "spec.quantization.mode bf16 requires spec.resources.gpus > 0 (or spec.runtime.device cpu)"
+            )
+        if self.runtime.device == "cuda" and gpus == 0:
+            raise ValueError("spec.runtime.device cuda requires spec.resources.gpus > 0")
+        engine, fmt = self.runtime.engine, self.model.format
+        if (engine, fmt) in (("onnxruntime", "torchscript"), ("onnxruntime", "pt2"), ("torch", "onnx")):
+            raise ValueError(
+                "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on onnxruntime"
+            )
+        if engine == "onnxruntime" and (
+            self.quantization.mode in ("fp16", "bf16") or gpus > 0 or self.quantization.skip_modules
+        ):
+            raise ValueError(
+                "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, int8-dynamic or "
+                "int8-static and no skipModules, in this release (spec.resources.gpus 0)"
+            )
+        self._format_rules()
+        if self.resources.gpu_product is not None and gpus == 0:
+            raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
+        if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):
+            raise ValueError(
+                f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from the Secret"
+            )
+        return self
+
+    def _format_rules(self) -> None:
+        """What a model format refuses: quantizing an exported onnx or pt2 model, warmup sizes for a
+        huggingface model."""
+        if self.warmup.dims is not None and self.model.format == "huggingface":
+            raise ValueError(
+                "spec.warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model warms "
+                "its own sequence-length buckets"
+            )
+        if self.model.format == "onnx" and self.quantization.mode != "none":
+            raise ValueError(
+                "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
+                "use none"
+            )
+        if self.model.format == "pt2" and self.quantization.mode != "none":
+            raise ValueError(
+                "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
+                "use none"
+            )
+
+    @classmethod
+    def from_k8s(cls, spec: Any) -> InferenceServiceSpec:
+        """Validate a custom resource's ``spec`` mapping (camelCase). Raises ``pydantic.ValidationError``."""
+        return cls.model_validate(dict(spec or {}))
+
+    def served_model_name(self, isvc_name: str) -> str:
+        """The v2 model name: ``model.name``, else ``"minilm"`` for the bundled model, else ``isvc_name``."""
+        if self.model.name:
+            return self.model.name
+        return DEFAULT_MODEL_NAME if self.model.uri == BUNDLED_MODEL else isvc_name
+
+    def pvc_claims(self) -> list[str]:
+        """Names of the PersistentVolumeClaims referenced by ``model.uri`` and calibration, sorted."""
+        uris = [self.model.uri]
+        if self.quantization.calibration is not None:
+            uris.append(self.quantization.calibration.uri)
+        return sorted({p[0] for u in uris if (p := parse_pvc_uri(u)) is not None})
+
+    def http_workers_in_force(self) -> int:
+        """``server.httpWorkers``, else the default from the CPU request (``resources.cpu``, request and
+        limit): ``min(MAX_DEFAULT_HTTP_WORKERS, floor(cpus / 2))``, at least 1 -- a front end per two
+        CPUs, the other CPU of each pair left to the model process (batching, tokenization, the device's
+        host work). Below 4 CPUs (the default 2 included) that is 1: one process, as without the field.
+        """
+        if self.server.http_workers is not None:
+            return self.server.http_workers
+        return max(1, min(MAX_DEFAULT_HTTP_WORKERS, int(cpu_cores(self.resources.cpu) // 2)))
+
+    def batch_timeout_in_force(self, status_batch_timeout: str | None) -> float:
+        """The max queue delay the runtime should use, seconds.
+
+        With autoscaling on and ``status.batchTimeout`` set (the autoscaler's value), that value
+        clamped to ``[autoscaling.batchTimeout.min, .max]``; otherwise ``batching.maxQueueDelay``.
+        An unparsable status value is ignored (spec's value is used).
+        """
+        if self.autoscaling.enabled and status_batch_timeout:
+            try:
+                value = parse_duration(status_batch_timeout)
+            except ValueError:
+                return parse_duration(self.batching.max_queue_delay)
+            lo = parse_duration(self.autoscaling.batch_timeout.min)
+            hi = parse_duration(self.autoscaling.batch_timeout.max)
+            return min(max(value, lo), hi)
+        return parse_duration(self.batching.max_queue_delay)

@@ -1,0 +1,96 @@
+"""``InferenceService.status``: conditions, replica counts, the batch timeout in force, and what the
+autoscaler last observed and decided.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from kubeinfer.operator.api.base import _Status
+from pydantic import Field
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(_Status):
+    """A ``metav1.Condition``. ``lastTransitionTime``: RFC 3339 UTC string."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class ObservedSignals(_Status):
+    """The signals the autoscaler last read from Prometheus. ``None`` = unknown (never a zero)."""
+
+    p99: str | None = Field(
+        default=None,
+        description="P99 request latency as a duration rounded to 3 significant digits, e.g. '23.4ms' "
+        "(the P99 printer column; p99Seconds is the same value in seconds).",
+    )
+    p99_seconds: float | None = Field(default=None, description="P99 request latency, seconds.")
+    gpu_utilization: float | None = Field(
+        default=None,
+        description="Utilization, ratio 0..1: the GPUs' (DCGM), else the runtime's device utilization "
+        "(NVML on CUDA; on a service without a GPU, the share of time the runtime's executor is busy).",
+    )
+    request_rate: float | None = Field(default=None, description="Requests per second.")
+    queue_size: float | None = Field(default=None, description="Queued requests (sum over replicas).")
+    arrival_rate: float | None = Field(
+        default=None, description="Requests per second arriving (the SLO-capacity rule's demand)."
+    )
+    inflight_requests: float | None = Field(
+        default=None, description="Requests received and not yet answered (sum over replicas)."
+    )
+    service_time_intercept_seconds: float | None = Field(
+        default=None, description="The runtime's batch service time s(b) = a + c*b: a, seconds."
+    )
+    service_time_slope_seconds: float | None = Field(
+        default=None, description="The runtime's batch service time s(b) = a + c*b: c, seconds per row."
+    )
+    time: str | None = Field(default=None, description="RFC 3339 time of the observation.")
+    unknown_reason: str | None = Field(
+        default=None, description="Why a signal is unknown (no data, stale, NaN)."
+    )
+
+
+class AutoscalerDecisionStatus(_Status):
+    """The last autoscaling decision."""
+
+    time: str | None = None
+    replicas: int | None = None
+    batch_timeout: str | None = None
+    reason: str | None = None
+
+
+class InferenceServiceStatus(_Status):
+    """``InferenceService.status``. The operator writes conditions/replicas/selector/url; the autoscaler
+    writes ``batchTimeout``, ``observed``, ``lastDecision`` (and the AutoscalingActive condition)."""
+
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: int | None = Field(
+        default=None, description="Pods of every version, surge and old ones included (Deployment's)."
+    )
+    ready_replicas: int | None = Field(default=None, description="Ready pods of any version.")
+    updated_replicas: int | None = Field(default=None, description="Pods of the current version.")
+    updated_ready: str | None = Field(
+        default=None, description="Ready pods of the current version / desired replicas, e.g. '1/2'."
+    )
+    selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
+    batch_timeout: str | None = Field(default=None, description="The batch timeout in force, a duration.")
+    url: str | None = None
+    observed: ObservedSignals | None = None
+    last_decision: AutoscalerDecisionStatus | None = None
+
+    @classmethod
+    def from_k8s(cls, status: Any) -> InferenceServiceStatus:
+        """Parse a custom resource's ``status`` mapping; unknown keys are ignored."""
+        return cls.model_validate(dict(status or {}))
+
+    def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, or ``None``."""
+        return next((c for c in self.conditions if c.type == type_), None)
