@@ -33,7 +33,7 @@ test-integration: setup ## integration tests only
 test-e2e: images ## end-to-end tests only: images, a one-node cluster, the chart, examples (needs root)
 	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/e2e
 
-lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
+lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/ and runtime/), import-linter
 	@bash hack/setup.sh --python-only
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -44,6 +44,7 @@ lint: ## ruff, mypy (strict on operator/ and runtime/), import-linter
 	@mkdir -p .cache && flock .cache/lint.lock bash -c '\
 	  set -e; rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer; \
 	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py; \
+	  ln -s "$(CURDIR)/kubeinfer/contract" .cache/lintroot/kubeinfer/contract; \
 	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator; \
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
 	  cd .cache/lintroot; \

@@ -2,7 +2,8 @@
 
 The sub-packages live in the repository's ``operator/`` and ``runtime/`` folders and are mapped
 onto this namespace by ``pyproject.toml``: ``kubeinfer.operator`` (the kopf operator) and
-``kubeinfer.runtime`` (the dynamic-batching model server).
+``kubeinfer.runtime`` (the dynamic-batching model server). ``kubeinfer.contract`` lives here, in
+``kubeinfer/contract/``: the pure modules both import (what the two sides must agree on).
 
 ``__version__`` is the installed distribution's version, i.e. ``project.version`` in
 pyproject.toml, the one place it is written: the image tags (``hack/images.py``), the default

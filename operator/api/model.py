@@ -21,6 +21,7 @@ from kubeinfer.operator.api.sources import (
     HuggingFaceSpec,
     S3Spec,
     _check_source,
+    _registry_pattern,
     _settings_of,
     _source_rules,
 )
@@ -33,6 +34,8 @@ from kubeinfer.runtime.config import (
     Task,
 )
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
+
+from kubeinfer.contract import sources as contract
 
 #: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.
 DEFAULT_MODEL_NAME = "minilm"
@@ -101,6 +104,7 @@ class ModelSpec(_Spec):
     uri: str = Field(
         default=BUNDLED_MODEL,
         pattern=MODEL_URI_PATTERN,
+        json_schema_extra=_registry_pattern(contract.model_uri_pattern),
         max_length=1024,
         description="'default' (bundled all-MiniLM-L6-v2), an absolute path inside the runtime image, "
         "pvc://<claim>/<path> (mounted read-only); fetched by an init container into an emptyDir at "
@@ -212,6 +216,7 @@ class CalibrationSpec(_Spec):
 
     uri: str = Field(
         pattern=DATA_URI_PATTERN,
+        json_schema_extra=_registry_pattern(contract.data_uri_pattern),
         max_length=1024,
         description="/path, pvc://<claim>/<path>, or a file fetched by an init container: "
         "s3://bucket/key, https://host/path/file (http:// with allowInsecureHttp).",

@@ -6,7 +6,7 @@ scheme takes which setting (CEL and pydantic alike).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Literal
 
 from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
@@ -20,40 +20,26 @@ from kubeinfer.operator.api.formats import (
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.config import JsonDict
 
-# --- where a model comes from ----------------------------------------------------------------------
-# The URI grammars, one per scheme. The CRD's pattern is their alternation (RE2 and Python both read
-# them); pydantic checks the same pattern. ``$`` is allowed in paths: the fetch init container's
-# arguments escape it (``$$``), so that the kubelet expands no ``$(VAR)`` of its environment into them.
+from kubeinfer.contract import sources as contract
 
-_PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
-#: An S3 bucket name (3-63 of lowercase letters, digits, dots, hyphens), then an optional key or prefix.
-_S3 = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?"
-#: An http(s) URL of a file without userinfo (no ``user:password@``: a credential would be in the spec
-#: and in the pod's arguments; the bearer token comes from spec.model.credentials): its path ends in a
-#: file name that is not hidden (the fetch names the file after it), no ``@`` before the query.
-_HTTP = r"https?://[^/?#@\s]+/([^?#@\s]*/)?[^/?#@\s.][^/?#@\s]*([?#][^\s]*)?"
-#: ``hf://org/repo`` with an optional ``@revision`` (a branch, tag or commit).
-_HF = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]{0,95}/[A-Za-z0-9][-A-Za-z0-9_.]{0,95}(@[A-Za-z0-9][-A-Za-z0-9_./]{0,254})?"
-#: ``oci://registry/repo:tag`` or ``oci://registry/repo@sha256:<64 hex>``: a registry host (with a dot or
-#: a port, or localhost: a bare first component would be read as a Docker Hub namespace) and a tag or a
-#: digest (no implicit ``latest``).
-_OCI = (
-    r"oci://((localhost|[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)(:[0-9]{1,5})?|[a-zA-Z0-9-]+:[0-9]{1,5})"
-    r"(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})"
-)
+# --- where a model comes from ----------------------------------------------------------------------
+# The URI grammars and which scheme is fetched, takes which setting and needs which credential are rows
+# of the registry of source schemes (kubeinfer.contract.sources), which the runtime reads too: the names
+# below are derived from it. The CRD's pattern is the alternation of the grammars (RE2 and Python both
+# read them); pydantic checks the same pattern.
+
 #: ``model.uri``: the bundled model, an absolute path in the image, ``pvc://<claim>/<path>``, a source
 #: the fetch init container downloads (``s3://``, ``https://``, ``http://``, ``hf://``) or an OCI image
-#: mounted as an image volume (``oci://``).
-MODEL_URI_PATTERN = rf"^(default|/.*|{_PVC}|{_S3}|{_HTTP}|{_HF}|{_OCI})$"
+#: mounted as an image volume (``oci://``). The CRD's pattern is the registry's when the schema is made
+#: (:func:`_registry_pattern`); pydantic checks the pattern of the rows registered at import.
+MODEL_URI_PATTERN = contract.model_uri_pattern()
 #: A data reference (calibration data, one file): an absolute path in the image, ``pvc://<claim>/<path>``,
 #: or a file fetched from ``s3://bucket/key`` or ``https://host/path`` (ending in a file name; ``http://``
 #: with ``allowInsecureHttp``).
-DATA_URI_PATTERN = rf"^(/.*|{_PVC}|s3://[a-z0-9][a-z0-9.-]{{1,61}}[a-z0-9]/(.*/)?[^/]+|https?://[^/?#@\s]+/([^?#\s]*/)?[^/?#\s]+([?#][^\s]*)?)$"
-_PVC_RE = re.compile(r"^pvc://([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)/(.+)$")
+DATA_URI_PATTERN = contract.data_uri_pattern()
+_PVC_RE = re.compile(f"^pvc://{contract.scheme('pvc').uri_pattern}$")
 #: Schemes the runtime's ``fetch`` init container downloads into an emptyDir (``kubeinfer-runtime fetch``).
-FETCHED_SCHEMES = ("s3", "https", "http", "hf")
-#: CEL: the URI is one the fetch init container downloads.
-_CEL_FETCHED = r"self.uri.matches('^(s3|https?|hf)://')"
+FETCHED_SCHEMES = contract.fetched_schemes()
 #: A SHA-256 digest, hex (of a single file or archive the fetch init container downloads).
 SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
 #: An http(s) endpoint URL (an S3 or Hugging Face endpoint), without userinfo.
@@ -62,8 +48,22 @@ ENDPOINT_PATTERN = r"^https?://[^/?#@\s]+(/[^\s]*)?$"
 
 def parse_pvc_uri(uri: str) -> tuple[str, str] | None:
     """Split ``pvc://<claim>/<path>`` into ``(claim, path)``; ``None`` for any other URI."""
-    m = _PVC_RE.match(uri)
-    return (m.group(1), m.group(2)) if m else None
+    if not _PVC_RE.match(uri):
+        return None
+    # a claim is a DNS label: the first ``/`` after it starts the path (without the one trailing newline
+    # that ``$`` lets through)
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    return claim, path.removesuffix("\n")
+
+
+def _registry_pattern(pattern: Callable[[], str]) -> Callable[[JsonDict], None]:
+    """A field's ``json_schema_extra`` setting its ``pattern`` to ``pattern()`` whenever a JSON schema is
+    made, so the CRD (crdgen) has the grammar of every scheme registered by then."""
+
+    def extra(schema: JsonDict) -> None:
+        schema["pattern"] = pattern()
+
+    return extra
 
 
 def uri_scheme(uri: str) -> str:
@@ -74,8 +74,9 @@ def uri_scheme(uri: str) -> str:
 
 
 def is_fetched(uri: str) -> bool:
-    """Whether the fetch init container downloads ``uri`` (:data:`FETCHED_SCHEMES`)."""
-    return uri_scheme(uri) in FETCHED_SCHEMES
+    """Whether the fetch init container downloads ``uri`` (its scheme's row is fetched)."""
+    row = contract.scheme_of(uri)
+    return row is not None and row.fetched
 
 
 def oci_reference(uri: str) -> str | None:
@@ -211,54 +212,34 @@ class FetchSpec(_Spec):
         return self
 
 
-#: Where each setting of a source may be set: CEL over ``self.uri``, the schemes it means, and the words
-#: of the refusal (``{f}``: the source object's field, e.g. ``spec.model``; ``{fetched}``,
-#: ``{credentialed}``: its schemes, :data:`_SOURCE_WORDS`).
-_SOURCE_SETTINGS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "sha256": (
-        r"self.uri.matches('^(s3|https?)://')",
-        ("s3", "https", "http"),
-        "applies only when {f}.uri is s3://, https:// or http:// (a single file or archive; pin an "
-        "hf:// model by its revision instead)",
-    ),
-    "s3": ("self.uri.startsWith('s3://')", ("s3",), "applies only when {f}.uri is s3://"),
-    "hf": ("self.uri.startsWith('hf://')", ("hf",), "applies only when {f}.uri is hf://"),
-    "credentials": (
-        r"self.uri.matches('^(s3|https?|hf|oci)://')",
-        (*FETCHED_SCHEMES, "oci"),
-        "applies only when {f}.uri is {credentialed} (not pvc://, a path or default)",
-    ),
-    "fetch": (
-        _CEL_FETCHED,
-        FETCHED_SCHEMES,
-        "applies only when {f}.uri is {fetched} (downloaded by the fetch init container)",
-    ),
-    "caBundle": (
-        r"self.uri.matches('^(s3|https|hf)://')",
-        ("s3", "https", "hf"),
-        "applies only when {f}.uri is {tls} (the fetch init container's TLS; an oci:// image is pulled "
-        "with the node's CAs, and plain http:// has no TLS)",
-    ),
+#: Why a setting applies to its schemes only, in the words of the refusal after the schemes that take it
+#: (:func:`_refusal`; the schemes are the registry's: :func:`kubeinfer.contract.sources.schemes_taking`).
+_SETTING_WHY: dict[str, str] = {
+    "sha256": "(a single file or archive; pin an hf:// model by its revision instead)",
+    "s3": "",
+    "hf": "",
+    "credentials": "(not pvc://, a path or default)",
+    "fetch": "(downloaded by the fetch init container)",
+    "caBundle": "(the fetch init container's TLS; an oci:// image is pulled with the node's CAs, and plain "
+    "http:// has no TLS)",
 }
-#: The schemes each source object takes, in the words of its refusals.
-_SOURCE_WORDS: dict[str, dict[str, str]] = {
-    "spec.model": {
-        "fetched": "s3://, https://, http:// or hf://",
-        "credentialed": "s3://, https://, http://, hf:// or oci://",
-        "tls": "s3://, https:// or hf://",
-    },
-    "spec.quantization.calibration": {
-        "fetched": "s3://, https:// or http://",
-        "credentialed": "s3://, https:// or http://",
-        "tls": "s3:// or https://",
-    },
-}
+#: The source objects whose uri is a data reference (the others' is a model URI): their refusals name
+#: only the schemes that serve one.
+_DATA_SOURCES = ("spec.quantization.calibration",)
+
+
+def _scheme_words(names: tuple[str, ...]) -> str:
+    """``s3://, https:// or http://``."""
+    listed = [f"{n}://" for n in names]
+    return listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} or {listed[-1]}"
 
 
 def _refusal(field: str, name: str) -> str:
-    """The message refusing ``field``.``name`` (:data:`_SOURCE_SETTINGS`) where the uri does not take it."""
-    words = _SOURCE_SETTINGS[name][2].format(f=field, **_SOURCE_WORDS[field])
-    return f"{field}.{name} {words}"
+    """The message refusing ``field``.``name`` (a setting of :data:`_SETTING_WHY`) where the uri does not
+    take it."""
+    names = contract.schemes_taking(name, data=field in _DATA_SOURCES)
+    why = _SETTING_WHY[name]
+    return f"{field}.{name} applies only when {field}.uri is {_scheme_words(names)}{' ' if why else ''}{why}"
 
 
 def _http_refusal(field: str) -> str:
@@ -270,7 +251,7 @@ def _http_refusal(field: str) -> str:
 
 def _source_rules(field: str, settings: tuple[str, ...]) -> list[JsonDict]:
     """The CEL rules of a source object at ``field`` (``spec.model``): each of ``settings`` only where its
-    ``uri`` takes it (:data:`_SOURCE_SETTINGS`), and plain http only with ``allowInsecureHttp``."""
+    ``uri``'s scheme takes it (the registry's rows), and plain http only with ``allowInsecureHttp``."""
     rules = [
         _cel(
             f"!has(self.{name}) || {cel}",
@@ -278,7 +259,7 @@ def _source_rules(field: str, settings: tuple[str, ...]) -> list[JsonDict]:
             f".{name}",
             "FieldValueForbidden",
         )
-        for name, cel in ((n, _SOURCE_SETTINGS[n][0]) for n in settings)
+        for name, cel in ((n, contract.cel_scheme_test(contract.schemes_taking(n))) for n in settings)
     ]
     rules.append(
         _cel(
@@ -295,13 +276,13 @@ def _check_source(field: str, uri: str, settings: Mapping[str, object], insecure
     """The pydantic side of :func:`_source_rules`. Raises ``ValueError`` (the message names the field)."""
     scheme = uri_scheme(uri)
     for name, value in settings.items():
-        if value is not None and scheme not in _SOURCE_SETTINGS[name][1]:
+        if value is not None and scheme not in contract.schemes_taking(name):
             raise ValueError(_refusal(field, name))
     if not insecure_ok and scheme == "http":
         raise ValueError(_http_refusal(field))
 
 
-#: The settings of each source object, by their names in the API (:data:`_SOURCE_SETTINGS`).
+#: The settings of each source object, by their names in the API (:data:`_SETTING_WHY`).
 _MODEL_SETTINGS = ("sha256", "s3", "hf", "credentials", "fetch", "caBundle")
 _CALIBRATION_SETTINGS = ("sha256", "s3", "credentials", "caBundle")
 

@@ -6,8 +6,8 @@
   runtime image's ``kubeinfer-runtime fetch``) downloads the source into an emptyDir
   (:data:`MODEL_VOLUME`, ``sizeLimit`` = ``spec.model.fetch.sizeLimit``), mounted read-write in the
   init container and read-only at :data:`MODEL_DIR` in the runtime container. Credentials reach the
-  init container only, as ``secretKeyRef`` environment variables (:data:`CREDENTIAL_ENV`): the operator
-  never reads the Secret.
+  init container only, as ``secretKeyRef`` environment variables (the scheme's row of
+  :mod:`kubeinfer.contract.sources`, ``credentials``): the operator never reads the Secret.
 - ``oci://registry/repo:tag|@sha256:...``: an image volume (``volumes[].image``) mounted read-only at
   :data:`MODEL_DIR`; ``spec.model.credentials`` becomes the pod's ``imagePullSecrets``.
 
@@ -31,6 +31,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from kubeinfer.operator import api
+
+from kubeinfer.contract import sources as contract
 
 #: Where a fetched model or an OCI model image is, in the runtime container (runtime.yaml model.source).
 MODEL_DIR = "/mnt/models"
@@ -67,18 +69,7 @@ FETCH_RESOURCES: dict[str, dict[str, str]] = {
 #: Pull policy of an OCI model image (use a digest to pin it: a moved tag is not pulled again).
 IMAGE_VOLUME_PULL_POLICY = "IfNotPresent"
 #: Environment variable of the fetch init container with an https/http source's bearer token.
-FETCH_BEARER_TOKEN_ENV = "KUBEINFER_FETCH_BEARER_TOKEN"
-#: Per scheme: the init container's credential variables, ``(env name, Secret key, optional)``.
-CREDENTIAL_ENV: dict[str, tuple[tuple[str, str, bool], ...]] = {
-    "s3": (
-        ("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID", False),
-        ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", False),
-        ("AWS_SESSION_TOKEN", "AWS_SESSION_TOKEN", True),
-    ),
-    "hf": (("HF_TOKEN", "HF_TOKEN", False),),
-    "https": ((FETCH_BEARER_TOKEN_ENV, "BEARER_TOKEN", False),),
-    "http": ((FETCH_BEARER_TOKEN_ENV, "BEARER_TOKEN", False),),
-}
+FETCH_BEARER_TOKEN_ENV = contract.FETCH_BEARER_TOKEN_ENV
 #: The files of an ``hf://`` repository fetched by default, by ``spec.model.format``.
 DEFAULT_ALLOW_PATTERNS: dict[str, tuple[str, ...]] = {
     "huggingface": ("*.json", "*.txt", "*.safetensors", "tokenizer*", "*.model", "1_Pooling/*"),
@@ -194,19 +185,20 @@ def fetch_args(
 
 
 def credential_env(uri: str, credentials: api.CredentialsSpec | None) -> list[dict[str, Any]]:
-    """The init container's credential variables for ``uri``'s scheme (:data:`CREDENTIAL_ENV`), each a
-    ``secretKeyRef`` into ``credentials.secretName``; none without credentials (s3: boto3's default
-    chain, e.g. IRSA)."""
-    if credentials is None:
+    """The init container's credential variables for ``uri``'s scheme (its registry row's
+    ``credentials``), each a ``secretKeyRef`` into ``credentials.secretName``; none without credentials
+    (s3: boto3's default chain, e.g. IRSA)."""
+    row = contract.scheme_of(uri)
+    if credentials is None or row is None:
         return []
     return [
         {
-            "name": env,
+            "name": c.env,
             "valueFrom": {
-                "secretKeyRef": {"name": credentials.secret_name, "key": key, "optional": optional}
+                "secretKeyRef": {"name": credentials.secret_name, "key": c.key, "optional": c.optional}
             },
         }
-        for env, key, optional in CREDENTIAL_ENV.get(api.uri_scheme(uri), ())
+        for c in row.credentials
     ]
 
 

@@ -21,10 +21,12 @@ from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import HttpSource
 from kubeinfer.runtime.fetch.tls import certificate_error, ssl_context
 
+from kubeinfer.contract import sources
+
 #: Bytes read from the response at a time.
 CHUNK_BYTES = 1 << 20
 #: The environment variable whose value is sent as a bearer token.
-BEARER_TOKEN_ENV = "KUBEINFER_FETCH_BEARER_TOKEN"
+BEARER_TOKEN_ENV = sources.FETCH_BEARER_TOKEN_ENV
 
 
 def fetch_http(source: HttpSource, ctx: Context) -> Fetched:

@@ -11,16 +11,10 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+from kubeinfer.contract import sources
+
 #: What replaces a redacted part.
 MASK = "***"
-#: Environment variables whose values are credentials (``kubeinfer-runtime fetch`` reads them).
-SECRET_ENV = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "HF_TOKEN",
-    "KUBEINFER_FETCH_BEARER_TOKEN",
-)
 #: Secret values shorter than this are not searched for (they would mask ordinary words).
 MIN_SECRET_CHARS = 4
 
@@ -54,32 +48,38 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{head}{query}"
 
 
+def secret_env() -> tuple[str, ...]:
+    """The environment variables whose values are credentials (``kubeinfer-runtime fetch`` reads them):
+    every scheme's credential variables in the registry of source schemes, as it is now."""
+    return sources.credential_env_names()
+
+
 def strip_credentials(env: dict[str, str] | os._Environ[str]) -> None:
-    """Strip the whitespace around every ``SECRET_ENV`` value in ``env``, in place.
+    """Strip the whitespace around every :func:`secret_env` value in ``env``, in place.
 
     A Secret made from a file usually ends in a newline (``kubectl create secret --from-file``);
     sent as is, an HTTP client refuses the header and quotes the value in its error
     (``Illegal header value b'Bearer ...\\n'``), where the plain value is not found to be masked.
     """
-    for name in SECRET_ENV:
+    for name in secret_env():
         value = env.get(name)
         if value is not None and value != value.strip():
             env[name] = value.strip()
 
 
 def credentials_stripped(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with the ``SECRET_ENV`` values stripped (:func:`strip_credentials`)."""
+    """A copy of ``env`` with the :func:`secret_env` values stripped (:func:`strip_credentials`)."""
     out = dict(env)
     strip_credentials(out)
     return out
 
 
 def secrets_from(env: Mapping[str, str]) -> list[str]:
-    """The values of ``SECRET_ENV`` set in ``env`` (at least ``MIN_SECRET_CHARS`` long), each also as
+    """The values of :func:`secret_env` set in ``env`` (at least ``MIN_SECRET_CHARS`` long), each also as
     stripped of surrounding whitespace and in its escaped forms (``repr`` of the str and of its
     UTF-8 bytes, without the quotes), as libraries quote a value they refuse."""
     out: set[str] = set()
-    for name in SECRET_ENV:
+    for name in secret_env():
         value = env.get(name, "")
         for form in (value, value.strip()):
             if len(form) >= MIN_SECRET_CHARS:

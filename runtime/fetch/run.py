@@ -1,11 +1,12 @@
 """``fetch(uri, dest, options) -> FetchReport``: one model source into one local directory.
 
 The steps: parse the URI (``source.parse_source``); refuse the sources that are not fetched
-(``default``, a path, ``pvc://``, ``oci://``); create the destination; when its report names the
-same source the model is there already (an init container run again in the same pod) and nothing
-is downloaded; remove what an interrupted attempt left; run the scheme's backend (``http``, ``s3``,
-``hf``, imported only when used); write the report (``report.write_report``) last; print the
-final progress line and ``fetch: done: ...``.
+(``default``, a path, a mounted scheme: ``pvc://``, ``oci://``); create the destination; when its
+report names the same source the model is there already (an init container run again in the same
+pod) and nothing is downloaded; remove what an interrupted attempt left; run the scheme's backend
+(its row's in the registry of source schemes, ``kubeinfer.contract.sources``: ``http``, ``s3``,
+``hf``, imported only when used); write the report (``report.write_report``) last; print the final
+progress line and ``fetch: done: ...``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from kubeinfer.runtime.fetch.context import Context, Fetched, FetchOptions
 from kubeinfer.runtime.fetch.errors import FetchError
@@ -27,28 +28,39 @@ from kubeinfer.runtime.fetch.redact import credentials_stripped, redact_url, sec
 from kubeinfer.runtime.fetch.report import FetchReport, read_report, write_report
 from kubeinfer.runtime.fetch.source import (
     BundledSource,
-    HfSource,
-    HttpSource,
     LocalSource,
-    OciSource,
-    PvcSource,
-    S3Source,
     Source,
+    load,
     parse_source,
+    row_of,
 )
+
+#: A scheme's backend (its row's ``backend``): downloads the parsed source into ``ctx.dest``.
+Backend = Callable[[Any, Context], Fetched]
+#: The options of one setting of a source (the row's ``settings``: spec.model.s3, spec.model.hf), with
+#: their values: given for a scheme that does not take the setting, they are ignored.
+_SETTING_OPTIONS: dict[str, Callable[[FetchOptions], tuple[tuple[str, object], ...]]] = {
+    "s3": lambda o: (
+        ("--s3-endpoint", o.s3_endpoint),
+        ("--s3-region", o.s3_region),
+        ("--s3-addressing-style", o.s3_addressing_style),
+    ),
+    "hf": lambda o: (("--hf-endpoint", o.hf_endpoint), ("--allow-pattern", o.allow_patterns)),
+}
 
 
 def not_fetched(source: Source) -> str | None:
-    """Why ``source`` is not fetched (one line), or None when it is."""
+    """Why ``source`` is not fetched (one line), or None when it is (its scheme's row is fetched).
+
+    Raises:
+        LookupError: ``source``'s scheme has no row in the registry any more (``source.row_of``).
+    """
     if isinstance(source, BundledSource):
         return "'default' is the bundled model: nothing to fetch"
     if isinstance(source, LocalSource):
         return "a path in the image: nothing to fetch"
-    if isinstance(source, PvcSource):
-        return "a PersistentVolumeClaim, mounted by the operator: nothing to fetch"
-    if isinstance(source, OciSource):
-        return "an image, mounted as an image volume: nothing to fetch"
-    return None
+    row = row_of(source)
+    return None if row.fetched else f"{row.mounted}: nothing to fetch"
 
 
 def check_options(options: FetchOptions) -> FetchOptions:
@@ -73,28 +85,15 @@ def check_options(options: FetchOptions) -> FetchOptions:
 
 
 def _ignored_options(source: Source, options: FetchOptions) -> list[str]:
-    """The options given that do not apply to ``source``'s scheme."""
-    out = []
-    if not isinstance(source, S3Source):
-        out += [
-            flag
-            for flag, value in (
-                ("--s3-endpoint", options.s3_endpoint),
-                ("--s3-region", options.s3_region),
-                ("--s3-addressing-style", options.s3_addressing_style),
-            )
-            if value
-        ]
-    if not isinstance(source, HfSource):
-        out += [
-            flag
-            for flag, value in (
-                ("--hf-endpoint", options.hf_endpoint),
-                ("--allow-pattern", options.allow_patterns),
-            )
-            if value
-        ]
-    return out
+    """The options given that do not apply to ``source``'s scheme (of a setting its row does not take)."""
+    takes = row_of(source).settings
+    return [
+        flag
+        for setting, values in _SETTING_OPTIONS.items()
+        if setting not in takes
+        for flag, value in values(options)
+        if value
+    ]
 
 
 def fetch(
@@ -170,16 +169,7 @@ def fetch(
 
 
 def _backend(source: Source, ctx: Context) -> Fetched:
-    if isinstance(source, HttpSource):
-        from kubeinfer.runtime.fetch.http import fetch_http
-
-        return fetch_http(source, ctx)
-    if isinstance(source, S3Source):
-        from kubeinfer.runtime.fetch.s3 import fetch_s3
-
-        return fetch_s3(source, ctx)
-    if isinstance(source, HfSource):
-        from kubeinfer.runtime.fetch.hf import fetch_hf
-
-        return fetch_hf(source, ctx)
-    raise AssertionError(f"no backend for {type(source).__name__}")  # not_fetched() refused it
+    """Run the backend of ``source``'s scheme (its row's, imported on first use; ``not_fetched``
+    refused a scheme without one)."""
+    backend = cast(Backend, load(row_of(source).backend))
+    return backend(source, ctx)

@@ -1,5 +1,9 @@
 """Model sources: ``parse_source(uri) -> Source``, one dataclass per scheme (pure: no I/O).
 
+Which schemes there are, and which parser reads each, is the registry of source schemes
+(``kubeinfer.contract.sources``, shared with the operator): a scheme's row names its parser here
+(``parse_s3``, ...; :func:`parse_generic` for a scheme without its own) and its fetch backend.
+
 The URIs of ``spec.model.uri`` (the operator) and ``kubeinfer-runtime fetch --source`` (the runtime):
 
 - ``default`` (the bundled MiniLM), a path in the image, ``pvc://<claim>/<path>``: not fetched;
@@ -13,24 +17,46 @@ The URIs of ``spec.model.uri`` (the operator) and ``kubeinfer-runtime fetch --so
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import PurePosixPath
-from typing import ClassVar
+from typing import ClassVar, cast
 from urllib.parse import unquote, urlsplit
 
 from kubeinfer.runtime.fetch.redact import redact_url
 
-#: The schemes ``parse_source`` accepts.
-SCHEMES = ("s3", "https", "http", "hf", "pvc", "oci")
+from kubeinfer.contract import sources
+from kubeinfer.contract.sources import SourceScheme
+
 #: The source that selects the bundled model (``kubeinfer.runtime.config.BUNDLED_MODEL``).
-BUNDLED = "default"
+BUNDLED = sources.BUNDLED
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# The parsers' own checks: a URI typed on the command line gets a reason for its refusal (the CRD's
+# grammars, the rows' uri_pattern, already refused what the operator passes).
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 _HF_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _OCI = re.compile(r"^[^/\s]+/[^\s@:]+(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+
+
+@dataclass(frozen=True)
+class GenericSource:
+    """A URI of a scheme whose row names no parser of its own (:func:`parse_generic`): ``rest`` is
+    what follows ``scheme://``; fetched as its row says."""
+
+    uri: str
+    scheme: str
+    rest: str
+
+    @property
+    def fetched(self) -> bool:
+        """Whether the scheme's row is fetched (False once the row is gone)."""
+        row = sources.scheme_named(self.scheme)
+        return row is not None and row.fetched
 
 
 @dataclass(frozen=True)
@@ -109,7 +135,45 @@ class HfSource:
     fetched: ClassVar[bool] = True
 
 
-Source = BundledSource | LocalSource | PvcSource | OciSource | S3Source | HttpSource | HfSource
+Source = (
+    BundledSource | LocalSource | PvcSource | OciSource | S3Source | HttpSource | HfSource | GenericSource
+)
+#: A scheme's parser (its row's ``parser``): ``(uri, scheme, rest after "://") -> Source``, raising
+#: ``ValueError`` (:func:`_invalid`) for a URI it refuses.
+Parser = Callable[[str, str, str], Source]
+
+
+def scheme_names() -> tuple[str, ...]:
+    """The schemes ``parse_source`` accepts: the registry's fetched schemes, then its mounted ones."""
+    return (*sources.fetched_schemes(), *sources.mounted_schemes())
+
+
+#: The schemes ``parse_source`` accepts when this module is imported (:func:`scheme_names`).
+SCHEMES = scheme_names()
+
+
+@cache
+def load(path: str) -> object:
+    """The object an import path ``package.module:attribute`` names (a row's parser or backend),
+    importing the module on first use.
+
+    Raises:
+        ImportError: the module does not import. AttributeError: it has no such attribute.
+    """
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def row_of(source: Source) -> SourceScheme:
+    """The registry row of ``source``'s scheme.
+
+    Raises:
+        LookupError: ``source`` has no scheme (``default``, a path) or its scheme has no row (any more).
+    """
+    row = sources.scheme_of(source.uri)
+    if row is None:
+        raise LookupError(f"no source scheme for {type(source).__name__}")
+    return row
 
 
 def parse_source(uri: str) -> Source:
@@ -128,31 +192,20 @@ def parse_source(uri: str) -> Source:
     if m is None:
         return LocalSource(uri=text, path=text)
     scheme = m.group(1).lower()
-    rest = text[m.end() :]
-    if scheme == "s3":
-        return _parse_s3(text, rest)
-    if scheme in ("https", "http"):
-        return _parse_http(text, scheme)
-    if scheme == "hf":
-        return _parse_hf(text, rest)
-    if scheme == "pvc":
-        return _parse_pvc(text, rest)
-    if scheme == "oci":
-        if not _OCI.match(rest):
-            raise _invalid(
-                text, "expected oci://registry/repository:tag or oci://registry/repository@sha256:<hex>"
-            )
-        return OciSource(uri=text, reference=rest)
-    raise _invalid(
-        text, f"unsupported scheme {scheme!r}; expected one of {', '.join(SCHEMES)}, a path or 'default'"
-    )
+    row = sources.scheme_named(scheme)
+    if row is None:
+        known = ", ".join(scheme_names())
+        raise _invalid(text, f"unsupported scheme {scheme!r}; expected one of {known}, a path or 'default'")
+    parser = cast(Parser, load(row.parser))
+    return parser(text, scheme, text[m.end() :])
 
 
 def _invalid(uri: str, why: str) -> ValueError:
     return ValueError(f"model.source {redact_url(uri)!r}: {why}")
 
 
-def _parse_s3(uri: str, rest: str) -> S3Source:
+def parse_s3(uri: str, scheme: str, rest: str) -> S3Source:
+    """``s3://bucket/key`` (a :data:`Parser`)."""
     bucket, _, key = rest.partition("/")
     if "@" in bucket or ":" in bucket:
         raise _invalid(
@@ -165,7 +218,8 @@ def _parse_s3(uri: str, rest: str) -> S3Source:
     return S3Source(uri=uri, bucket=bucket, key=key)
 
 
-def _parse_http(uri: str, scheme: str) -> HttpSource:
+def parse_http(uri: str, scheme: str, rest: str) -> HttpSource:
+    """``https://host/path/name`` or ``http://...`` (a :data:`Parser`): the URL as given."""
     try:
         parts = urlsplit(uri)
         host = parts.hostname
@@ -181,7 +235,8 @@ def _parse_http(uri: str, scheme: str) -> HttpSource:
     return HttpSource(uri=uri, scheme=scheme, filename=name)
 
 
-def _parse_hf(uri: str, rest: str) -> HfSource:
+def parse_hf(uri: str, scheme: str, rest: str) -> HfSource:
+    """``hf://org/repo[@revision]`` (a :data:`Parser`)."""
     repo, at, revision = rest.partition("@")
     parts = repo.split("/")
     if not 1 <= len(parts) <= 2 or not all(_HF_NAME.match(p) and ".." not in p for p in parts):
@@ -191,10 +246,28 @@ def _parse_hf(uri: str, rest: str) -> HfSource:
     return HfSource(uri=uri, repo_id=repo, revision=revision if at else None)
 
 
-def _parse_pvc(uri: str, rest: str) -> PvcSource:
+def parse_pvc(uri: str, scheme: str, rest: str) -> PvcSource:
+    """``pvc://claim/path`` (a :data:`Parser`)."""
     claim, _, path = rest.partition("/")
     if not _DNS_LABEL.match(claim):
         raise _invalid(uri, f"{claim!r} is not a PersistentVolumeClaim name (a DNS-1123 label)")
     if ".." in PurePosixPath(path).parts:
         raise _invalid(uri, "the path in the claim must not contain '..'")
     return PvcSource(uri=uri, claim=claim, path=path.strip("/"))
+
+
+def parse_oci(uri: str, scheme: str, rest: str) -> OciSource:
+    """``oci://registry/repository:tag`` or ``...@sha256:<hex>`` (a :data:`Parser`)."""
+    if not _OCI.match(rest):
+        raise _invalid(
+            uri, "expected oci://registry/repository:tag or oci://registry/repository@sha256:<hex>"
+        )
+    return OciSource(uri=uri, reference=rest)
+
+
+def parse_generic(uri: str, scheme: str, rest: str) -> GenericSource:
+    """Any URI of a scheme that names no parser of its own (a :data:`Parser`): kept whole; its backend
+    reads ``rest``. Raises ``ValueError`` when nothing follows ``scheme://``."""
+    if not rest:
+        raise _invalid(uri, f"nothing after {scheme}://")
+    return GenericSource(uri=uri, scheme=scheme, rest=rest)

@@ -22,6 +22,7 @@ def lint(tmp_path: Path, plant: tuple[str, str] | None = None) -> subprocess.Com
     pkg = tmp_path / "lintroot" / "kubeinfer"
     pkg.mkdir(parents=True)
     shutil.copy(ROOT / "kubeinfer" / "__init__.py", pkg / "__init__.py")
+    (pkg / "contract").symlink_to(ROOT / "kubeinfer" / "contract")
     shutil.copytree(ROOT / "runtime", pkg / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "operator").symlink_to(ROOT / "operator")
     if plant is not None:

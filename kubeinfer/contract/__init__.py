@@ -1,0 +1,9 @@
+"""What the operator and the runtime must agree on, in pure modules both import.
+
+Standard library only: no pydantic, no Kubernetes client, no torch, nothing of ``kubeinfer.operator``
+or ``kubeinfer.runtime`` (pyproject.toml's import-linter contracts). A module here holds data and the
+lookups over it; each side derives its own forms (the CRD's pattern and CEL, pod spec, the fetch
+dispatch) from that data and never writes it a second time.
+
+- ``sources``: the registry of model source schemes (``s3``, ``https``, ``pvc``, ...), one row each.
+"""
