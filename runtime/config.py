@@ -1,7 +1,7 @@
 """The runtime's configuration file: ``RuntimeConfig``.
 
 The operator renders this model into the ``runtime.yaml`` key of the InferenceService's ConfigMap
-(``kubeinfer.operator.build.configmap``), mounted in the pod at ``/etc/kubeinfer/runtime.yaml``.
+(``kubeinfer.operator.builders.configmap``), mounted in the pod at ``/etc/kubeinfer/runtime.yaml``.
 The runtime reads it at start and re-reads the ``batching`` section whenever the file changes
 (hot reload, no restart). Durations in this file are plain floats in **seconds**; the
 InferenceService spec uses Kubernetes-style duration strings (``10ms``) and the operator converts.
