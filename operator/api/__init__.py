@@ -8,7 +8,9 @@ they are snake_case. Parse a custom resource with :meth:`InferenceServiceSpec.fr
 The CRD's ``openAPIV3Schema`` is generated from these models by ``kubeinfer.operator.crdgen``
 (``make crds``). Rules that span fields are written twice, on purpose: as CEL
 ``x-kubernetes-validations`` (so ``kubectl apply`` refuses a bad manifest, message naming the field)
-and as pydantic validators (so the operator and unit tests see the same rules).
+and as pydantic validators (so the operator and unit tests see the same rules). The format x engine x
+task x quantization rules are written once, in ``kubeinfer.contract.formats``, and both forms derived from
+it with the operator's paths of its fields (:data:`FORMAT_RULES_SIDE`).
 
 Durations are Go/Kubernetes duration strings (``"10ms"``, ``"1.5s"``, ``"5m"``, ``"1h30m"``): the
 CRD declares them ``type: string`` with :data:`DURATION_PATTERN`, CEL's ``duration()`` parses them,
@@ -33,6 +35,7 @@ from kubeinfer.operator.api.autoscaling import (
     GpuUtilizationBand,
     PromQueries,
 )
+from kubeinfer.operator.api.base import FORMAT_RULES_SIDE
 from kubeinfer.operator.api.formats import (
     CONFIGMAP_KEY_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
@@ -45,6 +48,7 @@ from kubeinfer.operator.api.formats import (
     LabelKey,
     LabelValue,
     Quantity,
+    Seconds,
     cpu_cores,
     format_duration,
     parse_duration,
@@ -126,6 +130,7 @@ __all__ = [
     "ENDPOINT_PATTERN",
     "FETCHED_SCHEMES",
     "FIELD_MANAGER",
+    "FORMAT_RULES_SIDE",
     "GROUP",
     "KIND",
     "LABEL_KEY_PATTERN",
@@ -175,6 +180,7 @@ __all__ = [
     "ResourcesSpec",
     "RuntimeSpec",
     "S3Spec",
+    "Seconds",
     "SecretKeyRef",
     "ServerSpec",
     "TensorSpec",

@@ -5,7 +5,7 @@ the batch timeout), its pacing and its PromQL overrides.
 from __future__ import annotations
 
 from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
-from kubeinfer.operator.api.formats import Duration, parse_duration
+from kubeinfer.operator.api.formats import Duration, Seconds
 from pydantic import ConfigDict, Field, model_validator
 
 
@@ -60,16 +60,16 @@ class BatchTimeoutBounds(_Spec):
         }
     )
 
-    min: Duration = "1ms"
-    max: Duration = "50ms"
+    min: Duration = Seconds("1ms")
+    max: Duration = Seconds("50ms")
 
     @model_validator(mode="after")
     def _rules(self) -> BatchTimeoutBounds:
-        if parse_duration(self.min) > parse_duration(self.max):
+        if self.min > self.max:
             raise ValueError(
                 "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max"
             )
-        if parse_duration(self.max) > 10.0:
+        if self.max > 10.0:
             raise ValueError("spec.autoscaling.batchTimeout.max must be at most 10s")
         return self
 
@@ -124,17 +124,20 @@ class AutoscalingSpec(_Spec):
     enabled: bool = False
     min_replicas: int = Field(default=1, ge=1, le=1000)
     max_replicas: int = Field(default=4, ge=1, le=1000)
-    target_p99: Duration = Field(default="200ms", description="P99 latency objective (request duration).")
+    target_p99: Duration = Field(
+        default=Seconds("200ms"), description="P99 latency objective (request duration)."
+    )
     gpu_utilization: GpuUtilizationBand = Field(default_factory=GpuUtilizationBand)
     batch_timeout: BatchTimeoutBounds = Field(default_factory=BatchTimeoutBounds)
     tolerance: float = Field(default=0.1, ge=0.0, le=1.0, description="Dead band around the target, ratio.")
-    window: Duration = Field(default="60s", description="PromQL range window of the signals.")
+    window: Duration = Field(default=Seconds("60s"), description="PromQL range window of the signals.")
     scale_down_stabilization: Duration = Field(
-        default="300s", description="Stabilization window: scale down to the max recommendation over it."
+        default=Seconds("300s"),
+        description="Stabilization window: scale down to the max recommendation over it.",
     )
-    scale_up_cooldown: Duration = "30s"
-    scale_down_cooldown: Duration = "60s"
-    batch_timeout_cooldown: Duration = "15s"
+    scale_up_cooldown: Duration = Seconds("30s")
+    scale_down_cooldown: Duration = Seconds("60s")
+    batch_timeout_cooldown: Duration = Seconds("15s")
     max_scale_up_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per decision.")
     plan_utilization: float = Field(
         default=0.85,
@@ -150,8 +153,8 @@ class AutoscalingSpec(_Spec):
     def _rules(self) -> AutoscalingSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError("spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas")
-        if parse_duration(self.target_p99) <= 0:
+        if self.target_p99 <= 0:
             raise ValueError("spec.autoscaling.targetP99 must be greater than 0")
-        if parse_duration(self.window) <= 0:
+        if self.window <= 0:
             raise ValueError("spec.autoscaling.window must be greater than 0 (a PromQL range)")
         return self

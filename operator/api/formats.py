@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, StringConstraints
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstraints
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 # --- durations -------------------------------------------------------------------------------------
 
@@ -68,17 +70,65 @@ def format_duration(seconds: float, *, significant: int | None = None) -> str:
     return f"{text}{unit}"
 
 
-def _check_duration(text: str) -> str:
-    parse_duration(text)
-    return text
+class Seconds(float):
+    """A duration of the API, parsed once: its value is float seconds, and it keeps the text it was
+    written as (:attr:`text`), which is what it serializes to (a spec read back writes the same
+    string). ``Seconds("10ms") == 0.01``; ``str(Seconds("10ms")) == "10ms"``.
+
+    Raises:
+        ValueError: the text is not a duration (:func:`parse_duration`).
+    """
+
+    text: str
+
+    def __new__(cls, text: str) -> Seconds:
+        value = super().__new__(cls, parse_duration(text))
+        value.text = text
+        return value
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Seconds({self.text!r})"
+
+    def __reduce__(self) -> tuple[type[Seconds], tuple[str]]:
+        return (Seconds, (self.text,))
+
+    @classmethod
+    def validate(cls, value: object) -> Seconds:
+        """``value`` as :class:`Seconds`: a :class:`Seconds` as it is, a string of
+        :data:`DURATION_PATTERN` of at most 64 characters parsed.
+
+        Raises:
+            ValueError: anything else (a number too: the API's durations are text with a unit).
+        """
+        if isinstance(value, Seconds):
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"expected a duration string such as '10ms', got {type(value).__name__}")
+        if len(value) > 64:
+            raise ValueError("a duration has at most 64 characters")
+        return cls(value)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """Validated by :meth:`validate`, serialized back to its text."""
+        return core_schema.no_info_plain_validator_function(
+            cls.validate, serialization=core_schema.plain_serializer_function_ser_schema(str)
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The CRD's form: ``type: string`` with the pattern and the length limit."""
+        return {"type": "string", "maxLength": 64, "pattern": DURATION_PATTERN}
 
 
-#: A duration string field (``type: string`` + ``pattern`` in the CRD).
-Duration = Annotated[
-    str,
-    StringConstraints(pattern=DURATION_PATTERN, max_length=64),
-    AfterValidator(_check_duration),
-]
+#: A duration field: ``type: string`` + ``pattern`` in the CRD, :class:`Seconds` in Python (float
+#: seconds that serialize back to the text given), so no code parses a spec's duration again.
+Duration = Seconds
 
 #: A positive Kubernetes resource quantity (``"2"``, ``"500m"``, ``"8Gi"``, ``"1.5"``, ``"1e3"``): the
 #: quantity grammar of apimachinery's ``resource.Quantity`` (number, then a binary-SI, decimal-SI or

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
-from kubeinfer.operator.api.formats import Duration, Quantity, cpu_cores, parse_duration
+from kubeinfer.operator.api.formats import Duration, Quantity, Seconds, cpu_cores
 from kubeinfer.operator.api.sources import (
     _CALIBRATION_SETTINGS,
     _MODEL_SETTINGS,
@@ -302,7 +302,7 @@ class BatchingSpec(_Spec):
 
     max_batch_size: int = Field(default=32, ge=1, le=4096, description="Rows per batch.")
     max_queue_delay: Duration = Field(
-        default="5ms", description="Max queue delay (the batch timeout), a duration such as '5ms'."
+        default=Seconds("5ms"), description="Max queue delay (the batch timeout), a duration such as '5ms'."
     )
     max_queue_size: int = Field(
         default=1024, ge=1, le=1_000_000, description="Queued requests beyond which 429."
@@ -315,7 +315,7 @@ class BatchingSpec(_Spec):
     def _rules(self) -> BatchingSpec:
         if any(b > self.max_batch_size for b in self.preferred_batch_sizes):
             raise ValueError("spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize")
-        if parse_duration(self.max_queue_delay) > 10.0:
+        if self.max_queue_delay > 10.0:
             raise ValueError("spec.batching.maxQueueDelay must be at most 10s")
         return self
 

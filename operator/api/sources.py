@@ -15,7 +15,7 @@ from kubeinfer.operator.api.formats import (
     DNS_SUBDOMAIN_PATTERN,
     Duration,
     Quantity,
-    parse_duration,
+    Seconds,
 )
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.config import JsonDict
@@ -191,9 +191,12 @@ class FetchSpec(_Spec):
         "states a bigger total size is refused before the download starts, and a pod whose emptyDir "
         "grows past it is evicted.",
     )
-    connect_timeout: Duration = Field(default="10s", description="Timeout of one connection attempt.")
+    connect_timeout: Duration = Field(
+        default=Seconds("10s"), description="Timeout of one connection attempt."
+    )
     stall_timeout: Duration = Field(
-        default="60s", description="An attempt that receives no byte for this long fails (and is retried)."
+        default=Seconds("60s"),
+        description="An attempt that receives no byte for this long fails (and is retried).",
     )
     retries: int = Field(
         default=3,
@@ -205,9 +208,9 @@ class FetchSpec(_Spec):
 
     @model_validator(mode="after")
     def _rules(self) -> FetchSpec:
-        if parse_duration(self.connect_timeout) <= 0:
+        if self.connect_timeout <= 0:
             raise ValueError("spec.model.fetch.connectTimeout must be greater than 0")
-        if parse_duration(self.stall_timeout) <= 0:
+        if self.stall_timeout <= 0:
             raise ValueError("spec.model.fetch.stallTimeout must be greater than 0")
         return self
 

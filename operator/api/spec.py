@@ -218,11 +218,11 @@ class InferenceServiceSpec(_Spec):
         An unparsable status value is ignored (spec's value is used).
         """
         if self.autoscaling.enabled and status_batch_timeout:
+            # status is the autoscaler's text, not a validated field: the one duration parsed here
             try:
                 value = parse_duration(status_batch_timeout)
             except ValueError:
-                return parse_duration(self.batching.max_queue_delay)
-            lo = parse_duration(self.autoscaling.batch_timeout.min)
-            hi = parse_duration(self.autoscaling.batch_timeout.max)
-            return min(max(value, lo), hi)
-        return parse_duration(self.batching.max_queue_delay)
+                return float(self.batching.max_queue_delay)
+            bounds = self.autoscaling.batch_timeout
+            return float(min(max(value, bounds.min), bounds.max))
+        return float(self.batching.max_queue_delay)

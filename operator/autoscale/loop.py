@@ -89,16 +89,16 @@ def policy_from_spec(spec: api.AutoscalingSpec, *, stale_after_seconds: float) -
     return Policy(
         min_replicas=spec.min_replicas,
         max_replicas=spec.max_replicas,
-        target_p99_seconds=api.parse_duration(spec.target_p99),
+        target_p99_seconds=spec.target_p99,
         gpu_low=spec.gpu_utilization.low,
         gpu_high=spec.gpu_utilization.high,
-        batch_timeout_min_seconds=api.parse_duration(spec.batch_timeout.min),
-        batch_timeout_max_seconds=api.parse_duration(spec.batch_timeout.max),
+        batch_timeout_min_seconds=spec.batch_timeout.min,
+        batch_timeout_max_seconds=spec.batch_timeout.max,
         tolerance=spec.tolerance,
-        scale_down_stabilization_seconds=api.parse_duration(spec.scale_down_stabilization),
-        scale_up_cooldown_seconds=api.parse_duration(spec.scale_up_cooldown),
-        scale_down_cooldown_seconds=api.parse_duration(spec.scale_down_cooldown),
-        timeout_cooldown_seconds=api.parse_duration(spec.batch_timeout_cooldown),
+        scale_down_stabilization_seconds=spec.scale_down_stabilization,
+        scale_up_cooldown_seconds=spec.scale_up_cooldown,
+        scale_down_cooldown_seconds=spec.scale_down_cooldown,
+        timeout_cooldown_seconds=spec.batch_timeout_cooldown,
         max_scale_up_step=spec.max_scale_up_step,
         plan_utilization=spec.plan_utilization,
         stale_after_seconds=stale_after_seconds,
@@ -307,7 +307,7 @@ class Autoscaler:
 
         if now < mem.retry_at:  # Prometheus was unavailable: wait out the back-off, read nothing
             return TickResult(None, mem.signal_problem or conditions.ACTIVE)
-        window_s = api.parse_duration(spec.window)
+        window_s = spec.window
         queries = sig.default_queries(
             ns,
             name,

@@ -74,9 +74,9 @@ def startup_budget_seconds(isvc: api.InferenceService) -> int:
 def termination_grace_seconds(isvc: api.InferenceService) -> int:
     """terminationGracePeriodSeconds: the longest possible batch timeout plus :data:`DRAIN_SECONDS`."""
     spec = isvc.spec
-    longest = api.parse_duration(spec.batching.max_queue_delay)
+    longest = spec.batching.max_queue_delay
     if spec.autoscaling.enabled:
-        longest = max(longest, api.parse_duration(spec.autoscaling.batch_timeout.max))
+        longest = max(longest, spec.autoscaling.batch_timeout.max)
     grace: int = DRAIN_SECONDS + math.ceil(longest)
     return grace
 

@@ -98,9 +98,10 @@ def escape_expansion(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _seconds(duration: str) -> str:
-    """A duration as the fetcher's SECONDS argument (``"10s"`` -> ``"10"``, ``"1500ms"`` -> ``"1.5"``)."""
-    return f"{api.parse_duration(duration):g}"
+def _seconds(duration: float) -> str:
+    """A duration (seconds) as the fetcher's SECONDS argument (``10s`` -> ``"10"``, ``1500ms`` ->
+    ``"1.5"``)."""
+    return f"{float(duration):g}"
 
 
 def allow_patterns(spec: api.InferenceServiceSpec) -> list[str]:

@@ -209,7 +209,11 @@ def test_accepted_settings_per_scheme() -> None:
             "fetch": {"sizeLimit": "2Gi", "retries": 0},
         }
     )
-    assert s3.model.fetch is not None and s3.model.fetch.stall_timeout == "60s"
+    assert (
+        s3.model.fetch is not None
+        and s3.model.fetch.stall_timeout == 60.0
+        and str(s3.model.fetch.stall_timeout) == "60s"
+    )
     assert _spec({"uri": "https://h/m.onnx", "format": "onnx", "sha256": SHA}).model.sha256 == SHA
     hf = _spec(
         {"uri": "hf://o/r@main", "hf": {"allowPatterns": ["*.json"]}, "credentials": {"secretName": "hf"}}
