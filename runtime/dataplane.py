@@ -33,11 +33,12 @@ gRPC as thin adapters over it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from kubeinfer.runtime.batching import Batcher, BatchSettings
@@ -53,6 +54,7 @@ from kubeinfer.runtime.shared_memory import SharedMemoryRegistry
 from kubeinfer import __version__
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SERVER_NAME = "kubeinfer"
 SERVER_VERSION = __version__
@@ -69,6 +71,21 @@ SERVER_METADATA: dict[str, Any] = {
 
 SHUTTING_DOWN = "shutting down"
 LOADING = "model loading or warming up"
+
+#: A request whose body (or tensor data) is larger than this many bytes is decoded on a worker thread
+#: (``decode_off_loop``): decoding 64 MB of JSON takes seconds of CPU, during which the event loop
+#: would answer nothing, liveness included. Below it the thread hop (tens of microseconds) would cost
+#: more than it saves.
+DECODE_THREAD_BYTES = 1 << 20
+
+
+async def decode_off_loop(size: int, decode: Callable[..., T], *args: Any) -> T:
+    """``decode(*args)``: on a worker thread (``asyncio.to_thread``) when ``size`` (bytes the decoder
+    reads) is over ``DECODE_THREAD_BYTES``, else here on the event loop. Returns what ``decode``
+    returns and raises what it raises."""
+    if size > DECODE_THREAD_BYTES:
+        return await asyncio.to_thread(decode, *args)
+    return decode(*args)
 
 
 @dataclass
@@ -165,6 +182,29 @@ def check_model(served: str, name: str, version: str | None) -> None:
         raise HTTPError(f"Request for unknown model '{name}': this server serves '{served}'", 404)
     if version not in (None, "", MODEL_VERSION):
         raise HTTPError(f"unknown version '{version}' of model '{name}'; available: {MODEL_VERSION}", 404)
+
+
+def register_spec(name: str, spec: Mapping[str, Any]) -> tuple[str, int, int]:
+    """The ``key``, ``offset`` (default 0) and ``byte_size`` of a shared-memory registration of region
+    ``name`` (the body of ``POST v2/systemsharedmemory/region/NAME/register``, or gRPC's message).
+
+    Raises:
+        InputError: 400 naming the field: a key that is no string, an offset or byte_size that is no
+            non-negative integer (a byte_size of 0 is the registry's to refuse).
+    """
+    key = spec.get("key", "")
+    if not isinstance(key, str):
+        raise InputError(f"shared memory region '{name}': 'key' must be a string, got {key!r:.40}")
+    values = []
+    for field_name, default in (("offset", 0), ("byte_size", 0)):
+        value = spec.get(field_name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(
+                f"shared memory region '{name}': '{field_name}' must be a non-negative integer, "
+                f"got {value!r:.40}"
+            )
+        values.append(value)
+    return key, values[0], values[1]
 
 
 def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
@@ -346,9 +386,8 @@ class DataPlane:
             return []
         if action == "register":
             assert name is not None
-            self.shm.register(
-                name, str(spec.get("key", "")), int(spec.get("offset", 0)), int(spec.get("byte_size", 0))
-            )
+            key, offset, byte_size = register_spec(name, spec)
+            self.shm.register(name, key, offset, byte_size)
             return []
         if action == "unregister":
             self.shm.unregister(name or None)

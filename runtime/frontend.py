@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from kubeinfer.runtime import ipc
 from kubeinfer.runtime.config import RuntimeConfig
-from kubeinfer.runtime.dataplane import Decoder, check_model, internal_error, not_ready_error
+from kubeinfer.runtime.dataplane import Decoder, check_model, decode_off_loop, internal_error, not_ready_error
 from kubeinfer.runtime.errors import InferenceError
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.openai_api import OpenAIRoutes
@@ -138,6 +138,11 @@ class RemotePlane:
         _, frames = await self._call(ipc.Header(op="metrics"))
         return frames[0].bytes if frames else b""
 
+    async def _count(self, status: int, received: float) -> None:
+        """Count an outcome decided here in the model process's metrics (a one-way message)."""
+        seconds = max(0.0, time.monotonic() - received)
+        await self.client.send(ipc.Header(op="count", code=status, seconds=seconds))
+
     async def infer(
         self, received: float, name: str, version: str | None, decode: Decoder
     ) -> dict[str, np.ndarray]:
@@ -150,16 +155,17 @@ class RemotePlane:
             if self._metadata is None:
                 await self._loaded()
             call = await decode()
+        # no local may hold the exception past its handler: its traceback holds the decoder's frame,
+        # which holds the body, and a cycle through this frame would keep the body until a GC run
+        except InferenceError as exc:
+            await self._count(exc.status, received)
+            raise
         except Exception as exc:
-            error = exc if isinstance(exc, InferenceError) else internal_error(exc)
-            if error is not exc:
-                log.exception("decoding failed")
-            seconds = max(0.0, time.monotonic() - received)
-            await self.client.send(ipc.Header(op="count", code=error.status, seconds=seconds))
-            if error is exc:
-                raise
-            raise error from exc
-        specs, frames = ipc.encode_tensors(call.inputs)
+            log.exception("decoding failed")
+            await self._count(500, received)
+            raise internal_error(exc) from exc
+        size = sum(array.nbytes for array in call.inputs.values())  # BYTES: 8 bytes an element
+        specs, frames = await decode_off_loop(size, ipc.encode_tensors, call.inputs)
         header = ipc.Header(
             op="infer",
             model=name,
@@ -194,7 +200,7 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
         plane,
         cfg.server.host,
         cfg.server.grpc_port,
-        4 * cfg.limits.max_request_bytes,
+        cfg.limits,
         rest.auth,
         reuse_port=True,
     )

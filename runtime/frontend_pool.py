@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubeinfer.runtime import ipc
 from kubeinfer.runtime.config import RuntimeConfig
-from kubeinfer.runtime.dataplane import DataPlane, InferCall
+from kubeinfer.runtime.dataplane import DataPlane, InferCall, decode_off_loop
 from kubeinfer.runtime.errors import HTTPError
 from kubeinfer.runtime.protocol import RegionRef
 
@@ -274,7 +274,8 @@ class FrontEndPool:
 
     async def _infer(self, header: ipc.Header, frames: list[zmq.Frame]) -> tuple[ipc.Header, Sequence[Any]]:
         async def decode() -> InferCall:
-            inputs = ipc.decode_tensors(header.tensors, frames)
+            size = sum(len(frame) for frame in frames)
+            inputs = await decode_off_loop(size, ipc.decode_tensors, header.tensors, frames)
             return InferCall(
                 inputs,
                 header.outputs,

@@ -20,7 +20,11 @@ it, and logs nothing (grpcio's generated base class would log an ERROR with a tr
 
 ``ModelInfer`` inputs come from ``raw_input_contents`` (one entry per input, in input order; the
 binary layouts of the REST binary extension: little-endian, BYTES as 4-byte length + bytes) or from
-the typed ``contents`` fields; outputs are always sent in ``raw_output_contents``. Request parameters
+the typed ``contents`` fields; outputs are always sent in ``raw_output_contents``. A message is at
+most ``max_message_bytes(limits)`` (the tensor limits, without REST's factor for JSON text); its
+inputs' shapes are checked against ``limits`` before any tensor is made, typed contents are parsed
+only once counted (``kubeinfer.runtime.grpc_contents``), and a large request is decoded on a worker
+thread (``dataplane.decode_off_loop``). Request parameters
 ``priority`` (1 = highest) and ``timeout`` (microseconds in the queue) as over REST; without a
 ``timeout``, a client's gRPC deadline bounds the time in the queue.
 
@@ -34,19 +38,25 @@ count gRPC requests with the REST status code, so one ``kubeinfer_requests_total
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from kubeinfer.runtime.auth import BearerAuth
-from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane
+from kubeinfer.runtime.config import LimitsConfig
+from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane, decode_off_loop
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
+from kubeinfer.runtime.grpc_contents import LazyModelInferRequest, count_values, parse_contents
 from kubeinfer.runtime.protocol import (
     RegionRef,
+    RequestBudget,
     SharedInput,
     cache_parameter,
+    check_shape,
     raw_buffer,
     region_ref,
     tensor_from_raw,
@@ -76,27 +86,46 @@ def _param(params: Any, key: str) -> Any:
     return None if which is None else getattr(params[key], which)
 
 
-def _tensor_from_contents(name: str, datatype: str, shape: list[int], contents: Any) -> np.ndarray:
-    """A tensor from the typed ``InferTensorContents`` (``DatatypeInfo.contents`` names the field).
-    Raises ``ProtocolError``."""
+def _tensor_from_contents(
+    name: str, datatype: str, shape: list[int], contents: Any, budget: RequestBudget
+) -> np.ndarray:
+    """A tensor from the typed ``InferTensorContents`` (``DatatypeInfo.contents`` names the field):
+    its serialized bytes (``LazyModelInferRequest``), whose values are counted before they are
+    parsed, or a parsed message. Raises ``ProtocolError`` (and ``InputError`` 413 for BYTES over
+    ``budget``)."""
     field = DATATYPES[datatype].contents
     if field is None:
         raise ProtocolError(
             f"input tensor '{name}': datatype {datatype} can only be sent in raw_input_contents",
             tensor=name,
         )
-    values = list(getattr(contents, field))
-    count = int(np.prod(shape)) if shape else 1
-    if len(values) != count:
+    count = math.prod(shape)
+    if isinstance(contents, bytes):
+        if not count_values(contents, count)[1]:
+            raise ProtocolError(
+                f"input tensor '{name}': shape {shape} needs {count} elements, contents holds more",
+                tensor=name,
+            )
+        try:
+            contents = parse_contents(contents)
+        except DecodeError:
+            raise ProtocolError(
+                f"input tensor '{name}': contents is no valid InferTensorContents", tensor=name
+            ) from None
+    repeated = getattr(contents, field)
+    if len(repeated) != count:
         raise ProtocolError(
             f"input tensor '{name}': shape {shape} needs {count} elements, "
-            f"contents.{field} has {len(values)}",
+            f"contents.{field} has {len(repeated)}",
             tensor=name,
         )
     if datatype == "BYTES":
+        elements = [bytes(v) for v in repeated]
+        budget.payload(name, sum(len(v) for v in elements))
         out = np.empty(count, dtype=object)
-        out[:] = [bytes(v) for v in values]
+        out[:] = elements
         return out.reshape(shape)
+    values = list(repeated)
     dtype = NUMPY_DTYPES[datatype]
     if dtype.kind in "iu" and values:
         info = np.iinfo(dtype)
@@ -113,14 +142,22 @@ def _region(name: str, params: Any, what: str) -> RegionRef | None:
     return region_ref(name, {key: _param(params, key) for key in _SHM_PARAMETERS if key in params}, what)
 
 
-def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str, SharedInput]]:
+def decode_infer_request(
+    request: Any, limits: LimitsConfig | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, SharedInput]]:
     """The input tensors of a ``ModelInferRequest`` by name: from ``raw_input_contents`` (the raw
     layout, ``protocol.tensor_from_raw``) or the typed ``contents``; and those left in shared memory
-    (name -> datatype, shape, region), which the data plane reads.
+    (name -> datatype, shape, region), which the data plane reads. ``request`` is what the server
+    receives, a ``grpc_contents.LazyModelInferRequest`` (typed contents as bytes: their values are
+    counted before they are parsed), or a ``ModelInferRequest``.
+
+    Every input's datatype and shape is checked (``protocol.check_shape``) and counted against
+    ``limits`` (``protocol.RequestBudget``; None: no limits) before any tensor is made.
 
     Raises:
         ProtocolError: unknown datatype, bad shape, a duplicate input, raw contents that do not match
             the inputs or their sizes, bad shared-memory parameters.
+        InputError: 413 for a request over ``limits``.
     """
     if not request.inputs:
         raise ProtocolError("request must have at least one input")
@@ -130,27 +167,35 @@ def decode_infer_request(request: Any) -> tuple[dict[str, np.ndarray], dict[str,
             f"request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents; "
             "send all inputs raw or none"
         )
-    inputs: dict[str, np.ndarray] = {}
-    shared: dict[str, SharedInput] = {}
-    for i, tensor in enumerate(request.inputs):
+    budget = RequestBudget(limits)
+    declared: list[tuple[str, str, list[int], RegionRef | None]] = []
+    names: set[str] = set()
+    for tensor in request.inputs:
         name, datatype = tensor.name, tensor.datatype
-        if name in inputs or name in shared:
+        if name in names:
             raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
+        names.add(name)
         if datatype not in NUMPY_DTYPES:
             raise ProtocolError(
                 f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
                 tensor=name,
             )
         shape = [int(d) for d in tensor.shape]
-        if any(d < 0 for d in shape):
-            raise ProtocolError(f"input tensor '{name}': shape {shape} has a negative dimension", tensor=name)
-        ref = _region(name, tensor.parameters, "input tensor")
+        check_shape(shape, name)
+        budget.declare(name, datatype, shape)
+        declared.append((name, datatype, shape, _region(name, tensor.parameters, "input tensor")))
+    inputs: dict[str, np.ndarray] = {}
+    shared: dict[str, SharedInput] = {}
+    for i, (name, datatype, shape, ref) in enumerate(declared):
         if ref is not None:
             shared[name] = (datatype, shape, ref)
         elif raw:
-            inputs[name] = tensor_from_raw(name, datatype, shape, raw[i], f"raw_input_contents[{i}]")
+            blob = raw[i]  # protobuf hands a bytes field out as a copy: once
+            if datatype == "BYTES":  # the elements' bytes: the data less a 4-byte length each
+                budget.payload(name, max(0, len(blob) - 4 * math.prod(shape)))
+            inputs[name] = tensor_from_raw(name, datatype, shape, blob, f"raw_input_contents[{i}]")
         else:
-            inputs[name] = _tensor_from_contents(name, datatype, shape, tensor.contents)
+            inputs[name] = _tensor_from_contents(name, datatype, shape, request.inputs[i].contents, budget)
     return inputs, shared
 
 
@@ -207,12 +252,29 @@ def _tensors(specs: list[dict[str, Any]]) -> list[Any]:
     ]
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """``inference.GRPCInferenceService`` over a data plane (``dataplane.Plane``)."""
+def tensor_bytes(request: Any) -> int:
+    """About the bytes of tensor data a ``LazyModelInferRequest`` carries (what ``decode_infer_request``
+    reads): its serialized size, computed by protobuf without copying a field out."""
+    size: int = request.ByteSize()
+    return size
 
-    def __init__(self, plane: Plane, auth: BearerAuth | None = None) -> None:
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """``inference.GRPCInferenceService`` over a data plane (``dataplane.Plane``).
+
+    Args:
+        plane: the data plane.
+        auth: the bearer token check (None: no authentication).
+        limits: the request limits ``ModelInfer`` checks the declared shapes against before it makes
+            any tensor (None: none).
+    """
+
+    def __init__(
+        self, plane: Plane, auth: BearerAuth | None = None, limits: LimitsConfig | None = None
+    ) -> None:
         self.plane = plane
         self.auth = auth or BearerAuth(None)
+        self.limits = limits
 
     def _check_auth(self, context: grpc.aio.ServicerContext) -> None:
         """Raises ``HTTPError`` 401 unless the call's ``authorization`` metadata carries the token."""
@@ -284,7 +346,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         async def decode() -> InferCall:
             self._check_auth(context)
-            inputs, shm_inputs = decode_infer_request(request)
+            inputs, shm_inputs = await decode_off_loop(
+                tensor_bytes(request), decode_infer_request, request, self.limits
+            )
             priority, timeout_us = queue_parameters(request, context)
             for o in request.outputs:
                 ref = _region(o.name, o.parameters, "output")
@@ -391,31 +455,82 @@ for _rpc in RPCS:
         setattr(InferenceServicer, _rpc, _unimplemented(_rpc))
 
 
+#: Bytes a ``ModelInferRequest`` may take beyond its tensor data: names, datatypes, shapes, parameters,
+#: the outputs it asks for, protobuf's tags and lengths.
+MESSAGE_ENVELOPE_BYTES = 64 * 1024
+
+
+def max_message_bytes(limits: LimitsConfig) -> int:
+    """The largest gRPC message the server receives: the tensor bytes a request may carry
+    (``limits.max_request_bytes``), plus the 4-byte length of each BYTES element the raw layout adds
+    (``4 * limits.max_request_elements``), plus ``MESSAGE_ENVELOPE_BYTES``. Protobuf sends the tensor
+    bytes as they are (no factor, unlike JSON's text of numbers); typed ``contents`` take about as
+    much, up to 10 bytes per varint value (a negative INT32 takes 10): ``raw_input_contents`` is the
+    way to send a tensor near the limit. A larger message is refused by grpc (RESOURCE_EXHAUSTED)
+    before it is read whole."""
+    return limits.max_request_bytes + 4 * limits.max_request_elements + MESSAGE_ENVELOPE_BYTES
+
+
+class _Handlers:
+    """Stands for the server while the generated ``add_GRPCInferenceServiceServicer_to_server``
+    registers the service: it keeps the method handlers it is given."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        """Ignored: the handlers come again by name (``add_registered_method_handlers``)."""
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        """Keep the service's handlers by method name."""
+        self.service, self.handlers = service, dict(handlers)
+
+
+def _add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer``'s RPCs on ``server`` as the generated code does, except that
+    ``ModelInfer`` requests are parsed as ``LazyModelInferRequest`` (typed contents counted before
+    they are parsed: ``kubeinfer.runtime.grpc_contents``)."""
+    recorded = _Handlers()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, recorded)
+    handlers = recorded.handlers
+    infer = handlers["ModelInfer"]
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        infer.unary_unary,
+        request_deserializer=LazyModelInferRequest.FromString,
+        response_serializer=infer.response_serializer,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(recorded.service, handlers),))
+    server.add_registered_method_handlers(recorded.service, handlers)
+
+
 def create_grpc_server(
     plane: Plane,
     host: str,
     port: int,
-    max_message_bytes: int,
+    limits: LimitsConfig,
     auth: BearerAuth | None = None,
     *,
     reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server with the inference service over ``plane`` on ``host:port`` (0 = any free
-    port), not started; returns it and the bound port. Messages up to ``max_message_bytes``; with
-    ``auth``, every RPC but ServerLive and ServerReady requires the bearer token; with ``reuse_port``
-    (the front-end processes), ``SO_REUSEPORT``: the kernel spreads connections over every process
-    that serves the port.
+    port), not started; returns it and the bound port. Received messages up to
+    ``max_message_bytes(limits)``, requests checked against ``limits`` before their tensors are made;
+    sent messages unbounded (a response is what the model returned); with ``auth``, every RPC but
+    ServerLive and ServerReady requires the bearer token; with ``reuse_port`` (the front-end
+    processes), ``SO_REUSEPORT``: the kernel spreads connections over every process that serves the
+    port.
 
     Call it, then ``await grpc_server.start()``, on the running event loop. Raises ``RuntimeError``
     when the port cannot be bound."""
     grpc_server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes(limits)),
+            ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane, auth), grpc_server)
+    _add_servicer(InferenceServicer(plane, auth, limits), grpc_server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = grpc_server.add_insecure_port(address)
     if not bound:

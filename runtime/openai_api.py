@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -57,13 +58,15 @@ import msgspec
 import numpy as np
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig
-from kubeinfer.runtime.dataplane import InferCall, Plane
+from kubeinfer.runtime.dataplane import InferCall, Plane, internal_error
 from kubeinfer.runtime.errors import InferenceError
 from kubeinfer.runtime.models.base import TOKEN_COUNTS
 from kubeinfer.runtime.rest import BODY_LIMIT_FACTOR, JSON, read_body
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+log = logging.getLogger(__name__)
 
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -100,7 +103,21 @@ def error_response(exc: InferenceError) -> Response:
     return Response(_ENCODER.encode(doc), exc.status, headers=exc.headers, media_type=JSON)
 
 
-def parse_embeddings_request(body: bytes) -> dict[str, Any]:
+def _decode_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The JSON object of a request body. Raises ``OpenAIError`` 400: not JSON, nested deeper than the
+    parser goes, not an object."""
+    try:
+        doc = _DECODER.decode(body)
+    except msgspec.DecodeError as exc:
+        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise OpenAIError("request body is not valid JSON: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise OpenAIError("request body must be a JSON object")
+    return doc
+
+
+def parse_embeddings_request(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The fields of a ``/v1/embeddings`` body: ``model`` (str), ``texts`` (list of str),
     ``encoding_format`` ("float" | "base64"), ``dimensions`` (int or None).
 
@@ -109,12 +126,7 @@ def parse_embeddings_request(body: bytes) -> dict[str, Any]:
             list of strings (token arrays included), an unknown ``encoding_format``, a ``dimensions``
             that is no positive integer.
     """
-    try:
-        doc = _DECODER.decode(body)
-    except msgspec.DecodeError as exc:
-        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise OpenAIError("request body must be a JSON object")
+    doc = _decode_object(body)
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise OpenAIError("'model' is required: the served model's name", param="model")
@@ -160,7 +172,7 @@ def embedding_tensors(metadata: dict[str, Any]) -> tuple[str, str, int]:
     return inputs[0]["name"], outputs[0]["name"], int(outputs[0]["shape"][1])
 
 
-def parse_rerank_request(body: bytes) -> dict[str, Any]:
+def parse_rerank_request(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The fields of a ``/v1/rerank`` body: ``model`` (str or None), ``query`` (str), ``documents``
     (list of str), ``top_n`` (int or None), ``return_documents`` (bool).
 
@@ -169,12 +181,7 @@ def parse_rerank_request(body: bytes) -> dict[str, Any]:
             string ``query``, ``documents`` not a non-empty list of strings or ``{"text": str}`` objects,
             a ``top_n`` that is no positive integer, a ``return_documents`` that is no boolean.
     """
-    try:
-        doc = _DECODER.decode(body)
-    except msgspec.DecodeError as exc:
-        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise OpenAIError("request body must be a JSON object")
+    doc = _decode_object(body)
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise OpenAIError("'model' must be the served model's name", param="model")
@@ -292,6 +299,9 @@ class OpenAIRoutes:
             return await self._embeddings(request, received)
         except InferenceError as exc:
             return error_response(exc)
+        except Exception as exc:  # a bug, not the request: one line, OpenAI's shape
+            log.error("/v1/embeddings failed: %s: %s", type(exc).__name__, exc)
+            return error_response(internal_error(exc))
 
     async def rerank(self, request: Request) -> Response:
         """``POST /v1/rerank`` (see the module docstring)."""
@@ -300,6 +310,9 @@ class OpenAIRoutes:
             return await self._rerank(request, received)
         except InferenceError as exc:
             return error_response(exc)
+        except Exception as exc:  # a bug, not the request: one line, OpenAI's shape
+            log.error("/v1/rerank failed: %s: %s", type(exc).__name__, exc)
+            return error_response(internal_error(exc))
 
     async def _rerank(self, request: Request, received: float) -> Response:
         try:

@@ -15,12 +15,26 @@ Triton's binary tensor data extension (``triton-inference-server/server``,
   outputs); the response then has the same layout, with ``Inference-Header-Content-Length``.
 
 Tensors are numpy arrays: BYTES as ``object`` arrays of ``bytes``, BF16 as ``ml_dtypes.bfloat16``.
-Errors are ``ProtocolError`` (HTTP 400) whose message names the tensor and what was expected.
+Errors are ``ProtocolError`` (HTTP 400) whose message names the tensor and what was expected, and
+``InputError`` 413 for a request over its ``limits``.
+
+Sizes are judged before anything is built (``decode_request``, and gRPC's decoder through
+``RequestBudget``): a shape of more than ``MAX_RANK`` dimensions or of more elements than numpy can
+count is a 400; with ``limits``, the elements the shapes declare (all inputs together) and the tensor
+bytes they imply (BYTES: the payload the binary data or the strings hold) are checked against
+``limits.max_request_elements`` and ``limits.max_request_bytes`` (413) before any tensor is made. A
+JSON body is decoded in two steps: first its outline, each input's ``data`` left as undecoded JSON
+text (``msgspec.Raw``: checked, not built); then each ``data``, once its JSON values are counted
+(``kubeinfer.runtime.jsonscan``) and found to be what the declared shape needs. Every other JSON
+field (names, shapes, parameters, outputs) must be small (``MAX_FIELD_BYTES``), and a request has at
+most ``MAX_INPUTS`` inputs: what a parser builds for a request is then bounded by its limits, never
+by the size of its body.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +42,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from kubeinfer.runtime import jsonscan
+from kubeinfer.runtime.config import LimitsConfig
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES, datatype_of
-from kubeinfer.runtime.errors import ProtocolError
+from kubeinfer.runtime.errors import InputError, ProtocolError
 
 # byte-order-explicit (little-endian) dtypes of the raw binary layout
 _LITTLE = {
@@ -40,6 +56,45 @@ _LITTLE["BF16"] = NUMPY_DTYPES["BF16"]
 
 _JSON_DECODER = msgspec.json.Decoder()
 _JSON_ENCODER = msgspec.json.Encoder()
+
+#: Most dimensions a shape may have: NumPy 1's limit (NumPy 2's is 64); no model takes more.
+MAX_RANK = 32
+#: A shape's elements, its zero dimensions left out, stay below this: times the largest itemsize
+#: (8 bytes) it is still an int64, numpy's bound on an array's size.
+MAX_SHAPE_ELEMENTS = 2**60
+#: Most inputs in one request (a model with more inputs than this does not exist).
+MAX_INPUTS = 4096
+#: Most bytes of JSON in a field other than an input's ``data``: a name, a datatype, a shape, the
+#: parameters, the outputs, the id.
+MAX_FIELD_BYTES = 64 * 1024
+#: JSON values an input's ``data`` may hold beyond twice its declared elements (a flat list, or rows
+#: of lists, fit in twice): room for an empty tensor's nesting and small odd ones.
+NESTING_ALLOWANCE = 1024
+#: A field left out of the JSON outline (no JSON value is empty).
+_ABSENT = msgspec.Raw(b"")
+
+
+class _InputOutline(msgspec.Struct):
+    """One of a request's ``inputs``, every field left as its JSON text (other fields are skipped)."""
+
+    name: msgspec.Raw = _ABSENT
+    datatype: msgspec.Raw = _ABSENT
+    shape: msgspec.Raw = _ABSENT
+    parameters: msgspec.Raw = _ABSENT
+    data: msgspec.Raw = _ABSENT
+
+
+class _RequestOutline(msgspec.Struct):
+    """A request body's fields as JSON text (unknown fields are checked and skipped, not built)."""
+
+    id: msgspec.Raw = _ABSENT
+    parameters: msgspec.Raw = _ABSENT
+    inputs: msgspec.Raw = _ABSENT
+    outputs: msgspec.Raw = _ABSENT
+
+
+_OUTLINE_DECODER = msgspec.json.Decoder(_RequestOutline)
+_INPUTS_DECODER = msgspec.json.Decoder(list[_InputOutline])
 
 
 @dataclass
@@ -127,15 +182,97 @@ def _elements(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
+def declared_elements(shape: Sequence[int]) -> int:
+    """The elements a shape declares, its zero dimensions left out: what its nested JSON lists or its
+    rows may hold at most (``[10**12, 0]`` declares 10**12 although it holds none). Pure arithmetic on
+    Python integers: no overflow."""
+    return math.prod(d for d in shape if d)
+
+
+def check_shape(shape: Sequence[int], name: str) -> None:
+    """Check a shape's rank and size before anything is made of that shape.
+
+    Args:
+        shape: the dimensions as sent (non-negative integers).
+        name: the tensor's name (the message names it).
+
+    Raises:
+        ProtocolError: 400 for a negative dimension, more than ``MAX_RANK`` dimensions, or more
+            elements (``declared_elements``) than ``MAX_SHAPE_ELEMENTS``.
+    """
+    if len(shape) > MAX_RANK:
+        raise ProtocolError(
+            f"input tensor '{name}': shape has {len(shape)} dimensions, at most {MAX_RANK}", tensor=name
+        )
+    if any(d < 0 for d in shape):
+        raise ProtocolError(
+            f"input tensor '{name}': shape {list(shape)} has a negative dimension", tensor=name
+        )
+    if declared_elements(shape) >= MAX_SHAPE_ELEMENTS:
+        raise ProtocolError(
+            f"input tensor '{name}': shape {list(shape)} has more elements than an array can hold",
+            tensor=name,
+        )
+
+
 def _shape(raw: Any, name: str) -> list[int]:
     if not isinstance(raw, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
     ):
         raise ProtocolError(
-            f"input tensor '{name}': 'shape' must be a list of non-negative integers, got {raw!r}",
+            f"input tensor '{name}': 'shape' must be a list of non-negative integers, got {raw!r:.80}",
             tensor=name,
         )
+    check_shape(raw, name)
     return raw
+
+
+class RequestBudget:
+    """What the inputs of one request declare, against ``limits`` (None: no limits), counted before
+    any tensor is made: every transport's decoder declares each input's shape (``declare``) and,
+    for BYTES, the payload its data holds (``payload``), and is refused at the first one over.
+
+    The counts are those ``ServableModel.validate`` checks once the tensors exist, with the same
+    messages; the elements of a shape with a zero dimension are counted without it
+    (``declared_elements``), so that its rows count too.
+
+    Raises (``declare``, ``payload``):
+        InputError: 413 when the request's elements pass ``limits.max_request_elements`` or its
+            tensor bytes pass ``limits.max_request_bytes``.
+    """
+
+    def __init__(self, limits: LimitsConfig | None) -> None:
+        self.limits = limits
+        self.elements = 0
+        self.bytes = 0
+
+    def declare(self, name: str, datatype: str, shape: Sequence[int]) -> None:
+        """Count an input of ``datatype`` (a protocol datatype) and ``shape`` (checked with
+        ``check_shape``): its elements and, but for BYTES, its bytes."""
+        limits = self.limits
+        if limits is None:
+            return
+        self.elements += declared_elements(shape)
+        self._check(name, self.elements, limits.max_request_elements, "has {} elements")
+        if datatype != "BYTES":
+            self.payload(name, _elements(shape) * NUMPY_DTYPES[datatype].itemsize)
+
+    def payload(self, name: str, nbytes: int) -> None:
+        """Count ``nbytes`` bytes of tensor data of input ``name`` (a BYTES tensor: its elements'
+        bytes, without the 4-byte lengths of the binary layout)."""
+        if self.limits is None:
+            return
+        self.bytes += nbytes
+        self._check(name, self.bytes, self.limits.max_request_bytes, "carries {} bytes")
+
+    @staticmethod
+    def _check(name: str, total: int, limit: int, what: str) -> None:
+        if total > limit:
+            raise InputError(
+                f"input tensor '{name}': request {what.format(total)}, over the limit of {limit}",
+                tensor=name,
+                status=413,
+            )
 
 
 def deserialize_bytes(buf: bytes | memoryview, count: int, name: str) -> np.ndarray:
@@ -186,14 +323,48 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+def _json_data_values(name: str, shape: list[int], raw: msgspec.Raw) -> Any:
+    """An input's ``data``, decoded once its JSON values are known to be what ``shape`` needs.
+
+    A parser builds one object per JSON value, so before it runs: an upper bound of the values from
+    four byte counts (``jsonscan.upper_bound``), and when that is over ``2 * elements +
+    NESTING_ALLOWANCE`` (strings with commas in them, or a request that lies), the exact counts
+    (``jsonscan.scan``): scalars other than the declared elements, or more values than that (lists:
+    a flat list or rows of lists fit), are refused without parsing. Raises ``ProtocolError`` 400."""
+    count = _elements(shape)
+    allowed = 2 * count + NESTING_ALLOWANCE
+    if jsonscan.upper_bound(raw) > allowed:
+        if jsonscan.first_char(raw) != ord("["):
+            raise ProtocolError(f"input tensor '{name}': 'data' must be a (flat or nested) list", tensor=name)
+        counts = jsonscan.scan(raw)
+        if counts.scalars != count:
+            raise ProtocolError(
+                f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {counts.scalars}",
+                tensor=name,
+            )
+        if counts.values > allowed:
+            raise ProtocolError(
+                f"input tensor '{name}': 'data' holds its {count} elements in {counts.containers} lists, "
+                f"more than the {allowed} JSON values allowed (twice the elements, and {NESTING_ALLOWANCE}); "
+                "send them as a flat list",
+                tensor=name,
+            )
+    try:
+        return _JSON_DECODER.decode(raw)
+    except RecursionError:
+        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
+
+
+def _from_json_data(
+    name: str, datatype: str, shape: list[int], data: Any, budget: RequestBudget | None = None
+) -> np.ndarray:
     if not isinstance(data, list):
         raise ProtocolError(
             f"input tensor '{name}': 'data' must be a (flat or nested) list, got {type(data).__name__}",
             tensor=name,
         )
     if datatype == "BYTES":
-        return _from_json_text(name, shape, data)
+        return _from_json_text(name, shape, data, budget)
     try:
         arr = np.asarray(data)
     except ValueError as exc:
@@ -226,8 +397,11 @@ def _from_json_data(name: str, datatype: str, shape: list[int], data: Any) -> np
     return out
 
 
-def _from_json_text(name: str, shape: list[int], data: list[Any]) -> np.ndarray:
-    """A BYTES tensor from JSON strings (UTF-8 encoded)."""
+def _from_json_text(
+    name: str, shape: list[int], data: list[Any], budget: RequestBudget | None = None
+) -> np.ndarray:
+    """A BYTES tensor from JSON strings (UTF-8 encoded); the strings' bytes counted in ``budget``
+    before they are encoded (a character is at least one byte: the characters are checked first)."""
     count = _elements(shape)
     flat = _flatten(data)
     if len(flat) != count:
@@ -235,7 +409,7 @@ def _from_json_text(name: str, shape: list[int], data: list[Any]) -> np.ndarray:
             f"input tensor '{name}': shape {shape} needs {count} elements, 'data' has {len(flat)}",
             tensor=name,
         )
-    out = np.empty(count, dtype=object)
+    chars = 0
     for i, item in enumerate(flat):
         if not isinstance(item, str):
             raise ProtocolError(
@@ -243,7 +417,16 @@ def _from_json_text(name: str, shape: list[int], data: list[Any]) -> np.ndarray:
                 f"element {i} is {type(item).__name__}",
                 tensor=name,
             )
-        out[i] = item.encode("utf-8")
+        chars += len(item)
+    if budget is not None:
+        budget.payload(name, chars)
+    out = np.empty(count, dtype=object)
+    nbytes = 0
+    for i, item in enumerate(flat):
+        out[i] = encoded = item.encode("utf-8")
+        nbytes += len(encoded)
+    if budget is not None:
+        budget.payload(name, nbytes - chars)
     return out.reshape(shape)
 
 
@@ -312,8 +495,9 @@ def tensor_from_raw(
 
     Returns an array of ``shape`` and ``datatype``'s numpy dtype, read in place where the layout is the
     host's (``np.frombuffer``: no copy). Raises ``ProtocolError`` if ``buf`` does not hold exactly the
-    tensor, or ``datatype`` is none of the protocol's.
+    tensor, the shape fails ``check_shape``, or ``datatype`` is none of the protocol's.
     """
+    check_shape(shape, name)
     count = _elements(shape)
     if datatype == "BYTES":
         return deserialize_bytes(buf, count, name).reshape(shape)
@@ -347,37 +531,46 @@ def raw_buffer(array: np.ndarray, datatype: str) -> bytes | np.ndarray:
     return np.ascontiguousarray(array, dtype=_LITTLE[datatype]).reshape(-1).view(np.uint8)
 
 
-def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+def decode_request(
+    body: bytes | bytearray | memoryview, header_length: int | None = None, limits: LimitsConfig | None = None
+) -> InferRequest:
     """Decode an infer request body (JSON, or JSON + binary tensor data).
+
+    Every input's name, datatype and shape is read and checked first (``check_shape``; with
+    ``limits``, ``RequestBudget``), and only then is any tensor made: a request whose shapes declare
+    more than its limits is refused at the cost of reading its outline. A JSON ``data`` is parsed only
+    once its values are counted (``_json_data_values``).
 
     Args:
         body: the whole (decompressed) HTTP body.
         header_length: the ``Inference-Header-Content-Length`` header (bytes of JSON), or None when the
             body is JSON only.
+        limits: the request limits (``limits.max_request_elements``, ``limits.max_request_bytes``),
+            or None for none (the codec's own bounds still apply: ``MAX_RANK``, ``MAX_INPUTS``,
+            ``MAX_FIELD_BYTES``).
 
     Raises:
         ProtocolError: malformed JSON or structure, an unknown datatype, shape/data mismatch, binary data
             that does not add up; the message names the tensor.
+        InputError: 413 for a request over ``limits`` (naming the input that passed it).
     """
     if header_length is None:
         header_length = len(body)
-    view = memoryview(body)
-    doc, params = _header(view, header_length)
-    raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise ProtocolError("request must have a non-empty 'inputs' list")
-    inputs: dict[str, np.ndarray] = {}
-    shm_inputs: dict[str, SharedInput] = {}
+    view = memoryview(body).cast("B")
+    outline, params = _header(view, header_length)
+    raw_inputs = _input_outlines(outline.inputs)
+    budget = RequestBudget(limits)
+    plans: list[_Plan] = []
+    names: set[str] = set()
     pos = header_length
     for i, raw in enumerate(raw_inputs):
-        name, array, pos = _input(i, raw, view, pos, {**inputs, **shm_inputs})
-        if isinstance(array, tuple):
-            shm_inputs[name] = array
-        else:
-            inputs[name] = array
-    if pos != len(body):
-        raise ProtocolError(f"request body has {len(body) - pos} bytes after the last input's binary data")
-    raw_outputs = doc.get("outputs") or []
+        plan = _plan_input(i, raw, view, pos, names, budget)
+        plans.append(plan)
+        names.add(plan.name)
+        pos = plan.end
+    if pos != len(view):
+        raise ProtocolError(f"request body has {len(view) - pos} bytes after the last input's binary data")
+    raw_outputs = _small(outline.outputs, "request 'outputs'") or []
     if not isinstance(raw_outputs, list):
         raise ProtocolError("request 'outputs' must be a list")
     outputs: dict[str, bool | None] = {}
@@ -387,7 +580,14 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         outputs[name] = flag
         if ref is not None:
             shm_outputs[name] = ref
-    rid = doc.get("id")
+    inputs: dict[str, np.ndarray] = {}
+    shm_inputs: dict[str, SharedInput] = {}
+    for plan in plans:
+        if plan.region is not None:
+            shm_inputs[plan.name] = (plan.datatype, plan.shape, plan.region)
+        else:
+            inputs[plan.name] = _materialize(plan, view, budget)
+    rid = _small(outline.id, "request 'id'")
     return InferRequest(
         id=None if rid is None else str(rid),
         inputs=inputs,
@@ -401,68 +601,134 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     )
 
 
-def _header(view: memoryview, header_length: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The request's JSON object (the first ``header_length`` bytes) and its ``parameters``."""
+@dataclass
+class _Plan:
+    """One input as its outline declares it, checked, before its tensor is made: its ``data`` (JSON
+    text), its binary data (``start``..``end`` of the body) or its shared-memory region."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: msgspec.Raw | None
+    start: int
+    end: int
+    region: RegionRef | None = None
+
+
+def _small(raw: msgspec.Raw, what: str) -> Any:
+    """The decoded JSON of a field that is small by nature (``MAX_FIELD_BYTES`` at most), None when
+    absent. Raises ``ProtocolError`` 400 for a larger one."""
+    if not len(raw):
+        return None
+    if len(raw) > MAX_FIELD_BYTES:
+        raise ProtocolError(f"{what} has {len(raw)} bytes of JSON, more than the {MAX_FIELD_BYTES} allowed")
+    try:
+        return _JSON_DECODER.decode(raw)
+    except RecursionError:
+        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
+
+
+def _header(view: memoryview, header_length: int) -> tuple[_RequestOutline, dict[str, Any]]:
+    """The request's JSON outline (the first ``header_length`` bytes) and its ``parameters``."""
     if not 0 <= header_length <= len(view):
         raise ProtocolError(
             f"Inference-Header-Content-Length {header_length} is outside the body of {len(view)} bytes"
         )
     try:
-        doc = _JSON_DECODER.decode(view[:header_length])
+        outline = _OUTLINE_DECODER.decode(view[:header_length])
+    except msgspec.ValidationError:
+        raise ProtocolError("request body must be a JSON object with an 'inputs' list") from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ProtocolError("request body is not valid JSON: nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError("request body must be a JSON object with an 'inputs' list")
-    params = doc.get("parameters") or {}
+    params = _small(outline.parameters, "request 'parameters'") or {}
     if not isinstance(params, dict):
         raise ProtocolError("request 'parameters' must be a JSON object")
-    return doc, params
+    return outline, params
 
 
-def _input(
-    i: int, raw: Any, view: memoryview, pos: int, seen: Mapping[str, Any]
-) -> tuple[str, np.ndarray | SharedInput, int]:
-    """Decode ``inputs[i]``; its binary data (if any) starts at ``pos`` of the body.
+def _input_outlines(raw: msgspec.Raw) -> list[_InputOutline]:
+    """The outlines of a request's ``inputs``: at most ``MAX_INPUTS``, counted before they are made
+    (each ``{`` may open one; only when there are more is the list scanned). Raises ``ProtocolError``."""
+    if not len(raw):
+        raise ProtocolError("request must have a non-empty 'inputs' list")
+    if jsonscan.count_byte(raw, ord("{")) > MAX_INPUTS:
+        items = jsonscan.scan(raw).items
+        if items > MAX_INPUTS:
+            raise ProtocolError(f"request has {items} inputs, more than the {MAX_INPUTS} allowed")
+    try:
+        outlines = _INPUTS_DECODER.decode(raw)
+    except msgspec.ValidationError as exc:
+        where = re.search(r"\$\[(\d+)\]", str(exc))
+        if where is None:
+            raise ProtocolError("request must have a non-empty 'inputs' list") from None
+        raise ProtocolError(f"inputs[{where.group(1)}] must be an object with a string 'name'") from None
+    except RecursionError:
+        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
+    if not outlines:
+        raise ProtocolError("request must have a non-empty 'inputs' list")
+    return outlines
 
-    Returns (name, the array or where it lies in shared memory, the position after its binary data)."""
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+
+def _plan_input(
+    i: int, raw: _InputOutline, view: memoryview, pos: int, seen: set[str], budget: RequestBudget
+) -> _Plan:
+    """Check ``inputs[i]``'s declaration (name, datatype, shape, parameters, where its data is) and
+    count it in ``budget``; its binary data (if any) starts at ``pos`` of the body."""
+    name = _small(raw.name, f"inputs[{i}] 'name'")
+    if not isinstance(name, str):
         raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
-    name: str = raw["name"]
     if name in seen:
         raise ProtocolError(f"input tensor '{name}' is given twice", tensor=name)
-    datatype = raw.get("datatype")
-    if datatype not in NUMPY_DTYPES:
+    datatype = _small(raw.datatype, f"input tensor '{name}': 'datatype'")
+    if not isinstance(datatype, str) or datatype not in NUMPY_DTYPES:
         raise ProtocolError(
-            f"input tensor '{name}': unknown datatype {datatype!r}; one of {', '.join(NUMPY_DTYPES)}",
+            f"input tensor '{name}': unknown datatype {datatype!r:.40}; one of {', '.join(NUMPY_DTYPES)}",
             tensor=name,
         )
-    shape = _shape(raw.get("shape"), name)
-    tparams = raw.get("parameters") or {}
+    shape = _shape(_small(raw.shape, f"input tensor '{name}': 'shape'"), name)
+    tparams = _small(raw.parameters, f"input tensor '{name}': 'parameters'") or {}
     if not isinstance(tparams, dict):
         raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", tensor=name)
+    budget.declare(name, datatype, shape)
     ref = region_ref(name, tparams, "input tensor")
     if ref is not None:
-        return name, (datatype, shape, ref), pos
+        return _Plan(name, datatype, shape, None, pos, pos, region=ref)
     size = tparams.get("binary_data_size")
     if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ProtocolError(
-                f"input tensor '{name}': binary_data_size must be a non-negative integer", tensor=name
-            )
-        if pos + size > len(view):
-            raise ProtocolError(
-                f"input tensor '{name}': binary_data_size {size} runs past the end of the body "
-                f"({len(view) - pos} bytes left; is Inference-Header-Content-Length set?)",
-                tensor=name,
-            )
-        return name, tensor_from_raw(name, datatype, shape, view[pos : pos + size]), pos + size
-    if "data" in raw:
-        return name, _from_json_data(name, datatype, shape, raw["data"]), pos
+        _check_binary_size(name, size, len(view) - pos)
+        if datatype == "BYTES":  # the elements' bytes: the data less a 4-byte length each
+            budget.payload(name, max(0, size - 4 * _elements(shape)))
+        return _Plan(name, datatype, shape, None, pos, pos + size)
+    if len(raw.data):
+        return _Plan(name, datatype, shape, raw.data, pos, pos)
     raise ProtocolError(
         f"input tensor '{name}' has neither 'data' nor parameters.binary_data_size", tensor=name
     )
+
+
+def _check_binary_size(name: str, size: Any, left: int) -> None:
+    """An input's ``binary_data_size``: a non-negative integer within the ``left`` bytes of the body.
+    Raises ``ProtocolError`` 400."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ProtocolError(
+            f"input tensor '{name}': binary_data_size must be a non-negative integer", tensor=name
+        )
+    if size > left:
+        raise ProtocolError(
+            f"input tensor '{name}': binary_data_size {size} runs past the end of the body "
+            f"({left} bytes left; is Inference-Header-Content-Length set?)",
+            tensor=name,
+        )
+
+
+def _materialize(plan: _Plan, view: memoryview, budget: RequestBudget) -> np.ndarray:
+    """The tensor of a checked ``_Plan``: from its JSON ``data`` or its binary data in ``view``."""
+    if plan.data is None:
+        return tensor_from_raw(plan.name, plan.datatype, plan.shape, view[plan.start : plan.end])
+    data = _json_data_values(plan.name, plan.shape, plan.data)
+    return _from_json_data(plan.name, plan.datatype, plan.shape, data, budget)
 
 
 def _output(i: int, raw: Any) -> tuple[str, bool | None, RegionRef | None]:

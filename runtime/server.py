@@ -139,7 +139,7 @@ class RuntimeServer:
                 self.plane,
                 server.host,
                 server.grpc_port,
-                4 * self.cfg.limits.max_request_bytes,
+                self.cfg.limits,
                 self.rest.auth,
             )
             await self._grpc.start()

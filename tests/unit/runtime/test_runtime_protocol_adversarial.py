@@ -11,20 +11,24 @@ from kubeinfer.runtime.protocol import ProtocolError, decode_request
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "message"),
     [
-        b"[" * 100_000 + b"]" * 100_000,
-        b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":'
-        + b"[" * 5_000
-        + b'"a"'
-        + b"]" * 5_000
-        + b"}]}",
-        b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+        # an array is refused as one before its nesting is read
+        (b"[" * 100_000 + b"]" * 100_000, "must be a JSON object"),
+        (
+            b'{"inputs":[{"name":"text","datatype":"BYTES","shape":[1],"data":'
+            + b"[" * 5_000
+            + b'"a"'
+            + b"]" * 5_000
+            + b"}]}",
+            "nested too deeply",
+        ),
+        (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
     ],
     ids=["nested-arrays", "nested-data", "nested-objects"],
 )
-def test_deeply_nested_json_is_a_protocol_error(body: bytes) -> None:
-    with pytest.raises(ProtocolError, match="nested too deeply"):
+def test_deeply_nested_json_is_a_protocol_error(body: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
         decode_request(body)
 
 

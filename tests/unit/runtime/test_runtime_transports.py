@@ -127,7 +127,7 @@ async def open_transports(tmp_path: Path, cfg: RuntimeConfig) -> AsyncIterator[T
     ipc_client = ipc.ModelClient(address)
     await ipc_client.start()
     one = RestApp(plane, cfg, OpenAIRoutes(plane, cfg).routes)
-    grpc_server, port = create_grpc_server(plane, "127.0.0.1", 0, 1 << 22, one.auth)
+    grpc_server, port = create_grpc_server(plane, "127.0.0.1", 0, cfg.limits, one.auth)
     await grpc_server.start()
     rest = httpx.AsyncClient(transport=httpx.ASGITransport(app=one.app), base_url="http://one")
     remote = RemotePlane("fake", ipc_client)
