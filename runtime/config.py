@@ -18,18 +18,39 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
-ModelFormat = Literal["huggingface", "torchscript", "onnx", "pt2"]
+from kubeinfer.contract import formats as table
+
+# the names of formats, engines, tasks, quantization modes and devices are the contract's
+from kubeinfer.contract.formats import AggregationStrategy as AggregationStrategy
+from kubeinfer.contract.formats import Device as Device
+from kubeinfer.contract.formats import Engine as Engine
+from kubeinfer.contract.formats import ModelFormat as ModelFormat
+from kubeinfer.contract.formats import Quantization as Quantization
+from kubeinfer.contract.formats import Task as Task
+
 Datatype = Literal[
     "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"
 ]
-Device = Literal["auto", "cpu", "cuda"]
-Engine = Literal["torch", "onnxruntime"]
-#: What a Hugging Face model does (``model.task``); unset: detected from its ``config.json``.
-Task = Literal["text-embedding", "text-classification", "token-classification", "reranking"]
-#: How a token classifier groups its tokens' labels into entities: the transformers
-#: ``TokenClassificationPipeline``'s ``aggregation_strategy`` values.
-AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
+
+#: The runtime's paths of the fields of the format rules' table (``kubeinfer.contract.formats``): its
+#: checks of ``model``, ``quantization`` and the whole file come from the table's rows.
+FORMAT_RULES_SIDE = table.Side(
+    name=table.RUNTIME,
+    paths={
+        "format": "model.format",
+        "engine": "model.engine",
+        "task": "model.task",
+        "aggregation_strategy": "model.aggregation_strategy",
+        "inputs": "model.inputs",
+        "outputs": "model.outputs",
+        "uri": "model.source",
+        "quantization": "quantization.mode",
+        "calibration": "quantization.calibration_path",
+        "skip_modules": "quantization.skip_modules",
+        "warmup_dims": "warmup.dims",
+        "device": "device",
+    },
+)
 
 #: The runtime container's configuration, as the operator mounts it: the directory of the
 #: InferenceService's ConfigMap (a directory mount, so updates propagate), the file (and ConfigMap
@@ -94,21 +115,8 @@ class ModelConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _torchscript_declares_io(self) -> ModelConfig:
-        if self.format == "torchscript" and (not self.inputs or not self.outputs):
-            raise ValueError("model.inputs and model.outputs are required when model.format is torchscript")
-        if self.format in ("torchscript", "pt2") and self.engine == "onnxruntime":
-            raise ValueError(f"model.engine onnxruntime does not run {self.format} models; use torch")
-        if self.format == "onnx" and self.engine == "torch":
-            raise ValueError("model.engine torch does not run onnx models; use onnxruntime")
-        if self.task is not None and self.format != "huggingface":
-            raise ValueError(f"model.task applies to huggingface models only, not {self.format}")
-        if self.aggregation_strategy is not None and self.format != "huggingface":
-            raise ValueError(
-                f"model.aggregation_strategy applies to huggingface token classifiers only, not {self.format}"
-            )
-        if self.aggregation_strategy is not None and self.task not in (None, "token-classification"):
-            raise ValueError(f"model.aggregation_strategy applies to token-classification, not {self.task}")
+    def _rules(self) -> ModelConfig:
+        table.check(FORMAT_RULES_SIDE, "model", self)
         return self
 
 
@@ -124,9 +132,8 @@ class QuantizationConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _static_needs_calibration(self) -> QuantizationConfig:
-        if self.mode == "int8-static" and not self.calibration_path:
-            raise ValueError("quantization.calibration_path is required for int8-static")
+    def _rules(self) -> QuantizationConfig:
+        table.check(FORMAT_RULES_SIDE, "quantization", self)
         return self
 
 
@@ -257,12 +264,8 @@ class RuntimeConfig(_Strict):
     executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
 
     @model_validator(mode="after")
-    def _warmup_dims_of_tensor_models(self) -> RuntimeConfig:
-        if self.warmup.dims is not None and self.model.format == "huggingface":
-            raise ValueError(
-                "warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model warms its "
-                "own sequence-length buckets"
-            )
+    def _rules(self) -> RuntimeConfig:
+        table.check(FORMAT_RULES_SIDE, "", self)
         return self
 
     def file_data(self) -> dict[str, Any]:

@@ -6,4 +6,7 @@ lookups over it; each side derives its own forms (the CRD's pattern and CEL, pod
 dispatch) from that data and never writes it a second time.
 
 - ``sources``: the registry of model source schemes (``s3``, ``https``, ``pvc``, ...), one row each.
+- ``formats``: the names of formats, engines, tasks, quantization modes and devices, and the table of
+  rules over their combinations (one row each) from which the CRD's CEL and both sides' pydantic checks
+  come.
 """

@@ -3,7 +3,10 @@ helpers that write their CEL ``x-kubernetes-validations``.
 
 Rules that span fields are written twice, on purpose: as CEL (so ``kubectl apply`` refuses a bad
 manifest, message naming the field) and as pydantic validators (so the operator and unit tests see the
-same rules). The names here are private to the package: its modules import them.
+same rules). The rules of the format x engine x task x quantization table (``kubeinfer.contract.formats``)
+are written once there and both forms derived here (:func:`_table_rules`, :func:`_check_table`), with the
+operator's paths of the table's fields (:data:`FORMAT_RULES_SIDE`). The names here are private to the
+package: its modules import them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,29 @@ from kubeinfer.operator.api.formats import DURATION_PATTERN
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+
+from kubeinfer.contract import formats as table
+
+#: The operator's paths of the fields of the format rules' table, under ``spec``.
+FORMAT_RULES_SIDE = table.Side(
+    name=table.OPERATOR,
+    root="spec",
+    paths={
+        "format": "spec.model.format",
+        "engine": "spec.runtime.engine",
+        "task": "spec.model.task",
+        "aggregation_strategy": "spec.model.aggregationStrategy",
+        "inputs": "spec.model.inputs",
+        "outputs": "spec.model.outputs",
+        "uri": "spec.model.uri",
+        "quantization": "spec.quantization.mode",
+        "calibration": "spec.quantization.calibration",
+        "skip_modules": "spec.quantization.skipModules",
+        "warmup_dims": "spec.warmup.dims",
+        "gpus": "spec.resources.gpus",
+        "device": "spec.runtime.device",
+    },
+)
 
 
 class _Spec(BaseModel):
@@ -42,3 +68,22 @@ def _cel(rule: str, message: str, field_path: str | None = None, reason: str | N
     if reason:
         out["reason"] = reason
     return out
+
+
+def _table_rules(where: str) -> list[JsonDict]:
+    """The CEL entries of the table's rules held by the object at ``where`` under ``spec`` (``"model"``:
+    ``spec.model``; ``""``: ``spec`` itself), in the table's order."""
+    side = FORMAT_RULES_SIDE
+    return [
+        _cel(table.cel(r, side), table.message(r, side), table.field_path(r, side), r.reason)
+        for r in table.rules_at(side, where)
+    ]
+
+
+def _check_table(where: str, obj: object) -> None:
+    """Apply the table's rules held by the object at ``where`` under ``spec`` to ``obj``, that object.
+
+    Raises:
+        ValueError: the first rule ``obj`` breaks, its message as the CRD's.
+    """
+    table.check(FORMAT_RULES_SIDE, where, obj)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
+from kubeinfer.operator.api.base import _cel, _check_table, _if_durations, _Spec, _table_rules
 from kubeinfer.operator.api.formats import Duration, Quantity, Seconds, cpu_cores
 from kubeinfer.operator.api.sources import (
     _CALIBRATION_SETTINGS,
@@ -56,46 +56,7 @@ class ModelSpec(_Spec):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
-                    "self.format != 'torchscript' || (has(self.inputs) && size(self.inputs) > 0 && "
-                    "has(self.outputs) && size(self.outputs) > 0)",
-                    "spec.model.inputs and spec.model.outputs are required when spec.model.format is "
-                    "torchscript",
-                    ".inputs",
-                    "FieldValueRequired",
-                ),
-                _cel(
-                    "self.format != 'torchscript' || self.uri != 'default'",
-                    "spec.model.uri: the bundled default model is huggingface, not torchscript",
-                    ".uri",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "self.format != 'onnx' || self.uri != 'default'",
-                    "spec.model.uri: the bundled default model is huggingface, not onnx",
-                    ".uri",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "self.format != 'pt2' || self.uri != 'default'",
-                    "spec.model.uri: the bundled default model is huggingface, not pt2",
-                    ".uri",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "!has(self.task) || self.format == 'huggingface'",
-                    "spec.model.task applies to huggingface models only",
-                    ".task",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "!has(self.aggregationStrategy) || (self.format == 'huggingface' && "
-                    "(!has(self.task) || self.task == 'token-classification'))",
-                    "spec.model.aggregationStrategy applies to huggingface token classifiers only "
-                    "(spec.model.task token-classification, or unset and detected)",
-                    ".aggregationStrategy",
-                    "FieldValueInvalid",
-                ),
+                *_table_rules("model"),
                 *_source_rules("spec.model", _MODEL_SETTINGS),
             ]
         }
@@ -185,21 +146,7 @@ class ModelSpec(_Spec):
     def _rules(self) -> ModelSpec:
         settings = _settings_of(self, _MODEL_SETTINGS)
         _check_source("spec.model", self.uri, settings, self.allow_insecure_http)
-        if self.format == "torchscript" and (not self.inputs or not self.outputs):
-            raise ValueError(
-                "spec.model.inputs and spec.model.outputs are required when spec.model.format is torchscript"
-            )
-        if self.format in ("torchscript", "onnx", "pt2") and self.uri == BUNDLED_MODEL:
-            raise ValueError(f"spec.model.uri: the bundled default model is huggingface, not {self.format}")
-        if self.task is not None and self.format != "huggingface":
-            raise ValueError("spec.model.task applies to huggingface models only")
-        if self.aggregation_strategy is not None and (
-            self.format != "huggingface" or self.task not in (None, "token-classification")
-        ):
-            raise ValueError(
-                "spec.model.aggregationStrategy applies to huggingface token classifiers only "
-                "(spec.model.task token-classification, or unset and detected)"
-            )
+        _check_table("model", self)
         return self
 
 
@@ -250,12 +197,7 @@ class QuantizationSpec(_Spec):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
-                    "self.mode != 'int8-static' || has(self.calibration)",
-                    "spec.quantization.calibration is required when spec.quantization.mode is int8-static",
-                    ".calibration",
-                    "FieldValueRequired",
-                )
+                *_table_rules("quantization"),
             ]
         }
     )
@@ -270,10 +212,7 @@ class QuantizationSpec(_Spec):
 
     @model_validator(mode="after")
     def _rules(self) -> QuantizationSpec:
-        if self.mode == "int8-static" and self.calibration is None:
-            raise ValueError(
-                "spec.quantization.calibration is required when spec.quantization.mode is int8-static"
-            )
+        _check_table("quantization", self)
         return self
 
 

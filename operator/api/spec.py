@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator.api.autoscaling import AutoscalingSpec
-from kubeinfer.operator.api.base import _cel, _Spec
+from kubeinfer.operator.api.base import _cel, _check_table, _Spec, _table_rules
 from kubeinfer.operator.api.formats import DNS_SUBDOMAIN_PATTERN, cpu_cores, parse_duration
 from kubeinfer.operator.api.model import (
     DEFAULT_MODEL_NAME,
@@ -34,66 +34,7 @@ class InferenceServiceSpec(_Spec):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
-                    "self.quantization.mode != 'fp16' || self.resources.gpus > 0",
-                    "spec.quantization.mode fp16 requires spec.resources.gpus > 0",
-                    ".quantization.mode",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "self.quantization.mode != 'bf16' || self.resources.gpus > 0 || "
-                    "self.runtime.device == 'cpu'",
-                    "spec.quantization.mode bf16 requires spec.resources.gpus > 0 "
-                    "(or spec.runtime.device cpu)",
-                    ".quantization.mode",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "self.runtime.device != 'cuda' || self.resources.gpus > 0",
-                    "spec.runtime.device cuda requires spec.resources.gpus > 0",
-                    ".runtime.device",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "!has(self.runtime.engine) || (self.runtime.engine == 'onnxruntime' ? "
-                    "(self.model.format != 'torchscript' && self.model.format != 'pt2') : "
-                    "self.model.format != 'onnx')",
-                    "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on "
-                    "onnxruntime",
-                    ".runtime.engine",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "!has(self.runtime.engine) || self.runtime.engine != 'onnxruntime' || "
-                    "(self.quantization.mode != 'fp16' && self.quantization.mode != 'bf16' && "
-                    "self.resources.gpus == 0 && (!has(self.quantization.skipModules) || "
-                    "size(self.quantization.skipModules) == 0))",
-                    "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, "
-                    "int8-dynamic or int8-static and no skipModules, in this release (spec.resources.gpus 0)",
-                    ".runtime.engine",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "!has(self.warmup.dims) || self.model.format != 'huggingface'",
-                    "spec.warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model "
-                    "warms its own sequence-length buckets",
-                    ".warmup.dims",
-                    "FieldValueForbidden",
-                ),
-                _cel(
-                    "self.model.format != 'onnx' || self.quantization.mode == 'none'",
-                    "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
-                    "use none",
-                    ".quantization.mode",
-                    "FieldValueInvalid",
-                ),
-                _cel(
-                    "self.model.format != 'pt2' || self.quantization.mode == 'none'",
-                    "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
-                    "use none",
-                    ".quantization.mode",
-                    "FieldValueInvalid",
-                ),
+                *_table_rules(""),
                 _cel(
                     "!has(self.resources.gpuProduct) || self.resources.gpus > 0",
                     "spec.resources.gpuProduct requires spec.resources.gpus > 0",
@@ -133,54 +74,14 @@ class InferenceServiceSpec(_Spec):
 
     @model_validator(mode="after")
     def _rules(self) -> InferenceServiceSpec:
-        gpus = self.resources.gpus
-        if self.quantization.mode == "fp16" and gpus == 0:
-            raise ValueError("spec.quantization.mode fp16 requires spec.resources.gpus > 0")
-        if self.quantization.mode == "bf16" and gpus == 0 and self.runtime.device != "cpu":
-            raise ValueError(
-                "spec.quantization.mode bf16 requires spec.resources.gpus > 0 (or spec.runtime.device cpu)"
-            )
-        if self.runtime.device == "cuda" and gpus == 0:
-            raise ValueError("spec.runtime.device cuda requires spec.resources.gpus > 0")
-        engine, fmt = self.runtime.engine, self.model.format
-        if (engine, fmt) in (("onnxruntime", "torchscript"), ("onnxruntime", "pt2"), ("torch", "onnx")):
-            raise ValueError(
-                "spec.runtime.engine: torchscript and pt2 models run on torch, onnx models on onnxruntime"
-            )
-        if engine == "onnxruntime" and (
-            self.quantization.mode in ("fp16", "bf16") or gpus > 0 or self.quantization.skip_modules
-        ):
-            raise ValueError(
-                "spec.runtime.engine onnxruntime runs on the CPU, with quantization none, int8-dynamic or "
-                "int8-static and no skipModules, in this release (spec.resources.gpus 0)"
-            )
-        self._format_rules()
-        if self.resources.gpu_product is not None and gpus == 0:
+        _check_table("", self)
+        if self.resources.gpu_product is not None and self.resources.gpus == 0:
             raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
         if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):
             raise ValueError(
                 f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from the Secret"
             )
         return self
-
-    def _format_rules(self) -> None:
-        """What a model format refuses: quantizing an exported onnx or pt2 model, warmup sizes for a
-        huggingface model."""
-        if self.warmup.dims is not None and self.model.format == "huggingface":
-            raise ValueError(
-                "spec.warmup.dims applies to onnx, pt2 and torchscript models; a huggingface model warms "
-                "its own sequence-length buckets"
-            )
-        if self.model.format == "onnx" and self.quantization.mode != "none":
-            raise ValueError(
-                "spec.quantization.mode: ONNX models are served as exported (quantize before export); "
-                "use none"
-            )
-        if self.model.format == "pt2" and self.quantization.mode != "none":
-            raise ValueError(
-                "spec.quantization.mode: pt2 programs are served as exported (quantize before export); "
-                "use none"
-            )
 
     @classmethod
     def from_k8s(cls, spec: Any) -> InferenceServiceSpec:

@@ -156,7 +156,13 @@ def _imports(path: Path) -> list[str]:
 def test_the_contract_imports_only_the_standard_library() -> None:
     modules = sorted((ROOT / "kubeinfer" / "contract").glob("*.py"))
     imported = [m for path in modules for m in _imports(path)]
-    outside = [m for m in imported if m.split(".")[0] not in {*sys.stdlib_module_names, "__future__"}]
+    # a module of the contract may use another (the format rules name the bundled model's URI)
+    outside = [
+        m
+        for m in imported
+        if m.split(".")[0] not in {*sys.stdlib_module_names, "__future__"}
+        and not m.startswith("kubeinfer.contract")
+    ]
     assert imported and outside == []
 
 
