@@ -20,7 +20,8 @@ once, so every transport answers the same input the same way:
 - errors: every failure is one ``InferenceError`` with its status; any other exception becomes a
   500 that names it (``internal_error``): the process never dies on a request;
 - the protocol extensions served by more than one transport: health (``liveness``, ``readiness``),
-  server metadata (``SERVER_METADATA``), model metadata and readiness, and Triton's statistics
+  server metadata (``SERVER_METADATA``), model metadata, configuration (Triton's model configuration
+  extension, ``kubeinfer.runtime.model_config``) and readiness, and Triton's statistics
   extension (``statistics``, kept by ``RuntimeMetrics`` beside the Prometheus metrics).
 
 ``DataPlane`` lives in the model process, which owns the model and the batcher. A front-end process
@@ -47,6 +48,7 @@ from kubeinfer.runtime.config import CacheConfig
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES
 from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
 from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.model_config import model_config_doc
 from kubeinfer.runtime.models.base import TOKEN_COUNTS, ServableModel
 from kubeinfer.runtime.protocol import RegionRef, SharedInput, check_outputs, raw_buffer, tensor_from_raw
 from kubeinfer.runtime.shared_memory import SharedMemoryRegistry
@@ -61,7 +63,15 @@ SERVER_VERSION = __version__
 #: The one version of its one model a runtime serves.
 MODEL_VERSION = "1"
 #: The Open Inference Protocol extensions this server implements (server metadata ``extensions``).
-EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "statistics")
+#: Triton's names: ``schedule_policy`` is the ``priority`` and ``timeout`` request parameters; CUDA shared
+#: memory is not listed (its routes answer, but no CUDA region is ever held).
+EXTENSIONS: tuple[str, ...] = (
+    "binary_tensor_data",
+    "statistics",
+    "system_shared_memory",
+    "model_configuration",
+    "schedule_policy",
+)
 #: Server metadata (``GET /v2``, gRPC ``ServerMetadata``).
 SERVER_METADATA: dict[str, Any] = {
     "name": SERVER_NAME,
@@ -137,6 +147,10 @@ class Plane(Protocol):
 
     async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """The v2 model metadata; raises ``HTTPError`` 404 (unknown model) or 503 (loading)."""
+
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        """The model's configuration in Triton's schema (``kubeinfer.runtime.model_config``), with the
+        batching settings in force; raises ``HTTPError`` 404 (unknown model) or 503 (loading)."""
 
     async def model_ready(self, name: str, version: str | None) -> None:
         """Returns when the model is ready; raises ``HTTPError`` 404 (unknown model) or 503 (not ready)."""
@@ -358,6 +372,22 @@ class DataPlane:
         if self.model is None:
             raise HTTPError(f"model '{self.model_name}' is loading", 503)
         return model_metadata_doc(self.model)
+
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        """The model's configuration in Triton's schema (``model_config.model_config_doc``) with the
+        batching settings in force now (a config reload changes them). Raises ``HTTPError`` 404
+        (another model) or 503 (still loading)."""
+        check_model(self.model_name, name, version)
+        if self.model is None or self.batcher is None:
+            raise HTTPError(f"model '{self.model_name}' is loading", 503)
+        return model_config_doc(
+            model_metadata_doc(self.model),
+            self.batcher.settings,
+            optional_inputs=self.model.request_inputs,
+            executors=self.executors,
+            device=self.model.device,
+            cache=self.cache is not None,
+        )
 
     async def model_ready(self, name: str, version: str | None) -> None:
         """Returns when ready. Raises ``HTTPError`` 404 (another model) or 503 (not ready)."""

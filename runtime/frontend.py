@@ -104,6 +104,14 @@ class RemotePlane:
         assert self._metadata is not None
         return self._metadata
 
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        """The model's configuration (``DataPlane.model_config``), asked each time: a config reload
+        changes its batching settings. Raises ``HTTPError`` 404 or 503 (loading)."""
+        check_model(self.model_name, name, version)
+        reply, _ = await self._call(ipc.Header(op="config", model=name, version=version or ""))
+        doc: dict[str, Any] = reply.info or {}
+        return doc
+
     async def _loaded(self) -> None:
         """Returns once the model process has loaded the model (its metadata, kept); raises
         ``dataplane.not_ready_error`` before."""

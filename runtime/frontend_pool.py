@@ -20,7 +20,8 @@ The IPC endpoint (``handle``) is a transport like REST and gRPC: it decodes a fr
 calls the model process's data plane (``kubeinfer.runtime.dataplane.DataPlane``) and encodes the
 answer. ``infer`` -> ``DataPlane.infer`` (the same admission, validation, deadline, metrics and errors
 as a request served in this process; its duration counts from the front end's receipt);
-``status`` -> readiness; ``model`` -> model metadata, ``model_ready`` -> model readiness, ``stats`` ->
+``status`` -> readiness; ``model`` -> model metadata, ``config`` -> the model configuration,
+``model_ready`` -> model readiness, ``stats`` ->
 the statistics extension (errors such as 404 cross as ``Header.error``); ``metrics`` -> the
 exposition; ``count`` -> an outcome a front end decided itself (``DataPlane.count``).
 """
@@ -247,8 +248,9 @@ class FrontEndPool:
             return await self._infer(header, frames)
         if op == "status":
             return ipc.Header(op="reply", info={"reason": await plane.readiness()}), []
-        if op == "model":
-            return ipc.Header(op="reply", info=await plane.model_metadata(header.model, header.version)), []
+        if op in ("model", "config"):
+            document = plane.model_metadata if op == "model" else plane.model_config
+            return ipc.Header(op="reply", info=await document(header.model, header.version)), []
         if op == "model_ready":
             await plane.model_ready(header.model, header.version)
             return ipc.Header(op="reply"), []

@@ -12,7 +12,9 @@ drain are the same for both. The message and service classes are the ones ``trit
 and field numbers): ``tritonclient.grpc`` and KServe's gRPC client work unchanged.
 
 RPCs: ``ServerLive``, ``ServerReady``, ``ModelReady``, ``ServerMetadata``, ``ModelMetadata``,
-``ModelInfer``, ``ModelStatistics`` (Triton's statistics extension), and the shared-memory extension's
+``ModelConfig`` (Triton's model configuration extension: ``kubeinfer.runtime.model_config``'s
+document as an ``inference.ModelConfig``), ``ModelInfer``, ``ModelStatistics`` (Triton's statistics
+extension), and the shared-memory extension's
 ``SystemSharedMemory*`` and ``CudaSharedMemory*`` (``kubeinfer.runtime.shared_memory``; inputs and
 outputs with ``shared_memory_region`` parameters). Every other RPC of the service (repository, trace,
 logging, streaming) answers UNIMPLEMENTED with a message that names
@@ -44,6 +46,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import LimitsConfig
@@ -328,6 +331,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             outputs=_tensors(doc["outputs"]),
         )
 
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
+        try:
+            doc = await self.plane.model_config(request.name, request.version)
+        except InferenceError as exc:
+            return await self._abort(context, exc)
+        return json_format.ParseDict({"config": doc}, service_pb2.ModelConfigResponse())
+
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorize(context)
         try:
@@ -440,8 +451,8 @@ def _unimplemented(rpc: str) -> Any:
     async def handler(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
-            f"{rpc} is not implemented by this server; it serves health, metadata, ModelInfer, "
-            "ModelStatistics and system shared memory",
+            f"{rpc} is not implemented by this server; it serves health, metadata, ModelConfig, "
+            "ModelInfer, ModelStatistics and system shared memory",
         )
 
     handler.__name__ = rpc

@@ -24,8 +24,9 @@ Operations (``Header.op``), front end -> model process:
   clock for every process of the machine): the request's deadline travels with it
   (``dataplane.remaining_timeout_us``). Reply: the output tensors, or ``error``.
 - ``status``: reply ``info`` = ``{"reason": None when ready, else why not}``.
-- ``model`` / ``model_ready`` / ``stats``: ``model``, ``version``; reply ``info`` = the model metadata /
-  nothing / ``{"model_stats": [...]}``, or ``error`` (404 unknown model, 503 loading or not ready).
+- ``model`` / ``config`` / ``model_ready`` / ``stats``: ``model``, ``version``; reply ``info`` = the model
+  metadata / the model configuration (Triton's schema, with the batching settings in force) / nothing /
+  ``{"model_stats": [...]}``, or ``error`` (404 unknown model, 503 loading or not ready).
 - ``shm``: ``info`` = ``{"kind", "action", "name", "spec"}`` (the shared-memory extension); reply ``info``
   = ``{"regions": [...]}`` or ``error``. An ``infer`` names its shared-memory tensors in
   ``shm_inputs``/``shm_outputs``: the model process reads and writes the regions.

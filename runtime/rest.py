@@ -12,6 +12,8 @@ serves version ``1`` of its one model):
 - ``GET /v2/health/ready``: 200 ``{"ready": true}`` once the model is loaded and warmed up, 503
   ``{"ready": false, "error": ...}`` before and while draining (the bodies of KServe's model server).
 - ``GET /v2``: server metadata. ``GET /v2/models/{name}[/versions/{v}]``: model metadata.
+- ``GET /v2/models/{name}[/versions/{v}]/config``: Triton's model configuration extension
+  (``kubeinfer.runtime.model_config``), with the batching settings in force.
 - ``GET /v2/models/{name}[/versions/{v}]/ready``: 200 ``{"name": ..., "ready": true}``, 503 not (yet)
   ready, 404 unknown model.
 - ``GET /v2/models[/{name}[/versions/{v}]]/stats``: Triton's statistics extension
@@ -111,7 +113,7 @@ async def route_error_response(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
     if exc.status_code == 404:
-        message = f"no route {request.url.path}; the Open Inference Protocol routes are under /v2"
+        message = f"no route {request.method} {request.url.path} on this server"
     elif exc.status_code == 405:
         allowed = headers.get("allow") or headers.get("Allow") or ""
         message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allowed}"
@@ -152,6 +154,8 @@ class RestApp:
                 Route("/v2/models/{name}/versions/{version}/stats", self.statistics, methods=["GET"]),
                 Route("/v2/models/{name}", self.model_metadata, methods=["GET"]),
                 Route("/v2/models/{name}/versions/{version}", self.model_metadata, methods=["GET"]),
+                Route("/v2/models/{name}/config", self.model_config, methods=["GET"]),
+                Route("/v2/models/{name}/versions/{version}/config", self.model_config, methods=["GET"]),
                 Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
                 Route("/v2/models/{name}/versions/{version}/ready", self.model_ready, methods=["GET"]),
                 Route("/v2/models/{name}/infer", self.infer, methods=["POST"]),
@@ -230,6 +234,14 @@ class RestApp:
         self._authorize(request)
         params = request.path_params
         doc = await self.plane.model_metadata(params["name"], params.get("version"))
+        return Response(encode_json(doc), 200, media_type=JSON)
+
+    async def model_config(self, request: Request) -> Response:
+        """Triton's model configuration extension: the model's configuration in Triton's JSON schema
+        (``kubeinfer.runtime.model_config``); 404 unknown model or version, 503 loading."""
+        self._authorize(request)
+        params = request.path_params
+        doc = await self.plane.model_config(params["name"], params.get("version"))
         return Response(encode_json(doc), 200, media_type=JSON)
 
     async def model_ready(self, request: Request) -> Response:

@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpcclient
+from google.protobuf import json_format
 from kubeinfer.runtime import ipc
 from kubeinfer.runtime.batching import BatchSettings
 from kubeinfer.runtime.config import RuntimeConfig
@@ -31,6 +32,7 @@ from kubeinfer.runtime.grpc_server import STATUS_CODES, create_grpc_server
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.rest import RestApp
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.unit.runtime.runtime_fakes import FakeModel
@@ -319,11 +321,62 @@ async def test_statistics_are_the_same_on_every_transport_and_agree_with_the_met
     assert "statistics" in meta["extensions"]
 
 
+async def test_the_model_configuration_is_the_same_on_every_transport_with_the_settings_in_force(
+    transports: Transports,
+) -> None:
+    t = transports
+    for client in (t.rest, t.frontend):
+        r = await client.get("/v2/models/fake/config")
+        assert r.status_code == 503 and "loading" in r.json()["error"]
+    t.plane.attach(t.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.004))
+
+    async def configs() -> list[dict[str, Any]]:
+        docs = [
+            (await c.get(p)).json()
+            for c in (t.rest, t.frontend)
+            for p in ("/v2/models/fake/config", "/v2/models/fake/versions/1/config")
+        ]
+        grpc_doc = await t.grpc.get_model_config("fake", as_json=True)
+        return [*docs, grpc_doc["config"]]
+
+    docs = await configs()
+    rest_doc = docs[0]
+    assert all(d == rest_doc for d in docs[1:4])
+    assert (
+        rest_doc["max_batch_size"] == 8
+        and rest_doc["dynamic_batching"]["max_queue_delay_microseconds"] == 4000
+    )
+    assert rest_doc["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}]
+    # gRPC's JSON is protobuf's: int64 as strings, defaults left out; the same message either way
+    config = json_format.ParseDict(docs[4], model_config_pb2.ModelConfig())
+    assert config == json_format.ParseDict(rest_doc, model_config_pb2.ModelConfig())
+
+    # a reload's new settings are in the next answer, through the front end too (never cached there)
+    assert t.plane.batcher is not None
+    t.plane.batcher.update_settings(BatchSettings(max_batch_size=4, max_queue_delay_seconds=0.0125))
+    for doc in (await configs())[::2]:
+        assert int(doc["max_batch_size"]) == 4
+        assert int(doc["dynamic_batching"]["max_queue_delay_microseconds"]) == 12500
+
+    for client in (t.rest, t.frontend):
+        for path in ("/v2/models/nope/config", "/v2/models/fake/versions/3/config"):
+            r = await client.get(path)
+            assert r.status_code == 404 and "unknown" in r.json()["error"], path
+    for name, version in (("nope", ""), ("fake", "3")):
+        with pytest.raises(InferenceServerException) as info:
+            await t.grpc.get_model_config(name, version)
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+    meta = (await t.rest.get("/v2")).json()
+    assert {"model_configuration", "statistics", "system_shared_memory", "binary_tensor_data"} <= set(
+        meta["extensions"]
+    )
+
+
 async def test_unknown_routes_and_methods_answer_the_protocol_error_shape(transports: Transports) -> None:
     t = transports
     for client in (t.rest, t.frontend):
         r = await client.get("/v2/no/such/route")
-        assert r.status_code == 404 and "/v2/no/such/route" in r.json()["error"]
+        assert r.status_code == 404 and r.json()["error"] == "no route GET /v2/no/such/route on this server"
         r = await client.get("/v2/models/fake/infer")
         assert r.status_code == 405 and "POST" in r.json()["error"] and "POST" in r.headers["allow"]
         r = await client.delete("/v2/health/live")
@@ -401,6 +454,7 @@ async def test_bearer_token_guards_every_route_but_health_and_metrics(
                 for method, path, payload in (
                     ("POST", "/v2/models/fake/infer", body),
                     ("GET", "/v2/models/fake", None),
+                    ("GET", "/v2/models/fake/config", None),
                     ("GET", "/v2", None),
                     ("GET", "/v2/models/stats", None),
                     ("GET", "/v2/systemsharedmemory/status", None),
@@ -423,6 +477,7 @@ async def test_bearer_token_guards_every_route_but_health_and_metrics(
             for call in (
                 t.grpc.infer("fake", [inp], headers=headers),
                 t.grpc.get_model_metadata("fake", headers=headers),
+                t.grpc.get_model_config("fake", headers=headers),
                 t.grpc.get_inference_statistics("fake", headers=headers),
             ):
                 with pytest.raises(InferenceServerException) as info:
