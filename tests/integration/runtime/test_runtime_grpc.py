@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
+from tests.support.model_config import assert_unknown_model_is_not_found, model_configs, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,6 +87,19 @@ def test_health_and_metadata(runtime: RuntimeProcess) -> None:
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "32"]}]
     assert grpc_error(client.get_model_metadata, "nope").status() == "StatusCode.NOT_FOUND"
     assert grpc_error(client.is_model_ready, "tiny", "2").status() == "StatusCode.NOT_FOUND"
+
+
+def test_model_configuration_in_tritons_schema(runtime: RuntimeProcess) -> None:
+    """What perf_analyzer asks first, over HTTP and gRPC in one process: the batch and the tensors."""
+    doc, cfg = model_configs(runtime.address, runtime.grpc_address, "tiny")
+    assert (cfg.name, cfg.platform, cfg.backend, cfg.max_batch_size) == ("tiny", "pytorch", "pytorch", 8)
+    assert tensors(cfg, "input") == [("text", "TYPE_STRING", [1])]
+    assert tensors(cfg, "output") == [("embedding", "TYPE_FP32", [32])]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 20000
+    assert doc["dynamic_batching"]["max_queue_delay_microseconds"] == 20000  # a JSON number, as Triton's
+    assert_unknown_model_is_not_found(runtime.address, runtime.grpc_address)
+    server = grpcclient.InferenceServerClient(runtime.grpc_address).get_server_metadata(as_json=True)
+    assert "model_configuration" in server["extensions"]
 
 
 def test_infer_matches_rest_sync_async_and_asyncio(runtime: RuntimeProcess) -> None:

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeProcess
 from hack.devtools.runtime_tiny import tiny_hf_classifier, tiny_hf_config, tiny_hf_cross_encoder
+from tests.support.model_config import model_configs, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -133,6 +134,23 @@ def test_classifier_over_rest_and_grpc(classifier: RuntimeProcess, classifier_di
         http.infer("tiny", [inp])
     r = httpx.post(f"{classifier.url}/v1/rerank", json={"query": "q", "documents": ["d"]}, timeout=10)
     assert r.status_code == 400 and "not a reranker" in r.json()["error"]["message"]
+
+
+def test_the_model_configurations_of_the_classifier_and_the_reranker(
+    classifier: RuntimeProcess, reranker: RuntimeProcess
+) -> None:
+    _, cfg = model_configs(classifier.address, classifier.grpc_address, "tiny")
+    assert (cfg.platform, cfg.backend, cfg.max_batch_size) == ("pytorch", "pytorch", 8)
+    assert tensors(cfg, "input") == [("text", "TYPE_STRING", [1])]
+    assert tensors(cfg, "output") == [
+        ("label", "TYPE_STRING", [1]),
+        ("score", "TYPE_FP32", [1]),
+        ("logits", "TYPE_FP32", [len(LABELS)]),
+    ]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 50000
+    _, cfg = model_configs(reranker.address, reranker.grpc_address, "tiny")
+    assert tensors(cfg, "input") == [("query", "TYPE_STRING", [1]), ("text", "TYPE_STRING", [1])]
+    assert tensors(cfg, "output") == [("score", "TYPE_FP32", [1])]
 
 
 def test_reranker_over_rest_grpc_and_v1_rerank(reranker: RuntimeProcess, reranker_dir: Path) -> None:

@@ -29,6 +29,7 @@ from hack.devtools.runtime_tiny import (
     tiny_hf_cross_encoder,
     tiny_hf_token_classifier,
 )
+from tests.support.model_config import model_configs, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -152,6 +153,13 @@ def test_classifier_over_rest_and_grpc(classifier: RuntimeProcess, classifier_di
         np.testing.assert_allclose(got, reference_logits(classifier_dir, group).numpy(), atol=ATOL)
     status, metrics = classifier.get("/metrics")
     assert status == 200 and gauge(metrics, "kubeinfer_quantization_label_agreement_ratio") == 1.0
+
+
+def test_the_classifier_configuration_names_onnxruntime(classifier: RuntimeProcess) -> None:
+    _, cfg = model_configs(classifier.address, classifier.grpc_address, "tiny")
+    assert (cfg.platform, cfg.backend) == ("onnxruntime_onnx", "onnxruntime")
+    assert tensors(cfg, "input") == [("text", "TYPE_STRING", [1])]
+    assert tensors(cfg, "output")[2] == ("logits", "TYPE_FP32", [len(LABELS)])
 
 
 def test_reranker_over_rest_and_grpc(tmp_path: Path, cache: Path) -> None:

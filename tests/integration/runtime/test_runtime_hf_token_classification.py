@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeProcess
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_token_classifier
+from tests.support.model_config import model_configs, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -115,6 +116,16 @@ def test_entities_over_rest_and_grpc(tagger: RuntimeProcess, pipeline: Any) -> N
             inp = module.InferInput("text", [1], "FP32")
             inp.set_data_from_numpy(np.zeros(1, np.float32))
             client.infer("tiny", [inp])
+
+
+def test_the_model_configuration_marks_the_strategy_optional(tagger: RuntimeProcess) -> None:
+    _, cfg = model_configs(tagger.address, tagger.grpc_address, "tiny")
+    assert tensors(cfg, "input") == [
+        ("text", "TYPE_STRING", [1]),
+        ("aggregation_strategy", "TYPE_STRING", [1]),
+    ]
+    assert [t.optional for t in cfg.input] == [False, True]
+    assert tensors(cfg, "output") == [("entities", "TYPE_STRING", [1])]
 
 
 def test_concurrent_requests_batch_with_the_same_entities(tagger: RuntimeProcess, pipeline: Any) -> None:

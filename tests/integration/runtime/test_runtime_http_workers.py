@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hack.devtools.runtime_proc import RuntimeProcess
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
+from tests.support.model_config import assert_unknown_model_is_not_found, model_configs, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -272,6 +273,38 @@ def test_reload_priority_displacement_and_429_cross_the_front_ends(runtime: Runt
     shed = [r for r in low if r.status_code == 429]
     assert len(shed) == 1 and [r.status_code for r in low].count(200) == 3, [r.text for r in low]
     assert shed[0].headers["retry-after"] and "queue full" in shed[0].json()["error"]
+
+
+def test_the_model_configuration_crosses_the_front_ends_with_the_delay_in_force(
+    runtime: RuntimeProcess,
+) -> None:
+    """perf_analyzer's first question, answered by the front ends (HTTP and gRPC) from the model
+    process: a hot reload's batching settings are in the next answer."""
+    _, cfg = model_configs(runtime.address, runtime.grpc_address, "tiny")
+    assert cfg.max_batch_size == 8 and cfg.dynamic_batching.max_queue_delay_microseconds == 5000
+    assert tensors(cfg, "input") == [("text", "TYPE_STRING", [1])]
+    assert tensors(cfg, "output") == [("embedding", "TYPE_FP32", [32])]
+    assert_unknown_model_is_not_found(runtime.address, runtime.grpc_address)
+
+    base = RuntimeConfig.load(runtime.config_path)
+    changed = base.model_copy(deep=True)
+    changed.batching = BatchingConfig(max_batch_size=4, max_queue_delay_seconds=0.0125)
+
+    def wait_for(batch: int, delay_us: int) -> None:
+        deadline = time.monotonic() + 10
+        while True:
+            _, now = model_configs(runtime.address, runtime.grpc_address, "tiny")
+            if (now.max_batch_size, now.dynamic_batching.max_queue_delay_microseconds) == (batch, delay_us):
+                return
+            assert time.monotonic() < deadline, f"the reload did not reach the configuration: {now}"
+            time.sleep(0.2)
+
+    runtime.write_config(changed)
+    try:
+        wait_for(4, 12500)
+    finally:
+        runtime.write_config(base)
+    wait_for(8, 5000)
 
 
 def test_liveness_follows_the_model_process(runtime: RuntimeProcess) -> None:

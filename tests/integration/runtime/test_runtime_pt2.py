@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
 from hack.devtools.runtime_tiny import simple_pt2
 from tests.integration.runtime.conftest import FetchCli
+from tests.support.model_config import model_configs, tensors
 from tests.support.storage import FileServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,6 +80,15 @@ def test_the_tensors_are_read_from_the_program(runtime: RuntimeProcess) -> None:
         {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         for t in (*grpc.inputs, *grpc.outputs)
     ] == expected
+
+
+def test_the_model_configuration_follows_the_program(runtime: RuntimeProcess) -> None:
+    """perf_analyzer's first question: Triton's simple model as Triton would describe it."""
+    _, cfg = model_configs(runtime.address, runtime.grpc_address, MODEL)
+    assert (cfg.platform, cfg.backend, cfg.max_batch_size) == ("pytorch", "pytorch", 16)
+    assert tensors(cfg, "input") == [(n, "TYPE_INT32", [ELEMENTS]) for n in ("INPUT0", "INPUT1")]
+    assert tensors(cfg, "output") == [(n, "TYPE_INT32", [ELEMENTS]) for n in ("OUTPUT0", "OUTPUT1")]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 200000
 
 
 @pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])
