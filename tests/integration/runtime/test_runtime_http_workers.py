@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -280,8 +281,18 @@ def test_the_model_configuration_crosses_the_front_ends_with_the_delay_in_force(
 ) -> None:
     """perf_analyzer's first question, answered by the front ends (HTTP and gRPC) from the model
     process: a hot reload's batching settings are in the next answer."""
-    _, cfg = model_configs(runtime.address, runtime.grpc_address, "tiny")
-    assert cfg.max_batch_size == 8 and cfg.dynamic_batching.max_queue_delay_microseconds == 5000
+
+    def wait_for(batch: int, delay_us: int) -> Any:
+        deadline = time.monotonic() + 10
+        while True:
+            _, cfg = model_configs(runtime.address, runtime.grpc_address, "tiny")
+            if (cfg.max_batch_size, cfg.dynamic_batching.max_queue_delay_microseconds) == (batch, delay_us):
+                return cfg
+            assert time.monotonic() < deadline, f"the reload did not reach the configuration: {cfg}"
+            time.sleep(0.2)
+
+    # the fixture's settings (an earlier test's reload back to them may still be on its way)
+    cfg = wait_for(8, 5000)
     assert tensors(cfg, "input") == [("text", "TYPE_STRING", [1])]
     assert tensors(cfg, "output") == [("embedding", "TYPE_FP32", [32])]
     assert_unknown_model_is_not_found(runtime.address, runtime.grpc_address)
@@ -289,16 +300,6 @@ def test_the_model_configuration_crosses_the_front_ends_with_the_delay_in_force(
     base = RuntimeConfig.load(runtime.config_path)
     changed = base.model_copy(deep=True)
     changed.batching = BatchingConfig(max_batch_size=4, max_queue_delay_seconds=0.0125)
-
-    def wait_for(batch: int, delay_us: int) -> None:
-        deadline = time.monotonic() + 10
-        while True:
-            _, now = model_configs(runtime.address, runtime.grpc_address, "tiny")
-            if (now.max_batch_size, now.dynamic_batching.max_queue_delay_microseconds) == (batch, delay_us):
-                return
-            assert time.monotonic() < deadline, f"the reload did not reach the configuration: {now}"
-            time.sleep(0.2)
-
     runtime.write_config(changed)
     try:
         wait_for(4, 12500)
