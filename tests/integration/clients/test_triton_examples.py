@@ -14,7 +14,9 @@ has one, and the ``a + b = c`` / ``a - b = c`` lines of every result it validate
 exit 0 without validating anything when they cannot connect, so the status alone proves little).
 Then the statistics extension must have counted what the script sent: ``inference_count`` grown by
 its rows, ``success`` by its successful requests, and ``success.count`` equal to
-``kubeinfer_requests_total{code="200"}`` of ``/metrics``.
+``kubeinfer_requests_total{code="200"}`` of ``/metrics``. The model configuration (Triton's model
+configuration extension, what perf_analyzer asks first) says what Triton's own ``config.pbtxt`` of
+``simple`` says.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import nn
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
 from hack.devtools.runtime_tiny import simple_onnx, simple_pt2
+from tests.support.model_config import model_configs, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -99,6 +102,18 @@ def runtime(
     with RuntimeProcess(simple_config(path, workers, fmt), ready_timeout=120) as rt:
         assert rt.grpc_port, f"no gRPC port in the log:\n{rt.tail()}"
         yield rt
+
+
+def test_the_simple_model_is_configured_as_tritons_own_configuration_says(runtime: RuntimeProcess) -> None:
+    """Triton's ``simple`` model repository configures it with ``max_batch_size: 8`` and four
+    ``TYPE_INT32`` tensors of ``dims: [16]``: the runtime's model configuration says the same, over
+    HTTP and gRPC, for every format, in one process and behind two front ends."""
+    _, cfg = model_configs(runtime.address, runtime.grpc_address, MODEL)
+    onnx = "onnxruntime" if cfg.platform == "onnxruntime_onnx" else "pytorch"
+    assert (cfg.name, cfg.backend, cfg.max_batch_size) == (MODEL, onnx, 8)
+    assert tensors(cfg, "input") == [(n, "TYPE_INT32", [ELEMENTS]) for n in ("INPUT0", "INPUT1")]
+    assert tensors(cfg, "output") == [(n, "TYPE_INT32", [ELEMENTS]) for n in ("OUTPUT0", "OUTPUT1")]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 5000
 
 
 @dataclass(frozen=True)
