@@ -159,14 +159,19 @@ def render(crd_path: Path = CRD) -> str:
     return "\n".join(out) + "\n"
 
 
-def splice(doc: str, body: str) -> str:
-    """Replace the text between the markers in ``doc`` with ``body``. Raises ValueError if absent."""
+def splice(doc: str, body: str, begin: str = BEGIN, end: str = END, doc_name: str = "docs/api.md") -> str:
+    """Replace the text between the markers ``begin`` and ``end`` in ``doc`` (the generated part of a
+    doc: the API reference here, docs/troubleshooting.md's tables in hack/reasons.py) with ``body``.
+
+    Raises:
+        ValueError: a marker is absent (the message names ``doc_name`` and the markers).
+    """
     try:
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
+        head, rest = doc.split(begin, 1)
+        _, tail = rest.split(end, 1)
     except ValueError as e:
-        raise ValueError(f"docs/api.md lacks the {BEGIN} ... {END} markers") from e
-    return f"{head}{BEGIN}\n{body}{END}{tail}"
+        raise ValueError(f"{doc_name} lacks the {begin} ... {end} markers") from e
+    return f"{head}{begin}\n{body}{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,10 @@ from kubeinfer.operator import conditions
 from kubeinfer.operator.conditions import Reason
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: `from hack import apiref` (appended: operator/
+    sys.path.append(str(ROOT))  # must not shadow the standard library's operator module)
+from hack import apiref  # noqa: E402
+
 DOC = ROOT / "docs" / "troubleshooting.md"
 COMMAND = ".venv/bin/python hack/reasons.py --write"
 
@@ -115,15 +119,10 @@ TABLES: dict[str, Callable[[], str]] = {
 
 
 def splice(doc: str, name: str, body: str) -> str:
-    """Replace the text between the markers of ``name`` in ``doc`` with ``body``. Raises ValueError if
-    they are absent."""
+    """Replace the text between the markers of the table ``name`` in ``doc`` with ``body``
+    (:func:`hack.apiref.splice`). Raises ValueError if they are absent."""
     begin, end = markers(name)
-    try:
-        head, rest = doc.split(begin, 1)
-        _, tail = rest.split(end, 1)
-    except ValueError as e:
-        raise ValueError(f"docs/troubleshooting.md lacks the {begin} ... {end} markers") from e
-    return f"{head}{begin}\n{body}{end}{tail}"
+    return apiref.splice(doc, body, begin, end, doc_name="docs/troubleshooting.md")
 
 
 def render_doc(doc: str) -> str:
