@@ -48,6 +48,10 @@ PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 #: Ready=False from a Deployment's ``Progressing=False`` that gives no reason of its own.
 PROGRESS_FAILED = "ProgressFailed"
 FAILED_CREATE = "FailedCreate"
+#: Ready=False from a Deployment's ``ReplicaFailure=True`` whose pods cannot be deleted.
+FAILED_DELETE = "FailedDelete"
+#: Ready=False from a Deployment's ``Progressing=False``: its new ReplicaSet cannot be created.
+REPLICA_SET_CREATE_ERROR = "ReplicaSetCreateError"
 #: Ready=False from a Deployment's ``ReplicaFailure=True`` that gives no reason of its own.
 REPLICA_FAILURE = "ReplicaFailure"
 MODEL_FETCH_FAILED = "ModelFetchFailed"
@@ -239,8 +243,21 @@ REASONS: tuple[Reason, ...] = (
         PROGRESS_DEADLINE_EXCEEDED, *_PROGRESS_DEADLINE, label="(from the Deployment's Progressing=False)"
     ),
     _fault(PROGRESS_FAILED, *_PROGRESS_DEADLINE, label="(one without a reason)"),
+    _fault(
+        REPLICA_SET_CREATE_ERROR,
+        "the Deployment cannot create the ReplicaSet of the new pod template (quota, admission, a "
+        "webhook that refuses it)",
+        "the message is the Deployment controller's; `kubectl describe deployment NAME`",
+        label="(from the Deployment's Progressing=False)",
+    ),
     _fault(FAILED_CREATE, *_FAILED_CREATE, label="(from the Deployment's ReplicaFailure)"),
     _fault(REPLICA_FAILURE, *_FAILED_CREATE, label="(from one without a reason)"),
+    _fault(
+        FAILED_DELETE,
+        "pods of the Deployment cannot be deleted (admission, a webhook that refuses the deletion)",
+        "the message says which",
+        label="(from the Deployment's ReplicaFailure)",
+    ),
     _fault(
         MODEL_FETCH_FAILED,
         "the model (or the calibration file) cannot be fetched: the `fetch` init container failed (the "

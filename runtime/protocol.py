@@ -349,10 +349,22 @@ def _json_data_values(name: str, shape: list[int], raw: msgspec.Raw) -> Any:
                 "send them as a flat list",
                 tensor=name,
             )
+    return _decode_field(raw, f"input tensor '{name}': 'data'", tensor=name)
+
+
+def _decode_field(raw: msgspec.Raw, what: str, tensor: str | None = None) -> Any:
+    """The decoded JSON of one field of the request, ``what`` naming it.
+
+    Raises:
+        ProtocolError: 400 naming the field, for JSON the decoder refuses (a number outside the float
+            range, invalid UTF-8 in a string) or nested too deeply.
+    """
     try:
         return _JSON_DECODER.decode(raw)
     except RecursionError:
-        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
+        raise ProtocolError(f"{what} is not valid JSON: nested too deeply", tensor=tensor) from None
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}", tensor=tensor) from None
 
 
 def _from_json_data(
@@ -622,10 +634,7 @@ def _small(raw: msgspec.Raw, what: str) -> Any:
         return None
     if len(raw) > MAX_FIELD_BYTES:
         raise ProtocolError(f"{what} has {len(raw)} bytes of JSON, more than the {MAX_FIELD_BYTES} allowed")
-    try:
-        return _JSON_DECODER.decode(raw)
-    except RecursionError:
-        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
+    return _decode_field(raw, what)
 
 
 def _header(view: memoryview, header_length: int) -> tuple[_RequestOutline, dict[str, Any]]:

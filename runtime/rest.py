@@ -403,6 +403,11 @@ async def read_body(request: Request, limit: int) -> Body:
         size += len(piece)
         data = decomp.unconsumed_tail
         if not data and len(piece) < DECOMPRESS_STEP_BYTES:
+            # the stream must end where the body ends: a cut one (its checksum unread) or bytes after
+            # its end are not a body this client meant
+            if not decomp.eof or decomp.unused_data:
+                why = "bytes follow its end" if decomp.eof else "it ends before the compressed stream does"
+                raise HTTPError(f"request body is not valid {encoding} data: {why}", 400)
             return out.data[:size]
         await asyncio.sleep(0)
 

@@ -33,7 +33,7 @@ def parse_duration(text: str) -> float:
     Raises:
         ValueError: ``text`` is not a duration (the message quotes it).
     """
-    if not isinstance(text, str) or not _DURATION_RE.match(text):
+    if not isinstance(text, str) or not _DURATION_RE.fullmatch(text):
         raise ValueError(
             f"invalid duration {text!r}: expected e.g. '10ms', '1.5s', '5m' (units ns|us|ms|s|m|h)"
         )

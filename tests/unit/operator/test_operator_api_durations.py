@@ -18,6 +18,8 @@ def test_seconds_is_the_value_in_seconds_and_keeps_its_text() -> None:
     assert pickle.loads(pickle.dumps(d)).text == "1500ms"
     with pytest.raises(ValueError, match="invalid duration '5 ms'"):
         api.Seconds("5 ms")
+    with pytest.raises(ValueError, match="invalid duration"):  # as the CRD's pattern (RE2) refuses it
+        api.Seconds("10s\n")
 
 
 def test_spec_durations_are_seconds_and_dump_as_written() -> None:

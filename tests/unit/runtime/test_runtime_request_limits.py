@@ -216,6 +216,28 @@ def test_a_field_other_than_data_must_be_small() -> None:
         decode_request(json.dumps(doc).encode())
 
 
+BAD_VALUE_BODIES = [
+    # a number outside the float range, in every field the outline reads (was a 500 with a traceback)
+    (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1e400],"data":[1]}]}', "input tensor 'x': 'shape'"),
+    (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1e400]}]}', "input tensor 'x': 'data'"),
+    (
+        b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}],"parameters":{"priority":1e400}}',
+        "request 'parameters'",
+    ),
+    (b'{"id":1e400,"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}]}', "request 'id'"),
+    # invalid UTF-8 inside a string
+    (b'{"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["\xff"]}]}', "input tensor 'x': 'data'"),
+    (b'{"inputs":[{"name":"x","datatype":"FP\xff","shape":[1],"data":[1]}]}', "'datatype'"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_VALUE_BODIES)
+def test_json_the_decoder_refuses_is_a_400_naming_the_field(body: bytes, field: str) -> None:
+    with pytest.raises(ProtocolError, match="is not valid JSON") as info:
+        decode_request(body)
+    assert info.value.status == 400 and field in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -405,6 +427,16 @@ async def test_bodies_over_several_steps_come_back_whole(encoding: str) -> None:
         {"content-encoding": encoding},
     ):
         assert bytes(await read_body(request_of(sent, headers), 8_000_000)) == data
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize(("cut", "why"), [(-6, "ends before"), (0, "bytes follow its end")])
+async def test_a_cut_or_padded_compressed_body_is_a_400(encoding: str, cut: int, why: str) -> None:
+    sent = {"gzip": gzip.compress, "deflate": zlib.compress}[encoding](b'{"inputs": []}' * 100)
+    sent = sent[:cut] if cut else sent + b"junk"
+    with pytest.raises(HTTPError, match=f"not valid {encoding} data: .*{why}") as info:
+        await read_body(request_of(sent, {"content-encoding": encoding}), 1_000_000)
+    assert info.value.status == 400
 
 
 async def test_a_body_over_the_limit_without_content_length_is_a_413() -> None:
