@@ -294,6 +294,7 @@ class Batcher:
     def _publish_settings(self) -> None:
         self.metrics.max_batch_size.set(self._settings.max_batch_size)
         self.metrics.max_queue_delay.set(self._settings.max_queue_delay_seconds)
+        self.metrics.max_queue_size.set(self._settings.max_queue_size)
 
     # ----- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:

@@ -11,7 +11,8 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
 - ``kubeinfer_requests_total{code}`` counter: infer responses by HTTP status code.
 - ``kubeinfer_queue_size`` gauge (requests waiting), ``kubeinfer_inflight_requests`` gauge (infer requests
   received and not yet answered).
-- ``kubeinfer_max_queue_delay_seconds``, ``kubeinfer_max_batch_size`` gauges: the values in force.
+- ``kubeinfer_max_queue_delay_seconds``, ``kubeinfer_max_batch_size``, ``kubeinfer_max_queue_size`` gauges:
+  the values in force (``kubeinfer_queue_size`` over ``kubeinfer_max_queue_size`` is how full the queue is).
 - ``kubeinfer_device_utilization_ratio`` gauge 0..1: on CUDA, NVML's GPU utilization (the fraction of the
   last sample period a kernel ran, ``nvmlDeviceGetUtilizationRates().gpu / 100``); on CPU, the fraction of
   wall time the executor threads were busy running batches over the last ``UTILIZATION_WINDOW_SECONDS``
@@ -212,6 +213,12 @@ class RuntimeMetrics:
         ).labels(model)
         self.max_batch_size = Gauge(
             "kubeinfer_max_batch_size", "Max batch size in force, rows.", labels, registry=r
+        ).labels(model)
+        self.max_queue_size = Gauge(
+            "kubeinfer_max_queue_size",
+            "Queued requests beyond which an arrival gets 429 (batching.max_queue_size in force).",
+            labels,
+            registry=r,
         ).labels(model)
         self.device_utilization = Gauge(
             "kubeinfer_device_utilization_ratio",

@@ -282,9 +282,11 @@ async def test_hot_reload_applies_without_dropping_requests() -> None:
     await asyncio.to_thread(model.started.wait, 5)
     queued = [asyncio.ensure_future(b.infer(rows(i))) for i in range(1, 6)]
     await asyncio.sleep(0.02)
-    b.update_settings(BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0))
+    b.update_settings(BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0, max_queue_size=16))
     assert b.metrics is not None
-    assert 'kubeinfer_max_batch_size{model="fake"} 2.0' in b.metrics.exposition().decode()
+    exposition = b.metrics.exposition().decode()
+    assert 'kubeinfer_max_batch_size{model="fake"} 2.0' in exposition
+    assert 'kubeinfer_max_queue_size{model="fake"} 16.0' in exposition
     with pytest.raises(ValueError, match="warmed maximum"):
         b.update_settings(BatchSettings(max_batch_size=9))
     assert b.settings.max_batch_size == 2
