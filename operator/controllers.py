@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeinfer.operator import k8s
+from kubeinfer.operator import k8s, metrics
 from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.builders import scraper_peer
 from kubeinfer.operator.peering import ensure_peering
@@ -113,16 +113,18 @@ class Controllers:
         await self.kube.close()
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop what both controllers remember of a deleted InferenceService."""
+        """Drop what both controllers remember of a deleted InferenceService, and its state metrics."""
         self.reconciler.forget(namespace, name)
         self.autoscaler.forget(namespace, name)
+        metrics.INFERENCE_SERVICES.forget(namespace, name)
 
     async def isvc_event(self, event_type: str | None, body: Mapping[str, Any], lookup: Lookup) -> None:
         """An InferenceService watch event (``None``: the initial listing): ``DELETED`` forgets it,
-        anything else reconciles it."""
+        anything else updates its state metrics (the status as stored) and reconciles it."""
         if event_type == "DELETED":
             self.forget(*object_key(body))
             return
+        metrics.INFERENCE_SERVICES.observe(body)
         await self.reconciler.reconcile(body, lookup)
 
     async def owned_event(

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pydantic
-from kubeinfer.operator import api, conditions, k8s, rfc3339, status
+from kubeinfer.operator import api, conditions, k8s, metrics, rfc3339, status
 from kubeinfer.operator.autoscale import prometheus, wording
 from kubeinfer.operator.autoscale import signals as sig
 from kubeinfer.operator.autoscale.policy import (
@@ -356,6 +356,13 @@ class Autoscaler:
             )
             result.scaled = True
         if decision.changed:
+            metrics.count_decision(
+                ns,
+                name,
+                replicas_before=current.replicas,
+                replicas_after=decision.replicas,
+                timeout_changed=decision.timeout_changed,
+            )
             logger.info("autoscale %s/%s: %s", ns, name, decision.reason)
             await self.kube.record_event(
                 api.object_reference(body), reason=conditions.AUTOSCALED, message=decision.reason
