@@ -178,6 +178,66 @@ def podmonitor_scrape_config(
     }
 
 
+def servicemonitor_scrape_config(
+    servicemonitor: Mapping[str, Any],
+    *,
+    api_server: str,
+    tls_config: Mapping[str, str],
+    scrape_interval: float = 1.0,
+) -> dict[str, Any]:
+    """The scrape job the Prometheus Operator generates for a ``monitoring.coreos.com/v1``
+    ServiceMonitor with one ``endpoints`` entry: kubernetes_sd (role endpoints) against ``api_server``
+    in the ``namespaceSelector.matchNames`` namespaces, the Service's ``selector.matchLabels`` and the
+    endpoint's ``port`` as keep rules, the operator's ``namespace``/``service``/``pod`` target labels,
+    and ``honorLabels`` as ``honor_labels``.
+
+    ``tls_config`` is Prometheus' (ca_file, cert_file, key_file). The interval is overridden by
+    ``scrape_interval``. Raises ValueError on a ServiceMonitor without exactly one endpoint or with a
+    selector other than matchLabels.
+    """
+    spec = servicemonitor["spec"]
+    endpoints = spec.get("endpoints") or []
+    if len(endpoints) != 1:
+        raise ValueError(f"expected one endpoints entry, got {len(endpoints)}")
+    (ep,) = endpoints
+    if set(spec.get("selector", {})) - {"matchLabels"}:
+        raise ValueError("only selector.matchLabels is translated")
+    relabel: list[dict[str, Any]] = []
+    for key, value in sorted(spec["selector"].get("matchLabels", {}).items()):
+        n = _label_name(key)
+        relabel.append(
+            {
+                "action": "keep",
+                "source_labels": [
+                    f"__meta_kubernetes_service_label_{n}",
+                    f"__meta_kubernetes_service_labelpresent_{n}",
+                ],
+                "regex": f"({value});true",
+            }
+        )
+    relabel += [
+        {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]},
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    ]
+    sd: dict[str, Any] = {"role": "endpoints", "api_server": api_server, "tls_config": dict(tls_config)}
+    names = spec.get("namespaceSelector", {}).get("matchNames")
+    if names:
+        sd["namespaces"] = {"names": list(names)}
+    interval = prom_duration(scrape_interval)
+    meta = servicemonitor["metadata"]
+    return {
+        "job_name": f"serviceMonitor/{meta.get('namespace', 'default')}/{meta['name']}/0",
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "metrics_path": ep.get("path", "/metrics"),
+        "honor_labels": bool(ep.get("honorLabels", False)),
+        "kubernetes_sd_configs": [sd],
+        "relabel_configs": relabel,
+    }
+
+
 @dataclass(frozen=True)
 class Series:
     """One series to backfill: metric ``name``, its ``labels`` and ``samples`` as ``(unix seconds, value)``

@@ -26,7 +26,12 @@ import yaml
 
 from hack import images
 from hack.cluster import ClusterError, check_binaries, leftovers, start, stop
-from hack.devtools.prom import NODE_PROMETHEUS_BIN, PrometheusServer, podmonitor_scrape_config
+from hack.devtools.prom import (
+    NODE_PROMETHEUS_BIN,
+    PrometheusServer,
+    podmonitor_scrape_config,
+    servicemonitor_scrape_config,
+)
 from hack.podnetwork import NODE_IP
 from tests.support.cluster import Cluster, wait_until
 
@@ -58,33 +63,35 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert not left, "cluster-down left behind:\n  " + "\n  ".join(left)
 
 
-def chart_podmonitor(cluster: Cluster) -> dict[str, Any]:
-    """The chart's runtime PodMonitor, rendered by helm (monitoring enabled)."""
+def chart_monitors(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The chart's runtime PodMonitor and operator ServiceMonitor, rendered by helm (monitoring
+    enabled)."""
     out = cluster.helm(
         "template", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--set", "monitoring.enabled=true"
     ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     (pm,) = [d for d in docs if d.get("kind") == "PodMonitor"]
-    return pm
+    (sm,) = [d for d in docs if d.get("kind") == "ServiceMonitor"]
+    return pm, sm
 
 
 @pytest.fixture(scope="session")
 def node_prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     assert cluster.info is not None
     pki = cluster.info.workdir / "pki"
-    job = podmonitor_scrape_config(
-        chart_podmonitor(cluster),
-        api_server=cluster.server,
-        tls_config={
-            "ca_file": str(pki / "ca.crt"),
-            "cert_file": str(pki / "admin.crt"),
-            "key_file": str(pki / "admin.key"),
-        },
-    )
+    tls = {
+        "ca_file": str(pki / "ca.crt"),
+        "cert_file": str(pki / "admin.crt"),
+        "key_file": str(pki / "admin.key"),
+    }
+    podmonitor, servicemonitor = chart_monitors(cluster)
+    runtime_job = podmonitor_scrape_config(podmonitor, api_server=cluster.server, tls_config=tls)
+    # The operator's own metrics too (its per-InferenceService state series: the dashboard's panels).
+    operator_job = servicemonitor_scrape_config(servicemonitor, api_server=cluster.server, tls_config=tls)
     server = PrometheusServer(
         tmp_path_factory.mktemp("node-prometheus"),
         host=NODE_IP,
-        scrape_configs=[job],
+        scrape_configs=[runtime_job, operator_job],
         binary=NODE_PROMETHEUS_BIN,
     )
     server.start()

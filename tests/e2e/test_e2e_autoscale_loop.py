@@ -26,6 +26,7 @@ stops and restarts that Prometheus; it is restarted whatever happens).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hack import dashboard
 from hack.devtools.prom import PrometheusServer
 from tests.e2e.autoscaled import Load, ServiceView, gauge
 from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE, runtime_pods
@@ -131,6 +133,33 @@ def _prometheus_outage_holds(s: ServiceView) -> Any:
     return held[2]
 
 
+def _every_dashboard_panel_has_data(s: ServiceView) -> None:
+    """Every panel of the chart's Grafana dashboard, its variables set to this InferenceService and
+    its rate window to 5 minutes (the load of phases 1-2 and the decisions of 1-3 within it), has at
+    least one query that returns a number from the node's Prometheus (runtime pods and operator)."""
+    board = json.loads(dashboard.OUT.read_text())
+
+    def values(expr: str) -> list[float]:
+        promql = (
+            expr.replace("$namespace", s.namespace)
+            .replace("$inferenceservice", s.name)
+            .replace("$__rate_interval", "5m")
+        )
+        return [float(r["value"][1]) for r in s.prometheus.query(promql)]
+
+    def missing() -> list[str]:
+        by_panel: dict[str, list[float]] = {}
+        for title, expr in dashboard.queries(board):
+            by_panel.setdefault(title, []).extend(v for v in values(expr) if not math.isnan(v))
+        return sorted(title for title, found in by_panel.items() if not found)
+
+    # The operator's series arrive with its next scrape after the status it reflects.
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: not missing(), timeout=30, interval=2.0, message="data in every dashboard panel")
+    assert missing() == [], "dashboard panels without data"
+    assert len({title for title, _ in dashboard.queries(board)}) == len(dashboard.PANELS)
+
+
 def test_autoscale_closes_the_loop(
     cluster: Cluster,
     operator_release: str,
@@ -157,6 +186,7 @@ def test_autoscale_closes_the_loop(
             message="the batch timeout growing back",
         )
 
+        _every_dashboard_panel_has_data(s)
         held_time = _prometheus_outage_holds(s)  # 4. and 5.
         # True with reason Active (a tick that acts) or the kind of hold (e.g. BatchTimeoutCoolingDown).
         wait_until(lambda: s.condition()[0] == "True", timeout=90, message="AutoscalingActive=True")
