@@ -167,6 +167,36 @@ async def test_lone_request_at_low_load_skips_the_delay_but_a_burst_waits() -> N
     b.close()
 
 
+async def test_a_sequential_client_never_waits_for_the_delay_but_two_clients_batch() -> None:
+    model = FakeModel()
+    b = await make(model, max_batch_size=64, max_queue_delay_seconds=0.2)
+    await asyncio.sleep(1.05)  # past the first window (no estimate yet)
+    t0 = time.monotonic()
+    for i in range(20):  # back to back, far more often than the delay: each waits for its answer
+        await b.infer(rows(i))
+    assert time.monotonic() - t0 < 0.2 * 5  # each waiting out the delay: 4 s
+    assert model.batches == [1] * 20
+
+    async def client(first: int) -> None:
+        for i in range(first, first + 3):
+            await b.infer(rows(i))
+
+    model.batches.clear()
+    t0 = time.monotonic()
+    await asyncio.gather(client(0), client(10))  # their arrivals overlap: the delay applies again
+    assert time.monotonic() - t0 >= 0.2
+    assert 2 in model.batches
+
+    model.batches.clear()
+    sent = []
+    for i in range(12):  # open loop at 10/s: arrivals unrelated to the answers, the delay batches them
+        sent.append(asyncio.ensure_future(b.infer(rows(i))))
+        await asyncio.sleep(0.1)
+    await asyncio.gather(*sent)
+    assert len(model.batches) < 12
+    b.close()
+
+
 async def test_delay_zero_runs_at_once_and_batches_what_queued_while_busy() -> None:
     model = FakeModel()
     model.gate = threading.Event()
