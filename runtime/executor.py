@@ -133,7 +133,7 @@ class BatchExecutor:
             async with self._slots:
                 self._ahead -= 1
                 waiting = False
-                still = self._start(batch, live)
+                still = self._start(batch, live, prep_seconds)
                 if not still:
                     return
                 with self._busy():
@@ -145,16 +145,24 @@ class BatchExecutor:
             if waiting:
                 self._ahead -= 1
 
-    def _start(self, batch: Sequence[QueuedRequest], live: Sequence[QueuedRequest]) -> list[QueuedRequest]:
+    def _start(
+        self, batch: Sequence[QueuedRequest], live: Sequence[QueuedRequest], prep_seconds: float = 0.0
+    ) -> list[QueuedRequest]:
         """The batch holds an executor: its requests' queue timeouts stop and their queue time is
-        recorded; returns those of ``live`` still without an outcome."""
+        recorded; returns those of ``live`` still without an outcome.
+
+        ``prep_seconds``: the batch was preprocessed ahead for that long while it waited (its compute
+        input time, recorded with the batch): left out of the queue time when the prepared batch runs
+        as it is, so that the two never overlap (the queue time is the wait before the batch was taken
+        plus the wait for an executor after its preprocessing, as Triton's statistics count them)."""
         now = asyncio.get_running_loop().time()
         for req in batch:
             if req.timer is not None:
                 req.timer.cancel()
         still = [r for r in live if not r.future.done()]
+        counted = prep_seconds if len(still) == len(live) else 0.0  # re-formed: preprocessed again
         for req in still:
-            self.metrics.observe_queue(now - req.enqueued)
+            self.metrics.observe_queue(max(0.0, now - req.enqueued - counted))
         return still
 
     @contextlib.contextmanager

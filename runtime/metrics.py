@@ -5,7 +5,8 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
 - ``kubeinfer_request_duration_seconds`` histogram: receipt of an infer request to its response, every
   status code included.
 - ``kubeinfer_queue_duration_seconds`` histogram: per request, enqueue to the moment an executor starts its
-  batch (a batch prepared ahead waits for the executor: that wait is queue time).
+  batch, less the batch's preprocessing when it was preprocessed ahead while waiting (that is compute
+  input time; the wait for the executor after it is queue time): queue and compute never overlap.
 - ``kubeinfer_compute_duration_seconds`` histogram: per batch, preprocess + execute wall time.
 - ``kubeinfer_batch_size`` histogram: rows per executed batch.
 - ``kubeinfer_requests_total{code}`` counter: infer responses by HTTP status code.

@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -509,4 +510,41 @@ async def test_torchscript_requests_of_different_widths_batch_apart_without_isol
         outs = await asyncio.gather(*(b.infer({"x": np.ones((1, w), dtype=np.float32)}) for w in widths))
     assert [float(o["s"][0]) for o in outs] == [float(w) for w in widths]
     assert not [r for r in caplog.records if "bisecting" in r.getMessage()]  # no failed mixed batch
+    b.close()
+
+
+class SlowPreprocessModel(FakeModel):
+    """A ``FakeModel`` whose preprocessing takes ``PREP_SECONDS``."""
+
+    PREP_SECONDS = 0.2
+
+    def preprocess(self, batch: Any) -> Any:
+        time.sleep(self.PREP_SECONDS)
+        return super().preprocess(batch)
+
+
+async def test_a_batch_preprocessed_ahead_counts_its_preprocessing_once_not_as_queue_time() -> None:
+    model = SlowPreprocessModel()
+    model.gate = threading.Event()
+    b = await make(model, max_batch_size=1, max_queue_delay_seconds=0.0)
+    first = asyncio.ensure_future(b.infer(rows(0)))  # runs at once, then holds the executor
+    await asyncio.to_thread(model.started.wait, 5)
+    second = asyncio.ensure_future(b.infer(rows(1)))  # full: taken ahead, preprocessed while waiting
+    await asyncio.sleep(0.5)
+    model.gate.set()
+    await asyncio.gather(first, second)
+    assert b.metrics is not None
+    text = b.metrics.exposition().decode()
+
+    def sample(name: str) -> float:
+        (line,) = [x for x in text.splitlines() if x.startswith(name + "{")]
+        return float(line.rsplit(" ", 1)[1])
+
+    # the second waited about 0.5 s before it ran, 0.2 s of it preprocessing: 0.3 s of queue
+    queued = sample("kubeinfer_queue_duration_seconds_sum")
+    assert 0.2 <= queued <= 0.45, queued
+    # Triton's statistics agree: queue 0.3 s in all, compute input both preprocessings (0.4 s)
+    stats = b.metrics.statistics.doc("fake", "1")["inference_stats"]
+    assert 0.2e9 <= stats["queue"]["ns"] <= 0.45e9, stats["queue"]
+    assert 0.4e9 <= stats["compute_input"]["ns"] <= 0.6e9, stats["compute_input"]
     b.close()
