@@ -9,7 +9,8 @@ What ``GET /v2/models[/{name}[/versions/{v}]]/stats`` and gRPC ``ModelStatistics
   request.
 - ``inference_stats`` (count and total nanoseconds): ``success`` / ``fail``, each answered request by
   its outcome, receipt to answer; ``queue``, each request from enqueue to its batch's start on an
-  executor; ``compute_input`` (``preprocess``: tokenizing, stacking, the copy to the device),
+  executor, less its batch's preprocessing when that ran ahead while it waited (counted once, as
+  compute input); ``compute_input`` (``preprocess``: tokenizing, stacking, the copy to the device),
   ``compute_infer`` (``execute``) and ``compute_output`` (splitting the batch's outputs back to its
   requests), each counted once per request with its batch's duration.
 - ``batch_stats``: per batch size (rows), the same three durations counted once per execution.
