@@ -822,11 +822,10 @@ def encode_response(
         binary = request.binary_data_output if flag is None else flag
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         ref = request.shm_outputs.get(name)
-        if ref is not None:  # written into the region by the data plane: no data here
-            entry["parameters"] = {
-                "shared_memory_region": ref.region,
-                "shared_memory_byte_size": ref.byte_size,
-            }
+        if ref is not None:
+            # written into the region by the data plane: neither data nor parameters, as Triton's HTTP
+            # server answers it (its C++ client reads any output with parameters as binary data)
+            pass
         elif binary:
             blob = raw_buffer(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import tritonclient.http as httpclient
 from kubeinfer.runtime.protocol import (
     InferRequest,
     ProtocolError,
+    RegionRef,
     decode_request,
     deserialize_bytes,
     encode_response,
@@ -96,6 +99,18 @@ def test_responses_parse_with_tritonclient(binary: bool) -> None:
             assert [bytes(x) if isinstance(x, bytes) else x.encode() for x in got.reshape(-1)] == list(arr)
         else:
             assert got.tolist() == arr.tolist(), name
+
+
+def test_an_output_in_shared_memory_has_neither_data_nor_parameters_as_triton_answers_it() -> None:
+    # Triton's C++ client reads any output with parameters as binary data and then fails on the missing
+    # binary_data_size; Triton's server gives a shared-memory output only its name, datatype and shape.
+    outputs = {"a": np.ones((1, 2), np.float32), "b": np.zeros(1, np.int64)}
+    req = InferRequest(None, {}, outputs={"a": True, "b": None}, shm_outputs={"a": RegionRef("r", 0, 8)})
+    body, header = encode_response("m", outputs, req)
+    assert header is None
+    entries = {e["name"]: e for e in json.loads(body)["outputs"]}
+    assert entries["a"] == {"name": "a", "datatype": "FP32", "shape": [1, 2]}
+    assert entries["b"]["data"] == [0]
 
 
 def test_only_requested_outputs_and_per_output_binary_flag() -> None:
