@@ -3,12 +3,16 @@
 Policy (``plan_batch``, pure, unit-tested without threads):
 
 - Requests are ordered by priority level (1 = highest, as in Triton's ``priority`` parameter; 0 or
-  absent = ``default_priority_level``), then by arrival. Only requests with equal batch keys
-  (``ServableModel.batch_key``, e.g. a TorchScript model's non-batch dimensions) share a batch: the
-  batch takes the head of that order and, in order, the requests with the head's key whose rows fit
-  in ``max_batch_size``; requests of other keys keep their places and wait for a later batch (they
-  become the head once the older ones are served, so none starves). A request is never split across
-  batches, and the batch stops at the first same-key request that does not fit (no overtaking).
+  absent = ``default_priority_level``), then by arrival; but a level that waited while others were
+  served earns ``priority_min_share`` of a turn per batch taken without it, and with a whole turn its
+  oldest request heads the next batch (``head_level``; a deficit round robin): at overload each level
+  below the highest still heads that share of the batches, and a level's requests never wait for an
+  unbounded stream of higher ones. With ``priority_min_share`` 0 the order is strict. Only requests with
+  equal batch keys (``ServableModel.batch_key``, e.g. a TorchScript model's non-batch dimensions) share
+  a batch: the batch takes the head of that order and, in order, the requests with the head's key whose
+  rows fit in ``max_batch_size``; requests of other keys keep their places and wait for a later batch
+  (they become the head once the older ones are served, so none starves). A request is never split
+  across batches, and the batch stops at the first same-key request that does not fit (no overtaking).
 - A request with more rows than the current ``max_batch_size`` (but no more than the warmed maximum,
   ``model.max_batch_size``) runs alone in its own batch. More rows than the warmed maximum -> HTTP 413
   at submission.
@@ -92,6 +96,8 @@ class BatchSettings:
         preferred_batch_sizes: rows counts dispatched at once when reached (see ``plan_batch``).
         priority_queue_sizes: level -> queued requests beyond which an arrival at that level gets 429
             (levels not in it: only ``max_queue_size``).
+        priority_min_share: the share of a turn a level earns per batch taken while it waits: at
+            overload each level heads at least this share of the batches; 0 = strict priority.
     """
 
     max_batch_size: int = 32
@@ -101,6 +107,7 @@ class BatchSettings:
     default_priority_level: int = 2
     preferred_batch_sizes: tuple[int, ...] = ()
     priority_queue_sizes: Mapping[int, int] = field(default_factory=dict)
+    priority_min_share: float = 0.1
 
     @classmethod
     def from_config(cls, cfg: BatchingConfig) -> BatchSettings:
@@ -113,6 +120,7 @@ class BatchSettings:
             default_priority_level=cfg.default_priority_level,
             preferred_batch_sizes=tuple(cfg.preferred_batch_sizes),
             priority_queue_sizes=dict(cfg.priority_queue_sizes),
+            priority_min_share=cfg.priority_min_share,
         )
 
 
@@ -226,6 +234,41 @@ FOLLOW_UP_SECONDS = 0.002
 #: a row that close after answers 0.04 % of the time).
 SEQUENTIAL_STREAK = 2
 
+
+def head_level(queued_levels: Sequence[int], turns: Mapping[int, float]) -> int:
+    """The priority level whose oldest request heads the next batch (pure).
+
+    Args:
+        queued_levels: the levels with requests queued, highest priority (smallest number) first.
+        turns: the turns each level has earned by waiting (levels absent: none; see ``earn_turns``).
+
+    Returns the highest-priority level with a whole turn earned, else the highest queued level.
+    Raises ValueError when ``queued_levels`` is empty.
+    """
+    if not queued_levels:
+        raise ValueError("no level has requests queued")
+    for level in queued_levels:
+        if turns.get(level, 0.0) >= 1.0:
+            return level
+    return queued_levels[0]
+
+
+def earn_turns(
+    turns: Mapping[int, float], head: int, waiting_levels: Sequence[int], min_share: float
+) -> dict[int, float]:
+    """The turns after a batch headed by level ``head`` was taken (pure): ``head`` spends a turn if it
+    had one, every other level in ``waiting_levels`` (those still with requests queued) earns
+    ``min_share`` of one (at most two held), and a level with nothing queued holds none."""
+    after: dict[int, float] = {}
+    for level in waiting_levels:
+        held = turns.get(level, 0.0)
+        if level == head:
+            after[level] = max(0.0, held - 1.0)
+        else:
+            after[level] = min(2.0, held + min_share)
+    return after
+
+
 #: How far (in multiples of ``max_batch_size + 1`` requests per priority level) the dispatcher looks
 #: past requests of other batch keys for ones that share the head's key; bounds the per-dispatch cost.
 _KEY_SCAN_WINDOW = 16
@@ -259,6 +302,7 @@ class Batcher:
         self._check(settings)
         self._settings = settings
         self._levels: dict[int, dict[int, QueuedRequest]] = {}
+        self._turns: dict[int, float] = {}  # level -> turns earned by waiting (``earn_turns``)
         self._arrivals: collections.deque[float] = collections.deque()  # submission times, loop clock
         # consecutive submissions that were a sequential client's follow-ups (nothing else queued or
         # running, within FOLLOW_UP_SECONDS of the last answer), and when the last batch finished
@@ -507,10 +551,13 @@ class Batcher:
         limit = self._settings.max_batch_size + 1
         head_key: Hashable = None
         have_head = False
-        for level in sorted(self._levels):
+        levels = sorted(level for level, reqs in self._levels.items() if reqs)
+        if len(levels) > 1 and self._turns:
+            first = head_level(levels, self._turns)
+            levels.remove(first)
+            levels.insert(0, first)
+        for level in levels:
             reqs = self._levels[level]
-            if not reqs:
-                continue
             head = next(iter(reqs.values()))
             oldest = head.enqueued if oldest is None else min(oldest, head.enqueued)
             if not have_head:
@@ -578,10 +625,15 @@ class Batcher:
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
     def _take(self, batch: list[QueuedRequest]) -> None:
-        """Take ``batch`` out of the queue and hand it to the executor."""
+        """Take ``batch`` out of the queue and hand it to the executor; the levels it leaves waiting
+        earn turns (``earn_turns``)."""
         for req in batch:
             self._levels[req.level].pop(req.seq)
             req.taken = True
+        share = self._settings.priority_min_share
+        if share > 0 and (self._turns or len(self._levels) > 1):
+            waiting = [level for level, reqs in self._levels.items() if reqs]
+            self._turns = earn_turns(self._turns, batch[0].level, waiting, share)
         self._queued -= len(batch)
         self._in_flight += 1
         self._publish_queue()

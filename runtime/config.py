@@ -160,6 +160,13 @@ class BatchingConfig(_Strict):
         description="Priority level -> queued requests beyond which an arrival at that level gets 429 "
         "(Triton's per-priority max_queue_size); levels not listed: only max_queue_size.",
     )
+    priority_min_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=0.5,
+        description="While several priority levels have requests queued, each level below the highest "
+        "queued one heads at least this share of the batches (about the last 50); 0: strict priority.",
+    )
 
     @model_validator(mode="after")
     def _default_level_in_range(self) -> BatchingConfig:
@@ -274,6 +281,8 @@ class RuntimeConfig(_Strict):
         data: dict[str, Any] = self.model_dump(mode="json")
         if not self.batching.priority_queue_sizes:
             del data["batching"]["priority_queue_sizes"]
+        if "priority_min_share" not in self.batching.model_fields_set:  # the default share
+            del data["batching"]["priority_min_share"]
         if self.server.http_workers == 1:  # one process
             del data["server"]["http_workers"]
         if self.server.bearer_token_env is None:  # no authentication

@@ -249,6 +249,14 @@ class BatchingSpec(_Spec):
     preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
         default_factory=list, max_length=32
     )
+    priority_min_share: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=0.5,
+        description="Share of the batches each priority level heads at least while a higher level keeps "
+        "the server busy (a level earns that share of a turn per batch taken while it waits), so no level "
+        "starves; 0: strict priority. Unset: the runtime's default, 0.1.",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> BatchingSpec:

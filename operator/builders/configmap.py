@@ -67,6 +67,12 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
             max_queue_delay_seconds=min(max(batch_timeout_seconds, 0.0), 10.0),
             max_queue_size=spec.batching.max_queue_size,
             preferred_batch_sizes=list(spec.batching.preferred_batch_sizes),
+            # set only when given: left unset, runtime.yaml reads as it did before the share existed
+            **(
+                {}
+                if spec.batching.priority_min_share is None
+                else {"priority_min_share": spec.batching.priority_min_share}
+            ),
         ),
         warmup=WarmupConfig(
             enabled=spec.warmup.enabled,

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 import yaml
 from kubeinfer.operator import api
@@ -112,6 +113,21 @@ def test_batching_change_changes_configmap_not_pod_template() -> None:
     cfg = RuntimeConfig.from_yaml(cm_after["data"]["runtime.yaml"])
     assert cfg.batching.max_batch_size == 64
     assert cfg.batching.max_queue_delay_seconds == pytest.approx(0.007)
+
+
+def test_the_priority_share_reaches_runtime_yaml_only_when_given() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    unset = _isvc(body)
+    cm = build_configmap(unset, unset.spec.batch_timeout_in_force(None))
+    assert "priority_min_share" not in cm["data"]["runtime.yaml"]
+    assert RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"]).batching.priority_min_share == 0.1
+    body["spec"]["batching"]["priorityMinShare"] = 0.0
+    strict = _isvc(body)
+    cm = build_configmap(strict, strict.spec.batch_timeout_in_force(None))
+    assert RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"]).batching.priority_min_share == 0.0
+    body["spec"]["batching"]["priorityMinShare"] = 0.6
+    with pytest.raises(pydantic.ValidationError, match="priorityMinShare"):
+        _isvc(body)
 
 
 @pytest.mark.parametrize(
