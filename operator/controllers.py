@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 def scrapers(settings: Settings) -> tuple[dict[str, Any], ...]:
     """The NetworkPolicy peers of the Prometheus that scrapes the runtime pods
     (:meth:`Settings.prometheus_namespace_in_force`, ``prometheus_pod_labels``); none when its
-    namespace is unknown (logged: a NetworkPolicy then admits no scraper but those in allowFrom)."""
+    namespace is unknown (logged: a NetworkPolicy then admits no scraper but those in allowFrom, and a
+    default-deny one no pod at all)."""
     namespace = settings.prometheus_namespace_in_force()
     if not namespace:
         logger.info(
@@ -70,9 +71,9 @@ class Controllers:
     @classmethod
     def create(cls, kube: k8s.Kube, settings: Settings, server_version: str | None = None) -> Controllers:
         """Both controllers over ``kube``, configured by ``settings`` (read once, at startup): the
-        reconciler with the Prometheus scrapers, the Secret / ServiceAccount reference policy and the
-        cluster's capabilities (from ``server_version``, the API server's ``gitVersion``, ``None``:
-        unknown, and the ``image_volumes`` setting)."""
+        reconciler with the Prometheus scrapers, NetworkPolicy default-deny, the Secret / ServiceAccount
+        reference policy and the cluster's capabilities (from ``server_version``, the API server's
+        ``gitVersion``, ``None``: unknown, and the ``image_volumes`` setting)."""
         references = ReferencePolicy(
             secrets=tuple(settings.secret_references_allowed),
             service_accounts=tuple(settings.service_account_references_allowed),
@@ -80,8 +81,14 @@ class Controllers:
         logger.info("InferenceServices may reference %s", references.describe())
         capabilities = ClusterCapabilities(server_version, settings.image_volumes)
         logger.info("cluster capabilities: %s", capabilities.describe())
+        if settings.network_policy_default_deny:
+            logger.info("NetworkPolicy default-deny: every InferenceService gets one, allowFrom or not")
         reconciler = Reconciler(
-            kube, scrapers=scrapers(settings), references=references, capabilities=capabilities
+            kube,
+            scrapers=scrapers(settings),
+            default_deny=settings.network_policy_default_deny,
+            references=references,
+            capabilities=capabilities,
         )
         return cls(kube, reconciler, loop.from_settings(kube, settings))
 

@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry = handlers.register(settings)
     metrics.serve(settings.metrics_port, settings.bind_address)
+    # The chart's liveness and readiness probes both GET this endpoint: kopf serves it only once the
+    # startup handler ran (API client connected, peering object present). No @kopf.on.probe adds a
+    # check to it: one that failed while the API server is unreachable would fail liveness too, and
+    # restart an operator whose watches recover by themselves.
     liveness = (
         f"http://{settings.bind_address}:{settings.health_port}/healthz" if settings.health_port else None
     )

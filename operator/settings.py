@@ -44,13 +44,20 @@ class Settings(BaseModel):
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
         max_length=63,
         description="namespace of the Prometheus that scrapes the runtime pods: the NetworkPolicy of an "
-        "InferenceService with spec.server.allowFrom admits it to port 8080 (/metrics); empty = from "
+        "InferenceService (with spec.server.allowFrom, or any with network_policy_default_deny) admits it "
+        "to port 8080 (/metrics); empty = from "
         "prometheus_url (NAME.NAMESPACE.svc...), else the chart's namespace for a bare NAME, else none",
     )
     prometheus_pod_labels: dict[str, str] = Field(
         default_factory=dict,
         description="labels of the Prometheus pods admitted to /metrics, comma-separated k=v; empty = "
         "every pod of prometheus_namespace",
+    )
+    network_policy_default_deny: bool = Field(
+        default=False,
+        description="true: every InferenceService gets the NetworkPolicy the operator owns, even without "
+        "spec.server.allowFrom, admitting only the Prometheus of prometheus_namespace (to /metrics) and "
+        "the peers allowFrom names; false = a NetworkPolicy only with allowFrom (every pod may connect)",
     )
     autoscale_interval_seconds: float = Field(
         default=15.0, gt=0, description="period of the autoscaler's decision per InferenceService, seconds"

@@ -209,7 +209,9 @@ class ServerSpec(_Spec):
         max_length=32,
         description="Peers admitted to the REST and gRPC ports by a NetworkPolicy the operator owns "
         "(the Prometheus the operator reads is admitted to the REST port, for /metrics). Unset: no "
-        "NetworkPolicy. Enforced only where the cluster's network plugin enforces NetworkPolicy.",
+        "NetworkPolicy, unless the operator's NetworkPolicy default-deny setting is on (the chart's "
+        "networkPolicy.defaultDeny): then one admitting that Prometheus only. Enforced only where the "
+        "cluster's network plugin enforces NetworkPolicy.",
     )
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""``build_networkpolicy``: who may connect to an InferenceService's pods (``spec.server.allowFrom``)."""
+"""``build_networkpolicy``: who may connect to an InferenceService's pods (``spec.server.allowFrom``, and
+the operator's default-deny setting)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ def scraper_peer(namespace: str, pod_labels: Mapping[str, str] | None = None) ->
 
 
 def build_networkpolicy(
-    isvc: api.InferenceService, scrapers: Sequence[Mapping[str, Any]] = ()
+    isvc: api.InferenceService, scrapers: Sequence[Mapping[str, Any]] = (), default_deny: bool = False
 ) -> dict[str, Any] | None:
     """A ``networking.k8s.io/v1`` NetworkPolicy ``<isvc>`` selecting the runtime pods, or ``None`` when
-    ``spec.server.allowFrom`` is unset (no policy: every pod may connect, as without this field).
+    ``spec.server.allowFrom`` is unset and ``default_deny`` is off (no policy: every pod may connect).
 
     Ingress only (egress is left alone), from two kinds of peers:
 
@@ -36,16 +37,18 @@ def build_networkpolicy(
       runtime serves ``/metrics``, so that the autoscaler keeps its signals. The port also serves the
       v2 routes: ``spec.server.auth`` is what guards those against a scraper.
 
-    The kubelet's probes come from the node, which NetworkPolicy always admits.
+    ``default_deny`` (the operator's ``network_policy_default_deny`` setting) makes the policy exist
+    without ``allowFrom`` too: then it admits the ``scrapers`` only, and with none of them no pod at
+    all. The kubelet's probes come from the node, which NetworkPolicy always admits.
     """
     server = isvc.spec.server
-    if server.allow_from is None:
+    if server.allow_from is None and not default_deny:
         return None
     rest = {"protocol": "TCP", "port": api.RUNTIME_PORT}
     grpc = {"protocol": "TCP", "port": server.grpc_port}
-    ingress: list[dict[str, Any]] = [
-        {"from": [peer.to_k8s() for peer in server.allow_from], "ports": [rest, grpc]}
-    ]
+    ingress: list[dict[str, Any]] = []
+    if server.allow_from is not None:
+        ingress.append({"from": [peer.to_k8s() for peer in server.allow_from], "ports": [rest, grpc]})
     if scrapers:
         ingress.append({"from": [copy.deepcopy(dict(peer)) for peer in scrapers], "ports": [dict(rest)]})
     obj: dict[str, Any] = {

@@ -25,12 +25,14 @@ from kubeinfer.operator.builders import (
 class BuildInputs:
     """What the builders need beyond the InferenceService: the batch timeout in force (seconds),
     ``spec.replicas`` of the Deployment (``None`` = leave it to its other owner, see
-    ``replicas.desired_replicas``) and the NetworkPolicy peers of the operator's Prometheus
-    (``scrapers``, admitted to the metrics port; from the operator's settings)."""
+    ``replicas.desired_replicas``), the NetworkPolicy peers of the operator's Prometheus
+    (``scrapers``, admitted to the metrics port) and ``default_deny`` (every InferenceService gets a
+    NetworkPolicy, even without ``spec.server.allowFrom``); the last two from the operator's settings."""
 
     batch_timeout_seconds: float
     replicas: int | None
     scrapers: tuple[Mapping[str, Any], ...] = ()
+    default_deny: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ OWNED: tuple[OwnedKind, ...] = (
         k8s.NETWORK_POLICY,
         "kubeinfer_networkpolicies",
         _same_name,
-        lambda isvc, inputs: build_networkpolicy(isvc, inputs.scrapers),
+        lambda isvc, inputs: build_networkpolicy(isvc, inputs.scrapers, inputs.default_deny),
         "spec.server.allowFrom unset",
     ),
 )

@@ -73,16 +73,18 @@ class Reconciler:
     ``max_retry_delay``); ``api_error_threshold``: consecutive failed reconciles of one
     InferenceService before ``Ready=False ApiServerError`` is written. ``scrapers``: the
     NetworkPolicy peers of the Prometheus that scrapes the runtime pods (admitted to their metrics
-    port when ``spec.server.allowFrom`` is set). ``references``: the Secrets and ServiceAccounts an
-    InferenceService may name (one naming another is refused before anything is applied).
-    ``capabilities``: what the cluster serves (an ``oci://`` model where image volumes are not is
-    refused before anything is applied; the default refuses nothing). Status is written by
-    ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
+    port when there is a NetworkPolicy). ``default_deny``: every InferenceService gets a NetworkPolicy,
+    even without ``spec.server.allowFrom`` (then admitting the scrapers only). ``references``: the
+    Secrets and ServiceAccounts an InferenceService may name (one naming another is refused before
+    anything is applied). ``capabilities``: what the cluster serves (an ``oci://`` model where image
+    volumes are not is refused before anything is applied; the default refuses nothing). Status is
+    written by ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
     """
 
     kube: k8s.Kube
     clock: Callable[[], str] = rfc3339.now
     scrapers: tuple[Mapping[str, Any], ...] = ()
+    default_deny: bool = False
     references: ReferencePolicy = field(default_factory=ReferencePolicy)
     capabilities: ClusterCapabilities = field(default_factory=ClusterCapabilities)
     retry_delay: float = 5.0
@@ -258,6 +260,7 @@ class Reconciler:
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
             replicas=desired_replicas(isvc, deployment),
             scrapers=self.scrapers,
+            default_deny=self.default_deny,
         )
         built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
         desired = [obj for obj in built.values() if obj is not None]

@@ -125,6 +125,11 @@ def test_chart_operator_pod_is_hardened_and_probed() -> None:
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # ready on the same endpoint (kopf serves it once the startup handler ran), checked more often
+    # than liveness so that a rollout does not wait on it
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["periodSeconds"] <= c["livenessProbe"]["periodSeconds"]
+    assert c["readinessProbe"]["timeoutSeconds"] and c["readinessProbe"]["failureThreshold"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["KUBEINFER_HEALTH_PORT"] == str(ports["health"])

@@ -22,7 +22,7 @@ from kubeinfer.operator.builders import (
     scraper_peer,
 )
 from kubeinfer.operator.builders.common import selector_labels, stable_hash
-from kubeinfer.operator.controllers import scrapers
+from kubeinfer.operator.controllers import Controllers, scrapers
 from kubeinfer.operator.reconcile import owned
 from kubeinfer.operator.settings import Settings
 from kubeinfer.runtime.config import CONFIG_FILE, RuntimeConfig
@@ -160,6 +160,44 @@ def test_networkpolicy_without_a_known_prometheus_has_only_the_peers_rule() -> N
     assert rule["from"] == PEERS
 
 
+def test_default_deny_without_allow_from_admits_only_the_scrapers_to_metrics() -> None:
+    isvc = _isvc(grpcPort=9001)
+    policy = build_networkpolicy(isvc, (MONITORING,), default_deny=True)
+    assert policy is not None
+    assert policy["metadata"]["name"] == "m" and policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": selector_labels(isvc)}
+    assert spec["policyTypes"] == ["Ingress"]
+    (scraper,) = spec["ingress"]
+    assert scraper == {"from": [MONITORING], "ports": [{"protocol": "TCP", "port": 8080}]}  # not gRPC
+
+
+def test_default_deny_without_a_known_prometheus_admits_no_pod() -> None:
+    policy = build_networkpolicy(_isvc(), default_deny=True)
+    assert policy is not None
+    assert policy["spec"]["ingress"] == [] and policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_default_deny_with_allow_from_is_the_allow_from_policy() -> None:
+    isvc = _isvc(allowFrom=PEERS)
+    policy = build_networkpolicy(isvc, (MONITORING,), default_deny=True)
+    assert policy is not None
+    clients, scraper = policy["spec"]["ingress"]
+    assert clients["from"] == PEERS and scraper["from"] == [MONITORING]
+    assert policy == build_networkpolicy(isvc, (MONITORING,))  # the setting changes nothing here
+
+
+def test_default_deny_reaches_the_builder_through_the_build_inputs() -> None:
+    kind = owned.BY_KIND["NetworkPolicy"]
+    off = owned.BuildInputs(batch_timeout_seconds=0.005, replicas=1, scrapers=(MONITORING,))
+    on = owned.BuildInputs(batch_timeout_seconds=0.005, replicas=1, scrapers=(MONITORING,), default_deny=True)
+    assert kind.build(_isvc(), off) is None
+    built = kind.build(_isvc(), on)
+    assert built is not None and built["spec"]["ingress"] == [
+        {"from": [MONITORING], "ports": [{"protocol": "TCP", "port": 8080}]}
+    ]
+
+
 def test_networkpolicy_is_deterministic_and_changes_with_the_peers() -> None:
     a = build_networkpolicy(_isvc(allowFrom=PEERS), (MONITORING,))
     assert a == build_networkpolicy(_isvc(allowFrom=copy.deepcopy(PEERS)), (MONITORING,))
@@ -289,6 +327,19 @@ def test_prometheus_pod_labels_from_env_and_flag() -> None:
     assert flagged.prometheus_pod_labels == {"a": "1"}
     with pytest.raises(pydantic.ValidationError, match="key=value"):
         Settings.from_env({"KUBEINFER_PROMETHEUS_POD_LABELS": "justakey"})
+
+
+def test_default_deny_setting_is_off_by_default_and_reaches_the_reconciler() -> None:
+    assert Settings.from_env({}).network_policy_default_deny is False
+    on = Settings.from_env({"KUBEINFER_NETWORK_POLICY_DEFAULT_DENY": "true", "KUBEINFER_PEERING": ""})
+    assert on.network_policy_default_deny is True
+    flagged = Settings.from_args(["--network-policy-default-deny", "false"], {"KUBEINFER_PEERING": ""})
+    assert flagged.network_policy_default_deny is False
+    with pytest.raises(pydantic.ValidationError, match="network_policy_default_deny"):
+        Settings.from_env({"KUBEINFER_NETWORK_POLICY_DEFAULT_DENY": "sometimes"})
+    kube: Any = object()  # creating the controllers makes no request
+    assert Controllers.create(kube, on).reconciler.default_deny is True
+    assert Controllers.create(kube, flagged).reconciler.default_deny is False
 
 
 def test_scrapers_from_settings() -> None:
