@@ -57,8 +57,6 @@ def cache_key(inputs: Mapping[str, np.ndarray]) -> bytes:
 #: leaves in the table until it is resized. Measured with ``tracemalloc`` on CPython 3.11: 70 to 115
 #: per entry filled once, 140 to 200 under churn; this is the middle of the latter (the steady state).
 SLOT_BYTES = 160
-#: Bytes a pointer takes: an object array's element, besides the object it refers to.
-_POINTER_BYTES = 8
 
 
 def _array_bytes(array: np.ndarray) -> int:
@@ -76,8 +74,8 @@ def entry_bytes(key: bytes, outputs: Mapping[str, np.ndarray]) -> int:
     """The bytes one cache entry holds on the heap: ``key`` (a bytes object), the ``outputs`` dict
     (name -> array as stored: each owning its data) and every array in it (``_array_bytes``), the
     entry's ``(outputs, size)`` tuple and its size, and ``SLOT_BYTES`` for its slot in the LRU map.
-    An estimate within a few percent of what ``tracemalloc`` measures, for one float32 score per entry
-    as for 384-float embeddings (``bench/cache_accounting.py``). Bytes, >= 0."""
+    An estimate within 10 % of what ``tracemalloc`` measures of a full cache, for one float32 score
+    per entry as for 384-float embeddings (``bench/cache_accounting.py``). Bytes, >= 0."""
     total = sys.getsizeof(key) + sys.getsizeof(outputs) + SLOT_BYTES
     total += sys.getsizeof((None, None)) + sys.getsizeof(1 << 30)  # the entry's tuple and its size
     for array in outputs.values():
