@@ -262,13 +262,16 @@ REASONS: tuple[Reason, ...] = (
         MODEL_FETCH_FAILED,
         "the model (or the calibration file) cannot be fetched: the `fetch` init container failed (the "
         "message is its one-line cause, e.g. `pod P init container fetch: s3://models/bert: 403 "
-        "AccessDenied`, `...: sha256 mismatch (...)`, `...: stalled: no data for 60 s`), cannot start "
+        "AccessDenied`, `...: sha256 mismatch (...)`, `...: stalled: no data for 60 s`, `...: the server "
+        "answered an HTML page, not a model (...)`: a login page or a web page where the file was asked "
+        "for), cannot start "
         '(`CreateContainerConfigError`: `secret "model-s3" not found`, `couldn\'t find key HF_TOKEN in '
         "Secret ns/hf`), or the `oci://` model image cannot be pulled (`model image registry/repo:tag: "
         "...`, the kubelet's message). The same reason and message while it retries (back-off, running "
         "again)",
-        "fix the URI, the Secret (its keys per scheme, see [model sources](model-sources.md)), the bucket's "
-        "policy or the checksum; `kubectl logs POD -c fetch` has the progress lines",
+        "fix the URI, the Secret (its keys per scheme, see [model sources](model-sources.md); an HTML page "
+        "is often an expired token), the bucket's policy or the checksum; `kubectl logs POD -c fetch` has "
+        "the progress lines",
     ),
     _fault(
         MODEL_LOAD_FAILED,

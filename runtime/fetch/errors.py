@@ -19,3 +19,8 @@ class FetchError(Exception):
 
     def __str__(self) -> str:
         return self.cause
+
+
+#: The cause when a server answers an HTML page (a login page behind an expired token, a portal, a
+#: wrong URL that lands on a web page) where a model's file was asked for (``htmlpage``).
+HTML_PAGE_CAUSE = "the server answered an HTML page, not a model (check the URI and the credentials)"

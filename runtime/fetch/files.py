@@ -4,7 +4,8 @@ Every file is written under a hidden temporary name in its final directory
 (``.<name>.<random>.kubeinfer-partial``), flushed and fsynced, then renamed over its final name
 (``os.replace``, atomic on one filesystem): a reader never sees half a file under a model's name,
 and a killed attempt leaves only hidden ``*.kubeinfer-partial`` files, which ``remove_leftovers``
-deletes at the next start. The loaders skip hidden files.
+deletes at the next start. The loaders skip hidden files. A file that begins as an HTML page is
+refused (``htmlpage``) before its first bytes are written.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from kubeinfer.runtime.fetch import htmlpage
 from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.progress import Progress, megabytes
 
@@ -118,7 +120,11 @@ def temp_name(final: Path) -> Path:
 class Sink:
     """One file being written: ``write`` chunks (sha256, byte count, progress, size budget), then
     ``commit`` (verify, fsync, rename) or ``discard``. A context manager: leaving it without a
-    commit discards."""
+    commit discards.
+
+    Its first ``htmlpage.HEAD_BYTES`` are held back until they are all there (or ``commit``) and
+    checked: an HTML page is refused (``htmlpage.check_head``; not for a file ``final`` named as HTML).
+    """
 
     def __init__(
         self,
@@ -135,6 +141,8 @@ class Sink:
         self._progress = progress
         self._want = sha256
         self._hash = hashlib.sha256()
+        #: The first bytes, until they are checked (then None).
+        self._head: bytearray | None = None if htmlpage.may_be_html(final.name) else bytearray()
         final.parent.mkdir(parents=True, exist_ok=True)
         self._file: BinaryIO | None = open(self.path, "wb")  # noqa: SIM115 (closed by commit/discard)
 
@@ -146,21 +154,46 @@ class Sink:
             self.discard()
 
     def write(self, chunk: bytes) -> None:
-        """Append ``chunk``. Raises ``FetchError`` (permanent) past the size limit."""
-        assert self._file is not None, "write after commit or discard"
-        self._budget.take(len(chunk))
-        self._file.write(chunk)
-        self._hash.update(chunk)
-        self.bytes += len(chunk)
-        self._progress.add(len(chunk))
-
-    def commit(self) -> Path:
-        """Check the sha256 (when one was asked for), flush to disk and rename to the final name.
+        """Append ``chunk``.
 
         Raises:
-            FetchError: (permanent) ``sha256 mismatch (expected ..., got ...)``; the file is removed.
+            FetchError: (permanent) past the size limit; the file begins as an HTML page
+                (``errors.HTML_PAGE_CAUSE``).
+        """
+        assert self._file is not None, "write after commit or discard"
+        self._budget.take(len(chunk))
+        self._hash.update(chunk)
+        self.bytes += len(chunk)  # counted first: a refused head gives them back (discard)
+        self._progress.add(len(chunk))
+        if self._head is None:
+            self._file.write(chunk)
+        else:
+            self._head += chunk
+            if len(self._head) >= htmlpage.HEAD_BYTES:
+                self._write_head()
+
+    def _write_head(self) -> None:
+        """Check the bytes held back (``htmlpage.check_head``), then write them."""
+        assert self._file is not None and self._head is not None
+        htmlpage.check_head(self.final.name, bytes(self._head))
+        self._file.write(self._head)
+        self._head = None
+
+    def commit(self) -> Path:
+        """Check the sha256 (when one was asked for) and that a file shorter than
+        ``htmlpage.HEAD_BYTES`` is no HTML page, flush to disk and rename to the final name.
+
+        Raises:
+            FetchError: (permanent) ``sha256 mismatch (expected ..., got ...)``; an HTML page
+                (``errors.HTML_PAGE_CAUSE``); the file is removed.
         """
         assert self._file is not None, "commit after commit or discard"
+        if self._head is not None:
+            try:
+                self._write_head()
+            except FetchError:
+                self.discard()
+                raise
         got = self._hash.hexdigest()
         if self._want is not None and got != self._want:
             self.discard()

@@ -6,7 +6,8 @@ on a missing repository or revision; the total is checked against ``--size-limit
 download. Then the snapshot of that commit is downloaded with ``local_dir`` = the destination, the
 Hub endpoint ``--hf-endpoint`` (a mirror; default ``HF_ENDPOINT`` or huggingface.co) and the token
 ``HF_TOKEN``. The Hub's cache and its ``.cache/huggingface`` metadata live in the destination
-while it runs and are removed at the end.
+while it runs and are removed at the end. Each file downloaded is then checked for an HTML page
+(``htmlpage.check_file``: a proxy's login page where a file was asked for), and refused.
 
 huggingface_hub itself resumes an interrupted file download a few times; ``--stall-timeout`` is
 its read timeout (``HF_HUB_DOWNLOAD_TIMEOUT``), and the fetch retries transient failures on top.
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 from kubeinfer.runtime.fetch.context import Context, Fetched
 from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import SCRATCH_PREFIX
+from kubeinfer.runtime.fetch.htmlpage import check_file
 from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import HfSource
 from kubeinfer.runtime.fetch.tls import certificate_error
@@ -48,7 +50,8 @@ def fetch_hf(source: HfSource, ctx: Context) -> Fetched:
         FetchError: ``repository not found`` (missing, or private without the right ``HF_TOKEN``);
             ``gated repository``; ``revision not found``; ``file not found``; no file matching the
             allow patterns; ``<status> <reason>`` of the Hub; a stall, timeout or connection error
-            (after the retries); a size over the limit; ``--sha256`` given (a repository is no file).
+            (after the retries); a size over the limit; ``--sha256`` given (a repository is no file);
+            a file downloaded that is an HTML page (``errors.HTML_PAGE_CAUSE``; the file is deleted).
     """
     from huggingface_hub import snapshot_download
 
@@ -91,6 +94,8 @@ def fetch_hf(source: HfSource, ctx: Context) -> Fetched:
                 ctx.retry(
                     lambda: _call(lambda: snapshot_download(revision=commit, **common), has_token, stall)
                 )
+            for info in plan:
+                check_file(ctx.dest / info.filename)
     finally:
         _remove_scratch(ctx.dest)
     return Fetched(files=len(plan), bytes=total)

@@ -5,7 +5,9 @@ The body is streamed to a temporary file (never held in memory) with
 attempt. ``KUBEINFER_FETCH_BEARER_TOKEN`` is sent as ``Authorization: Bearer``; httpx drops it on a
 redirect to another host (a presigned object-store URL, say). A redirect from https to http is
 refused unless http is allowed. ``--ca-file``: its CAs are trusted besides the public ones
-(``tls.ssl_context``); an untrusted certificate fails at once, naming the option.
+(``tls.ssl_context``); an untrusted certificate fails at once, naming the option. An HTML page
+answered with 200 (``Content-Type: text/html``, or a body that begins as one: a login page) is
+refused at once (``htmlpage``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import httpx
 from kubeinfer.runtime.fetch.context import Context, Fetched, finish_single, single_target
 from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import Sink
+from kubeinfer.runtime.fetch.htmlpage import check_content_type
 from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import HttpSource
 from kubeinfer.runtime.fetch.tls import certificate_error, ssl_context
@@ -36,7 +39,7 @@ def fetch_http(source: HttpSource, ctx: Context) -> Fetched:
         FetchError: ``http://`` not allowed; ``<status> <reason>`` (4xx at once; 5xx and 429 after the
             retries); ``stalled: no data for S s``; ``connect timeout after S s``; a connection error;
             an untrusted certificate (``tls.certificate_error``); a size over the limit; a sha256
-            mismatch; an unsafe or corrupt archive.
+            mismatch; an unsafe or corrupt archive; an HTML page (``errors.HTML_PAGE_CAUSE``).
     """
     opts = ctx.options
     if source.scheme == "http" and not opts.allow_http:
@@ -81,6 +84,7 @@ def _attempt(client: httpx.Client, source: HttpSource, final: Path, ctx: Context
                     f"{response.status_code} {response.reason_phrase}".strip(),
                     transient=transient_status(response.status_code),
                 )
+            check_content_type(final.name, response.headers.get("Content-Type"))
             length = _content_length(response)
             if length is not None:
                 ctx.budget.check_total(length)

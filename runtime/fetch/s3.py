@@ -29,6 +29,7 @@ from botocore.config import Config
 from kubeinfer.runtime.fetch.context import Context, Fetched, finish_single, single_target
 from kubeinfer.runtime.fetch.errors import FetchError
 from kubeinfer.runtime.fetch.files import Sink, safe_path
+from kubeinfer.runtime.fetch.htmlpage import check_content_type
 from kubeinfer.runtime.fetch.retry import transient_status
 from kubeinfer.runtime.fetch.source import S3Source
 from kubeinfer.runtime.fetch.tls import certificate_error, combined_bundle
@@ -93,7 +94,8 @@ def fetch_s3(source: S3Source, ctx: Context) -> Fetched:
             ``no object at this key or prefix (404 NoSuchKey)``; ``stalled: no data for S s``; a
             connection error; missing credentials; a size over the limit; a sha256 mismatch (one
             object only: ``--sha256`` with a prefix is refused); an unsafe key or archive; an
-            untrusted certificate (``tls.certificate_error``).
+            untrusted certificate (``tls.certificate_error``); an HTML page, by the object's
+            ``ContentType`` or its first bytes (``errors.HTML_PAGE_CAUSE``: a gateway's login page).
     """
     with contextlib.ExitStack() as stack:
         bundle = stack.enter_context(combined_bundle(ctx.options.ca_file)) if ctx.options.ca_file else None
@@ -183,6 +185,7 @@ def _download(client: Any, bucket: str, key: str, final: Path, ctx: Context, *, 
         raise _error(exc, ctx) from None
     body = response["Body"]
     try:
+        check_content_type(final.name, response.get("ContentType"))
         length = int(response.get("ContentLength", 0))
         if single:
             ctx.budget.check_total(length)

@@ -84,8 +84,9 @@ class FileServer:
     Knobs (attributes, changeable while it runs): ``token`` (requests without
     ``Authorization: Bearer <token>`` get 401), ``stall_after`` (bytes of a body sent before the
     server goes silent), ``fail_first`` (that many requests answered ``fail_status``, 500 by
-    default, before any is served), ``redirects`` (path -> Location, answered 302).
-    ``requests`` records what came in.
+    default, before any is served), ``redirects`` (path -> Location, answered 302),
+    ``content_types`` (path -> the Content-Type a file is served with; default
+    ``application/octet-stream``). ``requests`` records what came in.
     """
 
     root: Path
@@ -97,6 +98,7 @@ class FileServer:
     fail_first: int = 0
     fail_status: int = 500
     redirects: dict[str, str] = field(default_factory=dict)
+    content_types: dict[str, str] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     ca_file: Path | None = None
     _httpd: http.server.ThreadingHTTPServer | None = None
@@ -198,7 +200,7 @@ class _FileHandler(http.server.BaseHTTPRequestHandler):
             return
         size = file.stat().st_size
         self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Type", state.content_types.get(path, "application/octet-stream"))
         self.send_header("Content-Length", str(size))
         self.end_headers()
         if not body:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kubeinfer.runtime.fetch import FetchError, FetchOptions
+from kubeinfer.runtime.fetch.errors import HTML_PAGE_CAUSE
 from kubeinfer.runtime.fetch.run import fetch
 
 from tests.integration.runtime.conftest import FetchCli
@@ -146,3 +147,12 @@ def test_patterns_that_match_nothing_and_the_size_limit(hub: LocalHub, tmp_path:
         quiet_fetch("hf://org/tiny", tmp_path / "b", hub, size_limit=1000)
     assert not [p for m, p in hub.requests if m == "GET" and "/resolve/" in p]  # refused before any download
     assert files(tmp_path / "b") == []
+
+
+def test_a_file_that_is_an_html_page_is_refused_and_deleted(local_hub: LocalHub, tmp_path: Path) -> None:
+    page = b"\n<!doctype html><html><head><title>Sign in</title></head></html>\n"
+    local_hub.add("org/login", {"main": {"config.json": b"{}", "model.safetensors": page, "doc.html": page}})
+    with pytest.raises(FetchError) as info:
+        quiet_fetch("hf://org/login", tmp_path / "d", local_hub)
+    assert info.value.cause == HTML_PAGE_CAUSE
+    assert not (tmp_path / "d" / "model.safetensors").exists()

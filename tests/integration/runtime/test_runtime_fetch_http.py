@@ -1,7 +1,8 @@
 """``kubeinfer-runtime fetch`` of https:// and http:// sources against a real HTTP(S) server started
 here (``tests/support/storage.FileServer``): files, archives, the bearer token, 404 at once, 5xx
-retried, a stall failing after ``--stall-timeout``, the size limit, sha256, TLS, redaction; through
-the real command line (exit status, termination message, progress lines) and in process."""
+retried, a stall failing after ``--stall-timeout``, the size limit, sha256, an HTML page refused, TLS,
+redaction; through the real command line (exit status, termination message, progress lines) and in
+process."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from kubeinfer.runtime.fetch import FetchError, FetchOptions
+from kubeinfer.runtime.fetch.errors import HTML_PAGE_CAUSE
 from kubeinfer.runtime.fetch.run import fetch
 
 from tests.integration.runtime.conftest import FetchCli
@@ -182,6 +184,40 @@ def test_a_sha256_mismatch_keeps_nothing(file_server: FileServer, tmp_path: Path
         quiet_fetch(file_server.url("m.onnx"), tmp_path / "d", sha256=wrong)
     assert info.value.cause == f"sha256 mismatch (expected 000000000000..., got {SHA[:12]}...)"
     assert files(tmp_path / "d") == [] and len(file_server.requests) == 1  # no retry
+
+
+LOGIN_PAGE = (
+    b"\n<!DOCTYPE html>\n<html lang='en'><head><title>Sign in</title></head>"
+    b"<body><form method='post' action='/login'><input name='user'></form></body></html>\n"
+) * 50  # a login page behind an expired token, served where the model was
+
+
+@pytest.mark.parametrize("content_type", ["text/html; charset=utf-8", "application/octet-stream"])
+def test_an_html_page_served_as_the_model_is_refused(
+    file_server: FileServer, fetch_cli: FetchCli, tmp_path: Path, content_type: str
+) -> None:
+    """A 200 answer that is an HTML page, said by its Content-Type or only by its body, fails the fetch
+    at once (no retry) naming HTML, instead of fetching a file the model's loader cannot parse."""
+    (file_server.root / "model.onnx").write_bytes(LOGIN_PAGE)
+    file_server.content_types["/model.onnx"] = content_type
+    dest = tmp_path / "d"
+    url = file_server.url("model.onnx")
+    run = fetch_cli("--source", url, "--dest", str(dest), "--allow-http")
+    assert run.returncode == 1, run.stderr
+    assert run.termination == (
+        f"{url}: the server answered an HTML page, not a model (check the URI and the credentials)\n"
+    )
+    assert files(dest) == [] and len(file_server.requests) == 1  # nothing kept, no retry
+    with pytest.raises(FetchError) as info:
+        quiet_fetch(url, tmp_path / "e")
+    assert info.value.cause == HTML_PAGE_CAUSE and not info.value.transient
+
+
+def test_an_html_file_asked_for_by_its_name_is_fetched(file_server: FileServer, tmp_path: Path) -> None:
+    (file_server.root / "index.html").write_bytes(LOGIN_PAGE)
+    file_server.content_types["/index.html"] = "text/html"
+    quiet_fetch(file_server.url("index.html"), tmp_path / "d")
+    assert (tmp_path / "d" / "index.html").read_bytes() == LOGIN_PAGE
 
 
 def test_https_with_the_cluster_ca_and_no_downgrade_to_http(tmp_path: Path, fetch_cli: FetchCli) -> None:

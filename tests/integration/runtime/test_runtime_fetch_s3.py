@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubeinfer.runtime.fetch import FetchError, FetchOptions
 from kubeinfer.runtime.fetch import s3 as s3_backend
+from kubeinfer.runtime.fetch.errors import HTML_PAGE_CAUSE
 from kubeinfer.runtime.fetch.run import fetch
 
 from tests.integration.runtime.conftest import FetchCli
@@ -129,6 +130,25 @@ def test_sha256_mismatch_and_sha256_with_a_prefix(store: MinioServer, tmp_path: 
     assert files(tmp_path / "a") == []
     with pytest.raises(FetchError, match="--sha256 names one file, and this is a prefix of 4 objects"):
         quiet_fetch("s3://models/bert", tmp_path / "b", store, sha256="ab" * 32)
+
+
+LOGIN_PAGE = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body><form></form></body></html>\n"
+
+
+def test_an_html_page_stored_as_the_model_is_refused(store: MinioServer, tmp_path: Path) -> None:
+    """An object that is an HTML page (by its ContentType, or its body only) where a model file is
+    named fails the fetch naming HTML; an object named as HTML in a prefix is fetched as it is."""
+    client = store.client()
+    client.put_object(Bucket="models", Key="login/typed/model.onnx", Body=LOGIN_PAGE, ContentType="text/html")
+    client.put_object(Bucket="models", Key="login/body/model.onnx", Body=LOGIN_PAGE)
+    for key in ("login/typed/model.onnx", "login/body/model.onnx", "login/body"):
+        dest = tmp_path / key.replace("/", "-")
+        with pytest.raises(FetchError) as info:
+            quiet_fetch(f"s3://models/{key}", dest, store)
+        assert info.value.cause == HTML_PAGE_CAUSE and files(dest) == []
+    client.put_object(Bucket="models", Key="login/page/index.html", Body=LOGIN_PAGE, ContentType="text/html")
+    quiet_fetch("s3://models/login/page", tmp_path / "page", store)
+    assert (tmp_path / "page" / "index.html").read_bytes() == LOGIN_PAGE
 
 
 def test_a_prefix_over_the_size_limit_is_refused_before_any_download(

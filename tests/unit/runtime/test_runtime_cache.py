@@ -1,10 +1,16 @@
-"""The response cache: keys that tell every input apart, LRU eviction within the byte limit."""
+"""The response cache: keys that tell every input apart, LRU eviction within the byte limit, bytes
+counted as the heap measures them."""
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import tracemalloc
+from collections.abc import Callable
+
 import numpy as np
 import pytest
-from kubeinfer.runtime.cache import KEY_BYTES, ResponseCache, cache_key
+from kubeinfer.runtime.cache import KEY_BYTES, ResponseCache, cache_key, entry_bytes
 
 
 def test_the_key_tells_names_datatypes_shapes_and_bytes_apart() -> None:
@@ -26,8 +32,9 @@ def test_the_key_tells_names_datatypes_shapes_and_bytes_apart() -> None:
 
 
 def test_hits_are_read_only_copies_and_lru_eviction_keeps_the_byte_limit() -> None:
-    row = np.zeros(100, np.float32)  # 400 bytes + the key per entry
-    size = 400 + KEY_BYTES
+    row = np.zeros(100, np.float32)  # 400 bytes of data, plus the entry's objects
+    size = entry_bytes(bytes([0]) * KEY_BYTES, {"y": row})
+    assert size > 400 + KEY_BYTES
     cache = ResponseCache(max_bytes=3 * size)
     for i in range(3):
         assert cache.put(bytes([i]) * KEY_BYTES, {"y": row + i}) == 0
@@ -55,3 +62,44 @@ def test_the_cache_parameter_must_be_a_boolean(value: object) -> None:
     assert cache_parameter(None) is True and cache_parameter(False) is False
     with pytest.raises(ProtocolError, match="parameter 'cache' must be true or false"):
         cache_parameter(value)
+
+
+ROWS: dict[str, Callable[[int], dict[str, np.ndarray]]] = {
+    "embedding": lambda i: {
+        "embedding": np.full((1, 384), i, np.float32),
+        "token_count": np.array([7], np.int64),
+    },
+    "score": lambda i: {"score": np.array([i], np.float32), "token_count": np.array([7], np.int64)},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROWS))
+def test_the_bytes_counted_are_the_heap_held_within_ten_percent(kind: str) -> None:
+    """Filled to its budget, then churned (each put evicting one): the heap tracemalloc measures is
+    within 10 % of ``cache.bytes``, for 384-float embeddings as for one score per request (where the
+    data alone is 5 % of it)."""
+    make = ROWS[kind]
+
+    def key(i: int) -> bytes:
+        return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=KEY_BYTES).digest()
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache = ResponseCache(max_bytes=1 << 20)
+        i = 0
+        while cache.evictions == 0:
+            cache.put(key(i), make(i))
+            i += 1
+        gc.collect()
+        filled = tracemalloc.get_traced_memory()[0] - before, cache.bytes
+        for j in range(i, 3 * i):
+            cache.put(key(j), make(j))
+        gc.collect()
+        churned = tracemalloc.get_traced_memory()[0] - before, cache.bytes
+    finally:
+        tracemalloc.stop()
+    assert cache.bytes <= cache.max_bytes and cache.evictions >= 2 * i - 1
+    for measured, counted in (filled, churned):
+        assert abs(measured - counted) <= 0.1 * counted, (kind, measured, counted)
