@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
 
-setup: ## idempotent: .venv from the lock (requirements/lock.txt) + package, .cache/kserve-client (KServe SDK, requirements/kserve-client.txt), Debian packages (prometheus, runc, CNI, buildah...), Kubernetes, containerd, CoreDNS and helm binaries, MinIO and crane for the model-source tests (hack/setup.sh)
+setup: ## idempotent: .venv from the lock (requirements/lock.txt) + package, .cache/kserve-client (KServe SDK, requirements/kserve-client.txt), Debian packages (prometheus, runc, CNI, buildah...), Kubernetes, containerd, CoreDNS and helm binaries, MinIO and crane for the model-source tests, perf_analyzer (hack/perf-analyzer.pins) (hack/setup.sh)
 	@bash hack/setup.sh
 
 # The slowest tests (pytest's --durations) and the time of each tier (tests/support/durations.py) close

@@ -6,6 +6,7 @@
 #   bash hack/setup.sh --binaries-only steps 4-7 only (Go toolchain check + the Go-built binaries)
 #   bash hack/setup.sh --peers         only the peer servers `make bench-peers` measures kubeinfer against:
 #                                      .cache/peer-mlserver, .cache/peer-infinity (hack/lock.py PEERS), as step 9
+#   bash hack/setup.sh --perf-analyzer step 10 only (Triton's perf_analyzer)
 #
 # Steps:
 #   1. Python >= 3.11, .venv: the lock, requirements/lock.txt (`pip install --require-hashes`: every
@@ -29,6 +30,10 @@
 #   9. Test clients that cannot share .venv (their pins conflict with the lock; hack/lock.py TOOLS):
 #      .cache/kserve-client, the KServe Python SDK, from requirements/kserve-client.txt
 #      (`uv pip install --require-hashes`), when that file or .venv's Python changed (stamp).
+#  10. Triton's perf_analyzer, a test client: the perf-analyzer wheel and a Debian trixie glibc/libstdc++
+#      sysroot for its binary (newer than bookworm's), every file pinned with its sha256 in
+#      hack/perf-analyzer.pins, into .cache/perf-analyzer/; the wrapper .cache/bin/perf_analyzer runs the
+#      binary through the sysroot's dynamic loader. Redone when that file changed (stamp).
 #   Steps 5 to 8 rebuild a binary only when its inputs changed (the module's go.mod/go.sum, its
 #   local main package, its build flags) or it is missing: one stamp per binary.
 #
@@ -49,11 +54,12 @@ case "${1:-}" in
   --python-only) MODE="python" ;;
   --binaries-only) MODE="binaries" ;;
   --peers) MODE="peers" ;;
+  --perf-analyzer) MODE="perf-analyzer" ;;
   "") ;;
-  *) echo "usage: $0 [--python-only|--binaries-only|--peers]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--python-only|--binaries-only|--peers|--perf-analyzer]" >&2; exit 2 ;;
 esac
 
-TOTAL=9
+TOTAL=10
 T0=$(date +%s)
 # One setup at a time per checkout (several engineers/CI steps may call `make setup` at once).
 exec 9>"$CACHE/setup.lock"
@@ -138,6 +144,68 @@ PEER_ENVS=(peer-mlserver peer-infinity)
 setup_peer_envs() {
   echo "[setup peers] bench-peers servers: .cache/peer-mlserver (MLServer), .cache/peer-infinity (infinity-emb)"
   install_envs "${PEER_ENVS[@]}"
+}
+
+# ---------------------------------------------------------------- 10. perf_analyzer
+# The wheel through pip (by version, --require-hashes), the .debs from Debian's archive by their pool
+# path (sha256sum -c), each as hack/perf-analyzer.pins names it; unpacked into a new directory that
+# replaces the old one only when complete, so an interrupted run is never taken as done.
+PA_PINS="hack/perf-analyzer.pins"
+PA_DIR="$CACHE/perf-analyzer"
+DEBIAN_ARCHIVE="https://deb.debian.org/debian"
+# The wrapper: ld.so of the sysroot loads the binary with the sysroot's libc, libstdc++ and libgcc_s
+# (--library-path comes before the machine's directories); every argument is passed on. Its own
+# directory is found at run time, so it works through the .cache symlink of a git worktree too.
+PA_WRAPPER='#!/bin/sh
+# Triton'"'"'s perf_analyzer (the perf-analyzer wheel), written by hack/setup.sh step 10: its binary needs
+# glibc >= 2.38, so it runs through the dynamic loader of the Debian trixie sysroot in .cache/perf-analyzer.
+pa="$(dirname "$(readlink -f "$0")")/../perf-analyzer"
+exec "$pa/sysroot/usr/lib64/ld-linux-x86-64.so.2" --argv0 perf_analyzer \
+  --library-path "$pa/sysroot/usr/lib/x86_64-linux-gnu" "$pa/wheel/perf_analyzer/bin/perf_analyzer" "$@"
+'
+setup_perf_analyzer() {
+  step 10 "perf_analyzer: the perf-analyzer wheel + a Debian trixie glibc sysroot ($PA_PINS) -> .cache/bin/perf_analyzer"
+  local want; want="$( { cat "$PA_PINS"; echo "$PA_WRAPPER"; } | sha256sum | cut -c1-16)"
+  if [ "$(cat "$STAMPS/perf-analyzer" 2>/dev/null || true)" = "$want" ] && [ -x "$BIN/perf_analyzer" ] \
+      && "$BIN/perf_analyzer" --version >/dev/null 2>&1; then
+    echo "  up to date ($PA_PINS unchanged): $("$BIN/perf_analyzer" --version 2>&1 | head -1)"
+    return
+  fi
+  local s new kind name version sha file n=0; s=$(date +%s)
+  rm -f "$STAMPS/perf-analyzer"
+  new="$PA_DIR.new"
+  rm -rf "$new" && mkdir -p "$new/download" "$new/wheel" "$new/sysroot"
+  while read -r kind name version sha file; do
+    case "$kind" in
+      wheel)
+        echo "  pip download $name==$version (--platform manylinux_2_38_x86_64, --require-hashes)"
+        echo "$name==$version --hash=sha256:$sha" > "$new/download/requirements.txt"
+        .venv/bin/python -P -m pip download --disable-pip-version-check -q --no-deps --only-binary :all: \
+          --platform manylinux_2_38_x86_64 --python-version 3.11 --require-hashes \
+          -r "$new/download/requirements.txt" -d "$new/download" || die "pip download $name==$version failed"
+        echo "$sha  $new/download/$file" | sha256sum -c --quiet - || die "$file: sha256 is not $sha"
+        .venv/bin/python -P -m zipfile -e "$new/download/$file" "$new/wheel" || die "unzip $file failed"
+        chmod +x "$new/wheel/perf_analyzer/bin/perf_analyzer" ;;
+      deb)
+        echo "  $name $version: ${file##*/}"
+        curl -fsSL --retry 3 -o "$new/download/${file##*/}" "$DEBIAN_ARCHIVE/$file" \
+          || die "download of $DEBIAN_ARCHIVE/$file failed (a 404: a trixie point release replaced $name $version; re-pin $PA_PINS as it says)"
+        echo "$sha  $new/download/${file##*/}" | sha256sum -c --quiet - \
+          || die "${file##*/}: sha256 is not $sha ($PA_PINS)"
+        dpkg-deb -x "$new/download/${file##*/}" "$new/sysroot" || die "dpkg-deb -x ${file##*/} failed" ;;
+      *) die "$PA_PINS: unknown kind '$kind'" ;;
+    esac
+    n=$((n + 1))
+  done < <(grep -Ev '^[[:space:]]*(#|$)' "$PA_PINS")
+  [ "$n" -gt 0 ] || die "$PA_PINS names nothing"
+  rm -rf "$new/download"
+  rm -rf "$PA_DIR" && mv "$new" "$PA_DIR"
+  printf '%s' "$PA_WRAPPER" > "$BIN/perf_analyzer.tmp" && chmod +x "$BIN/perf_analyzer.tmp"
+  mv -f "$BIN/perf_analyzer.tmp" "$BIN/perf_analyzer"
+  local version_line
+  version_line="$("$BIN/perf_analyzer" --version 2>&1)" || die "perf_analyzer --version failed: $version_line"
+  echo "$want" > "$STAMPS/perf-analyzer"
+  echo "  installed in $(( $(date +%s) - s ))s ($(du -sh "$PA_DIR" | cut -f1)): $version_line"
 }
 
 # ---------------------------------------------------------------- apt (steps 2 and 3)
@@ -337,8 +405,9 @@ setup_storage_tools() {
 case "$MODE" in
   python) setup_python ;;
   peers) setup_peer_envs ;;
+  perf-analyzer) setup_perf_analyzer ;;
   binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus; setup_storage_tools ;;
   all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries
-       setup_node_prometheus; setup_storage_tools; setup_tool_envs ;;
+       setup_node_prometheus; setup_storage_tools; setup_tool_envs; setup_perf_analyzer ;;
 esac
 echo "[setup] done in $(( $(date +%s) - T0 ))s"

@@ -442,6 +442,7 @@ class Batcher:
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.check_parameters(priority, timeout_us)
+        inputs = self.model.with_config_shapes(inputs)
         rows = self._rows(inputs)
         self._admit(level)
         loop = asyncio.get_running_loop()

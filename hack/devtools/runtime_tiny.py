@@ -193,6 +193,37 @@ def simple_onnx(path: Path, elements: int | str = 16) -> Path:
     return path
 
 
+def simple_string_onnx(path: Path, elements: int = 16) -> Path:
+    """Write Triton's ``simple_string`` model as ONNX to ``path``: BYTES (ONNX ``string``) ``INPUT0``,
+    ``INPUT1`` of shape [batch, ``elements``], each element a decimal integer; ``OUTPUT0`` = their sum
+    and ``OUTPUT1`` = their difference, as decimal strings (Cast to INT32, Add/Sub, Cast back). Every
+    tensor is declared by the model itself."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def tensor(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.STRING, ["batch", elements])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["INPUT0"], ["a"], to=TensorProto.INT32),
+            helper.make_node("Cast", ["INPUT1"], ["b"], to=TensorProto.INT32),
+            helper.make_node("Add", ["a", "b"], ["sum"]),
+            helper.make_node("Sub", ["a", "b"], ["difference"]),
+            helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING),
+            helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=TensorProto.STRING),
+        ],
+        "simple_string",
+        [tensor("INPUT0"), tensor("INPUT1")],
+        [tensor("OUTPUT0"), tensor("OUTPUT1")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every onnxruntime since 1.10 reads
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def tiny_onnx_mlp(path: Path, *, fixed_batch: bool = False) -> Path:
     """Write a small ONNX model to ``path``: ``x`` FP32 [batch, 3] -> ``y`` = x @ W + b FP32 [batch, 4]
     (seeded W, b) and ``top`` INT64 [batch] (the argmax of each row); with ``fixed_batch`` the batch

@@ -117,6 +117,28 @@ class ServableModel(ABC):
     #: the value. Being inputs, they are part of the response cache's key.
     request_inputs: frozenset[str] = frozenset()
 
+    def with_config_shapes(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """``inputs`` with every tensor declared with the batch dimension only (shape [-1]; not a
+        ``request_inputs``) that was sent as [rows, 1] taken as [rows].
+
+        [rows, 1] is the shape the model configuration gives such a tensor (``runtime.model_config``:
+        Triton's ``dims: [1]`` with ``reshape: {shape: []}``), the one Triton's clients that read the
+        configuration send (perf_analyzer does); the runtime accepts it as Triton does. Any other tensor
+        is left as it came, for ``validate`` to judge."""
+        batch_only = {
+            s.name for s in self.inputs if list(s.shape) == [-1] and s.name not in self.request_inputs
+        }
+
+        def column(name: str, array: np.ndarray) -> bool:
+            return name in batch_only and array.ndim == 2 and array.shape[1] == 1
+
+        if not any(column(name, array) for name, array in inputs.items()):
+            return inputs
+        return {
+            name: array.reshape(array.shape[0]) if column(name, array) else array
+            for name, array in inputs.items()
+        }
+
     def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
         """Check a request's decoded inputs; return its row count (size of the batch dimension).
 

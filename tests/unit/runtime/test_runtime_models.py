@@ -93,6 +93,21 @@ def test_validate_rejects_naming_the_tensor(
         assert word in message
 
 
+def test_a_batch_only_input_sent_as_its_configured_dims_is_taken_as_rows(tiny: TextEmbeddingModel) -> None:
+    """The model configuration gives ``text`` (shape [-1]) Triton's ``dims: [1]`` with ``reshape:
+    {shape: []}``, so Triton's clients (perf_analyzer) send [rows, 1]: taken as [rows]. Other shapes
+    are left for ``validate`` to refuse."""
+    column = tiny.with_config_shapes({"text": texts(b"hello world", b"second row").reshape(2, 1)})
+    assert column["text"].shape == (2,)
+    assert list(column["text"]) == [b"hello world", b"second row"]
+    assert tiny.validate(column) == 2
+    plain = {"text": texts(b"a", b"b")}
+    assert tiny.with_config_shapes(plain) is plain
+    wide = tiny.with_config_shapes({"text": texts(b"a", b"b").reshape(1, 2)})
+    with pytest.raises(InputError, match=r"expected shape \[-1\]"):
+        tiny.validate(wide)
+
+
 def test_token_limit_is_the_smaller_of_limit_and_model_length(tiny_dir: Path) -> None:
     cfg = tiny_hf_config(tiny_dir, model={"name": "t", "source": str(tiny_dir), "max_sequence_length": 16})
     model = load_model(cfg)
