@@ -47,16 +47,10 @@ after every lower tier.
 One request of more rows than ``max_batch_size`` (an OpenAI request of many texts) is queued as
 several pieces of at most ``max_batch_size`` rows (``Batcher.infer_pieces``, ``split_rows``), admitted
 together: all of them when the queue (and its level) has room for all, making that room by displacing
-as many newer requests of lower levels as needed, else none (429; a request of more pieces than
-``max_queue_size`` can never be queued: 413). Once one piece fails, the pieces still queued leave the
-queue, so no work is done for a request that has its outcome.
-
-Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``.
-
-Split of the work: ``Batcher`` (this module) holds the queue and the dispatch; all queue state lives on
-the event loop thread. A batch it takes runs on the ``BatchExecutor`` (``kubeinfer.runtime.executor``),
-which owns the threads (``executors`` execute threads, a look-ahead preprocessing pool) and isolates a
-failing request by bisection.
+as many newer requests of lower levels as needed (a request in pieces displaced counts once), else
+none (429; a request of more pieces than ``max_queue_size``, or its level's limit, can never be
+queued: 413). Once one piece fails, the pieces still queued leave the queue, so no work is done for
+a request that has its outcome.
 """
 
 from __future__ import annotations
@@ -408,7 +402,8 @@ class Batcher:
 
         Raises:
             InputError: 400/413 as ``infer`` (for the first bad piece); 413 when the request needs
-                more pieces than ``max_queue_size`` (no queue could ever hold it).
+                more pieces than ``max_queue_size`` or its level's ``priority_queue_sizes`` (no queue
+                could ever hold it).
             ServingError: 429 when the queue cannot take every piece now (none is queued), 503, 504,
                 500 as ``infer``.
         """
@@ -417,11 +412,15 @@ class Batcher:
         level = self.check_parameters(priority, timeout_us)
         s = self._settings
         pieces = [(piece, self._rows(piece)) for piece in split_rows(inputs, s.max_batch_size)]
-        if len(pieces) > s.max_queue_size:
+        level_limit = s.priority_queue_sizes.get(level, s.max_queue_size)
+        holds, limit = min(
+            (s.max_queue_size, "max_queue_size"), (level_limit, f"priority_queue_sizes[{level}]")
+        )
+        if len(pieces) > holds:  # no wait makes room: a 429 would be retried for ever
             raise InputError(
                 f"request has {sum(rows for _, rows in pieces)} rows, {len(pieces)} batches of "
-                f"{s.max_batch_size} rows, more than the queue holds "
-                f"(max_queue_size {s.max_queue_size}); split it into smaller requests",
+                f"{s.max_batch_size} rows, more than the queue holds ({limit} {holds}); split it into "
+                "smaller requests",
                 413,
                 tensor=self.model.inputs[0].name if self.model.inputs else None,
             )
@@ -515,9 +514,13 @@ class Batcher:
                 f"{self._queued} requests queued, max_queue_size {s.max_queue_size}"
                 + (f"; this one needs {count} places" if count > 1 else "")
             )
+        shed_groups: set[int] = set()  # a displaced request in pieces counts once
         for victim in victims:
             self._remove(victim)
-            self._shed(victim.level, "displaced")
+            if victim.group is None or id(victim.group) not in shed_groups:
+                self._shed(victim.level, "displaced")
+                if victim.group is not None:
+                    shed_groups.add(id(victim.group))
             victim.fail(self._queue_full(f"displaced by a request of priority {level}"))
 
     def _queue_full(self, why: str) -> ServingError:

@@ -162,3 +162,33 @@ async def test_the_queue_time_of_a_request_in_pieces_counts_once() -> None:
     np.testing.assert_array_equal(out["embedding"][:, 0], [1, 2, 3, 4, 1])
     assert metrics.registry.get_sample_value("kubeinfer_queue_duration_seconds_count", {"model": "fake"}) == 1
     b.close()
+
+
+async def test_more_pieces_than_the_level_holds_is_a_413_too() -> None:
+    settings = BatchSettings(
+        max_batch_size=2, priority_levels=2, default_priority_level=2, priority_queue_sizes={2: 2}
+    )
+    b = Batcher(FakeEmbedder(), settings, metrics=RuntimeMetrics("fake"))
+    b.start()
+    with pytest.raises(InputError) as info:
+        await b.infer_pieces(texts(*"abcde"))  # 3 pieces, the default level holds 2
+    assert info.value.status == 413 and "priority_queue_sizes[2] 2" in info.value.message
+    out = await b.infer_pieces(texts(*"abcde"), priority=1)  # level 1 has no limit of its own
+    assert len(out["embedding"]) == 5
+    b.close()
+
+
+async def test_a_request_in_pieces_displaced_counts_once_and_leaves_no_piece_queued() -> None:
+    model = FakeEmbedder()
+    b, running = await blocked(model, max_queue_size=3, priority_levels=3, default_priority_level=3)
+    low = asyncio.ensure_future(b.infer_pieces(texts("a", "b", "c"), priority=3))
+    await wait_for(lambda: b.queued == 3)
+    high = asyncio.ensure_future(b.infer_pieces(texts("x", "y"), priority=1))  # displaces 2 pieces
+    with pytest.raises(ServingError, match="displaced by a request of priority 1"):
+        await low
+    assert shed(b, 3, "displaced") == 1.0 and b.queued == 2  # only the high one's pieces are left
+    assert model.gate is not None
+    model.gate.set()
+    await asyncio.gather(*running, high)
+    assert not {b"a", b"b", b"c"} & {t for batch in model.texts for t in batch}
+    b.close()
