@@ -59,15 +59,17 @@ async def test_an_openai_request_counts_once_with_its_final_status(
         assert "over the limit of 2048" in r.json()["error"]["message"]
         r = await client.post("/v1/embeddings", json={"model": "fake", "input": ["x"] * 40})  # 10 pieces > 8
         assert r.status_code == 413 and r.json()["error"]["param"] == "input"
-        await until(lambda before=before: counts()[413] >= before[413] + 2)
+        r = await client.post("/v1/rerank", json={"model": "fake", "query": "q", "documents": ["d"] * 3000})
+        assert r.status_code == 413 and r.json()["error"]["param"] == "documents"
+        await until(lambda before=before: counts()[413] >= before[413] + 3)
         await asyncio.sleep(0.02)
         after = counts()
-        assert {s: after[s] - before[s] for s in after} == {200: 1.0, 413: 2.0, 429: 0.0}
+        assert {s: after[s] - before[s] for s in after} == {200: 1.0, 413: 3.0, 429: 0.0}
     assert sum(model.batches) == 20  # the two 10-text requests; nothing of the refused ones
     duration = t.plane.metrics.registry.get_sample_value(
         "kubeinfer_request_duration_seconds_count", {"model": "fake"}
     )
-    assert duration == 6.0  # the latency histogram too: one observation a request
+    assert duration == 8.0  # the latency histogram too: one observation a request
 
 
 async def test_an_openai_request_whose_pieces_do_not_fit_is_one_429_and_computes_nothing(
