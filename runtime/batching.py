@@ -53,12 +53,13 @@ nothing of a lower priority queued) the arrival fails at once with 429. Both car
 hint, and ``kubeinfer_shed_requests_total{priority, reason}`` counts them, so a tier is only shed
 after every lower tier.
 
-Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``.
-
-Split of the work: ``Batcher`` (this module) holds the queue and the dispatch; all queue state lives on
-the event loop thread. A batch it takes runs on the ``BatchExecutor`` (``kubeinfer.runtime.executor``),
-which owns the threads (``executors`` execute threads, a look-ahead preprocessing pool) and isolates a
-failing request by bisection.
+One request of more rows than ``max_batch_size`` (an OpenAI request of many texts) is queued as
+several pieces of at most ``max_batch_size`` rows (``Batcher.infer_pieces``, ``split_rows``), admitted
+together: all of them when the queue (and its level) has room for all, making that room by displacing
+as many newer requests of lower levels as needed (a request in pieces displaced counts once), else
+none (429; a request of more pieces than ``max_queue_size``, or its level's limit, can never be
+queued: 413). Once one piece fails, the pieces still queued leave the queue, so no work is done for
+a request that has its outcome.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ from typing import Any, Protocol
 import numpy as np
 from kubeinfer.runtime.config import BatchingConfig
 from kubeinfer.runtime.errors import InputError, ServingError
-from kubeinfer.runtime.executor import BatchExecutor, QueuedRequest
+from kubeinfer.runtime.executor import BatchExecutor, QueuedRequest, RequestGroup
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models.base import ServableModel
 
@@ -445,32 +446,97 @@ class Batcher:
         inputs = self.model.with_config_shapes(inputs)
         rows = self._rows(inputs)
         self._admit(level)
+        (req,) = self._enqueue([(inputs, rows)], level, timeout_us)
+        try:
+            return await req.future
+        except asyncio.CancelledError:  # the client went away: forget the request if still queued
+            self._remove(req)
+            raise
+
+    async def infer_pieces(
+        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Queue one request of any number of rows as pieces of at most ``max_batch_size`` rows
+        (``split_rows``), admitted all together or not at all, and wait for all of them. Returns the
+        outputs as ``infer`` does, the pieces' rows joined in input order (``join_rows``).
+
+        Arguments as ``infer``. Every piece is validated before any is queued; once one piece fails,
+        the pieces still queued leave the queue and the request fails with that piece's error.
+
+        Raises:
+            InputError: 400/413 as ``infer`` (for the first bad piece); 413 when the request needs
+                more pieces than ``max_queue_size`` or its level's ``priority_queue_sizes`` (no queue
+                could ever hold it).
+            ServingError: 429 when the queue cannot take every piece now (none is queued), 503, 504,
+                500 as ``infer``.
+        """
+        if not self._accepting:
+            raise ServingError("server is shutting down; not accepting requests", 503)
+        level = self.check_parameters(priority, timeout_us)
+        s = self._settings
+        pieces = [(piece, self._rows(piece)) for piece in split_rows(inputs, s.max_batch_size)]
+        level_limit = s.priority_queue_sizes.get(level, s.max_queue_size)
+        holds, limit = min(
+            (s.max_queue_size, "max_queue_size"), (level_limit, f"priority_queue_sizes[{level}]")
+        )
+        if len(pieces) > holds:  # no wait makes room: a 429 would be retried for ever
+            raise InputError(
+                f"request has {sum(rows for _, rows in pieces)} rows, {len(pieces)} batches of "
+                f"{s.max_batch_size} rows, more than the queue holds ({limit} {holds}); split it into "
+                "smaller requests",
+                413,
+                tensor=self.model.inputs[0].name if self.model.inputs else None,
+            )
+        self._admit(level, len(pieces))
+        reqs = self._enqueue(pieces, level, timeout_us)
+        futures = [req.future for req in reqs]
+        for future in futures:  # a piece that fails after the request failed: its error is no news
+            future.add_done_callback(_consume)
+        try:
+            await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:  # the client went away: forget the pieces still queued
+            for req in reqs:
+                self._remove(req)
+            raise
+        failed = next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
+        if failed is not None:  # no work for a request that has its outcome
+            for req in reqs:
+                self._remove(req)
+            raise failed
+        return join_rows([f.result() for f in futures])
+
+    def _enqueue(
+        self, pieces: Sequence[tuple[Mapping[str, np.ndarray], int]], level: int, timeout_us: int | None
+    ) -> list[QueuedRequest]:
+        """Queue ``pieces`` ((inputs, rows) each, admitted already) at ``level``, as one request whose
+        queue time counts once (``QueuedRequest.group``). Returns them in order."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         follow_up = not self._queued and not self._in_flight and now - self._last_answer <= FOLLOW_UP_SECONDS
         self._follow_ups = self._follow_ups + 1 if follow_up else 0
         self._arrivals.append(now)
         self._judge_early = True
-        req = QueuedRequest(
-            inputs=inputs,
-            rows=rows,
-            level=level,
-            enqueued=now,
-            future=loop.create_future(),
-            key=self.model.batch_key(inputs),
-        )
-        if timeout_us:  # 0 = no timeout (Triton)
-            req.timer = loop.call_at(req.enqueued + timeout_us / 1e6, self._expire, req)
-        self._levels.setdefault(level, {})[req.seq] = req
-        self._queued += 1
+        group = RequestGroup(len(pieces)) if len(pieces) > 1 else None
+        reqs = []
+        for inputs, rows in pieces:
+            req = QueuedRequest(
+                inputs=inputs,
+                rows=rows,
+                level=level,
+                enqueued=now,
+                future=loop.create_future(),
+                key=self.model.batch_key(inputs),
+                group=group,
+            )
+            if timeout_us:  # 0 = no timeout (Triton)
+                req.timer = loop.call_at(req.enqueued + timeout_us / 1e6, self._expire, req)
+            self._levels.setdefault(level, {})[req.seq] = req
+            reqs.append(req)
+        self._queued += len(reqs)
         self._idle.clear()
         self._publish_queue()
         self._changed.set()
-        try:
-            return await req.future
-        except asyncio.CancelledError:  # the client went away: forget the request if still queued
-            self._remove(req)
-            raise
+        return reqs
 
     def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
         """The request's rows (``model.validate``); 413 beyond the warmed maximum batch."""
@@ -485,25 +551,42 @@ class Batcher:
             )
         return rows
 
-    def _admit(self, level: int) -> None:
-        """Make room for an arrival at ``level`` or refuse it (see "Load shedding" in the module
-        docstring). Raises ``ServingError`` 429 with ``Retry-After`` when it is refused."""
+    def _admit(self, level: int, count: int = 1) -> None:
+        """Make room for ``count`` queued requests (the pieces of one request) arriving at ``level``, or
+        refuse them all (see "Load shedding" in the module docstring): room is made only when there is
+        room for every one, by displacing the newest requests of the lowest levels below ``level``.
+        Raises ``ServingError`` 429 with ``Retry-After`` when they are refused (nothing displaced)."""
         s = self._settings
         queued_here = len(self._levels.get(level, ()))
         level_limit = s.priority_queue_sizes.get(level)
-        if level_limit is not None and queued_here >= level_limit:
+        if level_limit is not None and queued_here + count > level_limit:
             self._shed(level, "refused")
-            raise self._queue_full(f"{queued_here} requests queued at priority {level}, limit {level_limit}")
-        if self._queued < s.max_queue_size:
+            raise self._queue_full(
+                f"{queued_here} requests queued at priority {level}, limit {level_limit}"
+                + (f"; this one needs {count} places" if count > 1 else "")
+            )
+        over = self._queued + count - s.max_queue_size
+        if over <= 0:
             return
-        lowest = max((lv for lv, reqs in self._levels.items() if reqs), default=None)
-        if lowest is None or lowest <= level:
+        victims: list[QueuedRequest] = []  # the newest of the lowest level first
+        for lowest in sorted((lv for lv in self._levels if lv > level), reverse=True):
+            victims.extend(itertools.islice(reversed(self._levels[lowest].values()), over - len(victims)))
+            if len(victims) == over:
+                break
+        if len(victims) < over:
             self._shed(level, "refused")
-            raise self._queue_full(f"{self._queued} requests queued, max_queue_size {s.max_queue_size}")
-        victim = next(reversed(self._levels[lowest].values()))  # the newest of the lowest level
-        self._remove(victim)
-        self._shed(lowest, "displaced")
-        victim.fail(self._queue_full(f"displaced by a request of priority {level}"))
+            raise self._queue_full(
+                f"{self._queued} requests queued, max_queue_size {s.max_queue_size}"
+                + (f"; this one needs {count} places" if count > 1 else "")
+            )
+        shed_groups: set[int] = set()  # a displaced request in pieces counts once
+        for victim in victims:
+            self._remove(victim)
+            if victim.group is None or id(victim.group) not in shed_groups:
+                self._shed(victim.level, "displaced")
+                if victim.group is not None:
+                    shed_groups.add(id(victim.group))
+            victim.fail(self._queue_full(f"displaced by a request of priority {level}"))
 
     def _queue_full(self, why: str) -> ServingError:
         retry = max(1, math.ceil(self._settings.max_queue_delay_seconds + 0.5))
@@ -651,6 +734,33 @@ class Batcher:
             self._check_idle()
             self._judge_early = True
             self._changed.set()
+
+
+def split_rows(inputs: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+    """``inputs`` (name -> array, rows first, every array as many rows) cut into pieces of at most
+    ``size`` rows (the last one shorter), in order; views, not copies. One piece when it has at most
+    ``size`` rows (or no rows)."""
+    total = len(next(iter(inputs.values()))) if inputs else 0
+    if total <= size:
+        return [dict(inputs)]
+    return [
+        {name: array[start : start + size] for name, array in inputs.items()}
+        for start in range(0, total, size)
+    ]
+
+
+def join_rows(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The outputs of the pieces of one request (``split_rows``; each name -> array, rows first) as one:
+    each output's rows concatenated in piece order."""
+    if len(outputs) == 1:
+        return dict(outputs[0])
+    return {name: np.concatenate([out[name] for out in outputs]) for name in outputs[0]}
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieve a finished future's exception (asyncio logs the ones never retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _check_timeout(timeout_us: object) -> None:

@@ -112,6 +112,9 @@ class InferCall:
         shm_inputs: inputs left in registered shared-memory regions (name -> datatype, shape, where).
         shm_outputs: outputs to write into regions (name -> where); also named in ``outputs``.
         cache: read and fill the response cache (where it is on); a request's ``cache`` parameter.
+        split: the rows may be more than one batch: queued as pieces of at most ``max_batch_size``
+            rows, admitted all together or not at all (``Batcher.infer_pieces``; the OpenAI routes),
+            still one request in every count.
     """
 
     inputs: dict[str, np.ndarray]
@@ -122,6 +125,7 @@ class InferCall:
     shm_inputs: Mapping[str, SharedInput] = field(default_factory=dict)
     shm_outputs: Mapping[str, RegionRef] = field(default_factory=dict)
     cache: bool = True
+    split: bool = False
 
 
 #: An async callable that decodes a request: the transport's part, run inside the data plane's count.
@@ -480,7 +484,8 @@ class DataPlane:
                 self._count_cache(True, lookup, 0)
         if outputs is None:
             timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
-            outputs = await batcher.infer(inputs, priority=call.priority, timeout_us=timeout_us)
+            queue = batcher.infer_pieces if call.split else batcher.infer
+            outputs = await queue(inputs, priority=call.priority, timeout_us=timeout_us)
             if self.cache is not None and key is not None:
                 t1 = time.perf_counter()
                 evicted = self.cache.put(key, outputs)

@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 _seq = itertools.count()
 
 
+class RequestGroup:
+    """The pieces of one request queued as several (``Batcher.infer_pieces``): ``pending`` of them have
+    not started yet; the request's queue time is recorded once, when the last one starts."""
+
+    def __init__(self, pending: int) -> None:
+        self.pending = pending
+
+
 @dataclass(eq=False)
 class QueuedRequest:
     """One infer request from submission to its outcome.
@@ -51,6 +59,7 @@ class QueuedRequest:
         future: resolved with this request's outputs, or failed with its error.
         key: batch key (``ServableModel.batch_key``). seq: arrival order (unique, increasing).
         timer: the queue-timeout timer, or None. taken: taken into a batch.
+        group: the request this is a piece of (``RequestGroup``), or None for a whole request.
     """
 
     inputs: Mapping[str, np.ndarray]
@@ -62,6 +71,7 @@ class QueuedRequest:
     seq: int = field(default_factory=lambda: next(_seq))
     timer: asyncio.TimerHandle | None = None
     taken: bool = False
+    group: RequestGroup | None = None
 
     def fail(self, exc: BaseException) -> None:
         """Fail the request with ``exc`` unless it has its outcome already."""
@@ -162,6 +172,10 @@ class BatchExecutor:
         still = [r for r in live if not r.future.done()]
         counted = prep_seconds if len(still) == len(live) else 0.0  # re-formed: preprocessed again
         for req in still:
+            if req.group is not None:  # a piece of a request: its queue time counts once, at its last
+                req.group.pending -= 1
+                if req.group.pending > 0:
+                    continue
             self.metrics.observe_queue(max(0.0, now - req.enqueued - counted))
         return still
 

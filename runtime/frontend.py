@@ -182,6 +182,7 @@ class RemotePlane:
             outputs=list(call.outputs),
             usage=call.usage,
             cache=call.cache,
+            split=call.split,
             shm_inputs=[
                 (n, d, list(shape), r.region, r.offset, r.byte_size)
                 for n, (d, shape, r) in call.shm_inputs.items()

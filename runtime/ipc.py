@@ -18,7 +18,7 @@ tensor extension's layout (each element a 4-byte little-endian length, then the 
 Operations (``Header.op``), front end -> model process:
 
 - ``infer``: ``model`` and ``version`` as the request named them, tensors, the requested ``outputs``
-  (and ``usage``: the model's token counts too),
+  (and ``usage``: the model's token counts too; ``split``: rows queued as pieces admitted together),
   ``priority`` and ``timeout_us`` as the request sent them (the data plane judges them all),
   ``received`` (``time.monotonic()`` when the front end got the request; CLOCK_MONOTONIC is one
   clock for every process of the machine): the request's deadline travels with it
@@ -91,6 +91,8 @@ class Header(msgspec.Struct, omit_defaults=True):
     outputs: list[str] = msgspec.field(default_factory=list)
     usage: bool = False
     cache: bool = True
+    #: the rows may be queued as several pieces, admitted together (``dataplane.InferCall.split``)
+    split: bool = False
     #: inputs left in shared memory: (name, datatype, shape, region, offset, byte_size)
     shm_inputs: list[tuple[str, str, list[int], str, int, int]] = msgspec.field(default_factory=list)
     #: outputs to write into shared memory: (name, region, offset, byte_size)

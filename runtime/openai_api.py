@@ -2,11 +2,18 @@
 ``GET /v1/models``.
 
 What LangChain, LlamaIndex, Haystack and the ``openai`` SDK call (``OpenAI(base_url=".../v1")``), served
-by the same data plane as the Open Inference Protocol: the texts of one request go to the batcher as
-one or more v2 calls (at most ``batching.max_batch_size`` rows each, submitted together), so they batch
-with v2 requests, obey the queue limits and priorities, are counted in the metrics and refused (503)
-while the model loads or drains, exactly as v2 requests are. A transport like ``rest``: it decodes
-OpenAI's JSON, calls the plane, encodes OpenAI's answer.
+by the same data plane as the Open Inference Protocol: the texts of one request are one call to the
+plane (``InferCall.split``), which queues them as pieces of at most ``batching.max_batch_size`` rows,
+admitted all together or not at all (``Batcher.infer_pieces``: a queue without room for every piece
+is one 429 and nothing computed), so they batch with v2 requests, obey the queue limits and
+priorities, are counted once in the metrics and refused (503) while the model loads or drains,
+exactly as v2 requests are. A transport like ``rest``: it decodes OpenAI's JSON, calls the plane,
+encodes OpenAI's answer.
+
+One request holds at most ``max_rows(limits, columns)`` texts (``MAX_INPUTS``, OpenAI's own limit, or
+fewer where ``limits.max_request_elements`` says so) whose UTF-8 bytes (each row's, the rerank query
+counted in every row, as the v2 route counts a BYTES tensor) are at most ``limits.max_request_bytes``;
+beyond either, 413 naming ``input`` (``documents``) before anything is queued (``check_size``).
 
 ``POST /v1/embeddings`` (OpenAI's "Create embeddings"), for a model with one BYTES input (the text) and
 an FP32 output of shape [-1, dim] (the bundled MiniLM and every Hugging Face text embedder):
@@ -34,8 +41,8 @@ KServe serve it), for a reranker (inputs ``query`` and ``text`` BYTES [-1], outp
 - ``top_n``: how many results, the best first (default: all; more than the documents: all);
 - ``return_documents``: also return each result's document (default false).
 
-Each document is one (query, document) row of a v2 call (at most ``batching.max_batch_size`` rows per
-call, the calls submitted together, batched with every other request). The answer is ``{"results":
+Each document is one (query, document) row of the request's one call to the plane (queued as pieces of
+at most ``batching.max_batch_size`` rows, batched with every other request). The answer is ``{"results":
 [{"index": i, "relevance_score": s, "document": {"text": ...}?}], "model": ..., "usage":
 {"prompt_tokens": n, "total_tokens": n}}``, results by descending score (ties by index), ``index``
 the document's position in the request, ``relevance_score`` the model's score (the reranker's
@@ -46,20 +53,19 @@ sigmoid or raw logit, as its config says). A model that is no reranker answers 4
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
 from kubeinfer.runtime.auth import BearerAuth
-from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.config import LimitsConfig, RuntimeConfig
 from kubeinfer.runtime.dataplane import InferCall, Plane, internal_error
-from kubeinfer.runtime.errors import InferenceError
+from kubeinfer.runtime.errors import InferenceError, InputError
 from kubeinfer.runtime.models.base import TOKEN_COUNTS
 from kubeinfer.runtime.rest import BODY_LIMIT_FACTOR, JSON, read_body
 from starlette.requests import Request
@@ -81,11 +87,29 @@ ERROR_TYPES: dict[int, str] = {
 }
 
 
+#: Most texts of one request: OpenAI's own limit on ``input`` (``documents`` of a rerank request).
+MAX_INPUTS = 2048
+
+
+def max_rows(limits: LimitsConfig, columns: int = 1) -> int:
+    """Most rows of one OpenAI request: ``MAX_INPUTS``, or fewer when rows of ``columns`` BYTES elements
+    each (embeddings 1: the text; rerank 2: query and document) would pass ``limits.max_request_elements``."""
+    return min(MAX_INPUTS, limits.max_request_elements // columns)
+
+
 class OpenAIError(InferenceError):
     """An error answered in OpenAI's shape; ``param`` names the request field at fault."""
 
-    def __init__(self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None):
-        super().__init__(message, status)
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        headers: Mapping[str, str] | None = None,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message, status, headers)
         self.param = param
         self.code = code
 
@@ -153,6 +177,44 @@ def parse_embeddings_request(body: bytes | bytearray | memoryview) -> dict[str, 
     ):
         raise OpenAIError(f"'dimensions' must be a positive integer, got {dimensions!r}", param="dimensions")
     return {"model": model, "texts": texts, "encoding_format": encoding, "dimensions": dimensions}
+
+
+def check_size(param: str, rows: int, columns: int, payload: int, limits: LimitsConfig) -> None:
+    """Refuse an OpenAI request over the limits of one request, before anything is queued.
+
+    Args:
+        param: the request field holding the rows (``input``, ``documents``), named in the error.
+        rows: the texts (rows) it holds. columns: BYTES elements per row (``max_rows``).
+        payload: the UTF-8 bytes of every row's elements together.
+        limits: the runtime's ``limits``.
+
+    Raises:
+        OpenAIError: 413 naming ``param``: more rows than ``max_rows(limits, columns)``, or more payload
+            bytes than ``limits.max_request_bytes``.
+    """
+    most = max_rows(limits, columns)
+    if rows > most:
+        raise OpenAIError(
+            f"'{param}' has {rows} items, over the limit of {most} per request "
+            f"(OpenAI's {MAX_INPUTS}, or limits.max_request_elements {limits.max_request_elements} "
+            f"over {columns} element(s) a row); split it into smaller requests",
+            413,
+            param=param,
+        )
+    if payload > limits.max_request_bytes:
+        raise OpenAIError(
+            f"'{param}' carries {payload} bytes of text, over the limit of {limits.max_request_bytes} "
+            "(limits.max_request_bytes); split it into smaller requests",
+            413,
+            param=param,
+        )
+
+
+def text_rows(texts: Sequence[str]) -> tuple[np.ndarray, int]:
+    """``texts`` as a BYTES tensor (object array [len(texts)] of UTF-8 ``bytes``) and its payload bytes."""
+    rows = np.empty(len(texts), dtype=object)
+    rows[:] = [t.encode("utf-8") for t in texts]
+    return rows, sum(len(b) for b in rows)
 
 
 def embedding_tensors(metadata: dict[str, Any]) -> tuple[str, str, int]:
@@ -258,8 +320,7 @@ class OpenAIRoutes:
 
     Args:
         plane: the data plane (``DataPlane`` or a front end's ``RemotePlane``).
-        cfg: the runtime configuration (body limit; ``batching.max_batch_size``, the warmed maximum
-            rows of one call to the plane).
+        cfg: the runtime configuration (``limits``: the body limit and the size of one request).
     """
 
     def __init__(self, plane: Plane, cfg: RuntimeConfig) -> None:
@@ -327,13 +388,19 @@ class OpenAIRoutes:
                     param="model",
                     code="model_not_found",
                 )
+            documents: list[str] = req["documents"]
+            texts, payload = text_rows(documents)
+            query = req["query"].encode("utf-8")
+            check_size("documents", len(documents), 2, payload + len(query) * len(documents), self.cfg.limits)
             check_reranker(await self.plane.model_metadata(served, None))
         except InferenceError as exc:
             await self._refuse(received, exc)
             raise
-        documents: list[str] = req["documents"]
-        queries = [req["query"]] * len(documents)
-        scores, tokens = await self._run_rows(received, {"query": queries, "text": documents}, "score")
+        queries = np.full(len(documents), query, dtype=object)  # one bytes object, not a copy a row
+        columns = {"query": queries, "text": texts}
+        scores, tokens = await self._run_rows(
+            received, columns, "score", {"query": "query", "text": "documents"}
+        )
         doc = {
             "results": rerank_results(scores, documents, req["top_n"], req["return_documents"]),
             "model": self.plane.model_name,
@@ -355,6 +422,8 @@ class OpenAIRoutes:
             self.auth.check(request.headers.get("authorization"))
             body = await read_body(request, BODY_LIMIT_FACTOR * self.cfg.limits.max_request_bytes)
             req = parse_embeddings_request(body)
+            rows, payload = text_rows(req["texts"])
+            check_size("input", len(rows), 1, payload, self.cfg.limits)
             served = self.plane.model_name
             if req["model"] != served:
                 raise OpenAIError(
@@ -374,8 +443,7 @@ class OpenAIRoutes:
         except InferenceError as exc:
             await self._refuse(received, exc)
             raise
-        texts: list[str] = req["texts"]
-        embeddings, tokens = await self._embed(received, texts, text_input, output)
+        embeddings, tokens = await self._run_rows(received, {text_input: rows}, output, {text_input: "input"})
         data = [
             {"object": "embedding", "index": i, "embedding": encode_embedding(row, req["encoding_format"])}
             for i, row in enumerate(embeddings)
@@ -388,46 +456,28 @@ class OpenAIRoutes:
         }
         return Response(_ENCODER.encode(doc), 200, media_type=JSON)
 
-    async def _embed(
-        self, received: float, texts: Sequence[str], text_input: str, output: str
-    ) -> tuple[np.ndarray, int]:
-        """Embed ``texts``: float32 [len(texts), dim] in input order and the tokens they took
-        (``_run_rows``)."""
-        return await self._run_rows(received, {text_input: texts}, output)
-
     async def _run_rows(
-        self, received: float, columns: dict[str, Sequence[str]], output: str
+        self, received: float, columns: dict[str, np.ndarray], output: str, params: dict[str, str]
     ) -> tuple[np.ndarray, int]:
-        """Run the rows of ``columns`` (input name -> one text per row, every column as long) through the
-        plane in calls of at most ``batching.max_batch_size`` rows, submitted together. Returns
-        ``output`` with the calls' rows concatenated in input order and the tokens they took. Raises
-        the first call's ``InferenceError``."""
-        size = max(1, self.cfg.batching.max_batch_size)
-        total = len(next(iter(columns.values())))
-        starts = range(0, total, size)
+        """Run the rows of ``columns`` (input name -> BYTES tensor, one text a row, every column as long)
+        as one call to the plane, queued as pieces admitted together (``InferCall.split``). Returns
+        ``output`` (rows in input order) and the tokens they took.
 
-        def decoder(start: int) -> Any:
-            async def decode() -> InferCall:
-                inputs = {}
-                for name, texts in columns.items():
-                    rows = np.empty(len(texts[start : start + size]), dtype=object)
-                    rows[:] = [t.encode("utf-8") for t in texts[start : start + size]]
-                    inputs[name] = rows
-                return InferCall(inputs, [output], usage=True)
+        Raises:
+            InferenceError: the call's; an ``InputError`` (400, 413) as an ``OpenAIError`` naming the
+                request field of its tensor (``params``: input name -> field).
+        """
 
-            return decode
+        async def decode() -> InferCall:
+            return InferCall(dict(columns), [output], usage=True, split=True)
 
-        name = self.plane.model_name
-        results = await asyncio.gather(
-            *(self.plane.infer(received, name, None, decoder(s)) for s in starts), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        outs = [r for r in results if not isinstance(r, BaseException)]
-        values = np.concatenate([o[output] for o in outs])
-        tokens = sum(int(o[TOKEN_COUNTS].sum()) for o in outs if TOKEN_COUNTS in o)
-        return values, tokens
+        try:
+            out = await self.plane.infer(received, self.plane.model_name, None, decode)
+        except InputError as exc:
+            param = params.get(exc.tensor or "", next(iter(params.values())))
+            raise OpenAIError(exc.message, exc.status, exc.headers, param=param) from None
+        tokens = int(out[TOKEN_COUNTS].sum()) if TOKEN_COUNTS in out else 0
+        return out[output], tokens
 
 
 def encode_embedding(row: np.ndarray, encoding_format: str) -> list[float] | str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +39,10 @@ TEXTS = [
 ]
 
 
+#: The runtime's ``batching.max_queue_size``: a request of ``4 * QUEUE`` texts fills its queue.
+QUEUE = 16
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_hf_dir(tmp_path_factory.mktemp("tiny"))
@@ -44,10 +50,11 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["http_workers=1", "http_workers=2"])
 def runtime(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeProcess]:
-    # max_batch_size 4: the 10 texts of one OpenAI request go to the batcher as three calls
+    # max_batch_size 4: the 10 texts of one OpenAI request go to the batcher as three pieces;
+    # max_queue_size 16: 64 texts fill the queue (test_one_request_one_outcome)
     cfg = tiny_hf_config(
         tiny_dir,
-        batching={"max_batch_size": 4, "max_queue_delay_seconds": 0.3},
+        batching={"max_batch_size": 4, "max_queue_delay_seconds": 0.3, "max_queue_size": QUEUE},
         limits={"max_text_tokens": 32},
         server={"http_workers": request.param},
     )
@@ -159,3 +166,57 @@ def test_langchains_openai_embeddings_class_works_unchanged(runtime: RuntimeProc
     expected = v2_embeddings(runtime, TEXTS)
     np.testing.assert_allclose(np.array(embeddings.embed_documents(TEXTS)), expected, atol=1e-6)
     np.testing.assert_allclose(np.array(embeddings.embed_query(TEXTS[2])), expected[2], atol=1e-6)
+
+
+def requests_by_code(rt: RuntimeProcess) -> dict[str, float]:
+    text = rt.metrics_text()
+    found = re.findall(r'^kubeinfer_requests_total\{code="(\d+)",model="tiny"\} (\S+)$', text, re.MULTILINE)
+    counts = {code: float(value) for code, value in found}
+    m = re.search(r'^kubeinfer_request_duration_seconds_count\{model="tiny"\} (\S+)$', text, re.MULTILINE)
+    counts["latency"] = float(m.group(1)) if m else 0.0
+    return counts
+
+
+def counted_since(rt: RuntimeProcess, before: dict[str, float]) -> dict[str, float]:
+    after = requests_by_code(rt)
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def test_one_request_one_outcome(runtime: RuntimeProcess) -> None:
+    """Over the size of one request: 413 naming ``input``, fast, nothing queued; texts whose pieces do
+    not all fit the queue: one 429, nothing computed; each request counted once with its status."""
+    url = f"{runtime.url}/v1/embeddings"
+    before, stats_before = requests_by_code(runtime), stats(runtime)
+    t0 = time.monotonic()
+    r = httpx.post(url, json={"model": "tiny", "input": ["hello world"] * 100_000}, timeout=30)
+    seconds = time.monotonic() - t0
+    assert r.status_code == 413 and r.json()["error"]["param"] == "input", r.text
+    assert "over the limit of 2048" in r.json()["error"]["message"]
+    assert seconds < 5.0, seconds  # was a 429 after 14.5 s, the queue full of its 3,125 pieces
+    print(f"100k inputs ({len(r.request.content)} bytes): 413 in {seconds:.3f} s")
+    r = httpx.post(url, json={"model": "tiny", "input": ["x"] * (4 * QUEUE + 1)}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "input"  # more pieces than the queue
+    assert "max_queue_size 16" in r.json()["error"]["message"], r.text
+    assert counted_since(runtime, before) == {"413": 2.0, "latency": 2.0}
+    assert stats(runtime)["inference_count"] == stats_before["inference_count"]
+
+    # bursts of requests that each fill the whole queue: each is served whole or refused whole
+    text = "a sentence of some length, so that the model takes its time"  # under 32 tokens
+    body = {"model": "tiny", "input": [text] * (4 * QUEUE)}
+    for _ in range(5):
+        before, stats_before = requests_by_code(runtime), stats(runtime)
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(lambda _: httpx.post(url, json=body, timeout=60), range(6)))
+        ok = [r for r in codes if r.status_code == 200]
+        refused = [r for r in codes if r.status_code == 429]
+        assert len(ok) + len(refused) == 6, [r.text for r in codes]
+        assert all(len(r.json()["data"]) == 4 * QUEUE for r in ok)
+        assert all(r.json()["error"]["type"] == "rate_limit_error" for r in refused)
+        computed = stats(runtime)["inference_count"] - stats_before["inference_count"]  # type: ignore[operator]
+        assert computed == 4 * QUEUE * len(ok)  # nothing of a refused request ran
+        expected = {"200": float(len(ok)), "429": float(len(refused)), "latency": 6.0}
+        assert counted_since(runtime, before) == {k: v for k, v in expected.items() if v}
+        print(f"burst of 6 requests of {4 * QUEUE} texts: {len(ok)} served, {len(refused)} refused")
+        if refused and ok:
+            break
+    assert refused and ok, "no burst overlapped: every request found the queue empty"

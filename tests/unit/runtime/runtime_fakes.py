@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from kubeinfer.runtime.config import LimitsConfig, TensorConfig
-from kubeinfer.runtime.models.base import InputError, ServableModel
+from kubeinfer.runtime.models.base import TOKEN_COUNTS, InputError, ServableModel
 
 
 class FakeModel(ServableModel):
@@ -99,3 +99,37 @@ class KeyedFakeModel(FakeModel):
 def keyed(key: float, *values: float) -> dict[str, np.ndarray]:
     """A request whose rows have first values ``values`` and second value (batch key) ``key``."""
     return {"x": np.array([[v, key] for v in values], dtype=np.float32)}
+
+
+class FakeEmbedder(FakeModel):
+    """A text embedder as the OpenAI routes see one: input ``text`` BYTES [-1], output ``embedding`` FP32
+    [-1, 2] = (the text's length in bytes, its row's position in its batch), and the per-row token
+    counts (one token a byte). A text ``poison`` makes ``execute`` raise."""
+
+    def __init__(self, max_batch_size: int = 64, name: str = "fake") -> None:
+        super().__init__(max_batch_size, name=name)
+        self.inputs = [TensorConfig(name="text", datatype="BYTES", shape=[-1])]
+        self.outputs = [TensorConfig(name="embedding", datatype="FP32", shape=[-1, 2])]
+        self.texts: list[list[bytes]] = []  # the texts of every execute call
+
+    def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> Any:
+        with self.lock:
+            self.prepared += 1
+        return [t for b in batch for t in b["text"]]
+
+    def execute(self, prepared: Any) -> dict[str, np.ndarray]:
+        texts: list[bytes] = prepared
+        self.started.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        with self.lock:
+            self.batches.append(len(texts))
+            self.texts.append(list(texts))
+        if b"poison" in texts:
+            raise ValueError("poisoned text")
+        lengths = np.array([len(t) for t in texts], dtype=np.float32)
+        embedding = np.stack([lengths, np.arange(len(texts), dtype=np.float32)], axis=1)
+        return {"embedding": embedding, TOKEN_COUNTS: lengths.astype(np.int64)}
+
+    def example_inputs(self, rows: int) -> dict[str, np.ndarray]:
+        return {"text": np.array([b"x"] * rows, dtype=object)}
