@@ -227,12 +227,19 @@ def register_spec(name: str, spec: Mapping[str, Any]) -> tuple[str, int, int]:
 
 def model_metadata_doc(model: ServableModel) -> dict[str, Any]:
     """The v2 model metadata of ``model``: name, versions, platform, inputs and outputs (name,
-    datatype, shape with -1 for a variable dimension)."""
+    datatype, shape with -1 for a variable dimension). An input declared with the batch dimension only
+    is listed as [-1, 1] (``ServableModel.column_inputs``: one element per row, as Triton lists it)."""
+    inputs = []
+    for spec in model.inputs:
+        doc = spec.model_dump()
+        if spec.name in model.column_inputs:
+            doc["shape"] = [-1, 1]
+        inputs.append(doc)
     return {
         "name": model.name,
         "versions": [MODEL_VERSION],
         "platform": model.platform,
-        "inputs": [s.model_dump() for s in model.inputs],
+        "inputs": inputs,
         "outputs": [s.model_dump() for s in model.outputs],
     }
 

@@ -285,8 +285,12 @@ def _documents(raw: Any) -> list[str]:
 
 def check_reranker(metadata: dict[str, Any]) -> None:
     """Raises ``OpenAIError`` 400 (param ``model``) unless the v2 model metadata is a reranker's: inputs
-    ``query`` and ``text`` BYTES [-1], an output ``score`` FP32 [-1]."""
-    inputs = {(t["name"], t["datatype"], tuple(t["shape"])) for t in metadata["inputs"]}
+    ``query`` and ``text`` BYTES of one element per row (the metadata lists them [-1, 1]), an output
+    ``score`` FP32 [-1]."""
+    inputs = {
+        (t["name"], t["datatype"], (-1,) if list(t["shape"]) == [-1, 1] else tuple(t["shape"]))
+        for t in metadata["inputs"]
+    }
     outputs = {(t["name"], t["datatype"], tuple(t["shape"])) for t in metadata["outputs"]}
     if (
         inputs != {("query", "BYTES", (-1,)), ("text", "BYTES", (-1,))}

@@ -22,6 +22,7 @@ also accepted for a BF16 input and converted by the model.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
@@ -117,17 +118,23 @@ class ServableModel(ABC):
     #: the value. Being inputs, they are part of the response cache's key.
     request_inputs: frozenset[str] = frozenset()
 
-    def with_config_shapes(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        """``inputs`` with every tensor declared with the batch dimension only (shape [-1]; not a
-        ``request_inputs``) that was sent as [rows, 1] taken as [rows].
-
-        [rows, 1] is the shape the model configuration gives such a tensor (``runtime.model_config``:
-        Triton's ``dims: [1]`` with ``reshape: {shape: []}``), the one Triton's clients that read the
-        configuration send (perf_analyzer does); the runtime accepts it as Triton does. Any other tensor
-        is left as it came, for ``validate`` to judge."""
-        batch_only = {
+    @functools.cached_property
+    def column_inputs(self) -> frozenset[str]:
+        """The inputs declared with the batch dimension only (shape [-1], e.g. a text model's text;
+        not a ``request_inputs``), which the model metadata lists as [-1, 1], one element per row (as
+        Triton lists a tensor of ``dims: [1]``): clients that build their tensors from the metadata
+        (perf_analyzer) send [rows, 1], others [rows]; ``with_config_shapes`` takes both."""
+        return frozenset(
             s.name for s in self.inputs if list(s.shape) == [-1] and s.name not in self.request_inputs
-        }
+        )
+
+    def with_config_shapes(self, inputs: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """``inputs`` with every ``column_inputs`` tensor sent as [rows, 1] taken as [rows] (the
+        shape the model metadata lists; the runtime accepts it as Triton does). Any other tensor is
+        left as it came, for ``validate`` to judge."""
+        batch_only = self.column_inputs
+        if not batch_only:
+            return inputs
 
         def column(name: str, array: np.ndarray) -> bool:
             return name in batch_only and array.ndim == 2 and array.shape[1] == 1

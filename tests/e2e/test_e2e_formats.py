@@ -316,7 +316,7 @@ def test_text_classifier_gives_transformers_labels_and_scores(
     client = _client(module, served, name)
     assert _metadata(client, name) == {
         "platform": platform,
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [
             {"name": "label", "datatype": "BYTES", "shape": [-1]},
             {"name": "score", "datatype": "FP32", "shape": [-1]},
@@ -376,8 +376,8 @@ def test_reranker_scores_each_pair_as_transformers_does(
     assert _metadata(client, "reranker") == {
         "platform": "onnxruntime_onnx",
         "inputs": [
-            {"name": "query", "datatype": "BYTES", "shape": [-1]},
-            {"name": "text", "datatype": "BYTES", "shape": [-1]},
+            {"name": "query", "datatype": "BYTES", "shape": [-1, 1]},
+            {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
         ],
         "outputs": [{"name": "score", "datatype": "FP32", "shape": [-1]}],
     }

@@ -122,7 +122,7 @@ def test_classifier_over_rest_and_grpc(classifier: RuntimeProcess, classifier_di
         assert metadata(client) == {
             **metadata(client),
             "platform": "onnxruntime_onnx",
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}],
             "outputs": [
                 {"name": "label", "datatype": "BYTES", "shape": [-1]},
                 {"name": "score", "datatype": "FP32", "shape": [-1]},

@@ -100,7 +100,7 @@ def test_entities_over_rest_and_grpc(tagger: RuntimeProcess, pipeline: Any) -> N
                 for tensors in (meta.inputs, meta.outputs)
             )
         assert inputs == [
-            {"name": "text", "datatype": "BYTES", "shape": [-1]},
+            {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
             {"name": "aggregation_strategy", "datatype": "BYTES", "shape": [1]},
         ]
         assert outputs == [{"name": "entities", "datatype": "BYTES", "shape": [-1]}]

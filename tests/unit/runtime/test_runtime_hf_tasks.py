@@ -188,7 +188,7 @@ def test_multi_label_classifier_scores_are_sigmoids(dirs: dict[str, Path]) -> No
 
 def test_classifier_metadata_states_its_tensors(classifier: TextClassifierModel) -> None:
     doc = model_metadata_doc(classifier)
-    assert doc["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert doc["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
     assert doc["outputs"] == [
         {"name": "label", "datatype": "BYTES", "shape": [-1]},
         {"name": "score", "datatype": "FP32", "shape": [-1]},
@@ -230,8 +230,8 @@ def reranker_dir(model: CrossEncoderModel) -> str:
 def test_reranker_metadata_errors_and_warmup(reranker: CrossEncoderModel) -> None:
     doc = model_metadata_doc(reranker)
     assert doc["inputs"] == [
-        {"name": "query", "datatype": "BYTES", "shape": [-1]},
-        {"name": "text", "datatype": "BYTES", "shape": [-1]},
+        {"name": "query", "datatype": "BYTES", "shape": [-1, 1]},
+        {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
     ]
     assert doc["outputs"] == [{"name": "score", "datatype": "FP32", "shape": [-1]}]
     with pytest.raises(InputError, match="'query' is missing") as missing:

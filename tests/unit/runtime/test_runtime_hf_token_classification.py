@@ -289,7 +289,7 @@ def test_a_left_padding_tokenizer_tags_as_the_fast_path_does(
 def test_metadata_states_the_tensors(tagger: TokenClassifierModel) -> None:
     doc = model_metadata_doc(tagger)
     assert doc["inputs"] == [
-        {"name": "text", "datatype": "BYTES", "shape": [-1]},
+        {"name": "text", "datatype": "BYTES", "shape": [-1, 1]},
         {"name": "aggregation_strategy", "datatype": "BYTES", "shape": [1]},
     ]
     assert doc["outputs"] == [{"name": "entities", "datatype": "BYTES", "shape": [-1]}]
