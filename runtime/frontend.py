@@ -15,7 +15,8 @@ Health: ``/v2/health/live`` is 200 when this process runs and the model process 
 ask the model process, so readiness is the model process's; ``/metrics`` is the model process's
 exposition (one ``/metrics`` for the pod, whichever front end answers). Requests this process refuses
 itself (a body it cannot read or decode, an unknown model) are counted in the model process's metrics
-with a one-way ``count`` message.
+with a one-way ``count`` message. When a client leaves (an HTTP disconnect, a cancelled gRPC call) after
+its call went to the model process, a one-way ``cancel`` tells the model process to drop it.
 
 Signals: SIGTERM (sent by the model process after its drain) closes the listener and waits for the
 requests in flight (uvicorn's graceful shutdown); SIGINT is ignored (a Ctrl-C reaches the whole
