@@ -145,6 +145,10 @@ async def apps(tmp_path: Path) -> AsyncIterator[Apps]:
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
 
 
+#: One entry per ``receive`` call of the last ``asgi_call``.
+received: list[int] = []
+
+
 async def asgi_call(app: RestApp, chunks: list[bytes], leave: asyncio.Event) -> list[dict[str, Any]]:
     """POST ``BODY`` (declared whole) sent as ``chunks``; after them ``receive`` waits for ``leave``
     and then says ``http.disconnect``, as uvicorn does when the connection is lost. Returns what the
@@ -165,8 +169,10 @@ async def asgi_call(app: RestApp, chunks: list[bytes], leave: asyncio.Event) -> 
     }
     pending = list(chunks)
     sent: list[dict[str, Any]] = []
+    received.clear()
 
     async def receive() -> dict[str, Any]:
+        received.append(len(received))
         if pending:
             chunk = pending.pop(0)
             return {"type": "http.request", "body": chunk, "more_body": bool(pending) or chunk != BODY}
@@ -223,7 +229,17 @@ async def test_a_client_that_stays_is_answered_and_never_cancelled(apps: Apps, w
     leave = asyncio.Event()  # never set: the watch waits on receive() until it is stopped
     sent = await asyncio.wait_for(asgi_call(app, [BODY], leave), 5)  # answered after the watch began
     assert sent[0]["status"] == 200 and json.loads(sent[1]["body"])["outputs"]
+    assert len(received) == 2  # the body, then the watch's receive() (stopped before the answer)
     assert codes(apps.plane) == {200: 1.0}
+
+
+@pytest.mark.parametrize("which", ["one", "front"])
+async def test_a_request_answered_at_once_costs_no_watching_task(apps: Apps, which: str) -> None:
+    apps.plane.attach(apps.model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.0))
+    app = apps.one if which == "one" else apps.front
+    sent = await asyncio.wait_for(asgi_call(app, [BODY], asyncio.Event()), 5)
+    assert sent[0]["status"] == 200
+    assert len(received) == 1  # the body only: answered within DISCONNECT_WATCH_AFTER_SECONDS
 
 
 # --- the IPC: a front end's cancelled call cancels its handler in the model process -----------------
