@@ -60,6 +60,17 @@ as many newer requests of lower levels as needed (a request in pieces displaced 
 none (429; a request of more pieces than ``max_queue_size``, or its level's limit, can never be
 queued: 413). Once one piece fails, the pieces still queued leave the queue, so no work is done for
 a request that has its outcome.
+
+Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
+request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
+gets none: still queued, it leaves the queue and is never computed; already taken into a batch, the
+batch runs for the others (a batch that has not started yet is re-formed without it) and its rows
+are dropped.
+
+Split of the work: ``Batcher`` (this module) holds the queue and the dispatch; all queue state lives on
+the event loop thread. A batch it takes runs on the ``BatchExecutor`` (``kubeinfer.runtime.executor``),
+which owns the threads (``executors`` execute threads, a look-ahead preprocessing pool) and isolates a
+failing request by bisection.
 """
 
 from __future__ import annotations
@@ -439,6 +450,8 @@ class Batcher:
         Raises:
             InputError: 400/413 (bad tensors, bad parameters, more rows than the warmed maximum).
             ServingError: 429 queue full, 503 not accepting, 504 timed out while queued, 500 model error.
+            asyncio.CancelledError: the calling task was cancelled (its client left); a request still
+                queued is removed from the queue first.
         """
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)

@@ -16,7 +16,8 @@ once, so every transport answers the same input the same way:
   the model;
 - metrics: every infer request in flight and every outcome, with its status code and its
   receipt-to-answer seconds (``DataPlane.infer``; ``DataPlane.count`` for an outcome a front-end
-  process decided itself);
+  process decided itself); a client that left before its answer is 499 (``errors.CLIENT_CLOSED``),
+  whichever transport saw it go, and its queued work is dropped;
 - errors: every failure is one ``InferenceError`` with its status; any other exception becomes a
   500 that names it (``internal_error``): the process never dies on a request;
 - the protocol extensions served by more than one transport: health (``liveness``, ``readiness``),
@@ -46,7 +47,14 @@ from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.cache import ResponseCache, cache_key
 from kubeinfer.runtime.config import CacheConfig
 from kubeinfer.runtime.dtypes import NUMPY_DTYPES
-from kubeinfer.runtime.errors import HTTPError, InferenceError, InputError, ProtocolError, ServingError
+from kubeinfer.runtime.errors import (
+    CLIENT_CLOSED,
+    HTTPError,
+    InferenceError,
+    InputError,
+    ProtocolError,
+    ServingError,
+)
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.model_config import model_config_doc
 from kubeinfer.runtime.models.base import TOKEN_COUNTS, ServableModel
@@ -448,7 +456,10 @@ class DataPlane:
         self, received: float, name: str, version: str | None, decode: Decoder
     ) -> dict[str, np.ndarray]:
         """See ``Plane.infer``: in flight while it runs; its status and seconds from ``received``
-        counted once, whatever the outcome."""
+        counted once, whatever the outcome. Cancelled (its client left: the REST transport's disconnect
+        watch, gRPC's cancellation, a front end's ``cancel``), it leaves the batcher's queue (a batch
+        already running finishes without it), is counted ``CLIENT_CLOSED`` (499), logged at DEBUG,
+        and the ``CancelledError`` propagates."""
         metrics = self.metrics
         metrics.inflight.inc()
         status = 500
@@ -458,8 +469,14 @@ class DataPlane:
             outputs = await self._serve(batcher, await decode(), received)
             status = 200
             return outputs
+        except asyncio.CancelledError:  # its client left (REST disconnect, gRPC cancel, a front end's cancel)
+            status = CLIENT_CLOSED
+            log.debug("infer: the client left before its answer (cancelled); counted %d", status)
+            raise
         except InferenceError as exc:
             status = exc.status
+            if status == CLIENT_CLOSED:
+                log.debug("infer: the client left before its answer (%s); counted %d", exc.message, status)
             raise
         except Exception as exc:  # the process never dies on a request
             log.exception("infer failed")

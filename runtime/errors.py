@@ -13,6 +13,8 @@ carry their status; the server registers one handler). Every error that reaches 
   on it, shutting down, its ``timeout`` passed while queued), raised by the batcher.
 - ``HTTPError`` (any): the HTTP layer's own refusals (404 unknown model, 413 body too large, 400 bad
   header or encoding, 503 not ready).
+- ``ClientGone`` (499): the client left before its answer (closed the connection while sending the
+  body or while its request waited); counted, never answered.
 
 Pure: imports nothing but the standard library.
 """
@@ -21,6 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import ClassVar
+
+#: The status counted for a request whose client left before its answer (nginx's "client closed
+#: request"; a cancelled gRPC call, CANCELLED, is counted with it). Never sent: nobody reads it.
+CLIENT_CLOSED = 499
 
 
 class InferenceError(Exception):
@@ -93,3 +99,11 @@ class HTTPError(InferenceError):
     ready 503)."""
 
     default_status = 400
+
+
+class ClientGone(InferenceError):
+    """The client left before its answer: it closed the connection while sending the body, or while
+    its request was queued or computed (REST), or cancelled its call (gRPC): ``CLIENT_CLOSED`` (499).
+    Counted in the metrics; no response is sent (the connection is gone)."""
+
+    default_status = CLIENT_CLOSED

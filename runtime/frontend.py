@@ -15,7 +15,8 @@ Health: ``/v2/health/live`` is 200 when this process runs and the model process 
 ask the model process, so readiness is the model process's; ``/metrics`` is the model process's
 exposition (one ``/metrics`` for the pod, whichever front end answers). Requests this process refuses
 itself (a body it cannot read or decode, an unknown model) are counted in the model process's metrics
-with a one-way ``count`` message.
+with a one-way ``count`` message. When a client leaves (an HTTP disconnect, a cancelled gRPC call) after
+its call went to the model process, a one-way ``cancel`` tells the model process to drop it.
 
 Signals: SIGTERM (sent by the model process after its drain) closes the listener and waits for the
 requests in flight (uvicorn's graceful shutdown); SIGINT is ignored (a Ctrl-C reaches the whole
@@ -39,7 +40,7 @@ import numpy as np
 from kubeinfer.runtime import ipc
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import Decoder, check_model, decode_off_loop, internal_error, not_ready_error
-from kubeinfer.runtime.errors import InferenceError
+from kubeinfer.runtime.errors import CLIENT_CLOSED, InferenceError
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.rest import RestApp, UvicornServer, event_loop_factory, listen_socket, uvicorn_config
@@ -157,14 +158,21 @@ class RemotePlane:
         """Check the model and that it is loaded (as ``DataPlane.infer`` does before decoding), decode
         here, then have the model process's data plane serve the call (``Plane.infer``). An outcome
         decided here is counted there with a one-way ``count`` message; every other outcome is counted
-        there. A drain is the model process's to refuse (after the decoding)."""
+        there. A drain is the model process's to refuse (after the decoding). Cancelled (the client
+        left), before the call was sent it is counted 499 here; after, ``ipc.ModelClient.call`` sends
+        the model process a ``cancel``, whose data plane drops the request and counts it."""
         try:
             check_model(self.model_name, name, version)
             if self._metadata is None:
                 await self._loaded()
             call = await decode()
+            size = sum(array.nbytes for array in call.inputs.values())  # BYTES: 8 bytes an element
+            specs, frames = await decode_off_loop(size, ipc.encode_tensors, call.inputs)
         # no local may hold the exception past its handler: its traceback holds the decoder's frame,
         # which holds the body, and a cycle through this frame would keep the body until a GC run
+        except asyncio.CancelledError:  # the client left before the call reached the model process
+            await self._count(CLIENT_CLOSED, received)
+            raise
         except InferenceError as exc:
             await self._count(exc.status, received)
             raise
@@ -172,8 +180,6 @@ class RemotePlane:
             log.exception("decoding failed")
             await self._count(500, received)
             raise internal_error(exc) from exc
-        size = sum(array.nbytes for array in call.inputs.values())  # BYTES: 8 bytes an element
-        specs, frames = await decode_off_loop(size, ipc.encode_tensors, call.inputs)
         header = ipc.Header(
             op="infer",
             model=name,

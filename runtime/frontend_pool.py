@@ -23,7 +23,9 @@ as a request served in this process; its duration counts from the front end's re
 ``status`` -> readiness; ``model`` -> model metadata, ``config`` -> the model configuration,
 ``model_ready`` -> model readiness, ``stats`` ->
 the statistics extension (errors such as 404 cross as ``Header.error``); ``metrics`` -> the
-exposition; ``count`` -> an outcome a front end decided itself (``DataPlane.count``).
+exposition; ``count`` -> an outcome a front end decided itself (``DataPlane.count``). A ``cancel`` (the
+front end's client left) never reaches ``handle``: the endpoint cancels the handler of that call, and
+``DataPlane.infer`` drops the request from the queue and counts it 499.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ Status codes (the REST status in brackets): INVALID_ARGUMENT malformed request, 
 shape, bad parameter, over a limit (400, 413); NOT_FOUND unknown model or version (404);
 RESOURCE_EXHAUSTED queue full (429); UNAVAILABLE not ready or shutting down (503); DEADLINE_EXCEEDED
 the request's ``timeout`` passed while queued (504); INTERNAL the model failed (500). The metrics
-count gRPC requests with the REST status code, so one ``kubeinfer_requests_total`` covers both.
+count gRPC requests with the REST status code, so one ``kubeinfer_requests_total`` covers both; a call
+the client cancelled (CANCELLED; grpc.aio cancels its handler's task) is counted 499, as a REST client
+that left, and its request leaves the batcher's queue (behind front ends too: ``ipc``'s ``cancel``).
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,

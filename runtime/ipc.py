@@ -34,6 +34,10 @@ Operations (``Header.op``), front end -> model process:
   pod: the front ends proxy it).
 - ``count``: a response the front end gave itself (bad request, unknown model): ``code``, ``seconds``;
   no reply. ``hello``: a new front end is listening (``pid``); no reply.
+- ``cancel``: ``id`` = the ``id`` of a call of this front end whose caller left (the HTTP client
+  disconnected, the gRPC call was cancelled): the endpoint cancels that call's handler (the data plane
+  drops the request from the queue and counts it 499); no reply, for it nor for the call. Sent by
+  ``ModelClient.call`` when its task is cancelled; one for a call already answered is ignored.
 
 Errors (``Header.error``) carry an ``InferenceError``'s class name, status, message and headers, and
 ``raise_error`` raises the same class on the front end, so the HTTP answer is the same as in one
@@ -44,6 +48,7 @@ process. Sources: the ZeroMQ guide (ROUTER/DEALER, "Asynchronous Client/Server P
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -254,16 +259,24 @@ class ModelClient:
 
     async def call(self, header: Header, frames: Sequence[Buffer] = ()) -> tuple[Header, list[zmq.Frame]]:
         """Send ``header`` (its ``id`` is set here) and ``frames``; wait for the reply (header, frames).
+        Cancelled while it waits, it sends a ``cancel`` for the call (the model process stops serving
+        it) and the ``CancelledError`` propagates.
 
         Raises ``ServingError`` 503 if the client is closed meanwhile or the message cannot be sent."""
         if self._pump is None:
             raise ServingError("model process connection closed", 503)
         header.id = next(self._ids)
-        future: asyncio.Future[tuple[Header, list[zmq.Frame]]] = self._pump.loop.create_future()
+        pump = self._pump
+        future: asyncio.Future[tuple[Header, list[zmq.Frame]]] = pump.loop.create_future()
         self._pending[header.id] = future
         try:
-            self._pump.send([encode_header(header), *frames])
+            pump.send([encode_header(header), *frames])
             return await future
+        except asyncio.CancelledError:  # the caller left: the model process need not serve the call
+            if self._pump is not None:
+                with contextlib.suppress(ServingError):
+                    self._pump.send([encode_header(Header(op="cancel", id=header.id))])
+            raise
         finally:
             self._pending.pop(header.id, None)
 
@@ -303,7 +316,8 @@ Handler = Callable[[Header, list[zmq.Frame]], Awaitable[tuple[Header, Sequence[B
 class ModelEndpoint:
     """The model process's side (ROUTER): every message from a front end runs ``handler`` in its own task;
     the reply goes back to the front end that sent it (to none if that front end is gone: ZeroMQ's
-    ROUTER drops it).
+    ROUTER drops it). A ``cancel`` from a front end cancels the task of its call with that ``id``
+    (handled here, not by ``handler``).
 
     Args:
         address: ``ipc://PATH`` to bind.
@@ -320,6 +334,8 @@ class ModelEndpoint:
         self._sock = _socket(self._ctx, zmq.ROUTER)
         self._sock.bind(address)
         self._tasks: set[asyncio.Task[None]] = set()
+        #: (front end's identity, call id) -> the task serving that call, for ``cancel``
+        self._calls: dict[tuple[bytes, int], asyncio.Task[None]] = {}
         self._pump: _Pump | None = None
 
     async def run(self) -> None:
@@ -344,6 +360,16 @@ class ModelEndpoint:
         except ValueError:
             log.error("ipc: dropped a message with a malformed header")
             return
+        if header.op == "cancel":
+            call = self._calls.get((peer, header.id))
+            if call is not None:
+                call.cancel()  # its handler sees CancelledError; no reply is sent
+            return
+        key = (peer, header.id)
+        if header.id:  # a call (one-way messages have id 0): cancellable until it is answered
+            task = asyncio.current_task()
+            assert task is not None
+            self._calls[key] = task
         try:
             reply = await self._handler(header, frames)
         except InferenceError as exc:
@@ -352,6 +378,9 @@ class ModelEndpoint:
             log.exception("ipc: handler failed on %s", header.op)
             err = ServingError(f"internal error: {type(exc).__name__}: {exc}", 500)
             reply = (Header(op="reply", id=header.id, error=error_info(err)), [])
+        finally:
+            if header.id:
+                self._calls.pop(key, None)
         if reply is None or self._pump is None:
             return
         out, out_frames = reply

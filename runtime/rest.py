@@ -35,6 +35,12 @@ at the body limit), then decoded by ``protocol.decode_request`` with the ``limit
 shapes the inputs declare before it makes a tensor; a body over ``dataplane.DECODE_THREAD_BYTES`` is
 decoded on a worker thread, so that the event loop answers liveness and other requests meanwhile.
 
+A client that leaves before its answer gets none and is counted 499 (``errors.CLIENT_CLOSED``), not
+a 5xx and without a traceback: one that closes the connection while sending the body (starlette's
+``ClientDisconnect``) is ``ClientGone``; one whose request waits in the queue or is computed is seen by
+``DisconnectWatch``, which cancels the request's task, so the data plane drops it from the batcher's
+queue (a batch already running finishes without it) or, in a front end, tells the model process to.
+
 From the SIGTERM on (``Plane.closing``: during ``server.shutdown_delay_seconds``, the drain and after),
 every response carries ``Connection: close``: a keep-alive client's next request opens a new
 connection (to a pod that stays, once the endpoints dropped this one; here a 503 or a refused
@@ -63,7 +69,7 @@ import uvicorn
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane, decode_off_loop
-from kubeinfer.runtime.errors import HTTPError, InferenceError
+from kubeinfer.runtime.errors import CLIENT_CLOSED, ClientGone, HTTPError, InferenceError
 from kubeinfer.runtime.protocol import (
     MAX_FIELD_BYTES,
     cache_parameter,
@@ -73,9 +79,10 @@ from kubeinfer.runtime.protocol import (
 )
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Message, Receive
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +186,8 @@ class RestApp:
                 try:
                     body, header_length = await self._infer(Request(scope, receive))
                 except InferenceError as exc:
+                    if exc.status == CLIENT_CLOSED:
+                        return  # nobody to answer (uvicorn drops what is sent on a closed connection)
                     await error_response(exc.status, exc.message, exc.headers)(
                         scope, receive, self._send(send)
                     )
@@ -318,12 +327,14 @@ class RestApp:
         received = time.monotonic()
         params = request.path_params
         decoded = None
+        watch: DisconnectWatch | None = None
 
         async def decode() -> InferCall:
-            nonlocal decoded
+            nonlocal decoded, watch
             self._authorize(request)
             limits = self.cfg.limits
             body = await read_body(request, BODY_LIMIT_FACTOR * limits.max_request_bytes)
+            watch = DisconnectWatch(request.receive)  # the body is read: receive() now only says disconnect
             header_length = request_header_length(request)
             decoded = await decode_off_loop(len(body), decode_request, body, header_length, limits)
             return InferCall(
@@ -336,7 +347,20 @@ class RestApp:
                 cache=cache_parameter(decoded.parameters.get("cache")),
             )
 
-        outputs = await self.plane.infer(received, params["name"], params.get("version"), decode)
+        try:
+            outputs = await self.plane.infer(received, params["name"], params.get("version"), decode)
+        except asyncio.CancelledError:
+            if watch is None or not watch.gone:
+                raise
+            # the watch cancelled this task (the plane counted the request 499): not a cancellation of
+            # the server's, so it ends here, quietly
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise ClientGone("the client closed the connection before its answer") from None
+        finally:
+            if watch is not None:
+                watch.stop()
         assert decoded is not None
         return encode_response(self.plane.model_name, outputs, decoded)
 
@@ -374,6 +398,7 @@ async def read_body(request: Request, limit: int) -> Body:
     Raises:
         HTTPError: 413 over ``limit`` bytes (sent or decompressed: a small gzip body that inflates
             past it is cut off there), 400 for an unknown Content-Encoding or corrupt compressed data.
+        ClientGone: 499, the client closed the connection before the whole body arrived.
     """
     header = request.headers.get("content-length")
     declared = int(header) if header is not None and header.isdigit() else None
@@ -425,21 +450,81 @@ async def _receive(request: Request, limit: int, declared: int | None) -> Body:
     buf: np.ndarray | None = None
     grown = bytearray()
     size = 0
-    async for chunk in request.stream():
-        end = size + len(chunk)
-        if end > limit:
-            raise HTTPError(f"request body is over the limit of {limit} bytes", 413)
-        if declared is not None and end <= declared:
-            if buf is None:
-                buf = _reserve(declared)
-            buf[size:end] = np.frombuffer(chunk, np.uint8)
-        else:  # no Content-Length (or a server that let more through): grow
-            if buf is not None:
-                grown += buf.data[:size]
-                buf = None
-            grown += chunk
-        size = end
+    try:
+        async for chunk in request.stream():
+            end = size + len(chunk)
+            if end > limit:
+                raise HTTPError(f"request body is over the limit of {limit} bytes", 413)
+            if declared is not None and end <= declared:
+                if buf is None:
+                    buf = _reserve(declared)
+                buf[size:end] = np.frombuffer(chunk, np.uint8)
+            else:  # no Content-Length (or a server that let more through): grow
+                if buf is not None:
+                    grown += buf.data[:size]
+                    buf = None
+                grown += chunk
+            size = end
+    except ClientDisconnect:
+        raise ClientGone(f"the client closed the connection after {size} bytes of the body") from None
     return grown if buf is None else buf.data[:size]
+
+
+#: Seconds after its body was read before a request's connection is watched for the client leaving
+#: (``DisconnectWatch``): a request answered sooner costs a timer, not a task (the fast path).
+DISCONNECT_WATCH_AFTER_SECONDS = 0.05
+
+
+class DisconnectWatch:
+    """Cancels the task that serves an HTTP request when its client leaves before the answer.
+
+    Once the body is read, the ASGI ``receive`` of uvicorn blocks until the connection is lost (then
+    ``http.disconnect``) or the response is complete; uvicorn itself neither cancels the request's
+    task nor tells it otherwise (it drops what is sent afterwards). After
+    ``DISCONNECT_WATCH_AFTER_SECONDS`` (a timer: a request answered sooner creates no task) a task
+    waits on ``receive``; at ``http.disconnect`` it sets ``gone`` and cancels the task that created the
+    watch, so the data plane drops the request from the batcher's queue (or, in a front end, tells the
+    model process to) and counts it 499. A client that leaves earlier is seen when the timer fires.
+
+    Create it on the request's task after the body was read; ``stop`` it once the plane answered (before
+    the response is sent: receive() also returns ``http.disconnect`` once the response is complete).
+    """
+
+    __slots__ = ("_receive", "_task", "_timer", "_waiter", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self._waiter: asyncio.Future[Message] | None = None
+        loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = loop.call_later(DISCONNECT_WATCH_AFTER_SECONDS, self._watch)
+
+    def _watch(self) -> None:
+        self._timer = None
+        if self._task is None:
+            return
+        self._waiter = asyncio.ensure_future(self._receive())
+        self._waiter.add_done_callback(self._received)
+
+    def _received(self, waiter: asyncio.Future[Message]) -> None:
+        task = self._task
+        if task is None or waiter.cancelled() or waiter.exception() is not None:
+            return
+        if waiter.result().get("type") == "http.disconnect":
+            self.gone = True
+            self._task = None
+            task.cancel()
+
+    def stop(self) -> None:
+        """Stop watching (idempotent); the request's task is never cancelled after this."""
+        self._task = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._waiter is not None:
+            self._waiter.cancel()
+            self._waiter = None
 
 
 def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:

@@ -2,8 +2,9 @@
 batch of good ones, SIGTERM with requests queued behind a long batch timeout, SIGKILL and restart of
 the same ``RuntimeProcess``; malformed requests that were 500s (a 4xx naming the field on every
 transport, no traceback), and bodies of millions of elements refused for their declared sizes (the
-server's memory and its liveness while it reads them); each with one process and with
-``server.http_workers`` 2."""
+server's memory and its liveness while it reads them); clients that leave before their answer (a
+half-sent body, a reset while queued, a cancelled gRPC call: counted 499, not computed, no traceback);
+each with one process and with ``server.http_workers`` 2."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import gc
 import gzip
 import json
 import os
+import re
 import signal
+import socket
 import struct
 import threading
 import time
@@ -390,3 +393,137 @@ def test_a_hostile_body_is_refused_for_its_size_without_blocking_liveness(
         assert (got.status, got.message) == (case.status, case.message), case.what
         assert got.grown <= 2 * case.wire + case.inflated + RSS_SLACK_BYTES, (case.what, got.grown / 1e6)
         assert got.slowest <= LIVE_MAX_SECONDS and got.not_live == 0, (case.what, got)
+
+
+# --- clients that leave before their answer: counted 499, their queued work dropped, no traceback -----
+
+#: Seconds a batch of fewer than 8 rows waits on ``patient``: requests stay queued that long.
+PATIENT_DELAY = 2.0
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["http_workers=1", "http_workers=2"])
+def patient(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeProcess]:
+    """A runtime whose batches wait ``PATIENT_DELAY`` for 8 rows, in one process and with two front
+    ends, shared by the tests below (each compares the metrics before and after itself)."""
+    cfg = tiny_hf_config(
+        tiny_dir,
+        batching={"max_batch_size": 8, "max_queue_delay_seconds": PATIENT_DELAY},
+        limits={"max_text_tokens": 32},
+        server={"http_workers": request.param},
+    )
+    with RuntimeProcess(cfg, ready_timeout=60) as rt:
+        yield rt
+
+
+_SAMPLE = re.compile(r"^(kubeinfer_\w+)(?:\{([^}]*)\})? ([0-9.e+-]+|NaN)$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the model process counted: responses by status code, batches and rows executed, queued."""
+
+    codes: Counter[str]
+    batches: float
+    rows: float
+    queued: float
+
+
+def _counts(rt: RuntimeProcess) -> Counts:
+    codes: Counter[str] = Counter()
+    values: dict[str, float] = {}
+    for name, labels, value in _SAMPLE.findall(rt.metrics_text()):
+        if name == "kubeinfer_requests_total":
+            codes[re.search(r'code="(\d+)"', labels).group(1)] += int(float(value))  # type: ignore[union-attr]
+        else:
+            values[name] = float(value)
+    return Counts(
+        codes,
+        values.get("kubeinfer_batch_size_count", 0.0),
+        values.get("kubeinfer_batch_size_sum", 0.0),
+        values.get("kubeinfer_queue_size", 0.0),
+    )
+
+
+def _wait_for(rt: RuntimeProcess, done: Callable[[Counts], bool], timeout: float = 5.0) -> Counts:
+    """The counts once ``done`` holds for them, or the last ones after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    counts = _counts(rt)
+    while not done(counts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        counts = _counts(rt)
+    return counts
+
+
+def _post(rt: RuntimeProcess, body: bytes, send: int | None = None) -> socket.socket:
+    """A raw connection that sent ``POST INFER`` with ``body`` (its first ``send`` bytes only)."""
+    sock = socket.create_connection((rt.host, rt.port), timeout=10)
+    head = (
+        f"POST {INFER} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + body[:send])
+    return sock
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a client that crashed or timed out does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _served(before: Counts, after: Counts) -> dict[str, int]:
+    return {code: n - before.codes[code] for code, n in after.codes.items() if n != before.codes[code]}
+
+
+def test_a_client_that_leaves_mid_body_is_counted_499_without_a_traceback(patient: RuntimeProcess) -> None:
+    logged = len(patient.log_text())
+    before = _counts(patient)
+    body = json.dumps(_row("a body sent by half")).encode()
+    sock = _post(patient, body, send=len(body) // 2)
+    time.sleep(0.2)  # the server read the first half and waits for the rest
+    sock.close()
+    after = _wait_for(patient, lambda c: sum(c.codes.values()) > sum(before.codes.values()))
+    assert _served(before, after) == {"499": 1}
+    log = patient.log_text()[logged:]
+    assert "Traceback" not in log and " ERROR " not in log, log
+
+
+def test_clients_that_reset_while_queued_are_not_computed_and_counted_499(patient: RuntimeProcess) -> None:
+    before = _counts(patient)
+    logged = len(patient.log_text())
+    socks = [_post(patient, json.dumps(_row(f"queued then reset {i}")).encode()) for i in range(5)]
+    queued = _wait_for(patient, lambda c: c.queued == 5)  # 5 rows < 8: they wait for the delay
+    assert queued.queued == 5
+    enqueued = time.monotonic()
+    for sock in socks:
+        _reset(sock)
+    left = _wait_for(
+        patient, lambda c: c.queued == 0 and sum(c.codes.values()) >= sum(before.codes.values()) + 5
+    )
+    time.sleep(max(0.0, enqueued + PATIENT_DELAY + 0.5 - time.monotonic()))  # past their batch's moment
+    after = _counts(patient)
+    assert left.queued == 0
+    assert _served(before, after) == {"499": 5}
+    assert (after.batches, after.rows) == (before.batches, before.rows)  # none of them was computed
+    log = patient.log_text()[logged:]
+    assert "Traceback" not in log and " ERROR " not in log, log
+
+
+def test_a_cancelled_grpc_call_is_dropped_and_counted_499(patient: RuntimeProcess) -> None:
+    before = _counts(patient)
+    logged = len(patient.log_text())
+    with grpc.insecure_channel(patient.grpc_address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelInfer.future(_grpc_request([1], raw=struct.pack("<I", 5) + b"hello"), timeout=30)
+        queued = _wait_for(patient, lambda c: c.queued == 1)
+        assert queued.queued == 1
+        enqueued = time.monotonic()
+        assert call.cancel()
+        left = _wait_for(patient, lambda c: c.queued == 0 and "499" in _served(before, c))
+        time.sleep(max(0.0, enqueued + PATIENT_DELAY + 0.5 - time.monotonic()))
+    after = _counts(patient)
+    assert left.queued == 0
+    assert _served(before, after) == {"499": 1}
+    assert (after.batches, after.rows) == (before.batches, before.rows)
+    log = patient.log_text()[logged:]
+    assert "Traceback" not in log and " ERROR " not in log, log
