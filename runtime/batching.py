@@ -238,13 +238,14 @@ def _pick(
 #: Seconds of submissions the arrival-rate estimate of the early dispatch counts (``arrival_gap``).
 ARRIVAL_WINDOW_SECONDS = 1.0
 
-#: Longest time from an answer to the next submission for that submission to count as a sequential
-#: client's follow-up (a closed-loop client's turnaround on the same host or across a cluster network,
-#: front-end hop included; an open-loop client at 10/s lands that close after an answer 2 % of the time).
-FOLLOW_UP_SECONDS = 0.002
-#: Consecutive follow-ups that make a client sequential (two: an open-loop client at 10/s lands two in
-#: a row that close after answers 0.04 % of the time).
-SEQUENTIAL_STREAK = 2
+#: Longest time from a batch's end to the next submission for that submission to count as a sequential
+#: client's follow-up: the answer's encoding and transport, the client's turnaround and the next
+#: request's decoding (a front-end hop included; over REST on a busy 2-core machine 2-5 ms); an
+#: open-loop client at 10/s lands that close after an answer 10 % of the time.
+FOLLOW_UP_SECONDS = 0.01
+#: Consecutive follow-ups that make a client sequential (three: an open-loop client at 10/s lands three
+#: in a row that close after answers 0.1 % of the time, and a short early dispatch is all it costs).
+SEQUENTIAL_STREAK = 3
 
 
 def head_level(queued_levels: Sequence[int], turns: Mapping[int, float]) -> int:
@@ -683,14 +684,15 @@ class Batcher:
         between the submissions of the last ``ARRIVAL_WINDOW_SECONDS`` (the whole window when there
         was at most one); ``math.inf`` when the last ``SEQUENTIAL_STREAK`` submissions were a
         sequential client's follow-ups (see the module docstring: its next request waits for this
-        answer). None (unknown) until the dispatcher has run for a whole window."""
+        answer; known from the start). Otherwise None (unknown) until the dispatcher has run for a
+        whole window."""
         arrivals = self._arrivals
         while arrivals and arrivals[0] < now - ARRIVAL_WINDOW_SECONDS:
             arrivals.popleft()
-        if self._started_at is None or now - self._started_at < ARRIVAL_WINDOW_SECONDS:
-            return None
         if self._follow_ups >= SEQUENTIAL_STREAK:
             return math.inf
+        if self._started_at is None or now - self._started_at < ARRIVAL_WINDOW_SECONDS:
+            return None
         return ARRIVAL_WINDOW_SECONDS / max(1, len(arrivals))
 
     async def _dispatch_loop(self) -> None:

@@ -27,6 +27,7 @@ from kubeinfer.operator.api import DEFAULT_IMAGE
 from hack.devtools.prom import PrometheusServer
 from tests.e2e.conftest import isvc_condition, runtime_pods, wait_isvc
 from tests.support.cluster import Cluster, wait_until
+from tests.support.perf_analyzer import check_report, command, perf_analyzer, run
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "minilm"
@@ -155,6 +156,23 @@ def test_clients_people_use_through_the_service_get_the_same_answers(cluster: Cl
 
     r = httpx.get(f"http://{url}/v2/no/such/route", timeout=10)
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_perf_analyzer_through_the_service_measures_it_with_the_server_side_breakdown(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    """Triton's perf_analyzer, unmodified, through the Service's ClusterIP over REST and gRPC: a sweep
+    at concurrency 1 and 2 with the queue and compute times it reads from the statistics extension."""
+    svc = cluster.get_json("service", NAME, "-n", ns)
+    ports = {p["name"]: p["port"] for p in svc["spec"]["ports"]}
+    for protocol, port in (("http", ports["http"]), ("grpc", ports["grpc"])):
+        report = tmp_path / f"{protocol}.csv"
+        address = f"{svc['spec']['clusterIP']}:{port}"
+        args = command(perf_analyzer(), NAME, address, protocol, report, "--string-length", "24")
+        proc, shown = run(args, tmp_path)
+        assert proc.returncode == 0, shown
+        rows = check_report(report, shown)
+        print(f"{protocol}: " + ", ".join(f"{r['Inferences/Second']:.0f}/s" for r in rows))
 
 
 def test_prometheus_discovers_the_pod_and_the_autoscaler_reads_its_metrics(

@@ -23,12 +23,8 @@ A run passes when perf_analyzer exits 0, reports a throughput above 0 at both co
 infer above 0, and queue plus compute no more than the client's average latency (the statistics are in
 nanoseconds and per request; a unit or a count off would break that).
 
-The Hugging Face text models (the bundled MiniLM: a BYTES ``text`` input of shape [-1]) are not driven:
-perf_analyzer takes each input's shape from the v2 metadata less its batch dimension, which leaves
-nothing, and stops with "unable to set shape for the input" before sending a request (``--shape`` only
-replaces -1 dimensions; ``--input-data`` with ``"shape": [1]`` is refused as incompatible with the
-model's input shape of []). Triton itself would report [-1, 1], the batch and the configuration's dims
-[1]; see docs/clients.md.
+The bundled MiniLM (a BYTES ``text`` input, listed [-1, 1] in the metadata) is swept by
+``tests/integration/runtime/test_runtime_serve.py``, whose module already serves it.
 """
 
 from __future__ import annotations

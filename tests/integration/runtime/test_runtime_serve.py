@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
+from tests.support.perf_analyzer import check_report, command, perf_analyzer, run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -186,6 +188,19 @@ def test_64_concurrent_clients_all_correct_and_batched(runtime: RuntimeProcess) 
     ones = metric(text, 'kubeinfer_batch_size_bucket{le="1.0",model="minilm"}')
     total = metric(text, 'kubeinfer_batch_size_count{model="minilm"}')
     assert total - ones > 0, "no batch of more than one row in /metrics"
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_sweeps_minilm(runtime: RuntimeProcess, protocol: str, tmp_path: Path) -> None:
+    # Triton's load generator, unmodified, on the bundled text model: its random strings (kept short:
+    # the runtime refuses texts over 64 tokens here) as the [rows, 1] text the metadata describes.
+    address = runtime.address if protocol == "http" else runtime.grpc_address
+    report = tmp_path / "report.csv"
+    args = command(perf_analyzer(), "minilm", address, protocol, report, "--string-length", "24")
+    proc, shown = run(args, tmp_path)
+    assert proc.returncode == 0, shown
+    rows = check_report(report, shown)
+    print(f"\nminilm over {protocol}: " + ", ".join(f"{r['Inferences/Second']:.0f}/s" for r in rows))
 
 
 def test_error_statuses(runtime: RuntimeProcess) -> None:
