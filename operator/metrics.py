@@ -137,6 +137,17 @@ def service_state(body: Mapping[str, Any]) -> ServiceState:
     )
 
 
+#: The per-InferenceService gauges: ``ServiceState`` field (the metric is
+#: ``kubeinfer_inferenceservice_<field>``) and its help text.
+_STATE_GAUGES = {
+    "replicas": "Pods of every version, surge and old ones included (status.replicas).",
+    "ready_replicas": "Ready pods of any version (status.readyReplicas).",
+    "target_p99_seconds": "The autoscaler's P99 latency target (spec.autoscaling.targetP99), seconds.",
+    "min_replicas": "The autoscaler's lower bound (spec.autoscaling.minReplicas).",
+    "max_replicas": "The autoscaler's upper bound (spec.autoscaling.maxReplicas).",
+}
+
+
 class InferenceServiceCollector(Collector):
     """The per-InferenceService state gauges, from the latest body of each (:meth:`observe`) until it
     is deleted (:meth:`forget`); read at scrape time, so a scrape sees the status as last stored."""
@@ -169,31 +180,8 @@ class InferenceServiceCollector(Collector):
             labels=[*SERVICE_LABELS, "type", "status", "reason"],
         )
         gauges = {
-            "replicas": GaugeMetricFamily(
-                "kubeinfer_inferenceservice_replicas",
-                "Pods of every version, surge and old ones included (status.replicas).",
-                labels=list(SERVICE_LABELS),
-            ),
-            "ready_replicas": GaugeMetricFamily(
-                "kubeinfer_inferenceservice_ready_replicas",
-                "Ready pods of any version (status.readyReplicas).",
-                labels=list(SERVICE_LABELS),
-            ),
-            "target_p99_seconds": GaugeMetricFamily(
-                "kubeinfer_inferenceservice_target_p99_seconds",
-                "The autoscaler's P99 latency target (spec.autoscaling.targetP99), seconds.",
-                labels=list(SERVICE_LABELS),
-            ),
-            "min_replicas": GaugeMetricFamily(
-                "kubeinfer_inferenceservice_min_replicas",
-                "The autoscaler's lower bound (spec.autoscaling.minReplicas).",
-                labels=list(SERVICE_LABELS),
-            ),
-            "max_replicas": GaugeMetricFamily(
-                "kubeinfer_inferenceservice_max_replicas",
-                "The autoscaler's upper bound (spec.autoscaling.maxReplicas).",
-                labels=list(SERVICE_LABELS),
-            ),
+            field: GaugeMetricFamily(f"kubeinfer_inferenceservice_{field}", doc, labels=list(SERVICE_LABELS))
+            for field, doc in _STATE_GAUGES.items()
         }
         for s in states:
             key = [s.namespace, s.name]

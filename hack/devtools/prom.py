@@ -111,6 +111,74 @@ def _label_name(key: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in key)
 
 
+def _monitor_scrape_config(
+    monitor: Mapping[str, Any],
+    *,
+    kind: str,
+    api_server: str,
+    tls_config: Mapping[str, str],
+    scrape_interval: float,
+) -> dict[str, Any]:
+    """The scrape job of a PodMonitor (``kind`` ``pod``) or a ServiceMonitor (``service``): see
+    :func:`podmonitor_scrape_config` and :func:`servicemonitor_scrape_config`."""
+    pod = kind == "pod"
+    field = "podMetricsEndpoints" if pod else "endpoints"
+    spec = monitor["spec"]
+    endpoints = spec.get(field) or []
+    if len(endpoints) != 1:
+        raise ValueError(f"expected one {field} entry, got {len(endpoints)}")
+    (ep,) = endpoints
+    if set(spec.get("selector", {})) - {"matchLabels"}:
+        raise ValueError("only selector.matchLabels is translated")
+    relabel: list[dict[str, Any]] = []
+    for key, value in sorted(spec["selector"].get("matchLabels", {}).items()):
+        n = _label_name(key)
+        relabel.append(
+            {
+                "action": "keep",
+                "source_labels": [
+                    f"__meta_kubernetes_{kind}_label_{n}",
+                    f"__meta_kubernetes_{kind}_labelpresent_{n}",
+                ],
+                "regex": f"({value});true",
+            }
+        )
+    port_meta = "__meta_kubernetes_pod_container_port_name" if pod else "__meta_kubernetes_endpoint_port_name"
+    relabel.append({"action": "keep", "source_labels": [port_meta], "regex": ep["port"]})
+    relabel.append({"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"})
+    if not pod:
+        relabel.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"})
+    relabel.append({"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"})
+    if pod:
+        relabel.append(
+            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"}
+        )
+    for r in ep.get("relabelings", []):
+        relabel.append({"source_labels" if k == "sourceLabels" else _snake(k): v for k, v in r.items()})
+    sd: dict[str, Any] = {
+        "role": "pod" if pod else "endpoints",
+        "api_server": api_server,
+        "tls_config": dict(tls_config),
+    }
+    names = spec.get("namespaceSelector", {}).get("matchNames")
+    if names:
+        sd["namespaces"] = {"names": list(names)}
+    interval = prom_duration(scrape_interval)
+    meta = monitor["metadata"]
+    job: dict[str, Any] = {
+        "job_name": f"{'podMonitor' if pod else 'serviceMonitor'}/{meta.get('namespace', 'default')}/"
+        f"{meta['name']}/0",
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "metrics_path": ep.get("path", "/metrics"),
+    }
+    if not pod:
+        job["honor_labels"] = bool(ep.get("honorLabels", False))
+    job["kubernetes_sd_configs"] = [sd]
+    job["relabel_configs"] = relabel
+    return job
+
+
 def podmonitor_scrape_config(
     podmonitor: Mapping[str, Any],
     *,
@@ -127,55 +195,9 @@ def podmonitor_scrape_config(
     ``scrape_interval`` (tests scrape every second). Raises ValueError on a PodMonitor without
     exactly one endpoint or with a selector other than matchLabels.
     """
-    spec = podmonitor["spec"]
-    endpoints = spec.get("podMetricsEndpoints") or []
-    if len(endpoints) != 1:
-        raise ValueError(f"expected one podMetricsEndpoints entry, got {len(endpoints)}")
-    (ep,) = endpoints
-    if set(spec.get("selector", {})) - {"matchLabels"}:
-        raise ValueError("only selector.matchLabels is translated")
-    relabel: list[dict[str, Any]] = []
-    for key, value in sorted(spec["selector"].get("matchLabels", {}).items()):
-        n = _label_name(key)
-        relabel.append(
-            {
-                "action": "keep",
-                "source_labels": [
-                    f"__meta_kubernetes_pod_label_{n}",
-                    f"__meta_kubernetes_pod_labelpresent_{n}",
-                ],
-                "regex": f"({value});true",
-            }
-        )
-    relabel.append(
-        {
-            "action": "keep",
-            "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-            "regex": ep["port"],
-        }
+    return _monitor_scrape_config(
+        podmonitor, kind="pod", api_server=api_server, tls_config=tls_config, scrape_interval=scrape_interval
     )
-    relabel += [
-        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-    ]
-    for r in ep.get("relabelings", []):
-        rule = {"source_labels" if k == "sourceLabels" else _snake(k): v for k, v in r.items()}
-        relabel.append(rule)
-    sd: dict[str, Any] = {"role": "pod", "api_server": api_server, "tls_config": dict(tls_config)}
-    names = spec.get("namespaceSelector", {}).get("matchNames")
-    if names:
-        sd["namespaces"] = {"names": list(names)}
-    interval = prom_duration(scrape_interval)
-    meta = podmonitor["metadata"]
-    return {
-        "job_name": f"podMonitor/{meta.get('namespace', 'default')}/{meta['name']}/0",
-        "scrape_interval": interval,
-        "scrape_timeout": interval,
-        "metrics_path": ep.get("path", "/metrics"),
-        "kubernetes_sd_configs": [sd],
-        "relabel_configs": relabel,
-    }
 
 
 def servicemonitor_scrape_config(
@@ -189,53 +211,19 @@ def servicemonitor_scrape_config(
     ServiceMonitor with one ``endpoints`` entry: kubernetes_sd (role endpoints) against ``api_server``
     in the ``namespaceSelector.matchNames`` namespaces, the Service's ``selector.matchLabels`` and the
     endpoint's ``port`` as keep rules, the operator's ``namespace``/``service``/``pod`` target labels,
-    and ``honorLabels`` as ``honor_labels``.
+    its ``relabelings``, and ``honorLabels`` as ``honor_labels``.
 
     ``tls_config`` is Prometheus' (ca_file, cert_file, key_file). The interval is overridden by
     ``scrape_interval``. Raises ValueError on a ServiceMonitor without exactly one endpoint or with a
     selector other than matchLabels.
     """
-    spec = servicemonitor["spec"]
-    endpoints = spec.get("endpoints") or []
-    if len(endpoints) != 1:
-        raise ValueError(f"expected one endpoints entry, got {len(endpoints)}")
-    (ep,) = endpoints
-    if set(spec.get("selector", {})) - {"matchLabels"}:
-        raise ValueError("only selector.matchLabels is translated")
-    relabel: list[dict[str, Any]] = []
-    for key, value in sorted(spec["selector"].get("matchLabels", {}).items()):
-        n = _label_name(key)
-        relabel.append(
-            {
-                "action": "keep",
-                "source_labels": [
-                    f"__meta_kubernetes_service_label_{n}",
-                    f"__meta_kubernetes_service_labelpresent_{n}",
-                ],
-                "regex": f"({value});true",
-            }
-        )
-    relabel += [
-        {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]},
-        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
-        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-    ]
-    sd: dict[str, Any] = {"role": "endpoints", "api_server": api_server, "tls_config": dict(tls_config)}
-    names = spec.get("namespaceSelector", {}).get("matchNames")
-    if names:
-        sd["namespaces"] = {"names": list(names)}
-    interval = prom_duration(scrape_interval)
-    meta = servicemonitor["metadata"]
-    return {
-        "job_name": f"serviceMonitor/{meta.get('namespace', 'default')}/{meta['name']}/0",
-        "scrape_interval": interval,
-        "scrape_timeout": interval,
-        "metrics_path": ep.get("path", "/metrics"),
-        "honor_labels": bool(ep.get("honorLabels", False)),
-        "kubernetes_sd_configs": [sd],
-        "relabel_configs": relabel,
-    }
+    return _monitor_scrape_config(
+        servicemonitor,
+        kind="service",
+        api_server=api_server,
+        tls_config=tls_config,
+        scrape_interval=scrape_interval,
+    )
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,17 @@ def test_every_panel_reads_one_InferenceService_through_the_variables() -> None:
 
 
 def _exported_names() -> set[str]:
-    """Every metric family name in the runtime's and the operator's sources (with the histogram and
-    counter suffixes Prometheus adds)."""
-    text = (ROOT / "runtime" / "metrics.py").read_text() + (ROOT / "operator" / "metrics.py").read_text()
-    names = set(re.findall(r'"(kubeinfer_[a-z0-9_]+)"', text))
+    """Every metric family the runtime and the operator export (from their collectors), with the
+    suffixes Prometheus adds to histograms and counters."""
+    from kubeinfer.operator import metrics as operator_metrics
+    from kubeinfer.runtime.metrics import RuntimeMetrics
+
+    families = [
+        *RuntimeMetrics("m").registry.collect(),
+        *operator_metrics.INFERENCE_SERVICES.collect(),
+        *operator_metrics.REGISTRY.collect(),
+    ]
+    names = {f.name for f in families if f.name.startswith("kubeinfer_")}
     return names | {n + s for n in names for s in ("_total", "_bucket", "_sum", "_count")}
 
 
