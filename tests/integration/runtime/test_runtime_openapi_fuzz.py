@@ -34,6 +34,7 @@ import schemathesis
 import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -49,7 +50,7 @@ pytestmark = pytest.mark.timeout(300)
 SPEC = Path(__file__).resolve().parents[2] / "vendor" / "open_inference_protocol" / "open_inference_rest.yaml"
 #: Generated requests per operation and generation mode: enough to reach the decoder's corners (shapes,
 #: datatypes, nested data, parameters), few enough for well under a minute on a loaded 2-core machine.
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = 50
 #: The version the runtime serves of its one model (another is a 404, which the specification does not
 #: document for these operations).
 VERSION = "1"
@@ -129,18 +130,24 @@ def adapted_spec(model: Served, *, aware: bool) -> dict[str, Any]:
     }
     if aware:
         schemas = spec["components"]["schemas"]
-        # One input or a few (none is refused at once), each a model input of a protocol datatype with a
-        # small shape, so that the number of elements often matches the data and the values get decoded.
-        schemas["inference_request"]["properties"]["inputs"].update(
-            minItems=1, maxItems=len(model.inputs) + 1
-        )
+        # One to as many inputs as the model has (none is refused at once), each named as one of the
+        # model's, of a protocol datatype, with a small shape and a flat list of up to 4 scalars of any
+        # JSON type: the number of elements often matches the shape, so the values get decoded (the
+        # published schemas' nested data and huge shapes are fuzzed by the other variant).
+        schemas["inference_request"]["properties"]["inputs"].update(minItems=1, maxItems=len(model.inputs))
         tensor = schemas["request_input"]["properties"]
         tensor["name"] = {"enum": list(model.inputs)}
         tensor["datatype"] = {"enum": DATATYPES}
-        tensor["shape"].update(maxItems=3)
-        tensor["shape"]["items"].update(minimum=-1, maximum=4)
+        tensor["shape"].update(maxItems=2)
+        tensor["shape"]["items"].update(minimum=0, maximum=2)
+        scalar = {"anyOf": [{"type": "number"}, {"type": "string"}, {"type": "boolean"}]}
+        tensor["data"] = {"type": "array", "maxItems": 4, "items": scalar}
         schemas["request_output"]["properties"]["name"] = {"enum": list(model.outputs)}
-        schemas["parameters"]["properties"] = {name: {} for name in PARAMETERS}
+        # Parameters (of the request, an input, an output) are some of those kubeinfer reads, of any JSON
+        # value: the published schema's free-form object nearly never names one.
+        schemas["parameters"].update(
+            properties={name: {} for name in PARAMETERS}, minProperties=1, additionalProperties=False
+        )
     return spec
 
 
@@ -223,7 +230,8 @@ def fuzz(
     )(run)
     try:
         run()
-    except Exception as exc:  # a check's failure (with its curl reproduction), or a transport error
+    # a check's failures (a BaseExceptionGroup, with a curl command that reproduces them), a transport error
+    except (FailureGroup, Exception) as exc:
         return f"{label}:\n{exc}"
     return None
 
