@@ -4,8 +4,10 @@ fuzz run of ``tests/vendor/open_inference_protocol/open_inference_rest.yaml`` (K
 bundled ``minilm`` (one BYTES input, ``text``) and Triton's ``simple`` (INT32 ``INPUT0``, ``INPUT1``
 [-1, 16], built as ONNX by ``hack.devtools.runtime_tiny.simple_onnx``).
 
-Every operation of the specification gets a fixed number of generated requests: requests the
-specification's schemas admit (positive) and, for the inference body, requests they do not (negative).
+Every operation of the specification gets a fixed number of generated requests (``MAX_EXAMPLES``):
+requests the specification's schemas admit (positive) and, for the inference body, requests they do
+not (negative), with the request schemas as published, narrowed to the model's tensors, and with the
+model's valid tensors (``VARIANTS``); valid requests (``Served.valid``) are sent first.
 Each answer must be no 5xx (``not_a_server_error``: a bad request is the client's fault, answered
 with a 4xx that names the field), a status the (adapted) specification documents, a documented
 content type, and a body that conforms to the specification's schema for that status where it
@@ -65,6 +67,8 @@ DATATYPES += ["FP16", "FP32", "FP64", "BF16", "BYTES"]
 #: instead of generating only names nobody reads.
 PARAMETERS = ["binary_data", "binary_data_output", "binary_data_size", "shared_memory_region"]
 PARAMETERS += ["shared_memory_byte_size", "shared_memory_offset", "timeout", "priority", "classification"]
+#: How the request schemas are generated from (``adapted_spec``).
+VARIANTS = ["as-published", "model-aware", "valid-tensors"]
 #: Any 4xx refuses a request the specification's schemas do not admit (413 when it is also over the limits,
 #: 404 ...); schemathesis's default list has no 413. Passed explicitly, so no schemathesis.toml found in the
 #: working directory changes the run.
@@ -104,11 +108,13 @@ SIMPLE = Served(
 )
 
 
-def adapted_spec(model: Served, *, aware: bool) -> dict[str, Any]:
-    """The vendored specification, loaded, with kubeinfer's documented differences applied; ``aware``:
-    its request schemas narrowed to what ``model`` reads, so that generated tensors get past the name
-    and datatype checks to the decoding of their shape, data and parameters (the published schemas
-    allow any string there, which is nearly never a name the model has)."""
+def adapted_spec(model: Served, variant: str) -> dict[str, Any]:
+    """The vendored specification, loaded, with kubeinfer's documented differences applied, for one of
+    ``VARIANTS``: ``as-published``, the request schemas as they are; ``model-aware``, narrowed to what
+    ``model`` reads, so that generated tensors get past the name and datatype checks to the decoding of
+    their shape, data and parameters (the published schemas allow any string there, which is nearly never
+    a name the model has); ``valid-tensors``, the inputs those of ``model.valid``, so that requests reach
+    the model with the rest (id, parameters, outputs) generated from the published schemas."""
     spec: dict[str, Any] = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
     paths: dict[str, Any] = {}
     for path, item in spec["paths"].items():
@@ -134,13 +140,23 @@ def adapted_spec(model: Served, *, aware: bool) -> dict[str, Any]:
         "description": "Request over the runtime's limits",
         "content": {"application/json": {"schema": error}},
     }
-    if aware:
-        schemas = spec["components"]["schemas"]
+    schemas = spec["components"]["schemas"]
+    request = schemas["inference_request"]["properties"]
+    # JSON null reads as an absent field (KServe's Python server, whose fields are optional, does the
+    # same), and a numeric id as its text (Triton's JSON id is a string; a number was always served).
+    request["id"] = {"anyOf": [{"type": "string", "nullable": True}, {"type": "number"}]}
+    request["outputs"]["nullable"] = True
+    schemas["parameters"]["nullable"] = True
+    if variant == "valid-tensors":
+        # The model's own valid inputs; parameters may be those kubeinfer reads (of any JSON value) too.
+        request["inputs"] = {"enum": [model.valid["inputs"]]}
+        schemas["parameters"]["properties"] = {name: {} for name in PARAMETERS}
+    if variant == "model-aware":
         # One to as many inputs as the model has (none is refused at once), each named as one of the
         # model's, of a protocol datatype, with a small shape and a flat list of up to 4 scalars of any
         # JSON type: the number of elements often matches the shape, so the values get decoded (the
         # published schemas' nested data and huge shapes are fuzzed by the other variant).
-        schemas["inference_request"]["properties"]["inputs"].update(minItems=1, maxItems=len(model.inputs))
+        request["inputs"].update(minItems=1, maxItems=len(model.inputs))
         tensor = schemas["request_input"]["properties"]
         tensor["name"] = {"enum": list(model.inputs)}
         tensor["datatype"] = {"enum": DATATYPES}
@@ -255,14 +271,14 @@ def fuzz(
     return None
 
 
-@pytest.mark.parametrize("aware", [False, True], ids=["as-published", "model-aware"])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.usefixtures("same_requests")
 def test_the_open_inference_protocol_rest_spec_holds_under_fuzzing(
-    served: tuple[Served, RuntimeProcess], aware: bool
+    served: tuple[Served, RuntimeProcess], variant: str
 ) -> None:
     model, rt = served
     schema = schemathesis.openapi.from_dict(
-        adapted_spec(model, aware=aware), config=schemathesis.Config.from_dict(CONFIG)
+        adapted_spec(model, variant), config=schemathesis.Config.from_dict(CONFIG)
     )
     statuses: dict[str, Counter[int]] = {}
     failures: list[str] = []
@@ -271,7 +287,7 @@ def test_the_open_inference_protocol_rest_spec_holds_under_fuzzing(
         for result in schema.get_all_operations():
             operation = result.ok()
             modes = [schemathesis.GenerationMode.POSITIVE]
-            if operation.body and aware:
+            if operation.body and variant != "as-published":
                 # Requests the schemas do not admit; the narrowed schemas' negatives include the published
                 # ones' (an unknown name or datatype, a wrong type anywhere).
                 modes.append(schemathesis.GenerationMode.NEGATIVE)
