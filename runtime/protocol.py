@@ -582,16 +582,8 @@ def decode_request(
         pos = plan.end
     if pos != len(view):
         raise ProtocolError(f"request body has {len(view) - pos} bytes after the last input's binary data")
-    raw_outputs = _small(outline.outputs, "request 'outputs'") or []
-    if not isinstance(raw_outputs, list):
-        raise ProtocolError("request 'outputs' must be a list")
-    outputs: dict[str, bool | None] = {}
-    shm_outputs: dict[str, RegionRef] = {}
-    for i, raw in enumerate(raw_outputs):
-        name, flag, ref = _output(i, raw)
-        outputs[name] = flag
-        if ref is not None:
-            shm_outputs[name] = ref
+    outputs, shm_outputs = _outputs(outline.outputs)
+    rid = _request_id(outline.id)
     inputs: dict[str, np.ndarray] = {}
     shm_inputs: dict[str, SharedInput] = {}
     for plan in plans:
@@ -599,9 +591,8 @@ def decode_request(
             shm_inputs[plan.name] = (plan.datatype, plan.shape, plan.region)
         else:
             inputs[plan.name] = _materialize(plan, view, budget)
-    rid = _small(outline.id, "request 'id'")
     return InferRequest(
-        id=None if rid is None else str(rid),
+        id=rid,
         inputs=inputs,
         outputs=outputs,
         binary_data_output=bool(params.get("binary_data_output", False)),
@@ -611,6 +602,36 @@ def decode_request(
         shm_inputs=shm_inputs,
         shm_outputs=shm_outputs,
     )
+
+
+def _outputs(raw: msgspec.Raw) -> tuple[dict[str, bool | None], dict[str, RegionRef]]:
+    """The request's ``outputs``: name -> its ``binary_data`` flag or None, and name -> the region to write
+    it into. JSON null is an absent list; any other value that is not a list (false, 0, "", {}) is a
+    ``ProtocolError``, not read as "all outputs"."""
+    raw_outputs = _small(raw, "request 'outputs'")
+    if raw_outputs is None:
+        raw_outputs = []
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError("request 'outputs' must be a list")
+    outputs: dict[str, bool | None] = {}
+    shm_outputs: dict[str, RegionRef] = {}
+    for i, item in enumerate(raw_outputs):
+        name, flag, ref = _output(i, item)
+        outputs[name] = flag
+        if ref is not None:
+            shm_outputs[name] = ref
+    return outputs, shm_outputs
+
+
+def _request_id(raw: msgspec.Raw) -> str | None:
+    """The request's ``id``: a string, or a number kept as its text; None when absent or null. A boolean,
+    a list or an object is a ``ProtocolError``, not sent back as its Python text ("False")."""
+    rid = _small(raw, "request 'id'")
+    if rid is None or isinstance(rid, str):
+        return rid
+    if isinstance(rid, bool) or not isinstance(rid, int | float):
+        raise ProtocolError(f"request 'id' must be a string, got {type(rid).__name__}")
+    return str(rid)
 
 
 @dataclass
@@ -651,8 +672,10 @@ def _header(view: memoryview, header_length: int) -> tuple[_RequestOutline, dict
         raise ProtocolError(f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ProtocolError("request body is not valid JSON: nested too deeply") from None
-    params = _small(outline.parameters, "request 'parameters'") or {}
-    if not isinstance(params, dict):
+    params = _small(outline.parameters, "request 'parameters'")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):  # false, 0, "" or [] too: refused, not read as no parameters
         raise ProtocolError("request 'parameters' must be a JSON object")
     return outline, params
 
@@ -697,7 +720,9 @@ def _plan_input(
             tensor=name,
         )
     shape = _shape(_small(raw.shape, f"input tensor '{name}': 'shape'"), name)
-    tparams = _small(raw.parameters, f"input tensor '{name}': 'parameters'") or {}
+    tparams = _small(raw.parameters, f"input tensor '{name}': 'parameters'")
+    if tparams is None:
+        tparams = {}
     if not isinstance(tparams, dict):
         raise ProtocolError(f"input tensor '{name}': 'parameters' must be an object", tensor=name)
     budget.declare(name, datatype, shape)
@@ -744,7 +769,9 @@ def _output(i: int, raw: Any) -> tuple[str, bool | None, RegionRef | None]:
     """``outputs[i]``: (name, its ``binary_data`` flag or None, the region to write it into or None)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
-    oparams = raw.get("parameters") or {}
+    oparams = raw.get("parameters")
+    if oparams is None:
+        oparams = {}
     if not isinstance(oparams, dict):
         raise ProtocolError(f"output '{raw['name']}': 'parameters' must be an object")
     if oparams.get("classification"):

@@ -4,6 +4,7 @@ exception (which the server would turn into a 500)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -46,3 +47,61 @@ def test_json_float_beyond_the_datatype_is_a_protocol_error(datatype: str, value
 def test_json_float_within_the_datatype_passes(datatype: str, value: float) -> None:
     body = json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": [1], "data": [value]}]})
     assert np.isfinite(decode_request(body.encode()).inputs["x"].astype(np.float64)).all()
+
+
+def _with(**fields: object) -> bytes:
+    """A valid request of one FP32 input ``x`` with ``fields`` set on the request (``input_parameters``,
+    ``output_parameters``: on its input, on its one output ``y``)."""
+    tensor: dict[str, object] = {"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}
+    if "input_parameters" in fields:
+        tensor["parameters"] = fields.pop("input_parameters")
+    if "output_parameters" in fields:
+        fields["outputs"] = [{"name": "y", "parameters": fields.pop("output_parameters")}]
+    return json.dumps({"inputs": [tensor], **fields}).encode()
+
+
+# Found by the fuzz test of the Open Inference Protocol's REST spec (test_runtime_openapi_fuzz.py): a falsy
+# value of the wrong type was read as the field's absence (`"outputs": false` as all outputs), an id of any
+# JSON type was sent back as its Python text (`"id": false` as "False"); each was answered 200.
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"outputs": False}, "request 'outputs' must be a list"),
+        ({"outputs": {}}, "request 'outputs' must be a list"),
+        ({"outputs": 0}, "request 'outputs' must be a list"),
+        ({"parameters": False}, "request 'parameters' must be a JSON object"),
+        ({"parameters": []}, "request 'parameters' must be a JSON object"),
+        ({"parameters": ""}, "request 'parameters' must be a JSON object"),
+        ({"input_parameters": False}, "input tensor 'x': 'parameters' must be an object"),
+        ({"input_parameters": []}, "input tensor 'x': 'parameters' must be an object"),
+        ({"output_parameters": 0}, "output 'y': 'parameters' must be an object"),
+        ({"output_parameters": []}, "output 'y': 'parameters' must be an object"),
+        ({"id": False}, "request 'id' must be a string, got bool"),
+        ({"id": []}, "request 'id' must be a string, got list"),
+        ({"id": {"a": 1}}, "request 'id' must be a string, got dict"),
+    ],
+    ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
+)
+def test_a_field_of_the_wrong_type_is_a_protocol_error_even_when_falsy(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(message)):
+        decode_request(_with(**fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "rid", "outputs"),
+    [
+        ({"outputs": None, "parameters": None, "id": None}, None, {}),  # JSON null: the field is absent
+        ({"input_parameters": None, "output_parameters": None}, None, {"y": None}),
+        ({"id": "a-1"}, "a-1", {}),
+        ({"id": 7}, "7", {}),  # a number is kept as its text
+        ({"outputs": []}, None, {}),
+        ({"parameters": {}, "input_parameters": {}, "output_parameters": {}}, None, {"y": None}),
+    ],
+)
+def test_null_and_empty_fields_of_the_right_type_pass(
+    fields: dict[str, object], rid: str | None, outputs: dict[str, object]
+) -> None:
+    req = decode_request(_with(**fields))
+    assert (req.id, req.outputs, req.inputs["x"].tolist()) == (rid, outputs, [1.0])
