@@ -595,7 +595,7 @@ def decode_request(
         id=rid,
         inputs=inputs,
         outputs=outputs,
-        binary_data_output=bool(params.get("binary_data_output", False)),
+        binary_data_output=_flag(params, "binary_data_output"),
         priority=params.get("priority"),
         timeout_us=params.get("timeout"),
         parameters=params,
@@ -765,6 +765,17 @@ def _materialize(plan: _Plan, view: memoryview, budget: RequestBudget) -> np.nda
     return _from_json_data(plan.name, plan.datatype, plan.shape, data, budget)
 
 
+def _flag(params: Mapping[str, Any], name: str) -> bool:
+    """The boolean request parameter ``name`` (absent or null: false). Raises ProtocolError (400) for
+    anything but JSON true/false: ``"false"`` is not false (Triton's server refuses it too)."""
+    value = params.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ProtocolError(f"request parameter '{name}' must be true or false, got {value!r}")
+    return value
+
+
 def _output(i: int, raw: Any) -> tuple[str, bool | None, RegionRef | None]:
     """``outputs[i]``: (name, its ``binary_data`` flag or None, the region to write it into or None)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
@@ -777,7 +788,12 @@ def _output(i: int, raw: Any) -> tuple[str, bool | None, RegionRef | None]:
     if oparams.get("classification"):
         raise ProtocolError(f"output '{raw['name']}': the classification extension is not supported")
     flag = oparams.get("binary_data")
-    return raw["name"], None if flag is None else bool(flag), region_ref(raw["name"], oparams, "output")
+    if flag is not None and not isinstance(flag, bool):  # Triton's server takes JSON true/false only
+        raise ProtocolError(
+            f"output '{raw['name']}': parameter 'binary_data' must be true or false, got {flag!r}",
+            tensor=raw["name"],
+        )
+    return raw["name"], flag, region_ref(raw["name"], oparams, "output")
 
 
 def _json_data(array: np.ndarray, datatype: str) -> list[Any]:

@@ -79,6 +79,11 @@ def _with(**fields: object) -> bytes:
         ({"id": False}, "request 'id' must be a string, got bool"),
         ({"id": []}, "request 'id' must be a string, got list"),
         ({"id": {"a": 1}}, "request 'id' must be a string, got dict"),
+        # a binary flag is JSON true or false, as Triton's server takes it: "false" is not false
+        ({"parameters": {"binary_data_output": "false"}}, "'binary_data_output' must be true or false"),
+        ({"parameters": {"binary_data_output": 1}}, "'binary_data_output' must be true or false"),
+        ({"output_parameters": {"binary_data": "false"}}, "output 'y': parameter 'binary_data' must be"),
+        ({"output_parameters": {"binary_data": 0}}, "output 'y': parameter 'binary_data' must be"),
     ],
     ids=lambda v: json.dumps(v) if isinstance(v, dict) else None,
 )
@@ -98,6 +103,12 @@ def test_a_field_of_the_wrong_type_is_a_protocol_error_even_when_falsy(
         ({"id": 7}, "7", {}),  # a number is kept as its text
         ({"outputs": []}, None, {}),
         ({"parameters": {}, "input_parameters": {}, "output_parameters": {}}, None, {"y": None}),
+        (
+            {"parameters": {"binary_data_output": None}, "output_parameters": {"binary_data": True}},
+            None,
+            {"y": True},
+        ),
+        ({"output_parameters": {"binary_data": False}}, None, {"y": False}),
     ],
 )
 def test_null_and_empty_fields_of_the_right_type_pass(
