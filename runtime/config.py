@@ -229,6 +229,21 @@ class ServerConfig(_Strict):
         description="SIGTERM: seconds to keep serving (readiness false) before refusing new requests, "
         "so that endpoints stop routing here first.",
     )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="HTTP: longest time from a connection's start (or a kept-alive connection's next "
+        "request's first byte) to the end of the request's headers; then 408 Request Timeout, or the "
+        "connection closed when it sent nothing.",
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="HTTP: longest pause between two pieces of a request body; then 408 Request "
+        "Timeout and the connection closed.",
+    )
     bearer_token_env: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",

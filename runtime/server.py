@@ -151,7 +151,9 @@ class RuntimeServer:
         """One process: uvicorn serves ``self.app`` here (``server.http_workers`` 1)."""
         sock = listen_socket(self.cfg.server.host, self.cfg.server.port)
         self.host, self.port = sock.getsockname()[:2]
-        self._uvicorn = UvicornServer(uvicorn_config(self.app, graceful_seconds=5), on_signal=self.stop)
+        self._uvicorn = UvicornServer(
+            uvicorn_config(self.app, graceful_seconds=5, server=self.cfg.server), on_signal=self.stop
+        )
         return self._uvicorn.serve(sockets=[sock])
 
     async def _start_frontends(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
