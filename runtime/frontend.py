@@ -212,6 +212,7 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
         cfg.limits,
         rest.auth,
         reuse_port=True,
+        handshake_timeout=cfg.server.header_timeout_seconds,
     )
     await grpc_server.start()
     await client.send(ipc.Header(op="hello", pid=os.getpid(), code=index))

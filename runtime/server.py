@@ -141,6 +141,7 @@ class RuntimeServer:
                 server.grpc_port,
                 self.cfg.limits,
                 self.rest.auth,
+                handshake_timeout=server.header_timeout_seconds,
             )
             await self._grpc.start()
         log.info("grpc listening on %s:%d", self.host, grpc_port)

@@ -1,6 +1,7 @@
 """The HTTP connection layer of a real runtime (tiny BERT), one process and two front ends: a connection
 that sends nothing is closed after ``server.header_timeout_seconds``, a request head cut short gets a
 408, a body that stops short of its ``Content-Length`` gets a 408 after ``server.body_timeout_seconds``;
+a gRPC connection that sends no HTTP/2 preface is closed after the header timeout too;
 the processes start with their soft open-files limit raised to the hard one; out of file descriptors,
 the server logs it (once) and serves again once connections close."""
 
@@ -118,6 +119,14 @@ def test_a_body_that_stops_short_of_its_length_gets_408_after_the_body_timeout(
     assert b"connection: close" in data.lower()
     assert BODY_TIMEOUT - 0.1 < seconds < BODY_TIMEOUT + 3, seconds
     assert runtime.get("/v2/health/live")[0] == 200
+
+
+def test_a_grpc_connection_that_sends_no_preface_is_closed_after_the_header_timeout(
+    runtime: RuntimeProcess,
+) -> None:
+    with socket.create_connection((runtime.host, runtime.grpc_port), timeout=30) as sock:
+        _, seconds = _read_until_closed(sock)  # the server's SETTINGS frame, then the close
+    assert HEADER_TIMEOUT - 0.1 < seconds < HEADER_TIMEOUT + 3, seconds
 
 
 def _http_pids(rt: RuntimeProcess) -> list[int]:
