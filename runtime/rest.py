@@ -512,6 +512,13 @@ class UvicornServer(uvicorn.Server):
         self.servers = [Acceptor(sock, create_protocol) for sock in sockets]  # type: ignore[misc]
         self.started = True
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, with the connections accepted from now on shut down as they are made
+        (``wire.TimedHttpProtocol.shutdown``: an idle connection lingers for a request in flight)."""
+        if isinstance(self.config, WireConfig):
+            self.config.shutting_down = True
+        await super().shutdown(sockets)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._on_signal is None:
             if sig != signal.SIGINT:

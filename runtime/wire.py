@@ -28,6 +28,7 @@ import asyncio
 import errno
 import logging
 import resource
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 ACCEPT_RETRY_SECONDS = 1.0
 #: At most one log line per this many seconds about running out of file descriptors.
 EMFILE_LOG_SECONDS = 10.0
+#: At shutdown, an idle connection whose client was not told ``Connection: close`` is kept this long
+#: for a request the client may be sending at that instant (answered, with ``Connection: close``).
+SHUTDOWN_LINGER_SECONDS = 0.5
 #: Connections accepted per readiness of the listening socket before the loop serves others.
 ACCEPT_BATCH = 64
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -61,6 +65,7 @@ class WireConfig(uvicorn.Config):
         super().__init__(app, http=TimedHttpProtocol, **kwargs)
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
+        self.shutting_down = False  # set by ``rest.UvicornServer.shutdown``
 
 
 class TimedHttpProtocol(HttpToolsProtocol):
@@ -72,6 +77,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
         self._body_timeout = config.body_timeout
         self._read_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # a byte of the current request's head received
+        self._wire = config
+        self._closing = False  # shut down: the next request is answered with Connection: close
 
     def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
         if self._read_timer is not None:
@@ -86,6 +93,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm(self._header_timeout, self._header_timed_out)
+        if self._wire.shutting_down:  # accepted in the last pass before the listener closed
+            self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -103,6 +112,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
         # the body's timer; on_message_complete (at once for a request without a body) disarms it
         self._arm(self._body_timeout, self._body_timed_out)
         super().on_headers_complete()
+        if self._closing and self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def on_body(self, body: bytes) -> None:
         self._arm(self._body_timeout, self._body_timed_out)
@@ -111,6 +122,45 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown of this connection. A request being answered gets
+        ``Connection: close`` (as in uvicorn). An idle connection is not closed at once, as uvicorn
+        does: its client may be sending a request at this instant (a keep-alive client that was not
+        told ``Connection: close``, or one that just connected), which the close would lose. It is
+        kept ``SHUTDOWN_LINGER_SECONDS``, then closed unless a request arrived (answered, then
+        closed) or its bytes wait unread (kept until they are read)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+            return
+        if self.transport.is_closing():
+            return
+        self._closing = True
+        if not self._in_head:  # a head arriving has its own timer
+            self._arm(SHUTDOWN_LINGER_SECONDS, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing():
+            return
+        if self._in_head:
+            self._arm(self._header_timeout, self._header_timed_out)
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request came: closed after its response
+        if not self.flow.read_paused and self._unread():
+            self._arm(SHUTDOWN_LINGER_SECONDS, self._linger_over)
+            return
+        self.transport.close()
+
+    def _unread(self) -> bool:
+        """Bytes (or the peer's close) wait in the kernel, not yet given to ``data_received``."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+        return bool(readable)
 
     def _header_timed_out(self) -> None:
         self._read_timer = None
@@ -156,8 +206,8 @@ class Acceptor:
         self._logged_at = -EMFILE_LOG_SECONDS
         self._loop.add_reader(sock.fileno(), self._accept)
 
-    def _accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
+    def _accept(self, batch: int = ACCEPT_BATCH) -> None:
+        for _ in range(batch):
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -199,7 +249,8 @@ class Acceptor:
             self._logged_at = now
             self._refused = 0
         self._loop.remove_reader(self._sock.fileno())
-        self._retry = self._loop.call_later(ACCEPT_RETRY_SECONDS, self._resume)
+        if not self._closed:
+            self._retry = self._loop.call_later(ACCEPT_RETRY_SECONDS, self._resume)
 
     def _resume(self) -> None:
         self._retry = None
@@ -208,14 +259,20 @@ class Acceptor:
             self._accept()
 
     def close(self) -> None:
-        """Stop accepting (the socket stays open; its owner closes it)."""
+        """Stop accepting (the socket stays open; its owner closes it). The connections the kernel
+        completed meanwhile are accepted first: closing the listener would reset them, requests
+        already sent on them included."""
         if self._closed:
             return
         self._closed = True
         if self._retry is not None:
             self._retry.cancel()
-        else:
-            self._loop.remove_reader(self._sock.fileno())
+            return
+        self._loop.remove_reader(self._sock.fileno())
+        try:
+            self._accept(batch=1 << 16)
+        except OSError as exc:
+            log.warning("accepting the connections left at shutdown: %s", exc)
 
     async def wait_closed(self) -> None:
         """Return once the connections accepted before ``close`` have their protocol."""
