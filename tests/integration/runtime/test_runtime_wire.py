@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 import resource
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -173,3 +174,31 @@ def test_out_of_file_descriptors_is_logged_once_and_the_server_recovers(runtime:
     lines = [line for line in runtime.log_text().splitlines() if "cannot accept connections" in line]
     assert 1 <= len(lines) <= len(pids), lines
     assert "Too many open files" in lines[0]
+
+
+def test_a_request_sent_on_an_idle_connection_as_the_server_closes_is_answered(tiny_dir: Path) -> None:
+    """At shutdown an idle keep-alive connection (its last response without ``Connection: close``)
+    is not closed under a request its client is sending: a request sent once the listener is closed
+    still gets an answer (here a 503, with ``Connection: close``)."""
+    cfg = tiny_hf_config(tiny_dir, server={"header_timeout_seconds": 30.0})
+    with RuntimeProcess(cfg, ready_timeout=60) as rt, _connect(rt) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # head and body come in two writes
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ") and b"connection: close" not in first.lower()
+        assert rt.proc is not None
+        rt.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while True:  # until the listener is closed: the final close of the connections has begun
+            assert time.monotonic() < deadline, rt.tail()
+            try:
+                socket.create_connection((rt.host, rt.port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.005)
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        data, _ = _read_until_closed(sock)
+        assert data.startswith(b"HTTP/1.1 503 "), data
+        assert b"connection: close" in data.lower()
+        assert rt.proc.wait(30) == 0
