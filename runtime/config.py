@@ -289,10 +289,10 @@ class RuntimeConfig(_Strict):
         data: dict[str, Any] = self.model_dump(mode="json")
         if not self.batching.priority_queue_sizes:
             del data["batching"]["priority_queue_sizes"]
-        if self.server.http_workers == 1:  # one process
-            del data["server"]["http_workers"]
-        if self.server.bearer_token_env is None:  # no authentication
-            del data["server"]["bearer_token_env"]
+        # one process, no authentication, the read timeouts' defaults
+        for name in ("http_workers", "bearer_token_env", "header_timeout_seconds", "body_timeout_seconds"):
+            if getattr(self.server, name) == ServerConfig.model_fields[name].default:
+                del data["server"][name]
         if not self.cache.enabled:  # no response cache
             del data["cache"]
         if self.model.engine is None:  # the format's default engine
