@@ -51,6 +51,7 @@ from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
 from kubeinfer.runtime.termination import write_termination_message
+from kubeinfer.runtime.wire import raise_open_files_limit
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    raise_open_files_limit()  # before the first socket: a container's soft limit is often 1024
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:

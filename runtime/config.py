@@ -236,6 +236,21 @@ class ServerConfig(_Strict):
         description="SIGTERM: seconds to keep serving (readiness false) before refusing new requests, "
         "so that endpoints stop routing here first.",
     )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="HTTP: longest time from a connection's start (or a kept-alive connection's next "
+        "request's first byte) to the end of the request's headers; then 408 Request Timeout, or the "
+        "connection closed when it sent nothing.",
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="HTTP: longest pause between two pieces of a request body; then 408 Request "
+        "Timeout and the connection closed.",
+    )
     bearer_token_env: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
@@ -283,10 +298,10 @@ class RuntimeConfig(_Strict):
             del data["batching"]["priority_queue_sizes"]
         if "priority_min_share" not in self.batching.model_fields_set:  # the default share
             del data["batching"]["priority_min_share"]
-        if self.server.http_workers == 1:  # one process
-            del data["server"]["http_workers"]
-        if self.server.bearer_token_env is None:  # no authentication
-            del data["server"]["bearer_token_env"]
+        # one process, no authentication, the read timeouts' defaults
+        for name in ("http_workers", "bearer_token_env", "header_timeout_seconds", "body_timeout_seconds"):
+            if getattr(self.server, name) == ServerConfig.model_fields[name].default:
+                del data["server"][name]
         if not self.cache.enabled:  # no response cache
             del data["cache"]
         if self.model.engine is None:  # the format's default engine

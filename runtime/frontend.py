@@ -44,6 +44,7 @@ from kubeinfer.runtime.errors import CLIENT_CLOSED, InferenceError
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.rest import RestApp, UvicornServer, event_loop_factory, listen_socket, uvicorn_config
+from kubeinfer.runtime.wire import raise_open_files_limit
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
     await client.start()
     plane = RemotePlane(cfg.model.name, client)
     rest = RestApp(plane, cfg, OpenAIRoutes(plane, cfg).routes)
-    server = UvicornServer(uvicorn_config(rest.app, graceful_seconds=30))
+    server = UvicornServer(uvicorn_config(rest.app, graceful_seconds=30, server=cfg.server))
     grpc_server, _ = create_grpc_server(
         plane,
         cfg.server.host,
@@ -218,6 +219,7 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
         cfg.limits,
         rest.auth,
         reuse_port=True,
+        handshake_timeout=cfg.server.header_timeout_seconds,
     )
     await grpc_server.start()
     await client.send(ipc.Header(op="hello", pid=os.getpid(), code=index))
@@ -250,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise_open_files_limit()
     cfg = RuntimeConfig.model_validate_json(sys.stdin.buffer.read())
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(cfg, args.ipc, args.index))

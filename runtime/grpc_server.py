@@ -518,6 +518,11 @@ def _add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(recorded.service, handlers)
 
 
+#: A gRPC connection without a call for this long gets a GOAWAY and is closed (HTTP keeps an idle
+#: connection 30 s).
+GRPC_IDLE_SECONDS = 60.0
+
+
 def create_grpc_server(
     plane: Plane,
     host: str,
@@ -526,6 +531,7 @@ def create_grpc_server(
     auth: BearerAuth | None = None,
     *,
     reuse_port: bool = False,
+    handshake_timeout: float = 10.0,
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server with the inference service over ``plane`` on ``host:port`` (0 = any free
     port), not started; returns it and the bound port. Received messages up to
@@ -535,6 +541,11 @@ def create_grpc_server(
     processes), ``SO_REUSEPORT``: the kernel spreads connections over every process that serves the
     port.
 
+    A connection is closed when it has not sent the HTTP/2 preface within ``handshake_timeout`` seconds
+    (``server.header_timeout_seconds``; gRPC's default is 120 s) and when it has had no call for
+    ``GRPC_IDLE_SECONDS`` (a GOAWAY first; gRPC's default is never): an idle or silent connection does
+    not hold a file descriptor for ever, and a client's channel reconnects on its next call.
+
     Call it, then ``await grpc_server.start()``, on the running event loop. Raises ``RuntimeError``
     when the port cannot be bound."""
     grpc_server = grpc.aio.server(
@@ -542,6 +553,8 @@ def create_grpc_server(
             ("grpc.max_receive_message_length", max_message_bytes(limits)),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
+            ("grpc.server_handshake_timeout_ms", int(handshake_timeout * 1000)),
+            ("grpc.max_connection_idle_ms", int(GRPC_IDLE_SECONDS * 1000)),
         ]
     )
     _add_servicer(InferenceServicer(plane, auth, limits), grpc_server)

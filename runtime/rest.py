@@ -67,7 +67,7 @@ import msgspec
 import numpy as np
 import uvicorn
 from kubeinfer.runtime.auth import BearerAuth
-from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.runtime.config import RuntimeConfig, ServerConfig
 from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane, decode_off_loop
 from kubeinfer.runtime.errors import CLIENT_CLOSED, ClientGone, HTTPError, InferenceError
 from kubeinfer.runtime.protocol import (
@@ -77,6 +77,7 @@ from kubeinfer.runtime.protocol import (
     encode_json,
     encode_response,
 )
+from kubeinfer.runtime.wire import Acceptor, WireConfig
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -545,12 +546,15 @@ def listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.s
     return sock
 
 
-def uvicorn_config(app: Callable[..., Any], graceful_seconds: int) -> uvicorn.Config:
+def uvicorn_config(app: Callable[..., Any], graceful_seconds: int, server: ServerConfig) -> WireConfig:
     """uvicorn's settings for both HTTP servers: ``app`` as ASGI3 (a bound coroutine method, which
-    uvicorn would guess to be ASGI2), no lifespan, no access log, 30 s keep-alive, and
-    ``graceful_seconds`` for the requests in flight at shutdown."""
-    return uvicorn.Config(
+    uvicorn would guess to be ASGI2), no lifespan, no access log, 30 s keep-alive,
+    ``graceful_seconds`` for the requests in flight at shutdown, and the read timeouts of ``server``
+    (``header_timeout_seconds``, ``body_timeout_seconds``: ``wire.TimedHttpProtocol``)."""
+    return WireConfig(
         app,
+        header_timeout=server.header_timeout_seconds,
+        body_timeout=server.body_timeout_seconds,
         interface="asgi3",
         lifespan="off",
         log_level=logging.WARNING,
@@ -574,6 +578,31 @@ class UvicornServer(uvicorn.Server):
         super().__init__(config)
         self._on_signal = on_signal
         self._signalled = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Serve on ``sockets`` (listening, non-blocking) through ``wire.Acceptor`` rather than the event
+        loop's server, which drops connections silently when out of file descriptors. Without sockets
+        (not used here), uvicorn's own startup."""
+        if sockets is None:
+            await super().startup(sockets)
+            return
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+            return protocol
+
+        self.servers = [Acceptor(sock, create_protocol) for sock in sockets]  # type: ignore[misc]
+        self.started = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, with the connections accepted from now on shut down as they are made
+        (``wire.TimedHttpProtocol.shutdown``: an idle connection lingers for a request in flight)."""
+        if isinstance(self.config, WireConfig):
+            self.config.shutting_down = True
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._on_signal is None:

@@ -141,6 +141,7 @@ class RuntimeServer:
                 server.grpc_port,
                 self.cfg.limits,
                 self.rest.auth,
+                handshake_timeout=server.header_timeout_seconds,
             )
             await self._grpc.start()
         log.info("grpc listening on %s:%d", self.host, grpc_port)
@@ -151,7 +152,9 @@ class RuntimeServer:
         """One process: uvicorn serves ``self.app`` here (``server.http_workers`` 1)."""
         sock = listen_socket(self.cfg.server.host, self.cfg.server.port)
         self.host, self.port = sock.getsockname()[:2]
-        self._uvicorn = UvicornServer(uvicorn_config(self.app, graceful_seconds=5), on_signal=self.stop)
+        self._uvicorn = UvicornServer(
+            uvicorn_config(self.app, graceful_seconds=5, server=self.cfg.server), on_signal=self.stop
+        )
         return self._uvicorn.serve(sockets=[sock])
 
     async def _start_frontends(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
