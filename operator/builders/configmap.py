@@ -62,17 +62,19 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
             ),
             skip_modules=list(spec.quantization.skip_modules),
         ),
-        batching=BatchingConfig(
-            max_batch_size=spec.batching.max_batch_size,
-            max_queue_delay_seconds=min(max(batch_timeout_seconds, 0.0), 10.0),
-            max_queue_size=spec.batching.max_queue_size,
-            preferred_batch_sizes=list(spec.batching.preferred_batch_sizes),
-            # set only when given: left unset, runtime.yaml reads as it did before the share existed
-            **(
-                {}
-                if spec.batching.priority_min_share is None
-                else {"priority_min_share": spec.batching.priority_min_share}
-            ),
+        batching=BatchingConfig.model_validate(
+            {
+                "max_batch_size": spec.batching.max_batch_size,
+                "max_queue_delay_seconds": min(max(batch_timeout_seconds, 0.0), 10.0),
+                "max_queue_size": spec.batching.max_queue_size,
+                "preferred_batch_sizes": list(spec.batching.preferred_batch_sizes),
+                # set only when given: left unset, runtime.yaml reads as it did before the share existed
+                **(
+                    {}
+                    if spec.batching.priority_min_share is None
+                    else {"priority_min_share": spec.batching.priority_min_share}
+                ),
+            }
         ),
         warmup=WarmupConfig(
             enabled=spec.warmup.enabled,

@@ -83,7 +83,7 @@ def test_health_and_metadata(runtime: RuntimeProcess) -> None:
     assert server["name"] == "kubeinfer" and "binary_tensor_data" in server["extensions"]
     meta = client.get_model_metadata("tiny", as_json=True)
     assert meta["name"] == "tiny" and meta["versions"] == ["1"]
-    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1"]}]
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1", "1"]}]
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "32"]}]
     assert grpc_error(client.get_model_metadata, "nope").status() == "StatusCode.NOT_FOUND"
     assert grpc_error(client.is_model_ready, "tiny", "2").status() == "StatusCode.NOT_FOUND"
