@@ -8,7 +8,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler \
-        bench-autoscaler-adversary bench-autoscaler-frontier bench-peers bench-hostile clean images
+        bench-autoscaler-adversary bench-autoscaler-frontier bench-peers bench-hostile bench-perf-analyzer clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -96,6 +96,9 @@ bench-peers: setup ## kubeinfer vs MLServer and infinity-emb (their venvs .cache
 bench-hostile: setup ## hostile request bodies: peak and retained RSS and liveness latency per case, one process and front ends -> bench/results/hostile.json
 	$(PY) bench/hostile_bench.py $(BENCH_NOISY)
 
+bench-perf-analyzer: setup ## Triton's perf_analyzer on MiniLM and simple, REST and gRPC, concurrency 1-8: its server-side breakdown beside /metrics -> bench/results/perf_analyzer.json
+	$(PY) bench/perf_analyzer_bench.py $(BENCH_NOISY)
+
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
@@ -105,7 +108,7 @@ bench-autoscaler-adversary: setup ## steps where kubeinfer/HPA stand lower -> be
 bench-autoscaler-frontier: setup ## kubeinfer vs its peers at every setting (HPA on GPU utilization, KEDA request rate, Knative KPA, Ray Serve): dominated or not, per trace -> bench/results/autoscaler_frontier.json
 	$(PY) bench/autoscaler_frontier.py
 
-bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-autoscaler bench-autoscaler-adversary \
+bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-autoscaler bench-autoscaler-adversary \
        bench-autoscaler-frontier bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
 
 clean: cluster-down ## remove the venv and build cache
