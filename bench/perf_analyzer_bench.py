@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# ROOT for hack.devtools and tests.support, bench/ for quiet (appended: operator/ must not shadow the
+# ROOT for hack.devtools, bench/ for quiet (appended: operator/ must not shadow the
 # standard library's operator module)
 for _path in (ROOT, ROOT / "bench"):
     if str(_path) not in sys.path:
@@ -45,9 +45,9 @@ for _path in (ROOT, ROOT / "bench"):
 
 import quiet  # noqa: E402
 
+from hack.devtools.perf_analyzer import find_perf_analyzer  # noqa: E402
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess  # noqa: E402
 from hack.devtools.runtime_tiny import simple_onnx  # noqa: E402
-from tests.support.perf_analyzer import perf_analyzer  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "perf_analyzer.json"
 CONCURRENCY = (1, 2, 4, 8)
@@ -149,7 +149,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Measure every model and protocol; write ``--out``."""
     args = parse_args(argv)
-    binary = perf_analyzer()
+    binary = find_perf_analyzer()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with quiet.quiet_run("perf_analyzer_bench", args, log=progress) as run:
         with tempfile.TemporaryDirectory(prefix="kubeinfer-pa-") as tmp_dir:

@@ -1,54 +1,31 @@
 """Triton's ``perf_analyzer`` as the tests run it: the binary ``make setup`` installs, the command line of
 every run (docs/clients.md shows it), and the checks of its ``-f`` CSV report.
 
-``.cache/bin/perf_analyzer`` (hack/setup.sh step 10, ``hack/perf-analyzer.pins``) is a wrapper that runs the
-``perf-analyzer`` wheel's binary through a Debian trixie glibc sysroot (it needs a newer glibc than the
-machine's). A test fails, naming ``make setup``, when it is missing; ``$KUBEINFER_PERF_ANALYZER`` names
-another one.
+The binary is ``hack.devtools.perf_analyzer``'s (what ``make setup`` installs); a test fails, naming
+``make setup``, when it is missing.
 """
 
 from __future__ import annotations
 
 import csv
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-#: Where ``make setup`` puts the perf_analyzer wrapper.
-PERF_ANALYZER = ROOT / ".cache" / "bin" / "perf_analyzer"
-#: The environment variable naming another perf_analyzer.
-PERF_ANALYZER_ENV = "KUBEINFER_PERF_ANALYZER"
+from hack.devtools.perf_analyzer import PerfAnalyzerMissing, find_perf_analyzer
+
 #: What every run measures: concurrency 1 then 2, three 300 ms windows at each (see the docstring).
 SWEEP = ("--concurrency-range", "1:2", "-p", "300", "-s", "1000", "-r", "3")
 
 
 def perf_analyzer() -> Path:
-    """``.cache/bin/perf_analyzer``, else ``$KUBEINFER_PERF_ANALYZER``, checked with ``--version``.
-
-    Fails the test (not a skip), naming ``make setup``, when neither runs."""
-    candidates = [PERF_ANALYZER]
-    if os.environ.get(PERF_ANALYZER_ENV):
-        candidates.append(Path(os.environ[PERF_ANALYZER_ENV]))
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            done = subprocess.run(
-                [str(path), "--version"], capture_output=True, text=True, timeout=60, check=False
-            )
-            if done.returncode == 0 and "Perf Analyzer Version" in done.stdout + done.stderr:
-                return path
-            pytest.fail(
-                f"{path} --version failed (exit {done.returncode}): {(done.stdout + done.stderr)[-500:]}; "
-                "run `make setup` (hack/setup.sh step 10 installs perf_analyzer)",
-                pytrace=False,
-            )
-    pytest.fail(
-        f"perf_analyzer is missing ({PERF_ANALYZER}; ${PERF_ANALYZER_ENV} not set or not a binary): "
-        "run `make setup` (hack/setup.sh step 10 installs it)",
-        pytrace=False,
-    )
+    """The perf_analyzer to run (``hack.devtools.perf_analyzer.find_perf_analyzer``). Fails the test
+    (not a skip), naming ``make setup``, when there is none."""
+    try:
+        return find_perf_analyzer()
+    except PerfAnalyzerMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def command(binary: Path, model: str, address: str, protocol: str, report: Path, *extra: str) -> list[str]:
