@@ -35,6 +35,7 @@ import datetime as dt
 import math
 import re
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,34 @@ def _scaled_by_the_headroom(s: ServiceView) -> dict[str, Any] | None:
     return status if scaled and observed.get("time") == decision.get("time") else None
 
 
+class _FirstStatus:
+    """The first ``status`` that ``_scaled_by_the_headroom`` accepts with a decision made at or after
+    ``since``, read every 0.5 s by a thread while the block runs (``found``: ``None`` until then)."""
+
+    def __init__(self, s: ServiceView, since: dt.datetime) -> None:
+        self.s, self.since = s, since.replace(microsecond=0)
+        self.found: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="headroom-status", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.found is None:
+            with contextlib.suppress(Exception):  # a transient API error: the next read
+                status = _scaled_by_the_headroom(self.s)
+                when = (status or {}).get("lastDecision", {}).get("time", "")
+                if status and dt.datetime.fromisoformat(when.replace("Z", "+00:00")) >= self.since:
+                    self.found = status
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> _FirstStatus:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
 def _restarted_onto_a_bursty_past(
     cluster: Cluster,
     s: ServiceView,
@@ -305,17 +334,18 @@ def _restarted_onto_a_bursty_past(
     print(f"the past read back: {len(history)} samples, level {level:.1f}/s, peak {peak:.1f}/s")
     assert abs(level / live - 1) < 0.02 and abs(peak / (BURST * live) - 1) < 0.02, history
     restarted = dt.datetime.now(dt.UTC)
-    _restart_operator(cluster)
-    pattern = rf"autoscale {re.escape(s.namespace)}/{NAME}: (\d+) arrival-rate samples of the last"
-    read_back = wait_until(
-        lambda: re.findall(pattern, _operator_log(cluster)),
-        timeout=120,
-        message="the restarted operator reading the arrival history back",
-    )
-    assert int(read_back[-1]) >= 0.5 * (MEMORY_SECONDS - RESTART_MARGIN) / INTERVAL, read_back
-    status = wait_until(
-        lambda: _scaled_by_the_headroom(s), timeout=120, message="the burst headroom's 4th replica"
-    )
+    # Watched from before the restart: the new operator decides on its first tick, often while the old
+    # pod is still terminating, and its next tick (a batch timeout step) replaces lastDecision.
+    with _FirstStatus(s, restarted) as scaled:
+        _restart_operator(cluster)
+        pattern = rf"autoscale {re.escape(s.namespace)}/{NAME}: (\d+) arrival-rate samples of the last"
+        read_back = wait_until(
+            lambda: re.findall(pattern, _operator_log(cluster)),
+            timeout=120,
+            message="the restarted operator reading the arrival history back",
+        )
+        assert int(read_back[-1]) >= 0.5 * (MEMORY_SECONDS - RESTART_MARGIN) / INTERVAL, read_back
+        status = wait_until(lambda: scaled.found, timeout=120, message="the burst headroom's 4th replica")
     decision, observed = status["lastDecision"], status["observed"]
     print(f"decision: {decision}")
     assert dt.datetime.fromisoformat(decision["time"].replace("Z", "+00:00")) >= restarted.replace(
