@@ -94,7 +94,7 @@ def run_level(binary: Path, model: str, address: str, protocol: str, level: int,
     report = tmp / f"{model}-{protocol}-{level}.csv"
     args = [
         str(binary), "-m", model, "-u", address, "-i", protocol,
-        "--concurrency-range", str(level), "--verbose-csv", "-f", str(report), "--percentile", "99",
+        "--concurrency-range", str(level), "--verbose-csv", "-f", str(report),
     ]  # fmt: skip
     if model == "minilm":
         args += ["--string-length", "24"]  # short random texts, within the model's token limit
