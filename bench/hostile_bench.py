@@ -256,16 +256,14 @@ def main(argv: list[str] | None = None) -> int:
                         row = measure(rt, case)
                         progress(f"workers={workers} {json.dumps(row)}")
                         rows.append(row)
-        result = run.stamp(
+        run.write(
             {
                 "workers": results,
                 "command": ["bench/hostile_bench.py", *(sys.argv[1:] if argv is None else argv)],
-            }
+            },
+            args.out,
+            log=progress,
         )
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    progress(f"wrote {out}{' (noisy: not a source of figures)' if run.noisy else ''}")
     return 0
 
 

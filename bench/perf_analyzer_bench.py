@@ -161,17 +161,15 @@ def main(argv: list[str] | None = None) -> int:
                     results[model] = {
                         p: measure(binary, rt, model, p, tmp) for p in args.protocols.split(",")
                     }
-        result = run.stamp(
+        run.write(
             {
                 "results": results,
                 "perf_analyzer": "2.60.0 (hack/perf-analyzer.pins): 5 s windows, stable within 10 %",
                 "command": ["bench/perf_analyzer_bench.py", *(sys.argv[1:] if argv is None else argv)],
-            }
+            },
+            args.out,
+            log=progress,
         )
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    progress(f"wrote {out}{' (noisy: not a source of figures)' if run.noisy else ''}")
     return 0
 
 

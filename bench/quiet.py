@@ -328,6 +328,15 @@ class QuietRun:
         """``result`` with ``fields`` merged in (they replace a ``noisy`` or ``machine`` it had)."""
         return {**result, **self.fields()}
 
+    def write(self, result: dict[str, Any], out: str | Path, log: Callable[[str], None] = print) -> Path:
+        """Write ``result``, stamped (``stamp``), as JSON to ``out`` (its folder made), and log where,
+        saying when the run was noisy. Returns the path."""
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.stamp(result), indent=1) + "\n", encoding="utf-8")
+        log(f"wrote {path}{' (noisy: not a source of figures)' if self.noisy else ''}")
+        return path
+
 
 @contextlib.contextmanager
 def quiet_run(
