@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import json
 import sys
 import tracemalloc
 from collections.abc import Callable
@@ -30,7 +29,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "bench"))
 
+import quiet  # noqa: E402
 from kubeinfer.runtime.cache import ResponseCache  # noqa: E402
 
 ROWS: dict[str, Callable[[int], dict[str, np.ndarray]]] = {
@@ -81,23 +82,24 @@ def main() -> None:
     parser.add_argument("--max-bytes", type=int, default=8 << 20)
     parser.add_argument("--churn", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cache_accounting.json")
+    # heap bytes, not time: the machine and its load are recorded, not checked (quiet.py's simulation)
+    quiet.add_arguments(parser, simulation=True)
     args = parser.parse_args()
     results: dict[str, object] = {
         "max_bytes": args.max_bytes,
         "python": sys.version.split()[0],
         "numpy": np.__version__,
     }
-    for kind in ROWS:
-        results[kind] = got = measure(kind, args.max_bytes, args.churn)
-        for point, values in got.items():
-            print(
-                f"{kind:9} {point:7}: {values['entries']:7} entries, counted {values['counted']:>9} B, "
-                f"measured {values['measured']:>9} B ({values['measured_over_counted']:.3f}x, "
-                f"{values['bytes_per_entry']} B/entry)"
-            )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    with quiet.quiet_run("cache_accounting", args, simulation=True) as run:
+        for kind in ROWS:
+            results[kind] = got = measure(kind, args.max_bytes, args.churn)
+            for point, values in got.items():
+                print(
+                    f"{kind:9} {point:7}: {values['entries']:7} entries, counted {values['counted']:>9} B, "
+                    f"measured {values['measured']:>9} B ({values['measured_over_counted']:.3f}x, "
+                    f"{values['bytes_per_entry']} B/entry)"
+                )
+        run.write(results, args.out)
 
 
 if __name__ == "__main__":
