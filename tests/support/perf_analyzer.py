@@ -57,15 +57,16 @@ def run(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], s
 
 def check_report(report: Path, shown: str) -> list[dict[str, float]]:
     """The ``-f`` CSV's rows, asserted: concurrency 1 and 2, throughput > 0, and a server-side
-    breakdown (from the statistics extension) that is there and fits in the client's latency."""
+    breakdown (from the statistics extension) that is there and fits in the client's latency. The
+    queue may read 0: perf_analyzer shows whole microseconds, and a sequential client's request starts
+    at once (the batcher's early dispatch)."""
     with report.open(newline="") as f:
         rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
     assert sorted(r["Concurrency"] for r in rows) == [1.0, 2.0], shown
     for r in rows:
         assert r["Inferences/Second"] > 0, (r, shown)
-        assert r["Server Queue"] > 0, (r, shown)
         assert r["Server Compute Infer"] > 0, (r, shown)
-        assert r["Server Compute Input"] >= 0 and r["Server Compute Output"] >= 0, (r, shown)
+        assert min(r["Server Queue"], r["Server Compute Input"], r["Server Compute Output"]) >= 0, (r, shown)
         server = sum(r[k] for k in ("Server Queue", "Server Compute Input", "Server Compute Infer"))
         server += r["Server Compute Output"]
         assert server <= r["Avg latency"], (r, shown)
