@@ -70,6 +70,9 @@ MAX_FIELD_BYTES = 64 * 1024
 #: JSON values an input's ``data`` may hold beyond twice its declared elements (a flat list, or rows
 #: of lists, fit in twice): room for an empty tensor's nesting and small odd ones.
 NESTING_ALLOWANCE = 1024
+#: Bytes of JSON over which a request's inputs' ``data`` are located before the JSON is parsed
+#: (``_outline``); below it parsing the whole text is cheaper than locating them.
+OUTLINE_SCAN_BYTES = 1 << 20
 #: A field left out of the JSON outline (no JSON value is empty).
 _ABSENT = msgspec.Raw(b"")
 
@@ -569,8 +572,7 @@ def decode_request(
     if header_length is None:
         header_length = len(body)
     view = memoryview(body).cast("B")
-    outline, params = _header(view, header_length)
-    raw_inputs = _input_outlines(outline.inputs)
+    outline, params, raw_inputs = _outline(view, header_length)
     budget = RequestBudget(limits)
     plans: list[_Plan] = []
     names: set[str] = set()
@@ -678,6 +680,41 @@ def _header(view: memoryview, header_length: int) -> tuple[_RequestOutline, dict
     if not isinstance(params, dict):  # false, 0, "" or [] too: refused, not read as no parameters
         raise ProtocolError("request 'parameters' must be a JSON object")
     return outline, params
+
+
+def _outline(
+    view: memoryview, header_length: int
+) -> tuple[_RequestOutline, dict[str, Any], list[_InputOutline]]:
+    """The request's JSON outline, its ``parameters`` and its inputs' outlines.
+
+    Over ``OUTLINE_SCAN_BYTES`` of JSON, the inputs' ``data`` are located first (``jsonscan.data_spans``:
+    numpy, the GIL released) and the JSON is parsed without them, each ``data`` left as its text in
+    ``view`` (parsed once it is counted): parsing a large ``data`` only to skip it would hold the
+    interpreter (64 MB of numbers: about 90 ms, the liveness probe's answer waiting behind it). When the
+    JSON is not clearly a request's outline, it is parsed whole. Raises ``ProtocolError``."""
+    if OUTLINE_SCAN_BYTES < header_length <= len(view):
+        header = view[:header_length]
+        spans = jsonscan.data_spans(header)
+        if spans is not None and any(spans):
+            pieces: list[bytes | memoryview] = []
+            at = 0
+            for span in spans:
+                if span is not None:
+                    pieces += [header[at : span[0]], b"0"]
+                    at = span[1]
+            pieces.append(header[at:])
+            skeleton = memoryview(b"".join(pieces))
+            outline, params = _header(skeleton, len(skeleton))
+            raw_inputs = _input_outlines(outline.inputs)
+            if len(raw_inputs) == len(spans) and all(
+                (span is None) == (not len(raw.data)) for raw, span in zip(raw_inputs, spans, strict=True)
+            ):
+                for raw, span in zip(raw_inputs, spans, strict=True):
+                    if span is not None:
+                        raw.data = msgspec.Raw(header[span[0] : span[1]])
+                return outline, params, raw_inputs
+    outline, params = _header(view, header_length)
+    return outline, params, _input_outlines(outline.inputs)
 
 
 def _input_outlines(raw: msgspec.Raw) -> list[_InputOutline]:
