@@ -94,6 +94,7 @@ ARRIVALS_RISING = "ArrivalsRising"
 SCALE_IN_COOLING_DOWN = "ScaleInCoolingDown"
 WITHIN_TOLERANCE = "WithinTolerance"
 TARGET_MET = "TargetMet"
+SCALED_TO_ZERO = "ScaledToZero"
 PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
 METRICS_MISSING = "MetricsMissing"
 STALE_METRICS = "StaleMetrics"
@@ -403,6 +404,11 @@ REASONS: tuple[Reason, ...] = (
     _hold(SCALE_IN_COOLING_DOWN, "a scale-in waits for `autoscaling.scaleDownCooldown`"),
     _hold(WITHIN_TOLERANCE, "P99 is within `autoscaling.tolerance` of the target: nothing moves"),
     _hold(TARGET_MET, "P99 is comfortably under target and nothing is due"),
+    _hold(
+        SCALED_TO_ZERO,
+        "the service has no replica: it had no requests for its idle window, and the autoscaler holds at "
+        "zero (demand, not the autoscaler, brings a replica back)",
+    ),
     _signal_problem(
         PROMETHEUS_UNAVAILABLE,
         "Prometheus's URL does not answer (or answers with a server error)",

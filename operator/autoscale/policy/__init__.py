@@ -78,7 +78,7 @@ The reactive law:
   The queue alone is not that signal: requests already taken into batches have left the queue but
   not the service, so a service slow in execution shows an empty queue while its latency is seconds.
 - Cooldowns separate actions of the same kind; replicas stay in ``[min_replicas, max_replicas]``
-  and never reach zero.
+  and reach zero only by scale to zero (``zero``), when it is on.
 
 An observation that is missing, NaN, infinite, stale or an error is *unknown*: the decision holds
 everything and says why. It is never read as zero. One exception is spelled out: a measured request
@@ -98,7 +98,9 @@ own unit tests, the way Ray Serve's ``autoscaling_policy`` composes its steps:
    ``reactive.band_headroom``, the stabilization window's ``stabilization.scale_in`` and
    ``reactive.grow_timeout``) or ``reactive.within_tolerance``.
 4. ``capacity.during_cold_start``: fuller batches while added replicas start.
-5. ``memory.next_state``: the clocks, the recommendation history and the arrival samples.
+5. ``zero.scale_to_zero``: with ``Policy.idle_after_seconds`` set, an idle run that long takes the
+   replicas to 0 (at 0, ``decide`` holds before step 1: ``zero.at_zero``).
+6. ``memory.next_state``: the clocks, the recommendation history, the arrival samples and the idle run.
 
 ``values`` holds the types (``Observation``, ``Current``, ``Policy``, ``State``, ``Decision``);
 ``memory`` also rebuilds a ``State`` after an operator restart (``restore_state``,
@@ -112,6 +114,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from kubeinfer.operator.autoscale.policy.capacity import ahead_of_demand, during_cold_start
 from kubeinfer.operator.autoscale.policy.common import EPS, ms
@@ -130,6 +133,7 @@ from kubeinfer.operator.autoscale.policy.values import (
     State,
     check_observation,
 )
+from kubeinfer.operator.autoscale.policy.zero import AT_ZERO_HOLD, at_zero, scale_to_zero
 
 __all__ = [
     "DECIDE_REQUIRES",
@@ -182,18 +186,28 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
         now: the current time, seconds on any clock that only moves forward.
 
     Returns:
-        A ``Decision``; ``replicas`` is always within ``[policy.min_replicas, policy.max_replicas]``
-        and ``batch_timeout_seconds`` within the policy's timeout bounds.
+        A ``Decision``; ``replicas`` is within ``[policy.min_replicas, policy.max_replicas]``, or 0
+        with ``policy.idle_after_seconds`` set (scaled to zero, or held there), and
+        ``batch_timeout_seconds`` within the policy's timeout bounds.
     """
+    if policy.idle_after_seconds is not None and current.replicas == 0:
+        _, timeout = bounded(current, policy)
+        return _decision(current, 0, timeout, at_zero(policy), State(), AT_ZERO_HOLD, known=True)
     note = _bounds_note(current, policy)
     checked = check_observation(observation, policy.stale_after_seconds)
     if isinstance(checked, Problem):
         replicas, timeout = bounded(current, policy)
         return _decision(
-            current, replicas, timeout, f"{note}holding: {checked.message}", state, None, known=False
+            current,
+            replicas,
+            timeout,
+            f"{note}holding: {checked.message}",
+            replace(state, idle_since=None),  # unknown signals end an idle run
+            None,
+            known=False,
         )
     t = Tick.of(checked, current, policy, state, now)
-    out = during_cold_start(t, rule_for(t)(t))
+    out = scale_to_zero(t, during_cold_start(t, rule_for(t)(t)))
     hold = out.holds[0] if out.holds else None
     return _decision(
         current, out.replicas, out.batch_timeout, note + out.words, next_state(t, out), hold, known=True

@@ -10,6 +10,7 @@ from dataclasses import replace
 from kubeinfer.operator.autoscale.policy.stabilization import recommendations
 from kubeinfer.operator.autoscale.policy.tick import Outcome, Tick
 from kubeinfer.operator.autoscale.policy.values import Observation, Policy, State
+from kubeinfer.operator.autoscale.policy.zero import idle_since
 
 __all__ = ["arrivals", "next_state", "restore_arrivals", "restore_state"]
 
@@ -25,6 +26,7 @@ def next_state(t: Tick, out: Outcome) -> State:
         first_seen=t.state.first_seen if t.state.first_seen is not None else t.now,
         recommendations=recommendations(t, out),
         arrivals=arrivals(t.state, t.obs, t.policy, t.now),
+        idle_since=idle_since(t),
     )
 
 

@@ -260,6 +260,11 @@ class Policy:
         after the unseen tenant_onboarding and business_hours traces; 1.75-2 keep all but
         business_hours, 3-4 cost weekend_low more: bench/traces/README.md).
 
+    Scale to zero (``zero``): ``idle_after_seconds``, the seconds a service must be idle (no request
+    completed, none queued or in flight) before its replicas go to 0; None (the default): never, and
+    ``min_replicas`` (at least 1) is the floor. The other rules never go under ``min_replicas``; only
+    this one goes to 0, and at 0 ``decide`` holds.
+
     Switches, all on in the operator (no API field sets them), each turning one rule off for the
     benchmark's ablations (``bench/autoscaler_sim.py``'s ``VARIANTS``) and the tests:
         capacity_rule: the SLO-capacity rule (``plan.plan``; off: the reactive law alone decides).
@@ -311,6 +316,7 @@ class Policy:
     burst_min_bursts: int = 2
     hold_left_level: bool = True
     step_factor: float = 2.5
+    idle_after_seconds: float | None = None
 
     def __post_init__(self) -> None:
         cooldowns = (
@@ -353,6 +359,11 @@ class Policy:
             ("burst_min_samples", self.burst_min_samples >= 0, "must be >= 0"),
             ("burst_min_rise", self.burst_min_rise >= 1, "must be >= 1"),
             ("burst_min_bursts", self.burst_min_bursts >= 0, "must be >= 0"),
+            (
+                "idle_after_seconds",
+                self.idle_after_seconds is None or self.idle_after_seconds > 0,
+                "must be > 0 (None: never scale to zero)",
+            ),
         )
         for name, ok, why in rules:
             if not ok:
@@ -384,6 +395,8 @@ class State:
             also tells a scale-in whether the arrivals are rising (``stabilization.arrivals_rising``).
             With the burst headroom off only one reaction time (``burst_lead_seconds``) of samples is
             kept.
+        idle_since: ``now`` of the first tick of the current run of idle ticks (``zero.idle_since``),
+            or ``None`` (not idle, or scale to zero off).
     """
 
     last_scale_up: float | None = None
@@ -393,6 +406,7 @@ class State:
     first_seen: float | None = None
     recommendations: tuple[tuple[float, int], ...] = field(default_factory=tuple)
     arrivals: tuple[tuple[float, float], ...] = field(default_factory=tuple)
+    idle_since: float | None = None
 
 
 @dataclass(frozen=True)
