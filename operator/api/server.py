@@ -55,6 +55,22 @@ class AuthSpec(_Spec):
     )
 
 
+class GraphCacheSpec(_Spec):
+    """A PersistentVolumeClaim where the runtime keeps the graphs it compiles from the model (the ONNX
+    export, the int8 graphs), read by every later pod of the model instead of compiling again."""
+
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="Name of a PersistentVolumeClaim in the InferenceService's namespace, mounted "
+        "read-write at /var/cache/kubeinfer (the runtime's KUBEINFER_CACHE_DIR). Pods on several nodes "
+        "need a ReadWriteMany claim. A graph is keyed by the model's config and weights (contents), "
+        "torch's and transformers' versions and the graph's kind, and written under a temporary name "
+        "then renamed, so pods of different models and versions share a claim safely.",
+    )
+
+
 class LabelSelectorRequirement(_Spec):
     """A matchExpressions entry of a label selector (metav1.LabelSelectorRequirement)."""
 
@@ -202,6 +218,11 @@ class ServerSpec(_Spec):
         default=None,
         description="Bearer-token authentication by the runtime (unset: none, every route open). Health "
         "(/v2/health/*, gRPC ServerLive/ServerReady) and /metrics stay open.",
+    )
+    graph_cache: GraphCacheSpec | None = Field(
+        default=None,
+        description="Where compiled graphs are kept between pods (unset: in the pod's /tmp, made again "
+        "by every pod). Applies to engine onnxruntime on a Hugging Face model directory.",
     )
     allow_from: list[NetworkPeer] | None = Field(
         default=None,

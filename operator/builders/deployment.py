@@ -83,6 +83,10 @@ def termination_grace_seconds(isvc: api.InferenceService) -> int:
 
 #: The runtime container's writable /tmp (HOME), shared with the fetch init containers.
 TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
+#: Where ``spec.server.graphCache``'s claim is mounted: the runtime's ``KUBEINFER_CACHE_DIR``.
+GRAPH_CACHE_DIR = "/var/cache/kubeinfer"
+#: The runtime's variable naming the directory of its compiled graphs (``models.hf_onnx.cache_dir``).
+GRAPH_CACHE_ENV = "KUBEINFER_CACHE_DIR"
 
 
 def _volumes(
@@ -104,6 +108,10 @@ def _volumes(
         {"name": "dshm", "mountPath": "/dev/shm"},
         TMP_MOUNT,
     ]
+    cache = isvc.spec.server.graph_cache
+    if cache is not None:
+        volumes.append({"name": "graph-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}})
+        mounts.append({"name": "graph-cache", "mountPath": GRAPH_CACHE_DIR})
     for i, claim in enumerate(isvc.spec.pvc_claims()):
         volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": f"pvc-{i}", "mountPath": f"{PVC_MOUNT_ROOT}/{claim}", "readOnly": True})
@@ -132,6 +140,8 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": False}},
             }
         )
+    if spec.server.graph_cache is not None:
+        env.append({"name": GRAPH_CACHE_ENV, "value": GRAPH_CACHE_DIR})
     for var in spec.runtime.env:
         env.append(var.model_dump(by_alias=True, exclude_none=True))
     startup_failures = math.ceil(startup_budget_seconds(isvc) / STARTUP_PERIOD_SECONDS)

@@ -17,12 +17,15 @@ The graph runs in an ``onnxruntime.InferenceSession`` with the session options o
 (``models.onnx.session_options``), on the CPU execution provider.
 
 The export is cached: in ``$KUBEINFER_CACHE_DIR``, else a ``.kubeinfer-cache`` folder in the model
-directory when it is writable, else the temporary directory (the pod's ``/tmp`` emptyDir), under a
-name that hashes the model's ``config.json``, its weight files (names, sizes, modification times),
-torch's and transformers' versions and the graph kind's export version: a changed model, library or
-graph exports again. The file is written under a temporary name and renamed, so a crash mid-export
-leaves nothing half-written behind; a cached graph that does not load all the same (a copy cut short, a
-full disk) is removed and made again (``_cached_session``).
+directory when it is writable, else the temporary directory (the pod's ``/tmp`` emptyDir), under a name
+that hashes the model's ``config.json``, its weight files (names, sizes and contents: a copy of the same
+model, fetched again by another pod, finds the graph; hashing MiniLM's 90 MB of weights takes 0.2 s on 2
+busy cores), torch's and transformers' versions and the graph kind's export version: a changed model,
+library or graph exports again. The operator points ``$KUBEINFER_CACHE_DIR`` at a volume the
+InferenceService names (``spec.server.graphCache``), so that every pod of the model after the first
+loads the graphs the first one made. The file is written under a temporary name and renamed, so a crash
+mid-export leaves nothing half-written behind; a cached graph that does not load all the same (a copy
+cut short, a full disk) is removed and made again (``_cached_session``).
 
 At load, the exported graph is checked against the torch model on the held-out sentences: an
 embedder's mean cosine (``check_export``), a head's label agreement and largest score deviation
@@ -63,6 +66,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,8 +172,9 @@ def export_key(model_dir: Path, version: str = EXPORT_VERSION) -> str:
     digest = hashlib.sha256()
     digest.update((model_dir / "config.json").read_bytes())
     for weights in sorted(list(model_dir.glob("*.safetensors")) + list(model_dir.glob("*.bin"))):
-        stat = weights.stat()
-        digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        with weights.open("rb") as f:
+            content = hashlib.file_digest(f, "sha256").hexdigest()
+        digest.update(f"{weights.name}:{weights.stat().st_size}:{content}".encode())
     digest.update(f"{torch.__version__}:{transformers.__version__}:{version}".encode())
     return digest.hexdigest()[:16]
 
@@ -192,7 +197,7 @@ def export_graph(
         kind: what the graph computes.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial = partial_path(path)
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
     axes[kind.output] = dict(kind.output_axes)
     with torch.inference_mode():
@@ -207,6 +212,12 @@ def export_graph(
             dynamo=False,
         )
     os.replace(partial, path)
+
+
+def partial_path(path: Path) -> Path:
+    """A name to write ``path`` under before it is renamed into place: unique to this write, also among
+    pods sharing the cache volume (whose processes often have the same pid)."""
+    return path.with_suffix(f".{uuid.uuid4().hex}.partial")
 
 
 def _cpu_session(path: Path) -> ort.InferenceSession:
@@ -288,7 +299,7 @@ def quantize_int8_dynamic(path: Path) -> Path:
     if not target.is_file():
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        partial = target.with_suffix(f".{os.getpid()}.partial")
+        partial = partial_path(target)
         quantize_dynamic(
             str(path),
             str(partial),
@@ -358,7 +369,7 @@ def quantize_int8_static(path: Path, batches: Iterable[dict[str, np.ndarray]], k
             return next(self._feeds, None)
 
     kept = float_kept_matmuls(onnx.load(str(path), load_external_data=False).graph)
-    partial = target.with_suffix(f".{os.getpid()}.partial")
+    partial = partial_path(target)
     quantize_static(  # its calibration copy of the graph goes to a temporary directory of its own
         str(path),
         str(partial),

@@ -180,3 +180,18 @@ def test_pdb_only_with_more_than_one_replica() -> None:
     assert build_pdb(_isvc(body)) is not None
     body["spec"]["replicas"] = 1
     assert build_pdb(_isvc(body)) is None
+
+
+def test_a_graph_cache_claim_is_mounted_read_write_where_the_runtime_keeps_its_graphs() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    plain = build_deployment(_isvc(body), replicas=1)["spec"]["template"]["spec"]
+    assert not any(v.get("persistentVolumeClaim") for v in plain["volumes"])
+    body["spec"].setdefault("server", {})["graphCache"] = {"claimName": "graphs"}
+    pod = build_deployment(_isvc(body), replicas=1)["spec"]["template"]["spec"]
+    assert {"name": "graph-cache", "persistentVolumeClaim": {"claimName": "graphs"}} in pod["volumes"]
+    container = pod["containers"][0]
+    assert {"name": "graph-cache", "mountPath": "/var/cache/kubeinfer"} in container["volumeMounts"]
+    assert {"name": "KUBEINFER_CACHE_DIR", "value": "/var/cache/kubeinfer"} in container["env"]
+    with pytest.raises(pydantic.ValidationError, match="claimName"):
+        body["spec"]["server"]["graphCache"] = {"claimName": "Not_A_Name"}
+        _isvc(body)

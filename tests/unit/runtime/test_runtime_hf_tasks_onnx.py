@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +234,29 @@ def test_what_the_engine_does_not_serve_is_refused(dirs: dict[str, Path], cache:
     skipping = {"mode": "int8-dynamic", "skip_modules": ["bert.encoder.layer.1"]}
     with pytest.raises(QuantizationError, match="skip_modules applies to engine torch"):
         load_model(tiny_hf_config(path, model=model, quantization=skipping))
+
+
+def test_a_copy_of_the_model_finds_its_graph_and_a_changed_one_does_not(
+    dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    # another pod fetches the same model again (new files, new modification times): the same key, so a
+    # cache volume shared by the pods serves it the graph; one changed weight byte is another model
+    path = dirs["text-classification"]
+    copy = tmp_path / path.name
+    shutil.copytree(path, copy)
+    for f in copy.iterdir():
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    key = hf_onnx.export_key(path)
+    assert hf_onnx.export_key(copy) == key
+    weights = next(copy.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert hf_onnx.export_key(copy) != key
+
+
+def test_partial_names_are_unique_per_write(tmp_path: Path) -> None:
+    # pods sharing a cache volume often run the runtime under the same pid
+    target = tmp_path / "m.onnx"
+    assert hf_onnx.partial_path(target) != hf_onnx.partial_path(target)
+    assert hf_onnx.partial_path(target).name.endswith(".partial")
