@@ -554,7 +554,10 @@ class Batcher:
 
     def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
         """The request's rows (``model.validate``); 413 beyond the warmed maximum batch."""
+        truncated = self.model.truncated_rows
         rows = self.model.validate(inputs)
+        if self.model.truncated_rows != truncated:
+            self.metrics.truncated_rows.inc(self.model.truncated_rows - truncated)
         warmed = self.model.max_batch_size or self._settings.max_batch_size
         if rows > warmed:
             raise InputError(

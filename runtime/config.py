@@ -25,6 +25,7 @@ from kubeinfer.contract.formats import AggregationStrategy as AggregationStrateg
 from kubeinfer.contract.formats import Device as Device
 from kubeinfer.contract.formats import Engine as Engine
 from kubeinfer.contract.formats import ModelFormat as ModelFormat
+from kubeinfer.contract.formats import Overflow as Overflow
 from kubeinfer.contract.formats import Quantization as Quantization
 from kubeinfer.contract.formats import Task as Task
 
@@ -41,6 +42,7 @@ FORMAT_RULES_SIDE = table.Side(
         "engine": "model.engine",
         "task": "model.task",
         "aggregation_strategy": "model.aggregation_strategy",
+        "overflow": "model.overflow",
         "inputs": "model.inputs",
         "outputs": "model.outputs",
         "uri": "model.source",
@@ -112,6 +114,12 @@ class ModelConfig(_Strict):
         description="token-classification only: how token labels become entities when a request does "
         "not say (its aggregation_strategy input): none | simple | first | average | max, as the "
         "transformers pipeline; unset: none, the pipeline's default.",
+    )
+    overflow: Overflow | None = Field(
+        default=None,
+        description="huggingface only: a text longer than limits.max_text_tokens (at most "
+        "max_sequence_length): refuse (413) or truncate (to the window, as transformers' truncation=True; "
+        "a reranker's pair keeps its query whole and truncates the text); unset: refuse.",
     )
 
     @model_validator(mode="after")
@@ -304,12 +312,11 @@ class RuntimeConfig(_Strict):
                 del data["server"][name]
         if not self.cache.enabled:  # no response cache
             del data["cache"]
-        if self.model.engine is None:  # the format's default engine
-            del data["model"]["engine"]
-        if self.model.task is None:  # detected from the model directory
-            del data["model"]["task"]
-        if self.model.aggregation_strategy is None:  # the task's default
-            del data["model"]["aggregation_strategy"]
+        # unset: the format's default engine, the task detected from the model directory, the task's
+        # default aggregation, overflow refused
+        for name in ("engine", "task", "aggregation_strategy", "overflow"):
+            if getattr(self.model, name) is None:
+                del data["model"][name]
         if self.warmup.dims is None:  # one size, the default
             del data["warmup"]["dims"]
         return data

@@ -406,6 +406,7 @@ class DataPlane:
             executors=self.executors,
             device=self.model.device,
             cache=self.cache is not None,
+            parameters=self.model.parameters(),
         )
 
     async def model_ready(self, name: str, version: str | None) -> None:

@@ -26,6 +26,8 @@ disagree:
 - ``instance_group``: the executor threads (``executors``) on the model's device, ``KIND_CPU`` or
   ``KIND_GPU`` with its index.
 - ``response_cache``: ``enable`` when the response cache is on.
+- ``parameters``: the model's own settings (``ServableModel.parameters``) as ``string_value``s: a text
+  model's ``max_text_tokens`` (its window, tokens) and ``overflow`` (refuse or truncate).
 
 Pure: standard library only, no server or batching code (import-linter keeps it so); the batching
 settings are anything with ``BatchingInForce``'s attributes (``batching.BatchSettings``).
@@ -169,6 +171,7 @@ def model_config_doc(
     executors: int = 1,
     device: str = "cpu",
     cache: bool = False,
+    parameters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The model's configuration in Triton's JSON form (``inference.ModelConfig``).
 
@@ -180,6 +183,9 @@ def model_config_doc(
         executors: executor threads running batches (``executors`` of the runtime config).
         device: the model's device (``cpu``, ``cuda:0``).
         cache: the response cache is on.
+        parameters: the model's own settings a client may want to know (``ServableModel.parameters``:
+            a text model's window and overflow policy), as Triton's ``parameters`` map of
+            ``string_value``s; none: no ``parameters``.
 
     Returns:
         A dict of ``model_config.proto``'s field names (see the module docstring); it parses into
@@ -191,7 +197,7 @@ def model_config_doc(
     platform = metadata["platform"]
     if platform not in BACKENDS:
         raise ValueError(f"platform {platform!r} has no Triton backend name")
-    return {
+    doc: dict[str, Any] = {
         "name": metadata["name"],
         "platform": platform,
         "backend": BACKENDS[platform],
@@ -202,3 +208,6 @@ def model_config_doc(
         "instance_group": [instance_group(executors, device)],
         "response_cache": {"enable": cache},
     }
+    if parameters:
+        doc["parameters"] = {k: {"string_value": v} for k, v in sorted(parameters.items())}
+    return doc

@@ -40,6 +40,9 @@ Task = Literal["text-embedding", "text-classification", "token-classification", 
 #: How a token classifier groups its tokens' labels into entities: the transformers
 #: ``TokenClassificationPipeline``'s ``aggregation_strategy`` values.
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
+#: What a text model does with a text longer than its window (``max_text_tokens``, at most the model's
+#: sequence length): refuse it (413), or truncate it as transformers does (a pair: the second text).
+Overflow = Literal["refuse", "truncate"]
 #: Post-training quantization applied at load.
 Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
 #: The device a model runs on; ``auto``: a GPU when there is one.
@@ -49,6 +52,7 @@ FORMATS: tuple[ModelFormat, ...] = get_args(ModelFormat)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 TASKS: tuple[Task, ...] = get_args(Task)
 AGGREGATION_STRATEGIES: tuple[AggregationStrategy, ...] = get_args(AggregationStrategy)
+OVERFLOWS: tuple[Overflow, ...] = get_args(Overflow)
 QUANTIZATIONS: tuple[Quantization, ...] = get_args(Quantization)
 DEVICES: tuple[Device, ...] = get_args(Device)
 
@@ -68,6 +72,7 @@ FIELDS = (
     "engine",  # the engine, optional (unset: the format's default)
     "task",  # a huggingface model's task, optional (unset: detected)
     "aggregation_strategy",  # a token classifier's default aggregation, optional
+    "overflow",  # what a text model does with a text longer than its window, optional (unset: refuse)
     "inputs",  # the declared input tensors, a list
     "outputs",  # the declared output tensors, a list
     "uri",  # where the model comes from (BUNDLED: the bundled model)
@@ -522,6 +527,14 @@ RULES: tuple[Rule, ...] = (
         subject="task",
         message="{task} applies to huggingface models only",
         explain=(Explain(RUNTIME, "{task} applies to huggingface models only, not {format.value}"),),
+    ),
+    Rule(
+        "overflow-of-text-models",
+        ok=any_of(Absent("overflow"), Is("format", "huggingface")),
+        subject="overflow",
+        message="{overflow} applies to huggingface text models only",
+        reason="FieldValueForbidden",
+        explain=(Explain(RUNTIME, "{overflow} applies to huggingface text models only, not {format.value}"),),
     ),
     Rule(
         "aggregation-of-token-classifiers",

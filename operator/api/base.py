@@ -27,6 +27,7 @@ FORMAT_RULES_SIDE = table.Side(
         "engine": "spec.runtime.engine",
         "task": "spec.model.task",
         "aggregation_strategy": "spec.model.aggregationStrategy",
+        "overflow": "spec.model.overflow",
         "inputs": "spec.model.inputs",
         "outputs": "spec.model.outputs",
         "uri": "spec.model.uri",

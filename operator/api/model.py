@@ -30,6 +30,7 @@ from kubeinfer.runtime.config import (
     AggregationStrategy,
     Datatype,
     ModelFormat,
+    Overflow,
     Quantization,
     Task,
 )
@@ -95,6 +96,14 @@ class ModelSpec(_Spec):
         description="token-classification only: how token labels become entities when a request sends "
         "no aggregation_strategy input: none | simple | first | average | max, as the transformers "
         "pipeline's aggregation_strategy. Unset: none, the pipeline's default.",
+    )
+    overflow: Overflow | None = Field(
+        default=None,
+        description="huggingface only: what a text longer than the model's window (the runtime's "
+        "max_text_tokens, at most its max sequence length; 256 tokens by default) gets: refuse (413 "
+        "naming the tensor and the row) or truncate (cut to the window as transformers' "
+        "truncation=True does; a reranker keeps the query whole and truncates the text; counted in "
+        "kubeinfer_truncated_rows_total). Unset: refuse.",
     )
     name: str | None = Field(
         default=None,

@@ -117,6 +117,9 @@ class ServableModel(ABC):
     #: not batched: e.g. a token classifier's ``aggregation_strategy``); ``_validate_tensor`` judges
     #: the value. Being inputs, they are part of the response cache's key.
     request_inputs: frozenset[str] = frozenset()
+    #: Rows ``validate`` let through to be cut to the model's window (a text model's ``overflow:
+    #: truncate``), counted since load; the batcher reports them (kubeinfer_truncated_rows_total).
+    truncated_rows: int = 0
 
     @functools.cached_property
     def column_inputs(self) -> frozenset[str]:
@@ -227,6 +230,11 @@ class ServableModel(ABC):
                 + ", ".join(f"'{n}'" for n in declared),
                 tensor=extra[0],
             )
+
+    def parameters(self) -> dict[str, str]:
+        """The model's own settings a client may want to know, name -> value as text (the model
+        configuration's ``parameters``); none by default."""
+        return {}
 
     def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:  # noqa: B027
         """Model-specific checks of one input tensor (after datatype/shape); raise ``InputError``."""

@@ -414,7 +414,7 @@ def use_onnxruntime(
         fp32, path = path, int8_dynamic_path(path)
         session, _ = _cached_session(path, lambda: quantize_int8_dynamic(fp32))
     elif quantization == "int8-static":
-        fp32, key = path, calibration_key(calibration, model.max_sequence_length)
+        fp32, key = path, calibration_key(calibration, model.truncate_at)
         path = int8_static_path(fp32, key)
 
         def calibrated() -> Path:

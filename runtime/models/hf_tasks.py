@@ -446,7 +446,7 @@ class TokenClassifierModel(TextModel):
         *,
         strategies: Sequence[str] | None = None,
     ) -> TaggedBatch:
-        """Tokenize ``texts`` padded to the longest row, truncated at ``max_sequence_length``, with
+        """Tokenize ``texts`` padded to the longest row, truncated at ``truncate_at``, with
         offsets and special-tokens masks (see ``TaggedBatch``); ``strategies`` per row (None: the
         default for every row).
 
@@ -498,7 +498,7 @@ class TokenClassifierModel(TextModel):
             enc = self.tokenizer(
                 list(texts),
                 truncation=True,
-                max_length=self.max_sequence_length,
+                max_length=self.truncate_at,
                 return_offsets_mapping=True,
                 return_special_tokens_mask=True,
             )

@@ -185,8 +185,21 @@ class TextModel(ServableModel):
         self.engine = "torch"
         self.session: Any = None
         self._tokenizer_lock = threading.Lock()
-        self._batch_encoder = _fast_batch_encoder(tokenizer, self.max_sequence_length)
         self._special_tokens = int(tokenizer.num_special_tokens_to_add(pair=False))
+        self._pair_special_tokens = int(tokenizer.num_special_tokens_to_add(pair=True))
+        #: ``model.overflow``: a text over ``token_limit`` is refused (413) or truncated.
+        self.overflow = cfg.model.overflow or "refuse"
+        #: Rows cut to the window so far (``overflow: truncate``): kubeinfer_truncated_rows_total.
+        self.truncated_rows = 0
+        truncate = self.overflow == "truncate"
+        #: Tokenization truncates rows at this many tokens: the window when ``overflow`` is truncate,
+        #: else ``max_sequence_length`` (a refused text never gets there; a pair may, longest-first).
+        self.truncate_at = self.sequence_limit() if truncate else self.max_sequence_length
+        #: transformers' ``truncation`` argument: a pair keeps its first text (the query) whole when
+        #: ``overflow`` is truncate.
+        self.truncation: bool | str = "only_second" if truncate and self.pairs else True
+        strategy = "only_second" if self.truncation == "only_second" else "longest_first"
+        self._batch_encoder = _fast_batch_encoder(tokenizer, self.truncate_at, strategy)
         self._report: dict[str, float] = {}
 
     @property
@@ -194,27 +207,45 @@ class TextModel(ServableModel):
         """True when each row is a (first input, second input) pair of texts."""
         return len(self.text_inputs) == 2
 
+    def parameters(self) -> dict[str, str]:
+        """``max_text_tokens``: the window, tokens per text (``token_limit``); ``overflow``: what a
+        longer text gets (refuse or truncate)."""
+        return {"max_text_tokens": str(self.token_limit), "overflow": self.overflow}
+
     # --- validation --------------------------------------------------------------------------
 
     def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
-        """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413)."""
+        """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413), unless
+        ``overflow`` is truncate: then a longer row is counted in ``truncated_rows`` and cut when it is
+        tokenized; a pair's first text (the query), kept whole, must leave room for one token of the
+        second in ``truncate_at`` (413)."""
         texts = _decode_rows(spec.name, array)
+        limit = self.token_limit
+        kept_whole = self.truncation == "only_second" and spec.name == self.text_inputs[0]
+        if kept_whole:
+            limit = min(limit, self.truncate_at - self._pair_special_tokens + self._special_tokens - 1)
         # A WordPiece/BPE/unigram token covers at least one byte of input, so a row of n bytes has
         # at most n + (special tokens, 2 for BERT) tokens: only longer rows need tokenizing here.
         special = self._special_tokens
-        long_rows = [i for i, t in enumerate(texts) if len(t.encode("utf-8")) + special > self.token_limit]
+        long_rows = [i for i, t in enumerate(texts) if len(t.encode("utf-8")) + special > limit]
         if not long_rows:
             return
         with self._tokenizer_lock:
             ids = self.tokenizer([texts[i] for i in long_rows], add_special_tokens=True)["input_ids"]
-        for i, row_ids in zip(long_rows, ids, strict=True):
-            if len(row_ids) > self.token_limit:
-                raise InputError(
-                    f"input tensor '{spec.name}': row {i} has {len(row_ids)} tokens, over the limit of "
-                    f"{self.token_limit} tokens per text",
-                    tensor=spec.name,
-                    status=413,
-                )
+        over = [(i, len(row_ids)) for i, row_ids in zip(long_rows, ids, strict=True) if len(row_ids) > limit]
+        if not over:
+            return
+        if self.overflow == "truncate" and not kept_whole:
+            self.truncated_rows += len(over)
+            return
+        i, tokens = over[0]
+        kept = " (with overflow truncate, the first text of a pair is kept whole)" if kept_whole else ""
+        raise InputError(
+            f"input tensor '{spec.name}': row {i} has {tokens} tokens, over the limit of "
+            f"{limit} tokens per text{kept}",
+            tensor=spec.name,
+            status=413,
+        )
 
     # --- serving -----------------------------------------------------------------------------
 
@@ -231,8 +262,8 @@ class TextModel(ServableModel):
 
     def tokenize(self, texts: Sequence[str], second: Sequence[str] | None = None) -> TokenizedBatch:
         """Tokenize ``texts`` (or the pairs ``texts[i], second[i]``) padded to the longest row and
-        truncated at ``max_sequence_length`` (a pair longest-first, as transformers and
-        sentence-transformers do). Returns int64 tensors [rows, longest].
+        truncated at ``truncate_at`` (a pair longest-first, as transformers and sentence-transformers
+        do, or its second text only with ``overflow: truncate``). Returns int64 tensors [rows, longest].
 
         A fast (Rust) tokenizer encodes the whole batch in one ``encode_batch`` call of a private copy
         of its backend, configured once with the same truncation and padding as the Hugging Face call
@@ -263,8 +294,8 @@ class TextModel(ServableModel):
                 list(texts),
                 None if second is None else list(second),
                 padding="longest",
-                truncation=True,
-                max_length=self.max_sequence_length,
+                truncation=self.truncation,
+                max_length=self.truncate_at,
                 return_tensors="pt",
             )
         tensors = {k: v for k, v in enc.items() if k in self._forward_args}
@@ -313,8 +344,7 @@ class TextModel(ServableModel):
         ``token_limit`` joined (their special tokens once), at most ``max_sequence_length``."""
         if not self.pairs:
             return self.token_limit
-        pair_specials = int(self.tokenizer.num_special_tokens_to_add(pair=True))
-        joined = 2 * (self.token_limit - self._special_tokens) + pair_specials
+        joined = 2 * (self.token_limit - self._special_tokens) + self._pair_special_tokens
         return min(self.max_sequence_length, joined)
 
     def sequence_buckets(self) -> list[int]:
@@ -425,18 +455,19 @@ class TextEmbeddingModel(TextModel):
         self.embed_texts(texts, batch_size)
 
 
-def _fast_batch_encoder(tokenizer: Any, max_length: int) -> Any:
+def _fast_batch_encoder(tokenizer: Any, max_length: int, strategy: str = "longest_first") -> Any:
     """A private copy of a fast tokenizer's backend (``tokenizers.Tokenizer``) that truncates at
-    ``max_length`` and pads to the longest row, as ``tokenizer(texts, padding="longest",
-    truncation=True, max_length=max_length)`` does; None for a tokenizer without a Rust backend or
-    with left-side truncation/padding (those keep the Hugging Face call)."""
+    ``max_length`` (``strategy``: longest_first or only_second) and pads to the longest row, as
+    ``tokenizer(texts, padding="longest", truncation=True, max_length=max_length)`` does (truncation
+    ``"only_second"`` for that strategy); None for a tokenizer without a Rust backend or with
+    left-side truncation/padding (those keep the Hugging Face call)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or tokenizer.padding_side != "right" or tokenizer.truncation_side != "right":
         return None
     if tokenizer.pad_token_id is None:
         return None
     encoder = copy.deepcopy(backend)
-    encoder.enable_truncation(max_length=max_length, strategy="longest_first", direction="right")
+    encoder.enable_truncation(max_length=max_length, strategy=strategy, direction="right")
     encoder.enable_padding(
         direction="right",
         pad_id=int(tokenizer.pad_token_id),

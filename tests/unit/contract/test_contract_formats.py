@@ -33,6 +33,7 @@ GRID: dict[str, tuple[Any, ...]] = {
     "engine": (None, *table.ENGINES),
     "task": (None, "text-embedding", "token-classification", "reranking"),
     "aggregation_strategy": (None, "simple"),
+    "overflow": (None, "truncate"),
     "inputs": ((), ("x",)),
     "outputs": ((), ("y",)),
     "uri": (sources.BUNDLED, "/models/m"),
@@ -53,7 +54,11 @@ def operator_spec(v: Mapping[str, Any]) -> dict[str, Any]:
     """An InferenceService spec (camelCase, as a manifest writes it) of the combination ``v``: an unset
     or empty optional field left out."""
     model: dict[str, Any] = {"format": v["format"], "uri": v["uri"]}
-    for name, key in (("task", "task"), ("aggregation_strategy", "aggregationStrategy")):
+    for name, key in (
+        ("task", "task"),
+        ("aggregation_strategy", "aggregationStrategy"),
+        ("overflow", "overflow"),
+    ):
         if v.get(name) is not None:
             model[key] = v[name]
     for name in ("inputs", "outputs"):
@@ -87,7 +92,7 @@ def runtime_file(v: Mapping[str, Any]) -> dict[str, Any]:
         "inputs": _tensors(v["inputs"]),
         "outputs": _tensors(v["outputs"]),
     }
-    for name in ("engine", "task", "aggregation_strategy"):
+    for name in ("engine", "task", "aggregation_strategy", "overflow"):
         if v.get(name) is not None:
             model[name] = v[name]
     data: dict[str, Any] = {
@@ -335,6 +340,7 @@ def test_the_scopes() -> None:
         "engine-runs-format": "model",
         "task-of-huggingface": "model",
         "aggregation-of-token-classifiers": "model",
+        "overflow-of-text-models": "model",
         "int8-static-calibrates": "quantization",
         "warmup-dims-of-tensor-models": "",
     }
