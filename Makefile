@@ -33,7 +33,7 @@ test-integration: setup ## integration tests only
 test-e2e: images ## end-to-end tests only: images, a one-node cluster, the chart, examples (needs root)
 	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/e2e
 
-lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/ and runtime/), import-linter
+lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/, runtime/ and activator/), import-linter
 	@bash hack/setup.sh --python-only
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -47,6 +47,7 @@ lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/ and runtime/), imp
 	  ln -s "$(CURDIR)/kubeinfer/contract" .cache/lintroot/kubeinfer/contract; \
 	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator; \
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
+	  ln -s "$(CURDIR)/activator" .cache/lintroot/kubeinfer/activator; \
 	  cd .cache/lintroot; \
 	  echo "mypy --config-file pyproject.toml kubeinfer"; ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer; \
 	  echo "lint-imports"; ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml'
