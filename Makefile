@@ -49,8 +49,8 @@ lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/, runtime/ and acti
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
 	  ln -s "$(CURDIR)/activator" .cache/lintroot/kubeinfer/activator; \
 	  cd .cache/lintroot; \
-	  echo "mypy --config-file pyproject.toml kubeinfer"; ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer; \
-	  echo "lint-imports"; ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml'
+	  echo "mypy --config-file pyproject.toml kubeinfer"; "$(CURDIR)/.venv/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" kubeinfer; \
+	  echo "lint-imports"; "$(CURDIR)/.venv/bin/lint-imports" --no-cache "$(CURDIR)/pyproject.toml"'
 
 lock: ## rewrite the lock, requirements/*.txt, from pyproject.toml's ranges (uv pip compile; pins kept); UPGRADE=1: newest allowed, UPGRADE=NAME: that package
 	@bash hack/setup.sh --python-only
