@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from hack.devtools.activator_proc import ActivatorProcess
@@ -227,7 +229,14 @@ async def test_a_client_that_leaves_while_held_leaves_the_queue_and_unknown_host
             assert unknown.status_code == 404 and "other.ml.svc" in unknown.json()["error"]
             own = await raw.get(f"http://{act.address}/activator/healthz", headers={"Host": "other.ml.svc"})
             assert own.status_code == 200
-        grpc_ = grpcaio.InferenceServerClient(act.grpc_address)  # the shared port: named by the model
+        # gRPC, on the shared port (the target named by the model): a cancelled call leaves the queue too
+        async with grpc.aio.insecure_channel(act.grpc_address) as channel:
+            ready = channel.unary_unary("/inference.GRPCInferenceService/ModelReady")
+            call = ready(service_pb2.ModelReadyRequest(name="simple").SerializeToString())
+            await asyncio.to_thread(act.wait_for, lambda s: s["targets"][TARGET]["held"] == 1)
+            call.cancel()
+            act.wait_for(lambda s: s["targets"][TARGET]["demands"] == 2 and s["targets"][TARGET]["held"] == 0)
+        grpc_ = grpcaio.InferenceServerClient(act.grpc_address)
         try:
             with pytest.raises(InferenceServerException) as missing:
                 await grpc_.get_model_metadata("nope")
