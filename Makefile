@@ -33,7 +33,7 @@ test-integration: setup ## integration tests only
 test-e2e: images ## end-to-end tests only: images, a one-node cluster, the chart, examples (needs root)
 	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/e2e
 
-lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/ and runtime/), import-linter
+lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/, runtime/ and activator/), import-linter
 	@bash hack/setup.sh --python-only
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -47,9 +47,10 @@ lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/ and runtime/), imp
 	  ln -s "$(CURDIR)/kubeinfer/contract" .cache/lintroot/kubeinfer/contract; \
 	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator; \
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
+	  ln -s "$(CURDIR)/activator" .cache/lintroot/kubeinfer/activator; \
 	  cd .cache/lintroot; \
-	  echo "mypy --config-file pyproject.toml kubeinfer"; ../../.venv/bin/mypy --config-file ../../pyproject.toml kubeinfer; \
-	  echo "lint-imports"; ../../.venv/bin/lint-imports --no-cache ../../pyproject.toml'
+	  echo "mypy --config-file pyproject.toml kubeinfer"; "$(CURDIR)/.venv/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" kubeinfer; \
+	  echo "lint-imports"; "$(CURDIR)/.venv/bin/lint-imports" --no-cache "$(CURDIR)/pyproject.toml"'
 
 lock: ## rewrite the lock, requirements/*.txt, from pyproject.toml's ranges (uv pip compile; pins kept); UPGRADE=1: newest allowed, UPGRADE=NAME: that package
 	@bash hack/setup.sh --python-only

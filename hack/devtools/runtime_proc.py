@@ -54,6 +54,9 @@ class RuntimeProcess:
         env: extra environment variables.
         log_path: where the process's output goes (default: a temporary file).
         wait_ready: ``start`` waits for readiness (False: only for the port).
+        die_with_parent: the child gets SIGTERM when the starting thread exits (a ``preexec_fn``). False
+            spawns it without one (vfork): a parent with live gRPC threads (a grpc.aio client) must, as
+            gRPC's fork handlers crash a child forked under them (SIGSEGV before exec).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class RuntimeProcess:
         env: dict[str, str] | None = None,
         log_path: str | Path | None = None,
         wait_ready: bool = True,
+        die_with_parent: bool = True,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="kubeinfer-runtime-")
         tmp = Path(self._tmp.name)
@@ -82,6 +86,7 @@ class RuntimeProcess:
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else tmp / "runtime.log"
         self.wait_ready = wait_ready
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int = 0
         self.grpc_port: int = 0
@@ -140,7 +145,7 @@ class RuntimeProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" and self.die_with_parent else None,
             )
         finally:
             log.close()

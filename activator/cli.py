@@ -1,0 +1,213 @@
+"""``kubeinfer-activator``: the REST and gRPC fronts over one hold, in one process.
+
+    kubeinfer-activator --port 8080 --grpc-port 8081 --targets-file targets.json
+
+For this step the targets come from ``--targets-file`` (``targets.load_targets_file``'s JSON), re-read
+whenever it changes (polled every ``--poll-interval`` seconds): tests drive the activator by rewriting it
+(an endpoint appears = the replica is Ready). The Kubernetes-backed ``Targets`` comes with the wiring.
+A target with a ``grpc_port`` gets its own gRPC listener (0: any free port; ``GET /activator/status``
+shows the port bound). The process logs ``listening on http://HOST:PORT`` and ``grpc listening on
+HOST:PORT`` (plus `` for TARGET`` per target listener) once it serves.
+
+Settings: flags, or the environment variable named in each flag's help. SIGTERM or SIGINT stops it:
+uvicorn drains the REST connections, then the gRPC listeners get ``--grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from kubeinfer.activator.gate import Gate
+from kubeinfer.activator.grpc_proxy import GrpcFront
+from kubeinfer.activator.hold import HoldLimits
+from kubeinfer.activator.rest import rest_app
+from kubeinfer.activator.targets import InMemoryTargets, load_targets_file
+
+log = logging.getLogger("kubeinfer.activator")
+
+__all__ = ["main", "parse_args"]
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line (defaults from the ``KUBEINFER_ACTIVATOR_*`` environment variables)."""
+    p = argparse.ArgumentParser(prog="kubeinfer-activator", description=__doc__.split("\n\n")[0])
+    p.add_argument("--host", default=_env("KUBEINFER_ACTIVATOR_HOST", "0.0.0.0"), help="bind address")
+    p.add_argument(
+        "--port", type=int, default=int(_env("KUBEINFER_ACTIVATOR_PORT", "8080")), help="REST port (0: any)"
+    )
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(_env("KUBEINFER_ACTIVATOR_GRPC_PORT", "8081")),
+        help="the shared gRPC port (targets named by the model a call names); -1: none",
+    )
+    p.add_argument(
+        "--max-held-requests",
+        type=int,
+        default=int(_env("KUBEINFER_ACTIVATOR_MAX_HELD_REQUESTS", "100")),
+        help="requests held per target (env KUBEINFER_ACTIVATOR_MAX_HELD_REQUESTS)",
+    )
+    p.add_argument(
+        "--max-held-bytes",
+        type=int,
+        default=int(_env("KUBEINFER_ACTIVATOR_MAX_HELD_BYTES", str(64 * 1024 * 1024))),
+        help="request bytes held per target (env KUBEINFER_ACTIVATOR_MAX_HELD_BYTES)",
+    )
+    p.add_argument(
+        "--cold-start-timeout",
+        type=float,
+        default=float(_env("KUBEINFER_ACTIVATOR_COLD_START_TIMEOUT_SECONDS", "60")),
+        help="seconds a request is held at most (env KUBEINFER_ACTIVATOR_COLD_START_TIMEOUT_SECONDS)",
+    )
+    p.add_argument(
+        "--retry-after",
+        type=float,
+        default=float(_env("KUBEINFER_ACTIVATOR_RETRY_AFTER_SECONDS", "1")),
+        help="Retry-After of a 503 for a full queue, seconds (env KUBEINFER_ACTIVATOR_RETRY_AFTER_SECONDS)",
+    )
+    p.add_argument(
+        "--default-priority-level",
+        type=int,
+        default=int(_env("KUBEINFER_ACTIVATOR_DEFAULT_PRIORITY_LEVEL", "2")),
+        help="the level of priority 0 / none (1 = highest; env KUBEINFER_ACTIVATOR_DEFAULT_PRIORITY_LEVEL)",
+    )
+    p.add_argument(
+        "--upstream-timeout",
+        type=float,
+        default=float(_env("KUBEINFER_ACTIVATOR_UPSTREAM_TIMEOUT_SECONDS", "300")),
+        help="REST: seconds to wait for each read of a replica's response",
+    )
+    p.add_argument("--cluster-domain", default=_env("KUBEINFER_ACTIVATOR_CLUSTER_DOMAIN", "cluster.local"))
+    p.add_argument("--targets-file", type=Path, help="JSON file of targets (see kubeinfer.activator.targets)")
+    p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between reads of the file")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds for gRPC calls in flight at shutdown")
+    p.add_argument("--log-level", default=_env("KUBEINFER_ACTIVATOR_LOG_LEVEL", "INFO"))
+    return p.parse_args(argv)
+
+
+class _FileTargets:
+    """Keeps an ``InMemoryTargets`` equal to ``--targets-file`` and starts per-target gRPC listeners."""
+
+    def __init__(self, path: Path, targets: InMemoryTargets, front: GrpcFront) -> None:
+        self.path = path
+        self.targets = targets
+        self.front = front
+        self._seen: tuple[int, int] | None = None
+
+    async def refresh(self) -> None:
+        """Re-read the file when its mtime or size changed; a malformed file is logged and skipped."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return
+        seen = (st.st_mtime_ns, st.st_size)
+        if seen == self._seen:
+            return
+        try:
+            states = load_targets_file(self.path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("targets file %s not loaded: %s", self.path, exc)  # half-written: next poll
+            return
+        self._seen = seen
+        for state in states:
+            if state.grpc_port is not None and state.key not in self.front.ports:
+                bound = await self.front.listen(state.grpc_port, state.key)
+                log.info("grpc listening on %s:%d for %s", self.front.host, bound, state.key)
+        self.targets.sync(states)
+
+    async def run(self, interval_s: float) -> None:
+        """``refresh`` every ``interval_s`` seconds, forever."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(interval_s)
+
+
+def _status(gate: Gate, targets: InMemoryTargets, front: GrpcFront) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for state in targets.states():
+        held = gate.hold.held(state.key)
+        out[state.key] = {
+            "ready": state.endpoint is not None,
+            "stage": state.stage,
+            "held": held.requests,
+            "held_bytes": held.nbytes,
+            "demands": targets.demands.get(state.key, 0),
+            "grpc_port": front.ports.get(state.key),
+        }
+    return {"targets": out, "grpc_port": front.ports.get(None)}
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Run the fronts until SIGTERM/SIGINT."""
+    limits = HoldLimits(
+        max_requests=args.max_held_requests,
+        max_bytes=args.max_held_bytes,
+        cold_start_timeout_s=args.cold_start_timeout,
+        retry_after_s=args.retry_after,
+        default_priority_level=args.default_priority_level,
+    )
+    targets = InMemoryTargets(cluster_domain=args.cluster_domain)
+    gate = Gate(targets, limits)
+    front = GrpcFront(gate, args.host)
+    tasks = [asyncio.create_task(gate.hold.run_deadlines())]
+    if args.targets_file is not None:
+        watcher = _FileTargets(args.targets_file, targets, front)
+        await watcher.refresh()
+        tasks.append(asyncio.create_task(watcher.run(args.poll_interval)))
+    if args.grpc_port >= 0:
+        bound = await front.listen(args.grpc_port, None)
+        log.info("grpc listening on %s:%d", args.host, bound)
+    app = rest_app(
+        gate, upstream_timeout_s=args.upstream_timeout, status=lambda: _status(gate, targets, front)
+    )
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    ready = asyncio.create_task(_announce(server))
+    try:
+        await server.serve()
+    finally:
+        for task in [*tasks, ready]:
+            task.cancel()
+        for task in [*tasks, ready]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await front.stop(args.grace)
+
+
+async def _announce(server: uvicorn.Server) -> None:
+    """Log the REST port once uvicorn listens (port 0 binds a free one: the log says which)."""
+    while not server.started:
+        await asyncio.sleep(0.01)
+    for s in server.servers:
+        for sock in s.sockets:
+            host, port = sock.getsockname()[:2]
+            log.info("listening on http://%s:%d", host, port)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``kubeinfer-activator`` entry point; returns the exit status."""
+    args = parse_args(argv)
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    # httpx logs every request at INFO: the activator logs only what it refuses
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
