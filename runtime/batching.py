@@ -554,10 +554,12 @@ class Batcher:
 
     def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
         """The request's rows (``model.validate``); 413 beyond the warmed maximum batch."""
-        truncated = self.model.truncated_rows
+        truncated, chunked = self.model.truncated_rows, self.model.chunked_rows
         rows = self.model.validate(inputs)
         if self.model.truncated_rows != truncated:
             self.metrics.truncated_rows.inc(self.model.truncated_rows - truncated)
+        if self.model.chunked_rows != chunked:
+            self.metrics.chunked_rows.inc(self.model.chunked_rows - chunked)
         warmed = self.model.max_batch_size or self._settings.max_batch_size
         if rows > warmed:
             raise InputError(

@@ -118,8 +118,10 @@ class ModelConfig(_Strict):
     overflow: Overflow | None = Field(
         default=None,
         description="huggingface only: a text longer than limits.max_text_tokens (at most "
-        "max_sequence_length): refuse (413) or truncate (to the window, as transformers' truncation=True; "
-        "a reranker's pair keeps its query whole and truncates the text); unset: refuse.",
+        "max_sequence_length): refuse (413), truncate (to the window, as transformers' truncation=True; "
+        "a reranker's pair keeps its query whole and truncates the text) or chunk (text-embedding only: "
+        "texts up to max_text_tokens split into windows of max_sequence_length whose embeddings are "
+        "pooled); unset: refuse.",
     )
 
     @model_validator(mode="after")

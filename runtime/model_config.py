@@ -27,7 +27,8 @@ disagree:
   ``KIND_GPU`` with its index.
 - ``response_cache``: ``enable`` when the response cache is on.
 - ``parameters``: the model's own settings (``ServableModel.parameters``) as ``string_value``s: a text
-  model's ``max_text_tokens`` (its window, tokens) and ``overflow`` (refuse or truncate).
+  model's ``max_text_tokens`` (tokens per text), ``max_sequence_length`` (its window, tokens) and
+  ``overflow`` (refuse, truncate or chunk).
 
 Pure: standard library only, no server or batching code (import-linter keeps it so); the batching
 settings are anything with ``BatchingInForce``'s attributes (``batching.BatchSettings``).

@@ -41,8 +41,9 @@ Task = Literal["text-embedding", "text-classification", "token-classification", 
 #: ``TokenClassificationPipeline``'s ``aggregation_strategy`` values.
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 #: What a text model does with a text longer than its window (``max_text_tokens``, at most the model's
-#: sequence length): refuse it (413), or truncate it as transformers does (a pair: the second text).
-Overflow = Literal["refuse", "truncate"]
+#: sequence length): refuse it (413), truncate it as transformers does (a pair: the second text), or, for
+#: an embedder, chunk it into windows whose embeddings are pooled.
+Overflow = Literal["refuse", "truncate", "chunk"]
 #: Post-training quantization applied at load.
 Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
 #: The device a model runs on; ``auto``: a GPU when there is one.
@@ -535,6 +536,17 @@ RULES: tuple[Rule, ...] = (
         message="{overflow} applies to huggingface text models only",
         reason="FieldValueForbidden",
         explain=(Explain(RUNTIME, "{overflow} applies to huggingface text models only, not {format.value}"),),
+    ),
+    Rule(
+        "chunk-of-embedders",
+        ok=any_of(
+            Absent("overflow"), IsNot("overflow", "chunk"), Absent("task"), Is("task", "text-embedding")
+        ),
+        subject="overflow",
+        message="{overflow} chunk applies to text-embedding models (their windows' embeddings are pooled); "
+        "use truncate or refuse",
+        reason="FieldValueForbidden",
+        explain=(Explain(RUNTIME, "{overflow} chunk applies to text-embedding models, not {task.value}"),),
     ),
     Rule(
         "aggregation-of-token-classifiers",

@@ -99,11 +99,12 @@ class ModelSpec(_Spec):
     )
     overflow: Overflow | None = Field(
         default=None,
-        description="huggingface only: what a text longer than the model's window (the runtime's "
-        "max_text_tokens, at most its max sequence length; 256 tokens by default) gets: refuse (413 "
-        "naming the tensor and the row) or truncate (cut to the window as transformers' "
+        description="huggingface only: what a text longer than the model's window (256 tokens) gets: "
+        "refuse (413 naming the tensor and the row), truncate (cut to the window as transformers' "
         "truncation=True does; a reranker keeps the query whole and truncates the text; counted in "
-        "kubeinfer_truncated_rows_total). Unset: refuse.",
+        "kubeinfer_truncated_rows_total) or chunk (text-embedding only: texts up to 512 tokens split "
+        "into overlapping windows whose embeddings are averaged, weighted by their tokens; counted in "
+        "kubeinfer_chunked_rows_total). Unset: refuse.",
     )
     name: str | None = Field(
         default=None,

@@ -120,6 +120,9 @@ class ServableModel(ABC):
     #: Rows ``validate`` let through to be cut to the model's window (a text model's ``overflow:
     #: truncate``), counted since load; the batcher reports them (kubeinfer_truncated_rows_total).
     truncated_rows: int = 0
+    #: Rows ``validate`` let through to be split into windows (an embedder's ``overflow: chunk``),
+    #: counted since load (kubeinfer_chunked_rows_total).
+    chunked_rows: int = 0
 
     @functools.cached_property
     def column_inputs(self) -> frozenset[str]:

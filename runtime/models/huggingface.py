@@ -15,13 +15,14 @@ non-padding tokens, divided by its L2 norm.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,10 @@ class TokenizedBatch:
 
     tensors: dict[str, torch.Tensor]
     rows: int
+    #: ``overflow: chunk``: the row each tensor row (a window) belongs to, and each row's tokens
+    #: (special tokens once); None when each tensor row is a row.
+    windows: tuple[int, ...] | None = field(default=None, kw_only=True)
+    row_tokens: tuple[int, ...] | None = field(default=None, kw_only=True)
 
     @property
     def sequence_length(self) -> int:
@@ -151,6 +156,9 @@ class TextModel(ServableModel):
     borrowed" when called concurrently with different padding settings); ``execute`` may run on
     any thread.
     """
+
+    #: Whether ``overflow: chunk`` applies: the model pools its windows' outputs (an embedder).
+    chunks = False
 
     def __init__(
         self,
@@ -174,8 +182,21 @@ class TextModel(ServableModel):
         self.limits = cfg.limits
         self.max_batch_size = 0
         self.max_sequence_length = cfg.model.max_sequence_length
-        #: Tokens per text (special tokens included) beyond which a request gets 413.
-        self.token_limit = min(cfg.limits.max_text_tokens, cfg.model.max_sequence_length)
+        #: ``model.overflow``: a text over the window is refused (413), truncated, or chunked.
+        self.overflow = cfg.model.overflow or "refuse"
+        if self.overflow == "chunk" and not self.chunks:
+            raise ValueError(
+                f"model.overflow chunk applies to text-embedding models (their windows' embeddings are "
+                f"pooled), not {type(self).__name__}; use truncate or refuse"
+            )
+        #: Tokens per text (special tokens included) beyond which a request gets 413: the window
+        #: (``max_text_tokens``, at most ``max_sequence_length``), or with ``overflow: chunk`` the
+        #: text's whole budget (``max_text_tokens``; each window at most ``max_sequence_length``).
+        self.token_limit = (
+            cfg.limits.max_text_tokens
+            if self.overflow == "chunk"
+            else min(cfg.limits.max_text_tokens, cfg.model.max_sequence_length)
+        )
         self.text_inputs = tuple(text_inputs)
         self.inputs = [TensorConfig(name=n, datatype="BYTES", shape=[-1]) for n in self.text_inputs]
         self.outputs: list[TensorConfig] = []
@@ -187,10 +208,10 @@ class TextModel(ServableModel):
         self._tokenizer_lock = threading.Lock()
         self._special_tokens = int(tokenizer.num_special_tokens_to_add(pair=False))
         self._pair_special_tokens = int(tokenizer.num_special_tokens_to_add(pair=True))
-        #: ``model.overflow``: a text over ``token_limit`` is refused (413) or truncated.
-        self.overflow = cfg.model.overflow or "refuse"
         #: Rows cut to the window so far (``overflow: truncate``): kubeinfer_truncated_rows_total.
         self.truncated_rows = 0
+        #: Rows split into windows so far (``overflow: chunk``): kubeinfer_chunked_rows_total.
+        self.chunked_rows = 0
         truncate = self.overflow == "truncate"
         #: Tokenization truncates rows at this many tokens: the window when ``overflow`` is truncate,
         #: else ``max_sequence_length`` (a refused text never gets there; a pair may, longest-first).
@@ -208,9 +229,14 @@ class TextModel(ServableModel):
         return len(self.text_inputs) == 2
 
     def parameters(self) -> dict[str, str]:
-        """``max_text_tokens``: the window, tokens per text (``token_limit``); ``overflow``: what a
-        longer text gets (refuse or truncate)."""
-        return {"max_text_tokens": str(self.token_limit), "overflow": self.overflow}
+        """``max_text_tokens``: tokens per text beyond which a text is refused or truncated (with
+        chunk: refused); ``max_sequence_length``: the model's window, tokens; ``overflow``: what a text
+        longer than the window gets (refuse, truncate or chunk)."""
+        return {
+            "max_text_tokens": str(self.token_limit),
+            "max_sequence_length": str(self.max_sequence_length),
+            "overflow": self.overflow,
+        }
 
     # --- validation --------------------------------------------------------------------------
 
@@ -220,6 +246,9 @@ class TextModel(ServableModel):
         tokenized; a pair's first text (the query), kept whole, must leave room for one token of the
         second in ``truncate_at`` (413)."""
         texts = _decode_rows(spec.name, array)
+        if self.overflow == "chunk":
+            self._count_windows(spec.name, texts)
+            return
         limit = self.token_limit
         kept_whole = self.truncation == "only_second" and spec.name == self.text_inputs[0]
         if kept_whole:
@@ -246,6 +275,26 @@ class TextModel(ServableModel):
             tensor=spec.name,
             status=413,
         )
+
+    def _count_windows(self, name: str, texts: Sequence[str]) -> None:
+        """``overflow: chunk``: rows over ``token_limit`` are refused (413); rows over the window
+        (``max_sequence_length``) are counted in ``chunked_rows``."""
+        window = self.max_sequence_length
+        special = self._special_tokens
+        long_rows = [i for i, t in enumerate(texts) if len(t.encode("utf-8")) + special > window]
+        if not long_rows:
+            return
+        with self._tokenizer_lock:
+            ids = self.tokenizer([texts[i] for i in long_rows], add_special_tokens=True)["input_ids"]
+        for i, row_ids in zip(long_rows, ids, strict=True):
+            if len(row_ids) > self.token_limit:
+                raise InputError(
+                    f"input tensor '{name}': row {i} has {len(row_ids)} tokens, over the limit of "
+                    f"{self.token_limit} tokens per text (limits.max_text_tokens)",
+                    tensor=name,
+                    status=413,
+                )
+        self.chunked_rows += sum(len(row_ids) > window for row_ids in ids)
 
     # --- serving -----------------------------------------------------------------------------
 
@@ -307,6 +356,8 @@ class TextModel(ServableModel):
     @staticmethod
     def token_counts(prepared: TokenizedBatch) -> np.ndarray:
         """Each row's tokens (special tokens included, after truncation): int64 [rows]."""
+        if prepared.row_tokens is not None:
+            return np.array(prepared.row_tokens, dtype=np.int64)
         counts: np.ndarray = prepared.tensors["attention_mask"].sum(dim=1).to(torch.int64).numpy()
         return counts
 
@@ -343,7 +394,7 @@ class TextModel(ServableModel):
         """The longest row in tokens a request can make: ``token_limit``; for pairs, two texts of
         ``token_limit`` joined (their special tokens once), at most ``max_sequence_length``."""
         if not self.pairs:
-            return self.token_limit
+            return min(self.token_limit, self.max_sequence_length)
         joined = 2 * (self.token_limit - self._special_tokens) + self._pair_special_tokens
         return min(self.max_sequence_length, joined)
 
@@ -399,7 +450,16 @@ class TextModel(ServableModel):
 
 class TextEmbeddingModel(TextModel):
     """A transformer encoder served as a sentence-embedding model (input ``text``, output ``embedding``
-    FP32 [-1, dim]: mean pooling, L2-normalised)."""
+    FP32 [-1, dim]: mean pooling, L2-normalised).
+
+    With ``overflow: chunk`` a text longer than the window (``max_sequence_length``) is split into
+    windows of the window's length (its special tokens included) that overlap by
+    ``CHUNK_OVERLAP`` of their content tokens; each window is embedded as a text of its own, and the
+    row's embedding is the mean of its windows' embeddings weighted by their tokens, L2-normalised
+    again (``pool_windows``).
+    """
+
+    chunks = True
 
     def __init__(
         self,
@@ -421,12 +481,85 @@ class TextEmbeddingModel(TextModel):
         self.output_name = output_name
         self.outputs = [TensorConfig(name=output_name, datatype="FP32", shape=[-1, dim])]
 
+    def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TokenizedBatch:
+        """As ``TextModel.preprocess``; with ``overflow: chunk``, the rows as windows
+        (``tokenize_windows``)."""
+        if self.overflow != "chunk":
+            return super().preprocess(batch)
+        texts: list[str] = []
+        for request in batch:
+            texts.extend(_decode_rows(self.input_name, request[self.input_name]))
+        return self.tokenize_windows(texts)
+
+    def tokenize_windows(self, texts: Sequence[str]) -> TokenizedBatch:
+        """``texts`` as windows of at most ``max_sequence_length`` tokens (special tokens included),
+        consecutive windows sharing ``CHUNK_OVERLAP`` of their content tokens; a text that fits is one
+        window. Returns int64 tensors [windows, longest window] with ``windows`` (the row of each) and
+        ``row_tokens`` (each text's tokens, special tokens once)."""
+        with self._tokenizer_lock:
+            content = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        prefix, suffix = self._special_template
+        body = self.max_sequence_length - len(prefix) - len(suffix)
+        step = max(1, body - int(body * CHUNK_OVERLAP))
+        rows: list[list[int]] = []
+        owners: list[int] = []
+        for row, ids in enumerate(content):
+            start = 0
+            while True:
+                rows.append([*prefix, *ids[start : start + body], *suffix])
+                owners.append(row)
+                if start + body >= len(ids):
+                    break
+                start += step
+        longest = max(len(r) for r in rows)
+        pad = int(self.tokenizer.pad_token_id or 0)
+        ids_array = np.full((len(rows), longest), pad, dtype=np.int64)
+        mask = np.zeros((len(rows), longest), dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids_array[i, : len(r)] = r
+            mask[i, : len(r)] = 1
+        columns = {"input_ids": ids_array, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)}
+        tensors = {k: torch.from_numpy(v) for k, v in columns.items() if k in self._forward_args}
+        return TokenizedBatch(
+            tensors=tensors,
+            rows=len(texts),
+            windows=tuple(owners),
+            row_tokens=tuple(len(ids) + self._special_tokens for ids in content),
+        )
+
     def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
         """Embed a tokenized batch: ``{output_name: float32 [rows, dim]}``, unit L2 norm per row, and
-        ``TOKEN_COUNTS``: int64 [rows], each row's tokens (special tokens included, after truncation)."""
+        ``TOKEN_COUNTS``: int64 [rows], each row's tokens (special tokens included, after truncation).
+        Windows (``overflow: chunk``) run at most ``max_batch_size`` at a time and are pooled per row
+        (``pool_windows``)."""
         with torch.inference_mode():
-            embedding = self._embed(prepared)
-        return {self.output_name: embedding.numpy(), TOKEN_COUNTS: self.token_counts(prepared)}
+            if prepared.windows is None:
+                embedding = self._embed(prepared).numpy()
+            else:
+                embedding = self._embed_windows(prepared)
+        return {self.output_name: embedding, TOKEN_COUNTS: self.token_counts(prepared)}
+
+    @functools.cached_property
+    def _special_template(self) -> tuple[list[int], list[int]]:
+        """The special tokens the tokenizer puts before and after a single text's tokens (BERT:
+        ``[CLS]`` and ``[SEP]``), found by tokenizing one word with and without them."""
+        with self._tokenizer_lock:
+            plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+            full = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        at = next(i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain)
+        return list(full[:at]), list(full[at + len(plain) :])
+
+    def _embed_windows(self, prepared: TokenizedBatch) -> np.ndarray:
+        assert prepared.windows is not None
+        count = len(prepared.windows)
+        step = max(1, self.max_batch_size or count)
+        parts = []
+        for start in range(0, count, step):
+            tensors = {k: v[start : start + step] for k, v in prepared.tensors.items()}
+            parts.append(self._embed(TokenizedBatch(tensors=tensors, rows=len(next(iter(tensors.values()))))))
+        embeddings = torch.cat(parts).numpy()
+        tokens = prepared.tensors["attention_mask"].sum(dim=1).numpy()
+        return pool_windows(embeddings, tokens, np.array(prepared.windows), prepared.rows)
 
     def _embed(self, prepared: TokenizedBatch) -> torch.Tensor:
         if self.session is not None:  # the ONNX Runtime engine: the same pooling, in the exported graph
@@ -453,6 +586,31 @@ class TextEmbeddingModel(TextModel):
     def run_texts(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> None:
         """The calibration pass: ``embed_texts``."""
         self.embed_texts(texts, batch_size)
+
+
+#: With ``overflow: chunk``, the share of a window's content tokens the next window repeats, so that a
+#: sentence cut at a window's edge is whole in one of them (transformers' pipelines call it ``stride``).
+CHUNK_OVERLAP = 0.125
+
+
+def pool_windows(embeddings: np.ndarray, tokens: np.ndarray, owners: np.ndarray, rows: int) -> np.ndarray:
+    """The rows' embeddings from their windows': the mean of each row's windows weighted by their
+    tokens, L2-normalised.
+
+    Args:
+        embeddings: float32 [windows, dim], each window's (unit) embedding.
+        tokens: int [windows], each window's tokens (special tokens included).
+        owners: int [windows], the row (0..rows-1) of each window; every row has at least one.
+        rows: the number of rows.
+
+    Returns:
+        float32 [rows, dim], unit L2 norm per row.
+    """
+    summed = np.zeros((rows, embeddings.shape[1]), dtype=np.float64)
+    np.add.at(summed, owners, embeddings.astype(np.float64) * tokens[:, None])
+    norms = np.linalg.norm(summed, axis=1, keepdims=True)
+    pooled: np.ndarray = (summed / np.maximum(norms, 1e-12)).astype(np.float32)
+    return pooled
 
 
 def _fast_batch_encoder(tokenizer: Any, max_length: int, strategy: str = "longest_first") -> Any:

@@ -33,7 +33,7 @@ GRID: dict[str, tuple[Any, ...]] = {
     "engine": (None, *table.ENGINES),
     "task": (None, "text-embedding", "token-classification", "reranking"),
     "aggregation_strategy": (None, "simple"),
-    "overflow": (None, "truncate"),
+    "overflow": (None, "truncate", "chunk"),
     "inputs": ((), ("x",)),
     "outputs": ((), ("y",)),
     "uri": (sources.BUNDLED, "/models/m"),
@@ -341,6 +341,7 @@ def test_the_scopes() -> None:
         "task-of-huggingface": "model",
         "aggregation-of-token-classifiers": "model",
         "overflow-of-text-models": "model",
+        "chunk-of-embedders": "model",
         "int8-static-calibrates": "quantization",
         "warmup-dims-of-tensor-models": "",
     }

@@ -1,7 +1,8 @@
 """A text longer than the model's window (``model.overflow``): refused with a 413 naming the tensor and
 the row (the default), or truncated as transformers truncates (``truncate``; a reranker's pair keeps
-its query whole and truncates the text), counted in ``kubeinfer_truncated_rows_total``. Tiny seeded
-models, compared with transformers' own tokenizer and model."""
+its query whole and truncates the text), counted in ``kubeinfer_truncated_rows_total``, or, for an
+embedder, split into overlapping windows whose embeddings are pooled (``chunk``). Tiny seeded models,
+compared with transformers' own tokenizer and model."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import InputError, load_model
+from kubeinfer.runtime.models.base import TOKEN_COUNTS
 from kubeinfer.runtime.models.huggingface import TextModel
 
 from hack.devtools.runtime_tiny import (
@@ -157,6 +159,95 @@ def test_the_model_configuration_states_the_window_and_the_policy(dirs: dict[str
     )
     assert doc["parameters"] == {
         "max_text_tokens": {"string_value": str(WINDOW)},
+        "max_sequence_length": {"string_value": str(WINDOW)},
         "overflow": {"string_value": "truncate"},
     }
     json_format.ParseDict(doc, model_config_pb2.ModelConfig())  # Triton's own schema takes it
+
+
+def _embed_with_transformers(path: Path, windows: list[list[int]]) -> np.ndarray:
+    """Each window of token ids (special tokens included) through transformers' own model, mean-pooled
+    and normalised as a sentence embedding: float32 [windows, dim]."""
+    bert = transformers.AutoModel.from_pretrained(path).eval()
+    out = []
+    with torch.inference_mode():
+        for ids in windows:
+            hidden = bert(
+                input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids))
+            ).last_hidden_state
+            out.append(torch.nn.functional.normalize(hidden.mean(dim=1), dim=1)[0].numpy())
+    return np.stack(out)
+
+
+def test_chunk_pools_the_windows_transformers_embeds(dirs: dict[str, Path]) -> None:
+    model = load(dirs["embedder"], "chunk")  # window 32, max_text_tokens 512
+    long_text = LONG * 2  # about 480 tokens: windows of 30 content tokens, 3 shared with the next
+    inputs = {"text": texts(SHORT, long_text)}
+    assert model.validate(inputs) == 2 and model.chunked_rows == 1
+    got = model.execute(model.preprocess([inputs]))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(dirs["embedder"])
+    expected = []
+    for text in (SHORT, long_text):
+        content = tokenizer(text, add_special_tokens=False)["input_ids"]
+        body, step = WINDOW - 2, (WINDOW - 2) - int((WINDOW - 2) * 0.125)
+        starts = range(0, max(1, len(content) - body + step), step)
+        cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+        windows = [[cls, *content[s : s + body], sep] for s in starts]
+        assert windows[-1][-2] == content[-1]  # the last window reaches the text's end
+        vectors = _embed_with_transformers(dirs["embedder"], windows)
+        weights = np.array([len(w) for w in windows], dtype=np.float64)
+        pooled = (vectors * weights[:, None]).sum(0)
+        expected.append(pooled / np.linalg.norm(pooled))
+        if text is long_text:
+            assert len(windows) > 10
+    np.testing.assert_allclose(got["embedding"], np.stack(expected), atol=1e-5)
+    assert got[TOKEN_COUNTS].tolist() == [len(tokenizer(t)["input_ids"]) for t in (SHORT, long_text)]
+
+
+def test_chunk_refuses_a_text_over_max_text_tokens(dirs: dict[str, Path]) -> None:
+    model = load(dirs["embedder"], "chunk")
+    with pytest.raises(InputError, match=r"over the limit of 512 tokens per text \(limits.max_text_tokens\)"):
+        model.validate({"text": texts(LONG * 4)})
+
+
+def test_chunk_is_for_embedders(dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="chunk applies to text-embedding models"):
+        load(dirs["reranker"], "chunk")
+    with pytest.raises(pydantic.ValidationError, match="chunk applies to text-embedding models"):
+        RuntimeConfig.model_validate(
+            {"model": {"source": str(dirs["reranker"]), "task": "reranking", "overflow": "chunk"}}
+        )
+
+
+async def test_the_batcher_counts_chunked_rows(dirs: dict[str, Path]) -> None:
+    model = load(dirs["embedder"], "chunk")
+    model.warmup(2, 1)
+    metrics = RuntimeMetrics(model.name)
+    batcher = Batcher(model, BatchSettings(max_batch_size=2, max_queue_delay_seconds=0.0), metrics=metrics)
+    batcher.start()
+    try:
+        # one long row is many windows, run two at a time (max_batch_size) and pooled back into one
+        out = await batcher.infer({"text": texts(LONG, SHORT)})
+    finally:
+        await batcher.drain(5)
+    assert out["embedding"].shape == (2, model.dim)
+    assert 'kubeinfer_chunked_rows_total{model="tiny"} 1.0' in metrics.exposition().decode()
+
+
+def test_chunk_on_onnxruntime_gives_the_torch_pooling(
+    dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBEINFER_CACHE_DIR", str(tmp_path))
+    model: dict[str, Any] = {
+        "name": "tiny",
+        "source": str(dirs["embedder"]),
+        "max_sequence_length": WINDOW,
+        "overflow": "chunk",
+        "engine": "onnxruntime",
+    }
+    ort_model = load_model(tiny_hf_config(dirs["embedder"], model=model))
+    torch_model = load(dirs["embedder"], "chunk")
+    inputs = {"text": texts(LONG, SHORT)}
+    expected = torch_model.execute(torch_model.preprocess([inputs]))["embedding"]
+    got = ort_model.execute(ort_model.preprocess([inputs]))["embedding"]
+    np.testing.assert_allclose(got, expected, atol=1e-4)
