@@ -106,6 +106,16 @@ class ModelSpec(_Spec):
         "into overlapping windows whose embeddings are averaged, weighted by their tokens; counted in "
         "kubeinfer_chunked_rows_total). Unset: refuse.",
     )
+    max_text_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=131072,
+        description="Text models (huggingface; other formats have no text to count): tokens per text "
+        "(special tokens included) beyond which a text is "
+        "refused with 413, whatever overflow says; the window is at most the model's 256 tokens, so "
+        "above that this is the budget of a text overflow chunk splits (the runtime's "
+        "limits.max_text_tokens). Unset: 512.",
+    )
     name: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$",

@@ -99,6 +99,8 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         cfg.model = cfg.model.model_copy(update={"aggregation_strategy": spec.model.aggregation_strategy})
     if spec.model.overflow is not None:  # unset: refuse
         cfg.model = cfg.model.model_copy(update={"overflow": spec.model.overflow})
+    if spec.model.max_text_tokens is not None:  # unset: the runtime's default
+        cfg.limits = cfg.limits.model_copy(update={"max_text_tokens": spec.model.max_text_tokens})
     if spec.cache.enabled:  # left off, runtime.yaml reads as it did before the cache existed
         cfg.cache = CacheConfig(enabled=True, max_bytes=int(api.cpu_cores(spec.cache.max_bytes)))
     if spec.server.auth is not None:

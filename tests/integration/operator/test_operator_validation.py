@@ -71,6 +71,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.model.aggregationStrategy",
     ),
     (
+        "overflow-on-onnx",
+        {"model": {"uri": "/m.onnx", "format": "onnx", "overflow": "truncate"}},
+        "spec.model.overflow",
+    ),
+    (
+        "chunk-on-reranker",
+        {"model": {"uri": "/m", "task": "reranking", "overflow": "chunk"}},
+        "spec.model.overflow",
+    ),
+    ("text-tokens-zero", {"model": {"maxTextTokens": 0}}, "spec.model.maxTextTokens"),
+    (
         "onnxruntime-torchscript",
         {
             "model": {"uri": "/m.pt", "format": "torchscript", "inputs": [_IO], "outputs": [_IO]},

@@ -195,3 +195,15 @@ def test_a_graph_cache_claim_is_mounted_read_write_where_the_runtime_keeps_its_g
     with pytest.raises(pydantic.ValidationError, match="claimName"):
         body["spec"]["server"]["graphCache"] = {"claimName": "Not_A_Name"}
         _isvc(body)
+
+
+def test_overflow_and_the_text_budget_reach_runtime_yaml_only_when_given() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    plain = RuntimeConfig.from_yaml(build_configmap(_isvc(body), 0.01)["data"]["runtime.yaml"])
+    assert plain.model.overflow is None and plain.limits.max_text_tokens == 512
+    body["spec"]["model"].update({"overflow": "chunk", "maxTextTokens": 4096})
+    cfg = RuntimeConfig.from_yaml(build_configmap(_isvc(body), 0.01)["data"]["runtime.yaml"])
+    assert cfg.model.overflow == "chunk" and cfg.limits.max_text_tokens == 4096
+    body["spec"]["model"]["task"] = "reranking"
+    with pytest.raises(pydantic.ValidationError, match="chunk applies to text-embedding models"):
+        _isvc(body)
