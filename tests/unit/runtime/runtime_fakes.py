@@ -133,3 +133,10 @@ class FakeEmbedder(FakeModel):
 
     def example_inputs(self, rows: int) -> dict[str, np.ndarray]:
         return {"text": np.array([b"x"] * rows, dtype=object)}
+
+
+def texts(*items: str) -> np.ndarray:
+    """A BYTES tensor [rows] of ``items`` encoded as UTF-8 (an object array of ``bytes``)."""
+    array = np.empty(len(items), dtype=object)
+    array[:] = [t.encode("utf-8") for t in items]
+    return array

@@ -33,6 +33,7 @@ from kubeinfer.runtime.openai_api import rerank_results
 from kubeinfer.runtime.server import RuntimeServer
 
 from hack.devtools.runtime_tiny import tiny_hf_classifier, tiny_hf_config, tiny_hf_cross_encoder, tiny_hf_dir
+from tests.unit.runtime.runtime_fakes import texts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,12 +54,6 @@ DOCS = [
     "Cats sleep most of the day.",
     "a",
 ]
-
-
-def texts(*items: str) -> np.ndarray:
-    array = np.empty(len(items), dtype=object)
-    array[:] = [t.encode("utf-8") for t in items]
-    return array
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from hack.devtools.runtime_tiny import (
     tiny_hf_cross_encoder,
     tiny_hf_token_classifier,
 )
+from tests.unit.runtime.runtime_fakes import texts
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,12 +47,6 @@ TEXTS = [
 ]
 #: fp32 ONNX Runtime against fp32 torch: float rounding only.
 ATOL = 1e-4
-
-
-def texts(*items: str) -> np.ndarray:
-    array = np.empty(len(items), dtype=object)
-    array[:] = [t.encode("utf-8") for t in items]
-    return array
 
 
 @pytest.fixture(scope="module")

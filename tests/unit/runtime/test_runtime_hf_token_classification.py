@@ -36,6 +36,7 @@ from hack.devtools.runtime_tiny import (
     tiny_hf_config,
     tiny_hf_token_classifier,
 )
+from tests.unit.runtime.runtime_fakes import texts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,12 +48,6 @@ TEXTS = [
     "one two three four five six seven eight nine ten eleven twelve thirteen",
     "New   York,\tNY  ",
 ]
-
-
-def texts(*items: str) -> np.ndarray:
-    array = np.empty(len(items), dtype=object)
-    array[:] = [t.encode("utf-8") for t in items]
-    return array
 
 
 def strategy(name: str) -> np.ndarray:

@@ -27,18 +27,13 @@ from hack.devtools.runtime_tiny import (
     tiny_hf_dir,
     tiny_hf_token_classifier,
 )
+from tests.unit.runtime.runtime_fakes import texts
 
 pytestmark = pytest.mark.timeout(120)
 
 WINDOW = 32
 LONG = " ".join(f"word{i} and more" for i in range(60))  # about 240 tokens
 SHORT = "a short sentence"
-
-
-def texts(*items: str) -> np.ndarray:
-    array = np.empty(len(items), dtype=object)
-    array[:] = [t.encode("utf-8") for t in items]
-    return array
 
 
 @pytest.fixture(scope="module")
