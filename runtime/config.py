@@ -130,6 +130,28 @@ class ModelConfig(_Strict):
         return self
 
 
+class GateConfig(_Strict):
+    """The quality gate: the quantized (or exported) model's deviation from fp32, measured at load,
+    below which the model does not serve (the load fails, naming the figures and the bars)."""
+
+    texts_path: str | None = Field(
+        default=None,
+        description="A file of the user's own texts, one per non-empty line, to measure on (embedders, "
+        "classifiers, token classifiers; a reranker is measured on its held-out pairs); unset: the "
+        "bundled held-out sentences.",
+    )
+    min_cosine: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Embedders: the least mean cosine to fp32's embeddings."
+    )
+    min_agreement: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="The least agreement with fp32: an embedder's retrieval agreement (each text's nearest "
+        "neighbour), a classifier's, tagger's or reranker's label (or ranking) agreement.",
+    )
+
+
 class QuantizationConfig(_Strict):
     """Post-training quantization applied at load."""
 
@@ -140,6 +162,7 @@ class QuantizationConfig(_Strict):
     skip_modules: list[str] = Field(
         default_factory=list, description="Module names (prefixes) left unquantized."
     )
+    gate: GateConfig | None = Field(default=None, description="The quality gate (unset: none).")
 
     @model_validator(mode="after")
     def _rules(self) -> QuantizationConfig:
@@ -314,6 +337,8 @@ class RuntimeConfig(_Strict):
                 del data["server"][name]
         if not self.cache.enabled:  # no response cache
             del data["cache"]
+        if self.quantization.gate is None:  # no quality gate
+            del data["quantization"]["gate"]
         # unset: the format's default engine, the task detected from the model directory, the task's
         # default aggregation, overflow refused
         for name in ("engine", "task", "aggregation_strategy", "overflow"):

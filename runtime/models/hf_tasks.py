@@ -82,11 +82,12 @@ from kubeinfer.runtime.models.huggingface import (
     _decode_rows,
     _quantized,
     calibration_texts,
+    gate_texts,
     heldout_pairs,
     heldout_sentences,
     model_dir,
 )
-from kubeinfer.runtime.models.quantize import check_supported, compare_scores
+from kubeinfer.runtime.models.quantize import check_gate, check_supported, compare_scores
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -247,9 +248,10 @@ class TextClassifierModel(TextModel):
             rows.append(self.probabilities(self.logits(self.tokenize(texts[start : start + batch_size]))))
         return torch.cat(rows).numpy()
 
-    def comparison(self) -> np.ndarray:
-        """The scores the quantization is judged on: ``probabilities_of`` the held-out sentences."""
-        return self.probabilities_of(heldout_sentences())
+    def comparison(self, texts: Sequence[str] | None = None) -> np.ndarray:
+        """The scores the quantization is judged on: ``probabilities_of`` ``texts`` (None: the held-out
+        sentences)."""
+        return self.probabilities_of(heldout_sentences() if texts is None else list(texts))
 
 
 class CrossEncoderModel(TextModel):
@@ -299,9 +301,10 @@ class CrossEncoderModel(TextModel):
             out.append(self.scores(self.tokenize(queries[start:end], texts[start:end])))
         return torch.cat(out).numpy()
 
-    def comparison(self) -> np.ndarray:
+    def comparison(self, texts: Sequence[str] | None = None) -> np.ndarray:
         """The scores the quantization is judged on: float32 [queries, candidates], held-out queries
-        (a sentence with a paraphrase) against their paraphrase and 7 other held-out sentences."""
+        (a sentence with a paraphrase) against their paraphrase and 7 other held-out sentences (a pair
+        model is always judged on these: ``texts`` is not used)."""
         queries, texts = rerank_heldout()
         return self.score_pairs(queries, texts).reshape(-1, RERANK_CANDIDATES)
 
@@ -587,10 +590,10 @@ class TokenClassifierModel(TextModel):
                 rows.append(probs[i, torch.from_numpy(tokens)])
         return torch.cat(rows).numpy()
 
-    def comparison(self) -> np.ndarray:
-        """The scores the quantization is judged on: ``token_probabilities_of`` the held-out sentences
-        (label agreement: per token)."""
-        return self.token_probabilities_of(heldout_sentences())
+    def comparison(self, texts: Sequence[str] | None = None) -> np.ndarray:
+        """The scores the quantization is judged on: ``token_probabilities_of`` ``texts`` (None: the
+        held-out sentences; label agreement: per token)."""
+        return self.token_probabilities_of(heldout_sentences() if texts is None else list(texts))
 
 
 def _tensor(name: str, datatype: str, shape: list[int]) -> TensorConfig:
@@ -707,9 +710,10 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     qcfg = cfg.quantization
     compare_seconds = 0.0
     reference = None
+    texts = gate_texts(qcfg)  # the user's texts, or None: the held-out sentences
     if qcfg.mode != "none" or engine == "onnxruntime":  # compared with the torch fp32 model
         t0 = time.perf_counter()
-        reference = model.comparison()
+        reference = model.comparison(texts)
         compare_seconds += time.perf_counter() - t0
     if engine == "onnxruntime":  # the fp32 head is exported; the engine quantizes its graph
         from kubeinfer.runtime.models.hf_onnx import (
@@ -726,8 +730,15 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     agreement, deviation_mean, deviation_max = 1.0, 0.0, 0.0
     if reference is not None:
         t0 = time.perf_counter()
-        agreement, deviation_mean, deviation_max = compare_scores(reference, model.comparison())
+        agreement, deviation_mean, deviation_max = compare_scores(reference, model.comparison(texts))
         compare_seconds += time.perf_counter() - t0
+    check_gate(
+        qcfg.gate,
+        {"agreement": agreement},
+        0 if reference is None else len(reference),
+        "held-out pairs" if task == "reranking" else "gate texts" if texts else "held-out sentences",
+        embedder=False,
+    )
     if engine == "onnxruntime" and qcfg.mode == "none":
         check_scores_export(path, task, agreement, deviation_max)
     model._report.update(

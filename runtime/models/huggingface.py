@@ -45,6 +45,7 @@ from kubeinfer.runtime.models.base import (
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
 from kubeinfer.runtime.models.quantize import (
     QuantizationError,
+    check_gate,
     check_supported,
     compare_embeddings,
     quantize_module,
@@ -91,8 +92,12 @@ def heldout_queries(sentences: Sequence[str]) -> list[int]:
     return sorted({index[s] for a, b, para in heldout_pairs() if para for s in (a, b)})
 
 
-def read_calibration(path: str) -> list[str]:
-    """Calibration texts, one per non-empty line, at most ``MAX_CALIBRATION_SAMPLES``.
+def read_calibration(
+    path: str, field: str = "quantization.calibration_path", purpose: str = "calibrating int8-static"
+) -> list[str]:
+    """Texts of a file, one per non-empty line, at most ``MAX_CALIBRATION_SAMPLES``: int8-static's
+    calibration samples, or the quality gate's texts (``field`` names the setting in messages,
+    ``purpose`` what they are read for).
 
     ``default`` selects the 150 bundled texts (``data/calibration.txt``).
 
@@ -106,24 +111,23 @@ def read_calibration(path: str) -> list[str]:
         file = Path(path)
         if not file.is_file():
             what = "a directory, not a file" if file.is_dir() else "no such file"
-            raise FileNotFoundError(f"quantization.calibration_path: {what}: {path}")
+            raise FileNotFoundError(f"{field}: {what}: {path}")
         try:
             text = file.read_text("utf-8")
         except UnicodeDecodeError as exc:
             raise QuantizationError(
-                f"quantization.calibration_path {path}: not UTF-8 text ({exc}); write one calibration "
-                "text per line, UTF-8 encoded"
+                f"{field} {path}: not UTF-8 text ({exc}); write one text per line, UTF-8 encoded"
             ) from exc
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) < MIN_CALIBRATION_SAMPLES:
         raise QuantizationError(
-            f"quantization.calibration_path {path}: {len(lines)} samples; need at least "
+            f"{field} {path}: {len(lines)} samples; need at least "
             f"{MIN_CALIBRATION_SAMPLES} (100-200 recommended)"
         )
     if len(lines) < 100:
-        log.warning("calibrating int8-static on only %d samples (100-200 recommended)", len(lines))
+        log.warning("%s on only %d samples (100-200 recommended)", purpose, len(lines))
     if len(lines) > MAX_CALIBRATION_SAMPLES:
-        log.info("calibrating on the first %d of %d samples", MAX_CALIBRATION_SAMPLES, len(lines))
+        log.info("%s on the first %d of %d samples", purpose, MAX_CALIBRATION_SAMPLES, len(lines))
     return lines[:MAX_CALIBRATION_SAMPLES]
 
 
@@ -687,6 +691,19 @@ def model_dir(source: str) -> Path:
 ONNXRUNTIME_MODES = ("none", "int8-dynamic", "int8-static")
 
 
+def gate_texts(qcfg: QuantizationConfig) -> list[str] | None:
+    """The quality gate's texts (``quantization.gate.texts_path``: one per non-empty line, read as a
+    calibration file is: ``read_calibration``), or None: measure on the held-out sentences.
+
+    Raises:
+        FileNotFoundError, QuantizationError: as ``read_calibration``."""
+    if qcfg.gate is None or qcfg.gate.texts_path is None:
+        return None
+    return read_calibration(
+        qcfg.gate.texts_path, "quantization.gate.texts_path", "measuring the quality gate"
+    )
+
+
 def calibration_texts(qcfg: QuantizationConfig) -> list[str]:
     """int8-static: the texts of ``qcfg.calibration_path`` (``read_calibration``); other modes: none."""
     if qcfg.mode != "int8-static":
@@ -764,15 +781,19 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     module = transformers.AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
     module = module.eval().to(device)
-    dim = int(module.config.hidden_size)
     model = TextEmbeddingModel(
-        name=cfg.model.name, module=module, tokenizer=tokenizer, device=device, cfg=cfg, dim=dim
+        name=cfg.model.name,
+        module=module,
+        tokenizer=tokenizer,
+        device=device,
+        cfg=cfg,
+        dim=int(module.config.hidden_size),
     )
 
     report: dict[str, float] = {}
     compare_seconds = 0.0
     reference: np.ndarray | None = None
-    sentences = heldout_sentences()
+    sentences = heldout_sentences() if (texts := gate_texts(qcfg)) is None else texts
     engine = cfg.model.engine or "torch"
     if engine == "onnxruntime":
         _check_onnxruntime(qcfg, device)
@@ -791,7 +812,10 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     if reference is not None:
         t0 = time.perf_counter()
         served = model.embed_texts(sentences)
-        cosine, agreement = compare_embeddings(reference, served, heldout_queries(sentences))
+        # the user's texts have no known paraphrases: each of them is a query
+        cosine, agreement = compare_embeddings(
+            reference, served, heldout_queries(sentences) if texts is None else None
+        )
         _, agreement_all = compare_embeddings(reference, served)
         compare_seconds += time.perf_counter() - t0
     else:
@@ -800,6 +824,13 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         from kubeinfer.runtime.models.hf_onnx import check_export
 
         check_export(path, cosine)
+    check_gate(
+        qcfg.gate,
+        {"cosine": cosine, "agreement": agreement},
+        len(sentences),
+        "held-out sentences" if texts is None else "gate texts",
+        embedder=True,
+    )
     report[REPORT_COSINE_MEAN] = cosine
     report[REPORT_RETRIEVAL_AGREEMENT] = agreement
     report[REPORT_RETRIEVAL_AGREEMENT_ALL] = agreement_all

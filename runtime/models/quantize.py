@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
-from kubeinfer.runtime.config import Quantization
+from kubeinfer.runtime.config import GateConfig, Quantization
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,46 @@ INT8_MODES = ("int8-dynamic", "int8-static")
 
 class QuantizationError(ValueError):
     """The requested quantization cannot be applied (mode, device or calibration); says why."""
+
+
+class QuantizationBelowGate(ValueError):
+    """The model's deviation from fp32, measured at load, is under the quality gate's bar; the message
+    gives every figure against its bar (the operator reads the type's name in the termination
+    message: ``QuantizationBelowGate``)."""
+
+
+def check_gate(
+    gate: GateConfig | None, figures: Mapping[str, float], texts: int, where: str, *, embedder: bool
+) -> None:
+    """Hold the measured ``figures`` to ``gate``'s bars.
+
+    Args:
+        gate: the bars (``min_cosine``, ``min_agreement``); None: nothing to check.
+        figures: ``cosine`` (embedders) and ``agreement``, ratios in [0, 1], as measured against fp32.
+        texts: how many texts (or pairs) they were measured on; where: which (words for the message).
+        embedder: the model is an embedder (only an embedder has a cosine).
+
+    Raises:
+        ValueError: ``min_cosine`` set on a model that is not an embedder.
+        QuantizationBelowGate: a figure under its bar; the message names each figure and bar.
+    """
+    if gate is None:
+        return
+    if gate.min_cosine is not None and not embedder:
+        raise ValueError("quantization.gate.min_cosine applies to text-embedding models; use min_agreement")
+    bars = (
+        ("mean cosine", "cosine", "min_cosine", gate.min_cosine),
+        ("agreement", "agreement", "min_agreement", gate.min_agreement),
+    )
+    below = [
+        f"{words} {figures[key]:.6g} < {bar} {value:g}"
+        for words, key, bar, value in bars
+        if value is not None and figures[key] < value
+    ]
+    if below:
+        raise QuantizationBelowGate(
+            f"quantization below the gate: {', '.join(below)} against fp32 on {texts} {where}"
+        )
 
 
 def is_skipped(name: str, skip_modules: Iterable[str]) -> bool:
