@@ -56,6 +56,7 @@ REPLICA_SET_CREATE_ERROR = "ReplicaSetCreateError"
 REPLICA_FAILURE = "ReplicaFailure"
 MODEL_FETCH_FAILED = "ModelFetchFailed"
 MODEL_LOAD_FAILED = "ModelLoadFailed"
+QUANTIZATION_BELOW_GATE = "QuantizationBelowGate"
 OOM_KILLED = "OOMKilled"
 IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
 INVALID_IMAGE_NAME = "InvalidImageName"
@@ -280,6 +281,14 @@ REASONS: tuple[Reason, ...] = (
         "runtime's own line: `exit code 1 (Error): model load failed: <exception>: <why>`",
         "a wrong `format`, a directory without the files the format needs (`hf.allowPatterns`), an ONNX "
         "directory with several `.onnx` files; `kubectl logs --previous POD -c runtime`",
+    ),
+    _fault(
+        QUANTIZATION_BELOW_GATE,
+        "the quantized (or exported) model deviates from fp32 more than `quantization.gate` allows, measured "
+        "at load; the message gives each figure and its bar: `quantization below the gate: mean cosine "
+        "0.981 < min_cosine 0.99 against fp32 on 200 gate texts`",
+        "a milder `quantization.mode` (int8-static calibrated on your texts, bf16), `skipModules` for the "
+        "layers that lose most, or a lower bar if the figure is good enough for your use",
     ),
     _fault(
         OOM_KILLED,

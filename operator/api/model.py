@@ -8,7 +8,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from kubeinfer.operator.api.base import _cel, _check_table, _if_durations, _Spec, _table_rules
-from kubeinfer.operator.api.formats import Duration, Quantity, Seconds, cpu_cores
+from kubeinfer.operator.api.formats import (
+    DNS_SUBDOMAIN_PATTERN,
+    SECRET_KEY_PATTERN,
+    Duration,
+    Quantity,
+    Seconds,
+    cpu_cores,
+)
 from kubeinfer.operator.api.sources import (
     _CALIBRATION_SETTINGS,
     _MODEL_SETTINGS,
@@ -211,6 +218,48 @@ class CalibrationSpec(_Spec):
         return self
 
 
+class ConfigMapKeyRef(_Spec):
+    """A key of a ConfigMap in the InferenceService's namespace (mounted into the pod)."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="Name of the ConfigMap."
+    )
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY_PATTERN,
+        description="Key in the ConfigMap's data: a text file, one text per non-empty line (at least "
+        "10, 100 to 200 recommended).",
+    )
+
+
+class GateSpec(_Spec):
+    """The quality gate: measured at load against the fp32 model; under a bar the replica does not
+    become Ready and the InferenceService is Ready=False QuantizationBelowGate, the figures and the
+    bars in its message."""
+
+    min_cosine: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Embedders: the least mean cosine of the served embeddings to fp32's (the runtime's "
+        "kubeinfer_quantization_cosine_mean_ratio).",
+    )
+    min_agreement: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="The least agreement with fp32: an embedder's retrieval agreement (each text's nearest "
+        "neighbour among the others), a classifier's or tagger's label agreement, a reranker's (on its "
+        "held-out pairs).",
+    )
+    texts: ConfigMapKeyRef | None = Field(
+        default=None,
+        description="Your own texts to measure on (embedders, classifiers, taggers); unset: the runtime's "
+        "bundled English held-out sentences.",
+    )
+
+
 class QuantizationSpec(_Spec):
     """Post-training quantization applied by the runtime at load."""
 
@@ -228,6 +277,11 @@ class QuantizationSpec(_Spec):
         default_factory=list,
         max_length=64,
         description="Module-name prefixes left unquantized (non-empty).",
+    )
+    gate: GateSpec | None = Field(
+        default=None,
+        description="A quality gate on the deviation from fp32 measured at load (unset: none; the "
+        "figures are in the runtime's kubeinfer_quantization_* metrics either way).",
     )
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from kubeinfer.runtime.config import (
     CONFIG_FILE,
     BatchingConfig,
     CacheConfig,
+    GateConfig,
     ModelConfig,
     QuantizationConfig,
     RuntimeConfig,
@@ -23,6 +24,18 @@ from kubeinfer.runtime.config import (
 #: ready) before it refuses new requests, so that the EndpointSlice update and kube-proxy stop
 #: routing to it first (scale-in under load lost requests without it; the usual preStop sleep).
 SHUTDOWN_DELAY_SECONDS = 5.0
+
+
+#: Where ``spec.quantization.gate.texts`` (a ConfigMap key) is mounted in the runtime container.
+GATE_TEXTS_DIR = "/mnt/gate"
+#: The file name of the gate's texts in :data:`GATE_TEXTS_DIR` (the ConfigMap key is mapped to it).
+GATE_TEXTS_FILE = "texts.txt"
+
+
+def _gate(gate: api.GateSpec) -> GateConfig:
+    """The runtime's quality gate: the bars, and the mounted texts' path when the spec names them."""
+    path = None if gate.texts is None else f"{GATE_TEXTS_DIR}/{GATE_TEXTS_FILE}"
+    return GateConfig(min_cosine=gate.min_cosine, min_agreement=gate.min_agreement, texts_path=path)
 
 
 def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
@@ -61,6 +74,8 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
                 else None
             ),
             skip_modules=list(spec.quantization.skip_modules),
+            # set only when given: left unset, runtime.yaml reads as it did before the gate existed
+            **({} if spec.quantization.gate is None else {"gate": _gate(spec.quantization.gate)}),
         ),
         batching=BatchingConfig.model_validate(
             {

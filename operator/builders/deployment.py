@@ -16,7 +16,12 @@ from kubeinfer.operator.builders.common import (
     selector_labels,
     with_applied_hash,
 )
-from kubeinfer.operator.builders.configmap import SHUTDOWN_DELAY_SECONDS, config_hash
+from kubeinfer.operator.builders.configmap import (
+    GATE_TEXTS_DIR,
+    GATE_TEXTS_FILE,
+    SHUTDOWN_DELAY_SECONDS,
+    config_hash,
+)
 from kubeinfer.operator.builders.source import SourceParts, source_parts
 from kubeinfer.runtime.config import CONFIG_DIR, CONFIG_FILE, DEFAULT_CONFIG_PATH
 
@@ -108,6 +113,18 @@ def _volumes(
         {"name": "dshm", "mountPath": "/dev/shm"},
         TMP_MOUNT,
     ]
+    gate = isvc.spec.quantization.gate
+    if gate is not None and gate.texts is not None:
+        volumes.append(
+            {
+                "name": "gate-texts",
+                "configMap": {
+                    "name": gate.texts.name,
+                    "items": [{"key": gate.texts.key, "path": GATE_TEXTS_FILE}],
+                },
+            }
+        )
+        mounts.append({"name": "gate-texts", "mountPath": GATE_TEXTS_DIR, "readOnly": True})
     cache = isvc.spec.server.graph_cache
     if cache is not None:
         volumes.append({"name": "graph-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}})

@@ -90,7 +90,8 @@ def _crash_state(
     pod: Mapping[str, Any], where: str, name: str, terminated: Mapping[str, Any]
 ) -> ConditionState:
     """The Ready=False state of a container that exited with an error: OOMKilled; a fetch init container's
-    ModelFetchFailed; the runtime's ModelLoadFailed (its termination message says so); else
+    ModelFetchFailed; the runtime's ModelLoadFailed (its termination message says so), or
+    QuantizationBelowGate when the load failed on the quality gate; else
     CrashLoopBackOff. The message names the pod and container, the exit code and the container's own
     one-line termination message; it stays the same through the restarts (no back-off time, no count)."""
     code = terminated.get("exitCode")
@@ -107,9 +108,12 @@ def _crash_state(
             "False", conditions.MODEL_FETCH_FAILED, f"{where}: {text or f'fetch failed, exit code {code}'}"
         )
     detail = f"exit code {code}" + (f" ({terminated['reason']})" if terminated.get("reason") else "")
-    reason = (
-        conditions.MODEL_LOAD_FAILED if text.startswith(MODEL_LOAD_PREFIX) else conditions.CRASH_LOOP_BACK_OFF
-    )
+    reason = conditions.CRASH_LOOP_BACK_OFF
+    if text.startswith(MODEL_LOAD_PREFIX):
+        # the runtime's error type of a model under its quality gate bears the reason's name, and its
+        # termination message names the type: "model load failed: QuantizationBelowGate: ..."
+        below = text.startswith(f"{MODEL_LOAD_PREFIX}: {conditions.QUANTIZATION_BELOW_GATE}:")
+        reason = conditions.QUANTIZATION_BELOW_GATE if below else conditions.MODEL_LOAD_FAILED
     return ConditionState("False", reason, f"{where}: {detail}" + (f": {text}" if text else ""))
 
 

@@ -81,6 +81,12 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.model.overflow",
     ),
     ("text-tokens-zero", {"model": {"maxTextTokens": 0}}, "spec.model.maxTextTokens"),
+    ("gate-over-one", {"quantization": {"gate": {"minCosine": 1.5}}}, "spec.quantization.gate.minCosine"),
+    (
+        "gate-texts-bad-key",
+        {"quantization": {"gate": {"texts": {"name": "texts", "key": "a/b"}}}},
+        "spec.quantization.gate.texts.key",
+    ),
     (
         "onnxruntime-torchscript",
         {

@@ -207,3 +207,22 @@ def test_overflow_and_the_text_budget_reach_runtime_yaml_only_when_given() -> No
     body["spec"]["model"]["task"] = "reranking"
     with pytest.raises(pydantic.ValidationError, match="chunk applies to text-embedding models"):
         _isvc(body)
+
+
+def test_the_gate_reaches_runtime_yaml_and_its_texts_are_mounted() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    gate = {"minCosine": 0.99, "minAgreement": 0.9, "texts": {"name": "my-texts", "key": "held-out.txt"}}
+    body["spec"]["quantization"]["gate"] = gate
+    isvc = _isvc(body)
+    cfg = RuntimeConfig.from_yaml(build_configmap(isvc, 0.01)["data"]["runtime.yaml"])
+    assert cfg.quantization.gate is not None
+    assert (cfg.quantization.gate.min_cosine, cfg.quantization.gate.min_agreement) == (0.99, 0.9)
+    assert cfg.quantization.gate.texts_path == "/mnt/gate/texts.txt"
+    pod = build_deployment(isvc, replicas=1)["spec"]["template"]["spec"]
+    volume = {"name": "my-texts", "items": [{"key": "held-out.txt", "path": "texts.txt"}]}
+    assert {"name": "gate-texts", "configMap": volume} in pod["volumes"]
+    mount = {"name": "gate-texts", "mountPath": "/mnt/gate", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"]
+    # without the gate, runtime.yaml (and so the pods' hash) reads as before it existed
+    del body["spec"]["quantization"]["gate"]
+    assert "gate" not in build_configmap(_isvc(body), 0.01)["data"]["runtime.yaml"]

@@ -366,3 +366,24 @@ def test_ready_event_mentions_what_the_fetch_took() -> None:
     assert without.note is None and without.ready == done.ready
     no_message = _pod(init=[_fetch({"terminated": {**fetched["terminated"], "message": ""}})])
     assert diagnosis.fetch_note([no_message]) == "model fetched in 5 s (pod m-new-1)"
+
+
+def test_a_model_under_its_quality_gate_is_quantization_below_gate_with_the_figures() -> None:
+    from kubeinfer.runtime.models.quantize import QuantizationBelowGate
+
+    # the runtime's error type bears the reason's name: its termination message names it
+    assert QuantizationBelowGate.__name__ == "QuantizationBelowGate"
+    cause = (
+        "model load failed: QuantizationBelowGate: quantization below the gate: mean cosine 0.981 < "
+        "min_cosine 0.99 against fp32 on 200 gate texts"
+    )
+    pod = _pod(
+        init=[_fetch(DONE)],
+        runtime={"state": BACK_OFF, "restartCount": 1, "lastState": {"terminated": _failed(cause)}},
+    )
+    h = _health([pod])
+    assert (h.ready.reason, h.ready.message) == (
+        "QuantizationBelowGate",
+        f"pod m-new-1 container runtime: exit code 1 (Error): {cause}",
+    )
+    assert h.stalled is not None and h.stalled.reason == "QuantizationBelowGate"
