@@ -10,23 +10,32 @@ the activator takes from the pod as it would from the operator's pods. The model
 while no pod is Ready, the demand annotation written to the InferenceService (read back from the API
 server), the held request answered once the pod is Ready (and a gRPC call on the shared port then
 forwarded at once); a target whose InferenceService says ``Ready=False`` with a message gets, past a
-1 s cold-start budget, a 504 naming that message. Waits are on the activator's status page and on the
-API server, never on sleeps.
+1 s cold-start budget, a 504 naming that message; API faults injected in front of the real API server
+(``kubectl proxy`` behind a small aiohttp proxy of the test: a watch answered with 410 Gone, a list with a
+500) cost a new list and a retry, one log line and no traceback. Waits are on the activator's status page
+and on the API server, never on sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import secrets
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
 from hack.devtools.activator_proc import ActivatorProcess
@@ -177,3 +186,151 @@ async def test_past_the_cold_start_budget_the_504_names_the_ready_condition(
         finally:
             await rest.close()
         assert "Traceback" not in act.log_text()
+
+
+GONE = {
+    "type": "ERROR",
+    "object": {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": "Expired",
+        "code": 410,
+        "message": "too old resource version: 1 (2)",
+    },
+}
+
+
+class FaultProxy:
+    """Plain HTTP in front of ``kubectl proxy`` (the real API server): answers the first pod watch with a
+    410 ERROR event (as the API server does for an expired resourceVersion) and the first Service list with
+    a 500, and forwards everything else, streamed; counts the pod lists."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.gone_left = 1
+        self.fail_left = 1
+        self.pod_lists = 0
+        self.port = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        watch = request.query.get("watch") == "true"
+        if request.method == "GET" and request.path.endswith("/pods"):
+            self.pod_lists += not watch
+            if watch and self.gone_left:
+                self.gone_left -= 1
+                return web.Response(text=json.dumps(GONE) + "\n", content_type="application/json")
+        if request.method == "GET" and request.path.endswith("/services") and not watch and self.fail_left:
+            self.fail_left -= 1
+            status = {"kind": "Status", "status": "Failure", "code": 500, "message": "injected"}
+            return web.json_response(status, status=500)
+        timeout = aiohttp.ClientTimeout(total=None)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(
+                request.method,
+                self.upstream + request.path_qs,
+                data=await request.read(),
+                headers={k: v for k, v in request.headers.items() if k.lower() in ("accept", "content-type")},
+            ) as up,
+        ):
+            out = web.StreamResponse(status=up.status)
+            out.content_type = up.content_type
+            await out.prepare(request)
+            async for chunk in up.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+
+@contextlib.contextmanager
+def kubectl_proxy(cluster: Cluster) -> Iterator[str]:
+    """``kubectl proxy`` on a free port; yields its URL."""
+    proc = subprocess.Popen(
+        [
+            str(cluster.kubectl_path),
+            "proxy",
+            "--port=0",
+            "--address=127.0.0.1",
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"Starting to serve on 127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        yield f"http://127.0.0.1:{found.group(1)}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def fault_proxy(upstream: str) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy(upstream)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)  # watches in flight: cut
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    proxy.port = runner.addresses[0][1]
+    try:
+        yield proxy
+    finally:
+        await runner.cleanup()
+
+
+def proxy_kubeconfig(path: Path, port: int) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: p, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: p, user: {}}]\ncontexts: [{name: p, context: {cluster: p, user: p}}]\n"
+        "current-context: p\n"
+    )
+    return path
+
+
+async def test_a_410_on_a_watch_lists_again_and_a_failed_list_is_retried(
+    cluster: Cluster, ns: str, runtime: RuntimeProcess, tmp_path: Path
+) -> None:
+    with kubectl_proxy(cluster) as upstream:
+        async with fault_proxy(upstream) as faults:
+            kubeconfig = proxy_kubeconfig(tmp_path / "faults.kubeconfig", faults.port)
+            args = ["--namespaces", ns]
+            act = ActivatorProcess(args=args, kubeconfig=kubeconfig, die_with_parent=False)
+            await asyncio.to_thread(act.start)
+            try:
+                started = time.monotonic()
+                while faults.pod_lists < 2 or faults.fail_left:  # the 410 made it list again
+                    assert time.monotonic() - started < 30, (faults.pod_lists, act.log_text()[-2000:])
+                    await asyncio.sleep(0.05)
+                objects = [
+                    isvc("flaky", runtime.grpc_port),
+                    service("flaky"),
+                    pod("flaky-0", "flaky", runtime),
+                ]
+                await asyncio.to_thread(cluster.apply, objects, "-n", ns)
+                await asyncio.to_thread(mark_ready, cluster, ns, "flaky-0")
+                target = f"{ns}/flaky"
+                status = await asyncio.to_thread(
+                    act.wait_for, lambda s: (s["targets"].get(target) or {}).get("ready")
+                )
+                assert status["targets"][target]["stage"] == "ready"
+                rest = httpaio.InferenceServerClient(act.address)
+                try:
+                    assert await rest_infer(rest, f"flaky.{ns}", 3)
+                finally:
+                    await rest.close()
+            finally:
+                await asyncio.to_thread(act.stop)
+            log = act.log_text()
+            act._tmp.cleanup()
+    assert "Traceback" not in log
+    failures = [line for line in log.splitlines() if "retrying with backoff" in line]
+    assert len(failures) == 1 and "services in" in failures[0] and "HTTP 500" in failures[0], log[-3000:]
