@@ -190,6 +190,7 @@ async def serve(args: argparse.Namespace) -> None:
     targets: Targets = table
     listed: _Listed = table
     watch: Callable[[], Coroutine[Any, Any, None]] | None = None
+    is_ready: Callable[[], bool] | None = None
     if args.targets_from == "kubernetes":
         # imported here: kubernetes_asyncio is in the operator's image, not the runtime's
         from kubeinfer.activator.kube import KubernetesTargets, connect
@@ -199,6 +200,7 @@ async def serve(args: argparse.Namespace) -> None:
         namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
         kube = KubernetesTargets(api, namespaces=namespaces, cluster_domain=args.cluster_domain)
         targets, listed, watch = kube, kube, kube.run
+        is_ready = kube.synced.is_set  # ready once every kind was listed: no 404 for a target not yet seen
     gate = Gate(targets, limits)
     front = GrpcFront(gate, args.host)
     tasks = [asyncio.create_task(gate.hold.run_deadlines())]
@@ -212,7 +214,10 @@ async def serve(args: argparse.Namespace) -> None:
         bound = await front.listen(args.grpc_port, None)
         log.info("grpc listening on %s:%d", args.host, bound)
     app = rest_app(
-        gate, upstream_timeout_s=args.upstream_timeout, status=lambda: _status(gate, listed, front)
+        gate,
+        upstream_timeout_s=args.upstream_timeout,
+        status=lambda: _status(gate, listed, front),
+        ready=is_ready,
     )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import pytest
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
@@ -137,6 +138,8 @@ async def test_a_request_held_asks_for_a_replica_and_is_answered_once_the_pod_is
         status = await asyncio.to_thread(act.wait_for, lambda s: target in s["targets"])
         assert not status["targets"][target]["ready"]
         assert status["targets"][target]["stage"] == "pod simple-0: Pending, not Ready"
+        async with httpx.AsyncClient() as raw:  # listed: ready for traffic
+            assert (await raw.get(f"http://{act.address}/activator/readyz")).status_code == 200
         rest = httpaio.InferenceServerClient(act.address)
         grpc_ = grpcaio.InferenceServerClient(act.grpc_address)
         try:
