@@ -285,12 +285,17 @@ class KubernetesTargets:
             if not 200 <= resp.status <= 299:
                 body = (await resp.read())[:300].decode("utf-8", "replace")
                 raise ApiException(status=resp.status, reason=f"{resp.reason}: {body}")
-            while True:
-                line = await resp.content.readline()
-                if not line:
-                    return version
-                event = json.loads(line)
-                version = self._apply(kind, event) or version
+            # one JSON event a line; split here rather than with readline, whose buffer limit (128 KiB)
+            # a large object's line can pass
+            pending = bytearray()
+            async for chunk in resp.content.iter_any():
+                pending += chunk
+                while (end := pending.find(b"\n")) >= 0:
+                    line = bytes(pending[:end])
+                    del pending[: end + 1]
+                    if line.strip():
+                        version = self._apply(kind, json.loads(line)) or version
+            return version
         finally:
             resp.release()
 

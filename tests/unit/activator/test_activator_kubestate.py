@@ -5,6 +5,7 @@ the real one, tests/integration/activator/test_activator_kube.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -270,3 +271,40 @@ async def test_demand_patches_the_annotation_once_at_a_time_and_a_failure_is_log
     lines = [r.getMessage() for r in caplog.records]
     assert len([m for m in lines if "not written" in m]) == 1 and "ConnectionError: refused" in lines[0]
     assert lines[-1] == "demand for ml/simple written again"
+
+
+class FakeWatch:
+    """A watch response streaming ``body`` in chunks of ``size`` bytes."""
+
+    def __init__(self, body: bytes, size: int) -> None:
+        self.status = 200
+        self.content = self
+        self._chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        self.released = False
+
+    async def iter_any(self) -> Any:
+        for chunk in self._chunks:
+            yield chunk
+
+    def release(self) -> None:
+        self.released = True
+
+
+async def test_a_watch_applies_events_split_across_chunks_and_larger_than_a_line_buffer() -> None:
+    big = pod("a")
+    big["metadata"]["annotations"] = {"note": "x" * 300_000}  # past aiohttp's 128 KiB readline limit
+    lines = [
+        {"type": "ADDED", "object": big},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+    ]
+    body = b"".join(json.dumps(e).encode() + b"\n" for e in lines)
+    response = FakeWatch(body, 4096)
+
+    class Api(FakeApi):
+        async def call_api(self, path: str, method: str, **kwargs: Any) -> Any:
+            return response
+
+    t = kube_targets(Api())
+    t._apply(ISVCS, {"type": "ADDED", "object": isvc()})
+    assert await t._watch_once(PODS, None, "1") == "9"
+    assert t.endpoint("ml/simple") == Endpoint("10.0.0.5", 8080, 8081) and response.released
