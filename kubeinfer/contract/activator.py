@@ -2,7 +2,8 @@
 selects its pods, the pods' port names and numbers, and the annotation through which the activator asks
 for a replica.
 
-The protocol of scale to zero has one writer per transition:
+The protocol of scale to zero: one writer per transition: 1 -> 0 the autoscaler's decision written by the
+reconciler; 0 -> 1 the reconciler, on a demand annotation newer than the service's scale to zero. In full:
 
 - **1 -> 0**: the autoscaler's decision (its policy's scale-to-zero rule), written by the reconciler, the
   one writer of owned objects;
