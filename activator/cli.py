@@ -1,13 +1,17 @@
 """``kubeinfer-activator``: the REST and gRPC fronts over one hold, in one process.
 
+    kubeinfer-activator --port 8080 --grpc-port 8081 --targets-from kubernetes [--namespaces a,b]
     kubeinfer-activator --port 8080 --grpc-port 8081 --targets-file targets.json
 
-For this step the targets come from ``--targets-file`` (``targets.load_targets_file``'s JSON), re-read
+The targets come from the Kubernetes API (``--targets-from kubernetes``: ``kube.KubernetesTargets``
+watches InferenceServices, their Services and pods, with ``--kubeconfig`` / ``$KUBECONFIG``, else the
+in-cluster ServiceAccount), or from ``--targets-file`` (``targets.load_targets_file``'s JSON), re-read
 whenever it changes (polled every ``--poll-interval`` seconds): tests drive the activator by rewriting it
-(an endpoint appears = the replica is Ready). The Kubernetes-backed ``Targets`` comes with the wiring.
-A target with a ``grpc_port`` gets its own gRPC listener (0: any free port; ``GET /activator/status``
-shows the port bound). The process logs ``listening on http://HOST:PORT`` and ``grpc listening on
-HOST:PORT`` (plus `` for TARGET`` per target listener) once it serves.
+(an endpoint appears = the replica is Ready). A target of the file with a ``grpc_port`` gets its own gRPC
+listener (0: any free port; ``GET /activator/status`` shows the port bound); the Kubernetes targets have
+none yet (the operator does not allocate those ports): their gRPC calls come on the shared port. The
+process logs ``listening on http://HOST:PORT`` and ``grpc listening on HOST:PORT`` (plus `` for TARGET``
+per target listener) once it serves.
 
 Settings: flags, or the environment variable named in each flag's help. SIGTERM or SIGINT stops it:
 uvicorn drains the REST connections, then the gRPC listeners get ``--grace`` seconds.
@@ -20,16 +24,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from kubeinfer.activator.gate import Gate
 from kubeinfer.activator.grpc_proxy import GrpcFront
 from kubeinfer.activator.hold import HoldLimits
 from kubeinfer.activator.rest import rest_app
-from kubeinfer.activator.targets import InMemoryTargets, load_targets_file
+from kubeinfer.activator.targets import InMemoryTargets, Targets, TargetState, load_targets_file
 
 log = logging.getLogger("kubeinfer.activator")
 
@@ -90,7 +94,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="REST: seconds to wait for each read of a replica's response",
     )
     p.add_argument("--cluster-domain", default=_env("KUBEINFER_ACTIVATOR_CLUSTER_DOMAIN", "cluster.local"))
+    p.add_argument(
+        "--targets-from",
+        choices=["file", "kubernetes"],
+        default=_env("KUBEINFER_ACTIVATOR_TARGETS_FROM", "file"),
+        help="where the targets come from: --targets-file, or the Kubernetes API",
+    )
     p.add_argument("--targets-file", type=Path, help="JSON file of targets (see kubeinfer.activator.targets)")
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig for --targets-from kubernetes (default: $KUBECONFIG, else in-cluster)",
+    )
+    p.add_argument(
+        "--namespaces",
+        default=_env("KUBEINFER_ACTIVATOR_NAMESPACES", ""),
+        help="comma-separated namespaces to watch (default: all; env KUBEINFER_ACTIVATOR_NAMESPACES)",
+    )
     p.add_argument("--poll-interval", type=float, default=0.05, help="seconds between reads of the file")
     p.add_argument("--grace", type=float, default=5.0, help="seconds for gRPC calls in flight at shutdown")
     p.add_argument("--log-level", default=_env("KUBEINFER_ACTIVATOR_LOG_LEVEL", "INFO"))
@@ -134,7 +153,15 @@ class _FileTargets:
             await asyncio.sleep(interval_s)
 
 
-def _status(gate: Gate, targets: InMemoryTargets, front: GrpcFront) -> dict[str, Any]:
+class _Listed(Protocol):
+    """What the status page reads of the targets (``InMemoryTargets``, ``KubernetesTargets``)."""
+
+    demands: dict[str, int]
+
+    def states(self) -> list[TargetState]: ...
+
+
+def _status(gate: Gate, targets: _Listed, front: GrpcFront) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for state in targets.states():
         held = gate.hold.held(state.key)
@@ -158,19 +185,39 @@ async def serve(args: argparse.Namespace) -> None:
         retry_after_s=args.retry_after,
         default_priority_level=args.default_priority_level,
     )
-    targets = InMemoryTargets(cluster_domain=args.cluster_domain)
+    closing: list[Callable[[], Awaitable[Any]]] = []
+    table = InMemoryTargets(cluster_domain=args.cluster_domain)
+    targets: Targets = table
+    listed: _Listed = table
+    watch: Callable[[], Coroutine[Any, Any, None]] | None = None
+    is_ready: Callable[[], bool] | None = None
+    if args.targets_from == "kubernetes":
+        # imported here: kubernetes_asyncio is in the operator's image, not the runtime's
+        from kubeinfer.activator.kube import KubernetesTargets, connect
+
+        api = await connect(args.kubeconfig)
+        closing.append(api.close)
+        namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
+        kube = KubernetesTargets(api, namespaces=namespaces, cluster_domain=args.cluster_domain)
+        targets, listed, watch = kube, kube, kube.run
+        is_ready = kube.synced.is_set  # ready once every kind was listed: no 404 for a target not yet seen
     gate = Gate(targets, limits)
     front = GrpcFront(gate, args.host)
     tasks = [asyncio.create_task(gate.hold.run_deadlines())]
-    if args.targets_file is not None:
-        watcher = _FileTargets(args.targets_file, targets, front)
+    if watch is not None:
+        tasks.append(asyncio.create_task(watch()))
+    elif args.targets_file is not None:
+        watcher = _FileTargets(args.targets_file, table, front)
         await watcher.refresh()
         tasks.append(asyncio.create_task(watcher.run(args.poll_interval)))
     if args.grpc_port >= 0:
         bound = await front.listen(args.grpc_port, None)
         log.info("grpc listening on %s:%d", args.host, bound)
     app = rest_app(
-        gate, upstream_timeout_s=args.upstream_timeout, status=lambda: _status(gate, targets, front)
+        gate,
+        upstream_timeout_s=args.upstream_timeout,
+        status=lambda: _status(gate, listed, front),
+        ready=is_ready,
     )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on"
@@ -186,6 +233,8 @@ async def serve(args: argparse.Namespace) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await front.stop(args.grace)
+        for close in closing:
+            await close()
 
 
 async def _announce(server: uvicorn.Server) -> None:

@@ -109,6 +109,7 @@ def rest_app(
     *,
     upstream_timeout_s: float = 300.0,
     status: Callable[[], dict[str, Any]] | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> Starlette:
     """The REST front's ASGI app.
 
@@ -116,6 +117,8 @@ def rest_app(
         gate: targets and the hold.
         upstream_timeout_s: the longest wait for the replica's response (seconds, per read).
         status: what ``GET /activator/status`` answers (default: the held requests per target).
+        ready: whether ``GET /activator/readyz`` answers 200 (else 503; default: always ready), e.g.
+            once the Kubernetes targets have listed every kind once.
     """
     client: httpx.AsyncClient | None = None
 
@@ -142,7 +145,8 @@ def rest_app(
         return JSONResponse({"live": True})
 
     async def readyz(_request: Request) -> Response:
-        return JSONResponse({"ready": True})
+        ok = ready is None or ready()
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     async def show_status(_request: Request) -> Response:
         return JSONResponse((status or held_status)())

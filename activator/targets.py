@@ -1,8 +1,8 @@
 """Which target a request is for, where the target is served, and how to ask for it.
 
 A target is an InferenceService, named ``namespace/name``. ``Targets`` is what the fronts ask; this module
-ships ``InMemoryTargets`` (tests, and the CLI's ``--targets-file``); the Kubernetes-backed implementation
-(Services, EndpointSlices, scale requests) comes with the operator's wiring.
+ships ``InMemoryTargets`` (tests, the CLI's ``--targets-file``, and the table that ``kube.KubernetesTargets``
+keeps from the Kubernetes API for ``--targets-from kubernetes``).
 
 Resolution (``resolve``) accepts what a client puts in ``Host`` (REST) for a Service: ``name``,
 ``name.ns``, ``name.ns.svc``, ``name.ns.svc.<cluster domain>`` (``cluster.local`` by default) or the
@@ -45,8 +45,8 @@ def _bracket(host: str) -> str:
 
 
 class Targets(Protocol):
-    """What the fronts need to know about targets (implementations: ``InMemoryTargets``; the Kubernetes
-    one comes with the wiring). Targets are ``namespace/name`` strings. No method may block."""
+    """What the fronts need to know about targets (implementations: ``InMemoryTargets``,
+    ``kube.KubernetesTargets``). Targets are ``namespace/name`` strings. No method may block."""
 
     def resolve(self, host: str) -> str | None:
         """The target a ``Host`` value (see the module docstring) names, or None."""
@@ -160,6 +160,15 @@ class InMemoryTargets:
         """Add or replace a target; listeners hear of it."""
         self._states[state.key] = state
         self._changed(state.key)
+
+    def get(self, target: str) -> TargetState | None:
+        """The state of ``target``, or None for an unknown one."""
+        return self._states.get(target)
+
+    def remove(self, target: str) -> None:
+        """Forget ``target`` (nothing for an unknown one); listeners hear of it."""
+        if self._states.pop(target, None) is not None:
+            self._changed(target)
 
     def set_endpoint(self, target: str, endpoint: Endpoint | None, stage: str | None = None) -> None:
         """Give ``target`` a ready replica (or take it away), optionally with a new stage.

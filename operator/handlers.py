@@ -22,11 +22,13 @@ from typing import Any
 
 import kopf
 from kubeinfer.operator import api, k8s
-from kubeinfer.operator.builders.common import ISVC_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from kubeinfer.operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
 from kubeinfer.operator.controllers import Controllers
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OwnedKind
 from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.settings import Settings
+
+from kubeinfer.contract.activator import ISVC_LABEL
 
 #: The label selecting the objects (and pods) the operator owns.
 OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}

@@ -10,6 +10,10 @@ Usage::
         ...   # requests to act.address (Host: simple.ml) / act.target_grpc_address("ml/simple") are held
         act.write_targets([{..., "endpoint": {"host": "127.0.0.1", "http_port": P, "grpc_port": G}}])
 
+With ``kubeconfig`` the activator takes its targets from that cluster instead
+(``--targets-from kubernetes``): the test writes InferenceServices, Services and pods to the API server,
+and the targets file is not read.
+
 The process binds ``--port 0`` and ``--grpc-port 0`` and the helper reads the ports from its log lines
 (``listening on http://HOST:PORT``, ``grpc listening on HOST:PORT``). The targets file is replaced
 atomically on each ``write_targets`` (the activator polls it every 50 ms). ``status()`` is the
@@ -50,6 +54,8 @@ class ActivatorProcess:
         targets: the targets file's first content (a list of target objects; default none).
         start_timeout: seconds to wait for both ports in ``start``.
         die_with_parent: as ``RuntimeProcess``'s (False where the parent runs gRPC threads).
+        kubeconfig: targets from the Kubernetes API of this kubeconfig (``--targets-from kubernetes``)
+            instead of the targets file.
     """
 
     def __init__(
@@ -59,6 +65,7 @@ class ActivatorProcess:
         targets: list[dict[str, Any]] | None = None,
         start_timeout: float = 60.0,
         die_with_parent: bool = True,
+        kubeconfig: Path | None = None,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="kubeinfer-activator-")
         tmp = Path(self._tmp.name)
@@ -67,6 +74,7 @@ class ActivatorProcess:
         self.args = list(args or [])
         self.start_timeout = start_timeout
         self.die_with_parent = die_with_parent
+        self.kubeconfig = kubeconfig
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.grpc_port = 0
@@ -107,8 +115,11 @@ class ActivatorProcess:
             "0",
             "--grpc-port",
             "0",
-            "--targets-file",
-            str(self.targets_path),
+            *(
+                ["--targets-from", "kubernetes", "--kubeconfig", str(self.kubeconfig)]
+                if self.kubeconfig
+                else ["--targets-file", str(self.targets_path)]
+            ),
             *self.args,
         ]
         with open(self.log_path, "ab") as log:

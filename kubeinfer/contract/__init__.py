@@ -1,4 +1,4 @@
-"""What the operator and the runtime must agree on, in pure modules both import.
+"""What the operator and the runtime (and the activator) must agree on, in pure modules both import.
 
 Standard library only: no pydantic, no Kubernetes client, no torch, nothing of ``kubeinfer.operator``
 or ``kubeinfer.runtime`` (pyproject.toml's import-linter contracts). A module here holds data and the
@@ -9,4 +9,6 @@ dispatch) from that data and never writes it a second time.
 - ``formats``: the names of formats, engines, tasks, quantization modes and devices, and the table of
   rules over their combinations (one row each) from which the CRD's CEL and both sides' pydantic checks
   come.
+- ``activator``: what the operator and the activator agree on: the InferenceService's API names, the pod
+  label, the pods' ports, the demand annotation, and who writes which scale-to-zero transition.
 """

@@ -18,7 +18,8 @@ and :func:`parse_duration` converts them to float seconds.
 
 One module per concept; each imports only those below it (an import-linter contract):
 
-- ``resource``: group, version, kind, field managers; :class:`InferenceService`, the names derived from it;
+- ``resource``: field managers (the group, version, kind and plural are ``kubeinfer.contract.activator``'s,
+  re-exported here, like the runtime's ports); :class:`InferenceService`, the names derived from it;
 - ``spec`` (:class:`InferenceServiceSpec`) | ``status`` (:class:`InferenceServiceStatus`);
 - ``model`` (model, quantization, batching, warmup, cache) | ``autoscaling`` | ``server`` (ports, auth,
   NetworkPolicy peers) | ``workload`` (runtime container, resources);
@@ -67,15 +68,10 @@ from kubeinfer.operator.api.model import (
     WarmupSpec,
 )
 from kubeinfer.operator.api.resource import (
-    API_VERSION,
     AUTOSCALER_FIELD_MANAGER,
     FIELD_MANAGER,
-    GROUP,
-    KIND,
-    PLURAL,
     SHORT_NAMES,
     SINGULAR,
-    VERSION,
     InferenceService,
     configmap_name,
     object_reference,
@@ -83,8 +79,6 @@ from kubeinfer.operator.api.resource import (
 )
 from kubeinfer.operator.api.server import (
     BEARER_TOKEN_ENV,
-    RUNTIME_GRPC_PORT,
-    RUNTIME_PORT,
     AuthSpec,
     GraphCacheSpec,
     LabelSelectorRequirement,
@@ -119,6 +113,16 @@ from kubeinfer.operator.api.status import (
     ObservedSignals,
 )
 from kubeinfer.operator.api.workload import DEFAULT_IMAGE, EnvVar, ResourcesSpec, RuntimeSpec, Toleration
+
+from kubeinfer.contract.activator import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    RUNTIME_GRPC_PORT,
+    RUNTIME_PORT,
+    VERSION,
+)
 
 __all__ = [
     "API_VERSION",

@@ -7,16 +7,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kubeinfer.operator.api.server import RUNTIME_PORT
 from kubeinfer.operator.api.spec import InferenceServiceSpec
 from kubeinfer.operator.api.status import InferenceServiceStatus
 from pydantic import BaseModel, ConfigDict, Field
 
-GROUP = "kubeinfer.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
+# The group, version, kind and plural live in the contract (the activator watches and patches
+# InferenceServices by them); re-exported here, where they were defined before.
+from kubeinfer.contract.activator import API_VERSION as API_VERSION
+from kubeinfer.contract.activator import GROUP as GROUP
+from kubeinfer.contract.activator import KIND as KIND
+from kubeinfer.contract.activator import PLURAL as PLURAL
+from kubeinfer.contract.activator import RUNTIME_PORT
+from kubeinfer.contract.activator import VERSION as VERSION
+
 SINGULAR = "inferenceservice"
 SHORT_NAMES = ("kisvc",)
 

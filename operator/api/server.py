@@ -18,10 +18,8 @@ from kubeinfer.operator.api.formats import (
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
-#: Port of the runtime's Open Inference Protocol v2 endpoint and of its ``/metrics``.
-RUNTIME_PORT = 8080
-#: Default port of the runtime's gRPC service (``spec.server.grpcPort``).
-RUNTIME_GRPC_PORT = 8081
+from kubeinfer.contract.activator import RUNTIME_GRPC_PORT, RUNTIME_PORT
+
 #: Environment variable of the runtime container holding the bearer token (``valueFrom.secretKeyRef``
 #: from ``spec.server.auth.bearerTokenSecretRef``); runtime.yaml names it, never the token.
 BEARER_TOKEN_ENV = "KUBEINFER_BEARER_TOKEN"

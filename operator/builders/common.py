@@ -8,18 +8,14 @@ from typing import Any
 
 from kubeinfer.operator import api
 
-#: Runtime container's port name (Service targetPort, Prometheus scrape).
-PORT_NAME = "http"
-#: Name of the runtime's gRPC port on the container and the Service.
-GRPC_PORT_NAME = "grpc"
+from kubeinfer.contract.activator import ISVC_LABEL
+
 #: Where a ``pvc://<claim>/<path>`` claim is mounted (read-only) in the runtime container.
 PVC_MOUNT_ROOT = "/mnt/pvc"
 #: Annotation on owned objects: hash of the last applied desired object (compare-before-patch).
 APPLIED_HASH_ANNOTATION = "kubeinfer.io/applied-hash"
 #: Pod-template annotation: hash of the non-batching runtime configuration (a change rolls the pods).
 CONFIG_HASH_ANNOTATION = "kubeinfer.io/config-hash"
-#: Label carrying the InferenceService name (Prometheus relabels it to ``inferenceservice``).
-ISVC_LABEL = "kubeinfer.io/inferenceservice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubeinfer"
 

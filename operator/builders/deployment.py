@@ -8,8 +8,6 @@ from typing import Any
 from kubeinfer.operator import api
 from kubeinfer.operator.builders.common import (
     CONFIG_HASH_ANNOTATION,
-    GRPC_PORT_NAME,
-    PORT_NAME,
     PVC_MOUNT_ROOT,
     labels,
     metadata,
@@ -24,6 +22,9 @@ from kubeinfer.operator.builders.configmap import (
 )
 from kubeinfer.operator.builders.source import SourceParts, source_parts
 from kubeinfer.runtime.config import CONFIG_DIR, CONFIG_FILE, DEFAULT_CONFIG_PATH
+
+from kubeinfer.contract.activator import GRPC_PORT_NAME
+from kubeinfer.contract.activator import RUNTIME_PORT_NAME as PORT_NAME
 
 CONTAINER_NAME = "runtime"
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -6,12 +6,13 @@ from typing import Any
 
 from kubeinfer.operator import api
 from kubeinfer.operator.builders.common import (
-    GRPC_PORT_NAME,
-    PORT_NAME,
     metadata,
     selector_labels,
     with_applied_hash,
 )
+
+from kubeinfer.contract.activator import GRPC_PORT_NAME
+from kubeinfer.contract.activator import RUNTIME_PORT_NAME as PORT_NAME
 
 
 def build_service(isvc: api.InferenceService) -> dict[str, Any]:

@@ -1,31 +1,15 @@
-"""Fixtures of the operator's integration tests: CRDs installed, a module namespace, one operator."""
+"""Fixtures of the operator's integration tests: a module namespace (the CRDs installed: ``crds`` in
+tests/integration/conftest.py), one operator."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
-from tests.support.cluster import Cluster, wait_until
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def crds(cluster: Cluster) -> None:
-    """The InferenceService and kopf peering CRDs, applied from crds/ and Established."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    for name in ("inferenceservices.kubeinfer.io", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
-    # discovery of the new kind by kubectl (cached) can lag the CRD by a moment
-    wait_until(
-        lambda: cluster.kubectl("get", "kisvc", "-A", check=False).returncode == 0,
-        timeout=30,
-        message="kubectl knows kisvc",
-    )
+from tests.support.cluster import Cluster
 
 
 @pytest.fixture(scope="module")

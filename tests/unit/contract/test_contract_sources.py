@@ -166,7 +166,7 @@ def test_the_contract_imports_only_the_standard_library() -> None:
     assert imported and outside == []
 
 
-@pytest.mark.parametrize("side", ["operator", "runtime"])
+@pytest.mark.parametrize("side", ["operator", "runtime", "activator"])
 def test_both_sides_import_the_contract(side: str) -> None:
     importers = [
         path.relative_to(ROOT)

@@ -1,0 +1,69 @@
+"""What the operator and the activator must agree on: the InferenceService's API names, the pod label that
+selects its pods, the pods' port names and numbers, and the annotation through which the activator asks
+for a replica.
+
+The protocol of scale to zero: one writer per transition: 1 -> 0 the autoscaler's decision written by the
+reconciler; 0 -> 1 the reconciler, on a demand annotation newer than the service's scale to zero. In full:
+
+- **1 -> 0**: the autoscaler's decision (its policy's scale-to-zero rule), written by the reconciler, the
+  one writer of owned objects;
+- **0 -> 1**: the reconciler, on a demand annotation (:data:`DEMAND_ANNOTATION`) newer than the service's
+  scale to zero. The activator writes only that annotation (a merge patch of the InferenceService's
+  metadata), never a replica count: it asks, the reconciler decides.
+
+The demand annotation's value is an RFC 3339 UTC timestamp in whole seconds like every ``metav1.Time``
+(:func:`demand_value`): the time of the first request held since the activator last asked; asking again
+writes a newer one. A demand in the same second as the scale to zero counts as newer (a tie favours the
+held request: a replica too many for a moment, never a request lost).
+
+Pure: standard library only, nothing of the operator, the runtime or the activator.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+__all__ = [
+    "API_VERSION",
+    "DEMAND_ANNOTATION",
+    "GROUP",
+    "GRPC_PORT_NAME",
+    "ISVC_LABEL",
+    "KIND",
+    "PLURAL",
+    "RUNTIME_GRPC_PORT",
+    "RUNTIME_PORT",
+    "RUNTIME_PORT_NAME",
+    "VERSION",
+    "demand_value",
+]
+
+#: The InferenceService's API group, version and names.
+GROUP = "kubeinfer.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+
+#: The label carrying the InferenceService's name on its pods and owned objects (the Service included):
+#: the activator selects an InferenceService's pods by it; Prometheus relabels it to ``inferenceservice``.
+ISVC_LABEL = "kubeinfer.io/inferenceservice"
+#: The InferenceService annotation through which the activator asks for a replica (value:
+#: :func:`demand_value`).
+DEMAND_ANNOTATION = "kubeinfer.io/activator-demand"
+
+#: The runtime container's REST port (Open Inference Protocol v2 and ``/metrics``): number and name (the
+#: Service's ``targetPort``, the probes, the activator's forward).
+RUNTIME_PORT = 8080
+RUNTIME_PORT_NAME = "http"
+#: The runtime container's gRPC port: its default number (``spec.server.grpcPort``) and its name.
+RUNTIME_GRPC_PORT = 8081
+GRPC_PORT_NAME = "grpc"
+
+
+def demand_value(when: datetime) -> str:
+    """The demand annotation's value for ``when`` (a timezone-aware time): RFC 3339 in UTC, whole
+    seconds, ``Z`` (``2026-12-05T17:30:00Z``). Raises ``ValueError`` for a naive ``when``."""
+    if when.tzinfo is None:
+        raise ValueError("demand_value needs a timezone-aware time")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
