@@ -55,6 +55,7 @@ from hack.podnetwork import NODE_IP
 from tests.e2e.conftest import runtime_pods, wait_isvc
 from tests.e2e.test_e2e_model_sources import _service_url, _tar_gz
 from tests.support.cluster import Cluster
+from tests.support.perf_analyzer import check_report, command, perf_analyzer, run
 from tests.support.storage import FileServer
 
 pytestmark = pytest.mark.timeout(900)
@@ -304,6 +305,22 @@ def test_simple_states_the_models_own_tensors_and_adds_and_subtracts(
     a = np.arange(3 * ELEMENTS, dtype=np.int32).reshape(3, ELEMENTS)
     _add_sub(module, client, a, np.full((3, ELEMENTS), -7, np.int32), name)
     _add_sub(module, client, a[:1], a[:1] * 5, name)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_through_the_service_sweeps_simple(
+    served: Served, protocol: str, tmp_path: Path
+) -> None:
+    # Triton's load generator, unmodified, on Triton's own model through the InferenceService's Service.
+    address = served.http["simple-onnx"] if protocol == "http" else served.grpc["simple-onnx"]
+    report = tmp_path / "report.csv"
+    # 2 s windows, up to 10 of them: these pods batch for 300 ms (the batching test below), so at
+    # concurrency 2 a window holds a dozen requests; the first requests through the Service are slower
+    args = command(perf_analyzer(), "simple-onnx", address, protocol, report, "-p", "2000", "-r", "10")
+    proc, shown = run(args, tmp_path)
+    assert proc.returncode == 0, shown
+    rows = check_report(report, shown)
+    print(f"simple-onnx over {protocol}: " + ", ".join(f"{r['Inferences/Second']:.0f}/s" for r in rows))
 
 
 @pytest.mark.parametrize(("module", "protocol"), CLIENTS, ids=[p for _, p in CLIENTS])

@@ -57,7 +57,8 @@ def run(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], s
 
 def check_report(report: Path, shown: str) -> list[dict[str, float]]:
     """The ``-f`` CSV's rows, asserted: concurrency 1 and 2, throughput > 0, and a server-side
-    breakdown (from the statistics extension) that is there and fits in the client's latency. The
+    breakdown (from the statistics extension) that is there and fits in the client's latency (within
+    10 %: see below). The
     queue may read 0: perf_analyzer shows whole microseconds, and a sequential client's request starts
     at once (the batcher's early dispatch)."""
     with report.open(newline="") as f:
@@ -69,6 +70,9 @@ def check_report(report: Path, shown: str) -> list[dict[str, float]]:
         assert min(r["Server Queue"], r["Server Compute Input"], r["Server Compute Output"]) >= 0, (r, shown)
         server = sum(r[k] for k in ("Server Queue", "Server Compute Input", "Server Compute Infer"))
         server += r["Server Compute Output"]
-        assert server <= r["Avg latency"], (r, shown)
+        # perf_analyzer reads the server's statistics at the window's edges: with few requests in a
+        # window (a long batch window) the server's average can pass the client's by a few percent, as
+        # perf_analyzer itself warns; a unit or accounting error would be a factor, not 10 %
+        assert server <= 1.1 * r["Avg latency"], (r, shown)
         assert r["Network+Server Send/Recv"] >= 0, (r, shown)
     return rows
