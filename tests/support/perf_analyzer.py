@@ -16,7 +16,7 @@ import pytest
 from hack.devtools.perf_analyzer import PerfAnalyzerMissing, find_perf_analyzer
 
 #: What every run measures: concurrency 1 then 2, three 300 ms windows at each (see the docstring).
-SWEEP = ("--concurrency-range", "1:2", "-p", "300", "-s", "1000", "-r", "3")
+SWEEP = ("--concurrency-range", "1:2", "-p", "300", "-s", "1000", "-r", "10")
 
 
 def perf_analyzer() -> Path:
