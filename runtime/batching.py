@@ -110,6 +110,8 @@ class BatchSettings:
             (levels not in it: only ``max_queue_size``).
         priority_min_share: the share of a turn a level earns per batch taken while it waits: at
             overload each level heads at least this share of the batches; 0 = strict priority.
+        max_batch_tokens: the most tokens a batch may cost, counted padded (its rows times its longest
+            row's tokens, ``Queued.tokens``), or None for no such bound (see ``plan_batch``).
     """
 
     max_batch_size: int = 32
@@ -120,6 +122,7 @@ class BatchSettings:
     preferred_batch_sizes: tuple[int, ...] = ()
     priority_queue_sizes: Mapping[int, int] = field(default_factory=dict)
     priority_min_share: float = 0.1
+    max_batch_tokens: int | None = None
 
     @classmethod
     def from_config(cls, cfg: BatchingConfig) -> BatchSettings:
@@ -133,6 +136,7 @@ class BatchSettings:
             preferred_batch_sizes=tuple(cfg.preferred_batch_sizes),
             priority_queue_sizes=dict(cfg.priority_queue_sizes),
             priority_min_share=cfg.priority_min_share,
+            max_batch_tokens=cfg.max_batch_tokens,
         )
 
 
@@ -147,6 +151,9 @@ class Queued(Protocol):
 
     @property
     def key(self) -> Hashable: ...
+
+    @property
+    def tokens(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,7 @@ def plan_batch(
     draining: bool = False,
     preferred_batch_sizes: Sequence[int] = (),
     arrival_gap: float | None = None,
+    max_batch_tokens: int | None = None,
 ) -> Plan:
     """Decide which requests form the next batch (pure; see the module docstring for the rules).
 
@@ -190,10 +198,14 @@ def plan_batch(
         arrival_gap: expected seconds from ``now`` to the next arrival (None: unknown). An idle
             executor takes a batch that is neither full nor due at once when ``now + arrival_gap`` is
             at or past the moment it would be due (no other request is expected in time to join it).
+        max_batch_tokens: the token budget (TEI's ``max_batch_tokens``, counted padded: the batch's
+            rows times its longest row's ``tokens``): a request that would take the batch over it ends
+            the batch (which is then full, as when rows do not fit); a first request over it alone runs
+            alone. None: no budget.
     """
     if not ordered or oldest_enqueued is None:
         return Plan(0, None)
-    picked, full = _pick(ordered, max_batch_size, preferred_batch_sizes)
+    picked, full = _pick(ordered, max_batch_size, preferred_batch_sizes, max_batch_tokens)
     due_at = oldest_enqueued + max_queue_delay_seconds
     due = draining or max_queue_delay_seconds <= 0 or now >= due_at
     if arrival_gap is not None and now + arrival_gap >= due_at:
@@ -208,12 +220,17 @@ def plan_batch(
 
 
 def _pick(
-    ordered: Sequence[Queued], max_batch_size: int, preferred_batch_sizes: Sequence[int]
+    ordered: Sequence[Queued],
+    max_batch_size: int,
+    preferred_batch_sizes: Sequence[int],
+    max_batch_tokens: int | None = None,
 ) -> tuple[list[int], bool]:
-    """The positions of the next batch in ``ordered`` (the head's key, in order, what fits; a head
-    larger than ``max_batch_size`` alone) and whether it is full (size or preferred-size trigger)."""
+    """The positions of the next batch in ``ordered`` (the head's key, in order, what fits in rows and
+    padded tokens; a head larger than either alone) and whether it is full (size, token budget or
+    preferred-size trigger)."""
     key = ordered[0].key
     rows = 0
+    longest = 0
     picked: list[int] = []
     preferred_take = 0
     blocked = False  # a same-key request did not fit
@@ -223,6 +240,11 @@ def _pick(
         if rows + item.rows > max_batch_size:
             blocked = True
             break
+        padded = (rows + item.rows) * max(longest, item.tokens)
+        if max_batch_tokens is not None and picked and padded > max_batch_tokens:
+            blocked = True
+            break
+        longest = max(longest, item.tokens)
         rows += item.rows
         picked.append(index)
         if rows in preferred_batch_sizes:
@@ -540,6 +562,7 @@ class Batcher:
                 enqueued=now,
                 future=loop.create_future(),
                 key=self.model.batch_key(inputs),
+                tokens=self.model.tokens(inputs),
                 group=group,
             )
             if timeout_us:  # 0 = no timeout (Triton)
@@ -720,6 +743,7 @@ class Batcher:
                 draining=self._draining,
                 preferred_batch_sizes=s.preferred_batch_sizes,
                 arrival_gap=self.arrival_gap(now) if early else None,
+                max_batch_tokens=s.max_batch_tokens,
             )
             if plan.take:
                 self._take([ordered[i] for i in plan.picked])

@@ -193,6 +193,13 @@ class BatchingConfig(_Strict):
         description="Priority level -> queued requests beyond which an arrival at that level gets 429 "
         "(Triton's per-priority max_queue_size); levels not listed: only max_queue_size.",
     )
+    max_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Text models: the most tokens a batch may cost, counted padded (rows times the "
+        "longest row's tokens, TEI's max_batch_tokens): a long text does not pad a batch of short ones "
+        "to its length; unset: no bound but max_batch_size.",
+    )
     priority_min_share: float = Field(
         default=0.1,
         ge=0.0,
@@ -305,6 +312,16 @@ class CacheConfig(_Strict):
     )
 
 
+#: ``server`` fields left out of ``runtime.yaml`` at their default (one process, no authentication, the
+#: read timeouts' defaults).
+_SERVER_DEFAULTS_LEFT_OUT = (
+    "http_workers",
+    "bearer_token_env",
+    "header_timeout_seconds",
+    "body_timeout_seconds",
+)
+
+
 class RuntimeConfig(_Strict):
     """The whole runtime configuration (``runtime.yaml``)."""
 
@@ -327,25 +344,30 @@ class RuntimeConfig(_Strict):
         """What ``runtime.yaml`` holds: every field, but the optional ones at their default left out,
         so the file (and the operator's hash of it) reads as before those fields existed."""
         data: dict[str, Any] = self.model_dump(mode="json")
-        if not self.batching.priority_queue_sizes:
-            del data["batching"]["priority_queue_sizes"]
-        if "priority_min_share" not in self.batching.model_fields_set:  # the default share
-            del data["batching"]["priority_min_share"]
-        # one process, no authentication, the read timeouts' defaults
-        for name in ("http_workers", "bearer_token_env", "header_timeout_seconds", "body_timeout_seconds"):
-            if getattr(self.server, name) == ServerConfig.model_fields[name].default:
-                del data["server"][name]
+        # (section, field) left out when unset: no per-level queue limits, the default share, no token
+        # budget, no quality gate, the format's default engine, the task detected from the model
+        # directory, the task's default aggregation, overflow refused, one warmup size
+        unset = [
+            ("batching", "priority_queue_sizes", not self.batching.priority_queue_sizes),
+            ("batching", "priority_min_share", "priority_min_share" not in self.batching.model_fields_set),
+            ("batching", "max_batch_tokens", self.batching.max_batch_tokens is None),
+            ("quantization", "gate", self.quantization.gate is None),
+            *(
+                ("model", n, getattr(self.model, n) is None)
+                for n in ("engine", "task", "aggregation_strategy", "overflow")
+            ),
+            ("warmup", "dims", self.warmup.dims is None),
+            # one process, no authentication, the read timeouts' defaults
+            *(
+                ("server", n, getattr(self.server, n) == ServerConfig.model_fields[n].default)
+                for n in _SERVER_DEFAULTS_LEFT_OUT
+            ),
+        ]
+        for section, name, left_out in unset:
+            if left_out:
+                del data[section][name]
         if not self.cache.enabled:  # no response cache
             del data["cache"]
-        if self.quantization.gate is None:  # no quality gate
-            del data["quantization"]["gate"]
-        # unset: the format's default engine, the task detected from the model directory, the task's
-        # default aggregation, overflow refused
-        for name in ("engine", "task", "aggregation_strategy", "overflow"):
-            if getattr(self.model, name) is None:
-                del data["model"][name]
-        if self.warmup.dims is None:  # one size, the default
-            del data["warmup"]["dims"]
         return data
 
     def to_yaml(self) -> str:

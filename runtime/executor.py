@@ -58,6 +58,7 @@ class QueuedRequest:
         level: priority level (1 highest). enqueued: event-loop time of submission, seconds.
         future: resolved with this request's outputs, or failed with its error.
         key: batch key (``ServableModel.batch_key``). seq: arrival order (unique, increasing).
+        tokens: its longest row's tokens, at most (``ServableModel.tokens``; 0 for a tensor model).
         timer: the queue-timeout timer, or None. taken: taken into a batch.
         group: the request this is a piece of (``RequestGroup``), or None for a whole request.
     """
@@ -68,6 +69,7 @@ class QueuedRequest:
     enqueued: float
     future: asyncio.Future[dict[str, np.ndarray]]
     key: Hashable = None
+    tokens: int = 0
     seq: int = field(default_factory=lambda: next(_seq))
     timer: asyncio.TimerHandle | None = None
     taken: bool = False

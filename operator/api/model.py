@@ -331,6 +331,16 @@ class BatchingSpec(_Spec):
         "the server busy (a level earns that share of a turn per batch taken while it waits), so no level "
         "starves; 0: strict priority. Unset: the runtime's default, 0.1.",
     )
+    max_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=16777216,
+        description="Text models: the most tokens a batch may cost, counted padded (its rows times its "
+        "longest row's tokens, a row's tokens estimated from its bytes, at most the model's window): a "
+        "request that would pass it waits for the next batch, so a long text does not pad a batch of "
+        "short ones to its length (TEI's max_batch_tokens). Hot-reloaded. Unset: rows alone bound a "
+        "batch (maxBatchSize).",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> BatchingSpec:

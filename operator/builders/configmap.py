@@ -89,6 +89,11 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
                     if spec.batching.priority_min_share is None
                     else {"priority_min_share": spec.batching.priority_min_share}
                 ),
+                **(
+                    {}
+                    if spec.batching.max_batch_tokens is None
+                    else {"max_batch_tokens": spec.batching.max_batch_tokens}
+                ),
             }
         ),
         warmup=WarmupConfig(

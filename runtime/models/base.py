@@ -234,6 +234,11 @@ class ServableModel(ABC):
                 tensor=extra[0],
             )
 
+    def tokens(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """At least the tokens of the longest row of a request (its padded length in a batch), for the
+        batcher's token budget; 0 for a model without tokens (the default)."""
+        return 0
+
     def parameters(self) -> dict[str, str]:
         """The model's own settings a client may want to know, name -> value as text (the model
         configuration's ``parameters``); none by default."""

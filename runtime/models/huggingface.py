@@ -242,6 +242,18 @@ class TextModel(ServableModel):
             "overflow": self.overflow,
         }
 
+    def tokens(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """At least the tokens of the request's longest row once tokenized: a row of n bytes has at most
+        n tokens plus its special tokens (a pair: both texts, the pair's special tokens once), and no
+        row is longer than the window it is truncated or chunked to (``truncate_at``; a refused text
+        never gets here). Costs a length per row, no tokenization."""
+        columns = [inputs[name] for name in self.text_inputs if name in inputs]
+        if not columns or not len(columns[0]):
+            return 0
+        specials = self._pair_special_tokens if self.pairs else self._special_tokens
+        longest = max(sum(len(column[i]) for column in columns) for i in range(len(columns[0])))
+        return min(longest + specials, self.truncate_at)
+
     # --- validation --------------------------------------------------------------------------
 
     def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:

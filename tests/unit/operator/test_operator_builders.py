@@ -17,6 +17,7 @@ from kubeinfer.operator.builders import (
     build_networkpolicy,
     build_pdb,
     build_service,
+    config_hash,
     runtime_config,
     scraper_peer,
 )
@@ -226,3 +227,15 @@ def test_the_gate_reaches_runtime_yaml_and_its_texts_are_mounted() -> None:
     # without the gate, runtime.yaml (and so the pods' hash) reads as before it existed
     del body["spec"]["quantization"]["gate"]
     assert "gate" not in build_configmap(_isvc(body), 0.01)["data"]["runtime.yaml"]
+
+
+def test_the_token_budget_reaches_runtime_yaml_only_when_given() -> None:
+    body = _load(ROOT / "examples/minilm.yaml")
+    assert "max_batch_tokens" not in build_configmap(_isvc(body), 0.01)["data"]["runtime.yaml"]
+    body["spec"]["batching"]["maxBatchTokens"] = 4096
+    isvc = _isvc(body)
+    cfg = RuntimeConfig.from_yaml(build_configmap(isvc, 0.01)["data"]["runtime.yaml"])
+    assert cfg.batching.max_batch_tokens == 4096
+    # a batching setting: hot-reloaded, the pods do not roll
+    body["spec"]["batching"]["maxBatchTokens"] = 8192
+    assert config_hash(_isvc(body)) == config_hash(isvc)

@@ -25,6 +25,7 @@ class Item:
     rows: int
     enqueued: float
     key: object = None
+    tokens: int = 0
 
 
 def plan(items: list[Item], **kw: object):  # type: ignore[no-untyped-def]
