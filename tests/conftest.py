@@ -70,7 +70,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     try:
         yield name
     finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+        cluster.delete_namespace(name)
         cluster.release_finalizers(name)
 
 

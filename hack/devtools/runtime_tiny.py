@@ -266,19 +266,39 @@ class _Simple(nn.Module):
         return {"OUTPUT0": INPUT0 + INPUT1, "OUTPUT1": INPUT0 - INPUT1}
 
 
+#: The two ways an AOTInductor package is written: with its ``torch.export`` program, or without it.
+AOTI_KINDS = ("with-program", "alone")
+
+
+def _aoti_packages(program: torch.export.ExportedProgram, paths: dict[str, Path]) -> dict[str, Path]:
+    """Compile ``program`` by AOTInductor for the CPU once and package it at ``paths[kind]`` for each
+    kind of ``AOTI_KINDS`` given: with the program (``with-program``) or without it (``alone``)."""
+    from torch.export.pt2_archive._package import package_pt2
+
+    files = torch._inductor.aot_compile(  # type: ignore[attr-defined]
+        program.module(), program.example_inputs[0], options={"aot_inductor.package": True}
+    )
+    for kind, path in paths.items():
+        package_pt2(
+            str(path), exported_programs=program if kind == "with-program" else None, aoti_files=files
+        )
+    return paths
+
+
 def _save_pt2(program: torch.export.ExportedProgram, path: Path, aoti: str | None) -> Path:
     """Save ``program`` to ``path``: the program alone (``aoti`` None), compiled by AOTInductor for
     the CPU and packaged with it (``with-program``) or without it (``alone``)."""
     if aoti is None:
         torch.export.save(program, str(path))
         return path
-    from torch.export.pt2_archive._package import package_pt2
+    return _aoti_packages(program, {aoti: path})[aoti]
 
-    files = torch._inductor.aot_compile(  # type: ignore[attr-defined]
-        program.module(), program.example_inputs[0], options={"aot_inductor.package": True}
-    )
-    package_pt2(str(path), exported_programs=program if aoti == "with-program" else None, aoti_files=files)
-    return path
+
+def _simple_program(elements: int) -> torch.export.ExportedProgram:
+    # two distinct example tensors: export would take one tensor passed twice for one input
+    examples = (torch.zeros(2, elements, dtype=torch.int32), torch.ones(2, elements, dtype=torch.int32))
+    batch = torch.export.Dim("batch", min=1)
+    return torch.export.export(_Simple().eval(), examples, dynamic_shapes=({0: batch}, {0: batch}))
 
 
 def simple_pt2(path: Path, elements: int = 16, *, aoti: str | None = None) -> Path:
@@ -286,11 +306,13 @@ def simple_pt2(path: Path, elements: int = 16, *, aoti: str | None = None) -> Pa
     ``INPUT0``, ``INPUT1`` of shape [batch, ``elements``] (``Dim("batch", min=1)``), ``OUTPUT0`` = their
     sum, ``OUTPUT1`` = their difference (a dict output names them); every tensor is read from the
     program. ``aoti``: see ``_save_pt2`` (an AOTInductor compile takes tens of seconds)."""
-    # two distinct example tensors: export would take one tensor passed twice for one input
-    examples = (torch.zeros(2, elements, dtype=torch.int32), torch.ones(2, elements, dtype=torch.int32))
-    batch = torch.export.Dim("batch", min=1)
-    program = torch.export.export(_Simple().eval(), examples, dynamic_shapes=({0: batch}, {0: batch}))
-    return _save_pt2(program, path, aoti)
+    return _save_pt2(_simple_program(elements), path, aoti)
+
+
+def simple_aoti_packages(root: Path, elements: int = 16) -> dict[str, Path]:
+    """``simple_pt2``'s model compiled by AOTInductor once (tens of seconds) and packaged both ways,
+    ``root/<kind>.pt2`` for each kind of ``AOTI_KINDS``: ``{kind: path}``."""
+    return _aoti_packages(_simple_program(elements), {kind: root / f"{kind}.pt2" for kind in AOTI_KINDS})
 
 
 class _Mlp(nn.Module):

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from hack.devtools.prom import PrometheusServer
-from tests.e2e.conftest import CHART, OPERATOR_NAMESPACE, RELEASE, runtime_pods
+from tests.e2e.conftest import CHART, FAST_READINESS, OPERATOR_NAMESPACE, RELEASE, runtime_pods
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,6 +121,7 @@ def test_chart_rbac_is_sufficient_for_the_operator(
             "--set", f"watchNamespaces[0]={namespace}", "--set", f"peering.name={release}",
             "--set", f"prometheus.url={node_prometheus.url}",
             "--set", "autoscaleIntervalSeconds=2", "--set", "logFormat=plain",
+            *FAST_READINESS,
             "--wait", "--timeout=180s",
             timeout=200,
         )  # fmt: skip

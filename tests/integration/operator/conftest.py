@@ -21,7 +21,7 @@ def op_namespace(cluster: Cluster, crds: None) -> Iterator[str]:
         yield name
     finally:
         cluster.release_finalizers(name)
-        cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+        cluster.delete_namespace(name)
 
 
 @pytest.fixture(scope="module")

@@ -47,8 +47,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_hf_dir(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.fixture(params=[1, 2], ids=["http_workers=1", "http_workers=2"])
-def runtime(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeProcess]:
+@pytest.fixture(scope="module", params=[1, 2], ids=["http_workers=1", "http_workers=2"])
+def batching_runtime(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeProcess]:
     # a long batch timeout keeps requests queued: a batch runs when 8 rows wait or after 0.4 s; every test
     # runs on one process and on two HTTP front-end processes in front of the model process
     cfg = tiny_hf_config(
@@ -57,8 +57,21 @@ def runtime(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeP
         limits={"max_text_tokens": 32},
         server={"http_workers": request.param},
     )
-    with RuntimeProcess(cfg, ready_timeout=60) as rt:
+    rt = RuntimeProcess(cfg, ready_timeout=60)
+    try:
         yield rt
+    finally:
+        rt.close()
+
+
+@pytest.fixture
+def runtime(batching_runtime: RuntimeProcess) -> RuntimeProcess:
+    """``batching_runtime`` with a running process: started when it has none, or when a test before
+    ended it (SIGTERM, SIGKILL); a test that leaves it running hands it to the next one (a process
+    start is seconds of the tier's setup)."""
+    if batching_runtime.proc is None or batching_runtime.proc.poll() is not None:
+        batching_runtime.start()
+    return batching_runtime
 
 
 def test_bad_requests_fail_alone_in_a_batch_of_good_ones(runtime: RuntimeProcess) -> None:

@@ -12,6 +12,7 @@ spec."""
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from kubeinfer.runtime.models.pt2 import archive_contents
 from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
-from hack.devtools.runtime_tiny import simple_pt2
+from hack.devtools.runtime_tiny import simple_aoti_packages, simple_pt2
 from tests.integration.runtime.conftest import FetchCli
 from tests.support.model_config import model_configs, tensors
 from tests.support.storage import FileServer
@@ -38,12 +39,22 @@ ELEMENTS = 16
 CLIENTS = ((httpclient, "http"), (grpcclient, "grpc"))
 
 
+@pytest.fixture(scope="module")
+def aoti_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The simple model compiled by AOTInductor for the CPU (once: tens of seconds), packaged with and
+    without its program."""
+    return simple_aoti_packages(tmp_path_factory.mktemp("aoti"), ELEMENTS)
+
+
 @pytest.fixture(scope="module", params=[None, "with-program"], ids=["exported-program", "aoti-package"])
 def runtime(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RuntimeProcess]:
     directory = tmp_path_factory.mktemp("simple")
-    simple_pt2(directory / "model.pt2", ELEMENTS, aoti=request.param)
+    if request.param is None:
+        simple_pt2(directory / "model.pt2", ELEMENTS)
+    else:  # the module's compiled package, copied (not compiled a second time)
+        shutil.copyfile(request.getfixturevalue("aoti_packages")[request.param], directory / "model.pt2")
     cfg = RuntimeConfig.model_validate(
         {
             "model": {"name": MODEL, "source": str(directory), "format": "pt2"},
@@ -194,13 +205,6 @@ def cfg(source: Path, model: dict[str, object]) -> RuntimeConfig:
     return RuntimeConfig.model_validate(
         {"model": {"name": MODEL, "source": str(source), "format": "pt2", **model}, "device": "cpu"}
     )
-
-
-@pytest.fixture(scope="module")
-def aoti_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The simple model compiled by AOTInductor for the CPU, with and without its program."""
-    root = tmp_path_factory.mktemp("aoti")
-    return {kind: simple_pt2(root / f"{kind}.pt2", aoti=kind) for kind in ("with-program", "alone")}
 
 
 def _declared() -> dict[str, object]:
