@@ -68,11 +68,6 @@ MIN_REPLICAS, MAX_REPLICAS = 3, 4
 #: held within ``RHO_TOLERANCE`` of it (3.15 to 3.5).
 RHO = 1.7
 RHO_TOLERANCE = 0.05
-#: The steady load starts at this fraction of ``RHO`` x the probe's capacity: the first demand ratio the
-#: operator's signals gave at ``RHO`` x that capacity was 1.85 in both of two runs (x1.09: a loaded
-#: replica's s(b) on the shared CPU is slower than the probe's), and each half step towards ``RHO`` costs a
-#: round of readings. Phase 2 still brings the load within the tolerance, from wherever it starts.
-LOADED_START = 0.92
 BURST = 1.95  # the past's bursts, x the steady rate (under the headroom's x2 limit)
 BURST_SECONDS, BURST_EVERY = 30, 240
 MEMORY_SECONDS = 1800  # the operator's burst memory (Policy.burst_memory_seconds)
@@ -197,8 +192,7 @@ def _operator_log(cluster: Cluster) -> str:
 
 def _capacity_probe(s: ServiceView, q: Queries) -> tuple[float, float]:
     """Phase 1: three Ready replicas, scraped; a closed-loop probe for the s(b) fit. Returns the steady
-    load's starting rate, ``LOADED_START`` x ``RHO`` x one replica's SLO capacity (requests/s), and when
-    the probe started (Unix s)."""
+    load's rate, ``RHO`` x one replica's SLO capacity (requests/s), and when the probe started (Unix s)."""
     targets = wait_until(
         lambda: (t := s.ready_targets()) and len(t) == MIN_REPLICAS and t,
         timeout=420,
@@ -222,62 +216,51 @@ def _capacity_probe(s: ServiceView, q: Queries) -> tuple[float, float]:
         message="the runtimes' s(b) fit (kubeinfer_service_time_slope_seconds)",
     )
     a, c, capacity = _slo_capacity(s, q)
-    rate = RHO * capacity * LOADED_START
+    rate = RHO * capacity
     print(f"s(b) = {a * 1000:.1f} ms + {c * 1000:.2f} ms*b: {capacity:.1f}/s per replica; load {rate:.1f}/s")
     assert rate <= 150, f"one replica's SLO capacity is {capacity:.0f}/s: too fast for this test's load"
     return rate, probe_started
 
 
-def _demand_ratio(s: ServiceView, q: Queries) -> tuple[float | None, list[int]]:
+def _demand_ratio(s: ServiceView, q: Queries) -> float | None:
     """The demand the SLO-capacity rule plans for (``plan.demand``: arrivals or completions, plus the
     requests in flight drained over ``BACKLOG_DRAIN_SECONDS``) over one replica's SLO capacity, from the
     operator's own queries: the median of 5 readings 2 s apart (one reading moves by 10 %: the arrival
-    rate is an irate), ``None`` while a signal is unknown; and the Deployment's replicas at each reading.
-    The batch timeout in force is read once (it moves at most once per 10 s cooldown)."""
-    ratios, replicas = [], []
-    isvc = s.isvc()
-    timeout = api.InferenceService.from_body(isvc).spec.batch_timeout_in_force(
-        (isvc.get("status") or {}).get("batchTimeout")
-    )
-    for i in range(5):
-        if i:
-            time.sleep(2)
-        replicas.append(s.replicas())
+    rate is an irate); ``None`` while a signal is unknown."""
+    ratios = []
+    for _ in range(5):
         arrival, completion = _value(s.prometheus, q.arrival_rate), _value(s.prometheus, q.request_rate)
         inflight = _value(s.prometheus, q.inflight)
-        a, c = _value(s.prometheus, q.service_time_a), _value(s.prometheus, q.service_time_c)
-        if arrival is None or completion is None or inflight is None or a is None or c is None:
-            return None, replicas
-        _, capacity = slo_capacity(a, c, MAX_BATCH, TARGET_P99, timeout)
+        if arrival is None or completion is None or inflight is None:
+            return None
+        _, _, capacity = _slo_capacity(s, q)
         ratios.append((max(arrival, completion) + inflight / BACKLOG_DRAIN_SECONDS) / capacity)
-    return statistics.median(ratios), replicas
+        time.sleep(2)
+    return statistics.median(ratios)
 
 
 def _control(s: ServiceView, q: Queries, signals: PrometheusSignals, load: Load) -> float:
     """Phase 2, under the steady load: its rate is brought to ``RHO`` replicas' SLO capacity as the
     operator counts it (a loaded replica's s(b) is not the probe's: the CPU is shared), then the rule
-    asks three replicas and keeps them: two rounds of readings in a row within the tolerance with three
-    replicas at each of their ten readings (a scale-out on the load's first rise, its trend carried ahead,
-    is undone after the stabilization window). Returns the arrival rate the operator's query reads,
-    requests/s."""
+    asks three replicas and keeps them for 30 s (a scale-out on the load's first rise, its trend carried
+    ahead, is undone after the 30 s stabilization window). Returns the arrival rate the operator's query
+    reads, requests/s."""
     settled = 0
-    changed = True  # the load's rate was set since the last readings
     deadline = time.monotonic() + 360
     while settled < 2:
         assert time.monotonic() < deadline, f"the load did not settle at {RHO} replicas' capacity"
-        if changed:
-            time.sleep(5)  # the signals follow a new rate (the irate at once, the completions' window later)
-            changed = False
-        ratio, replicas = _demand_ratio(s, q)
-        print(f"load {load.rate:.1f}/s: demand over one replica's SLO capacity {ratio}, replicas {replicas}")
+        time.sleep(5)
+        ratio = _demand_ratio(s, q)
+        print(
+            f"load {load.rate:.1f}/s: demand over one replica's SLO capacity {ratio}, {s.replicas()} replicas"
+        )
         if ratio is None:
-            time.sleep(2)
             continue
         if abs(ratio / RHO - 1) > RHO_TOLERANCE:
             load.rate *= min(1.2, max(0.8, RHO / ratio)) ** 0.5  # half the step: the fit moves with the load
-            settled, changed = 0, True
+            settled = 0
         else:
-            settled = settled + 1 if set(replicas) == {MIN_REPLICAS} else 0
+            settled = settled + 1 if s.replicas() == MIN_REPLICAS else 0
     wall = dt.datetime.now(dt.UTC)
     arrivals = [v for _, v in signals.history(q.arrival_rate, wall - dt.timedelta(seconds=30), wall, 1.0)]
     live = statistics.median(arrivals)
