@@ -21,7 +21,9 @@ from kubeinfer.operator import api, conditions, rfc3339
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from kubeinfer.contract.activator import DEMAND_ANNOTATION, demand_value
+from tests.integration.operator.test_operator_rollout import argocd_health
 from tests.support.cluster import Cluster, wait_until
+from tests.support.kstatus import compute as kstatus
 
 ZERO = {"enabled": True, "minReplicas": 0, "maxReplicas": 2, "scaleToZero": {"idleAfter": "1s"}}
 
@@ -148,6 +150,10 @@ def test_a_demand_newer_than_the_scale_to_zero_brings_one_replica_back(
     assert status["updatedReady"] == "0/0" and status["scaledToZeroAt"] == since
     assert _condition(cluster, ns, name, conditions.CONDITION_RECONCILING) is None
     assert _condition(cluster, ns, name, conditions.CONDITION_STALLED) is None
+    # what Flux (kstatus, the real one) and Argo CD (the documented health check) read: healthy
+    at_zero = _get(cluster, ns, "kisvc", name)
+    assert kstatus(at_zero)[0] == "Current"
+    assert argocd_health(at_zero)["status"] == "Healthy"
 
     # a demand older than the scale to zero (a request the last replica already answered): nothing
     _demand(cluster, ns, name, now - dt.timedelta(seconds=60))
