@@ -363,9 +363,10 @@ def health(
     ``Reconciling=True`` with the counts; else ``Ready=True`` (the reason of the Deployment's
     ``Available`` condition carried over; with ``pods``, :attr:`Health.note` says what the model's
     fetch took). ``Serving`` follows the ready pods in every case, but at zero: ``at_zero`` (the words
-    of a service scaled to zero on purpose, ``None``: scale to zero is not in force) makes a complete
-    Deployment at 0 replicas ``Ready=True`` and ``Serving=False``, both with reason ``ScaledToZero``
-    and those words, nothing in flight (kstatus Current, Argo CD Healthy).
+    of a service scaled to zero on purpose, ``None``: scale to zero is not in force) makes a Deployment
+    without a fault whose ``spec.replicas`` is 0 ``Ready=True`` and ``Serving=False``, both with reason
+    ``ScaledToZero`` and those words, nothing in flight (kstatus Current, Argo CD Healthy); a pod still
+    going away does not make the scale-down read as a rollout.
     """
     rollout = rollout_of(deployment, replicasets) if deployment is not None else None
     serving = serving_state(rollout)
