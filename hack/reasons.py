@@ -89,6 +89,16 @@ def render_autoscaling() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_scale_to_zero() -> str:
+    """The ``ScaleToZero`` reasons (the condition is present only with ``minReplicas: 0``)."""
+    out = [
+        "| Status / reason | Meaning | What to do |",
+        "|---|---|---|",
+        *_rows(conditions.reasons_of(conditions.CONDITION_SCALE_TO_ZERO)),
+    ]
+    return "\n".join(out) + "\n"
+
+
 def render_events() -> str:
     """The Events: the registry's, and those of the Ready transitions (their reason is Ready's)."""
     expected = [r.name for r in conditions.reasons_of(conditions.CONDITION_READY, "False") if r.expected]
@@ -114,6 +124,7 @@ def render_events() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "ready": render_ready,
     "autoscaling": render_autoscaling,
+    "scale-to-zero": render_scale_to_zero,
     "events": render_events,
 }
 

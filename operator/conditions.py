@@ -31,6 +31,8 @@ CONDITION_RECONCILING = "Reconciling"
 CONDITION_STALLED = "Stalled"
 #: AutoscalingActive: the autoscaler's; removed when autoscaling is off.
 CONDITION_AUTOSCALING_ACTIVE = "AutoscalingActive"
+#: ScaleToZero: whether ``autoscaling.minReplicas: 0`` is in force; present only with it.
+CONDITION_SCALE_TO_ZERO = "ScaleToZero"
 
 #: Kubernetes' own condition types that the diagnosis reads (a Deployment's, a pod's). Two share their
 #: names with reasons of Ready (``Progressing``, ``ReplicaFailure``): the operator's reasons are named
@@ -76,6 +78,11 @@ MINIMUM_REPLICAS_AVAILABLE = "MinimumReplicasAvailable"
 #: Ready=True from a Deployment's ``Available`` condition that gives no reason of its own.
 ROLLOUT_COMPLETE = "RolloutComplete"
 
+# --- reasons of ScaleToZero ------------------------------------------------------------------------
+
+SCALE_TO_ZERO_ENABLED = "ScaleToZeroEnabled"
+SCALE_TO_ZERO_UNAVAILABLE = "ScaleToZeroUnavailable"
+
 # --- reasons of Serving and Reconciling ------------------------------------------------------------
 
 READY_REPLICAS = "ReadyReplicas"
@@ -114,6 +121,7 @@ ROLLOUT_FINISHED = "RolloutFinished"
 DELETED = "Deleted"
 AUTOSCALED = "Autoscaled"
 DRIFT_REVERTED = "DriftReverted"
+SCALED_FROM_ZERO = "ScaledFromZero"
 
 # --- the registry ----------------------------------------------------------------------------------
 
@@ -357,6 +365,14 @@ REASONS: tuple[Reason, ...] = (
         label="(from the Deployment's Available)",
     ),
     Reason(ROLLOUT_COMPLETE, CONDITION_READY, "True", *_AVAILABLE, label="(one without a reason)"),
+    Reason(
+        SCALED_TO_ZERO,
+        CONDITION_READY,
+        "True",
+        "the service is healthy at zero replicas (`autoscaling.minReplicas: 0`): it had no requests for "
+        "its idle window (`scaleToZero.idleAfter`); a request held by the activator brings a replica back. "
+        "kstatus, Flux and Argo CD read it as current / Healthy",
+    ),
     # Serving
     Reason(
         READY_REPLICAS,
@@ -365,6 +381,12 @@ REASONS: tuple[Reason, ...] = (
         "at least one ready pod (of any version) serves traffic; the message gives the counts",
     ),
     Reason(NO_READY_REPLICAS, CONDITION_SERVING, "False", "no ready replica serves"),
+    Reason(
+        SCALED_TO_ZERO,
+        CONDITION_SERVING,
+        "False",
+        "no replica on purpose (scaled to zero): a request waits at the activator while one starts",
+    ),
     # Reconciling
     Reason(
         CREATING,
@@ -377,6 +399,23 @@ REASONS: tuple[Reason, ...] = (
         CONDITION_RECONCILING,
         "True",
         "a creation or rollout is in flight; the message gives the counts",
+    ),
+    # ScaleToZero
+    Reason(
+        SCALE_TO_ZERO_ENABLED,
+        CONDITION_SCALE_TO_ZERO,
+        "True",
+        "`autoscaling.minReplicas: 0` is in force: after `scaleToZero.idleAfter` without requests the "
+        "autoscaler takes the service to zero, and the activator's demand brings a replica back",
+    ),
+    Reason(
+        SCALE_TO_ZERO_UNAVAILABLE,
+        CONDITION_SCALE_TO_ZERO,
+        "False",
+        "`autoscaling.minReplicas: 0` is asked for but the operator is not told that the activator is "
+        "installed: without it a request at zero would be lost, so the service keeps 1 replica",
+        "install the activator and set `KUBEINFER_ACTIVATOR_ENABLED=true` on the operator (no chart value "
+        "yet), or set `minReplicas: 1`",
     ),
     # AutoscalingActive
     Reason(
@@ -465,6 +504,12 @@ EVENTS: tuple[EventReason, ...] = (
         "`resources.gpus: 0`, the same reason reads `executor busy time 0.37 (not busy)`",
     ),
     EventReason(DRIFT_REVERTED, "Warning", "someone edited a field the operator owns, and it was put back"),
+    EventReason(
+        SCALED_FROM_ZERO,
+        "Normal",
+        "a request waits at the activator (its demand annotation is newer than the scale to zero): "
+        "replicas 0 → 1",
+    ),
 )
 
 

@@ -71,7 +71,8 @@ class Controllers:
     @classmethod
     def create(cls, kube: k8s.Kube, settings: Settings, server_version: str | None = None) -> Controllers:
         """Both controllers over ``kube``, configured by ``settings`` (read once, at startup): the
-        reconciler with the Prometheus scrapers, NetworkPolicy default-deny, the Secret / ServiceAccount
+        reconciler with the Prometheus scrapers, NetworkPolicy default-deny, the activator (scale to
+        zero), the Secret / ServiceAccount
         reference policy and the cluster's capabilities (from ``server_version``, the API server's
         ``gitVersion``, ``None``: unknown, and the ``image_volumes`` setting)."""
         references = ReferencePolicy(
@@ -89,7 +90,10 @@ class Controllers:
             default_deny=settings.network_policy_default_deny,
             references=references,
             capabilities=capabilities,
+            activator=settings.activator_enabled,
         )
+        if settings.activator_enabled:
+            logger.info("activator installed: autoscaling.minReplicas 0 scales an idle service to zero")
         return cls(kube, reconciler, loop.from_settings(kube, settings))
 
     @classmethod

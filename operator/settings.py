@@ -59,6 +59,12 @@ class Settings(BaseModel):
         "spec.server.allowFrom, admitting only the Prometheus of prometheus_namespace (to /metrics) and "
         "the peers allowFrom names; false = a NetworkPolicy only with allowFrom (every pod may connect)",
     )
+    activator_enabled: bool = Field(
+        default=False,
+        description="true: the activator is installed and a Service at zero points at it, so an "
+        "InferenceService with autoscaling.minReplicas 0 may scale to zero (and back on the activator's "
+        "demand); false = minReplicas 0 keeps 1 replica and its ScaleToZero condition says why",
+    )
     autoscale_interval_seconds: float = Field(
         default=15.0, gt=0, description="period of the autoscaler's decision per InferenceService, seconds"
     )

@@ -2,11 +2,12 @@
 selects its pods, the pods' port names and numbers, and the annotation through which the activator asks
 for a replica.
 
-The protocol of scale to zero: one writer per transition: 1 -> 0 the autoscaler's decision written by the
-reconciler; 0 -> 1 the reconciler, on a demand annotation newer than the service's scale to zero. In full:
+The protocol of scale to zero: one writer per transition: 1 -> 0 the autoscaler; 0 -> 1 the reconciler,
+on a demand annotation newer than the service's scale to zero. In full:
 
-- **1 -> 0**: the autoscaler's decision (its policy's scale-to-zero rule), written by the reconciler, the
-  one writer of owned objects;
+- **1 -> 0**: the autoscaler's decision (its policy's scale-to-zero rule), written as every replica count
+  of the autoscaler is, through the Deployment's scale subresource, after it records the moment in
+  ``status.scaledToZeroAt`` (so that no demand can fall between the two);
 - **0 -> 1**: the reconciler, on a demand annotation (:data:`DEMAND_ANNOTATION`) newer than the service's
   scale to zero. The activator writes only that annotation (a merge patch of the InferenceService's
   metadata), never a replica count: it asks, the reconciler decides.

@@ -35,6 +35,7 @@ from kubeinfer.operator.api.autoscaling import (
     BatchTimeoutBounds,
     GpuUtilizationBand,
     PromQueries,
+    ScaleToZeroSpec,
 )
 from kubeinfer.operator.api.base import FORMAT_RULES_SIDE
 from kubeinfer.operator.api.formats import (
@@ -190,6 +191,7 @@ __all__ = [
     "ResourcesSpec",
     "RuntimeSpec",
     "S3Spec",
+    "ScaleToZeroSpec",
     "Seconds",
     "SecretKeyRef",
     "ServerSpec",

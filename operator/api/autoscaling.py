@@ -86,6 +86,48 @@ class PromQueries(_Spec):
     queue_size: str = Field(default="", max_length=4096)
 
 
+class ScaleToZeroSpec(_Spec):
+    """Scale to zero (with ``minReplicas: 0``): how long a service idles before its last replica goes,
+    and how long a request held while a replica starts may wait."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    _if_durations("duration(self.idleAfter) > duration('0s')", "idleAfter"),
+                    "spec.autoscaling.scaleToZero.idleAfter must be greater than 0",
+                    ".idleAfter",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    _if_durations("duration(self.coldStartTimeout) > duration('0s')", "coldStartTimeout"),
+                    "spec.autoscaling.scaleToZero.coldStartTimeout must be greater than 0",
+                    ".coldStartTimeout",
+                    "FieldValueInvalid",
+                ),
+            ]
+        }
+    )
+
+    idle_after: Duration = Field(
+        default=Seconds("5m"),
+        description="Time without requests (none completed, queued or in flight) after which the last "
+        "replica goes.",
+    )
+    cold_start_timeout: Duration = Field(
+        default=Seconds("2m"),
+        description="Longest a request held while the first replica starts waits for it (then 504).",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> ScaleToZeroSpec:
+        if self.idle_after <= 0:
+            raise ValueError("spec.autoscaling.scaleToZero.idleAfter must be greater than 0")
+        if self.cold_start_timeout <= 0:
+            raise ValueError("spec.autoscaling.scaleToZero.coldStartTimeout must be greater than 0")
+        return self
+
+
 class AutoscalingSpec(_Spec):
     """SLO-driven autoscaling of replicas and of the batch timeout."""
 
@@ -110,6 +152,19 @@ class AutoscalingSpec(_Spec):
                     ".window",
                     "FieldValueInvalid",
                 ),
+                _cel(
+                    "self.minReplicas >= 1 || self.enabled",
+                    "spec.autoscaling.minReplicas 0 needs spec.autoscaling.enabled (the autoscaler takes "
+                    "an idle service to zero)",
+                    ".minReplicas",
+                    "FieldValueInvalid",
+                ),
+                _cel(
+                    "!has(self.scaleToZero) || self.minReplicas == 0",
+                    "spec.autoscaling.scaleToZero applies only with spec.autoscaling.minReplicas 0",
+                    ".scaleToZero",
+                    "FieldValueInvalid",
+                ),
                 # the schema's minimum lets an exact 0 through (seen on the API server used here)
                 _cel(
                     "!has(self.planUtilization) || self.planUtilization >= 0.05",
@@ -122,7 +177,13 @@ class AutoscalingSpec(_Spec):
     )
 
     enabled: bool = False
-    min_replicas: int = Field(default=1, ge=1, le=1000)
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Fewest replicas; 0 lets an idle service scale to zero (needs enabled, and the "
+        "activator installed: without it the service keeps 1).",
+    )
     max_replicas: int = Field(default=4, ge=1, le=1000)
     target_p99: Duration = Field(
         default=Seconds("200ms"), description="P99 latency objective (request duration)."
@@ -148,6 +209,10 @@ class AutoscalingSpec(_Spec):
         "(the counterpart of the HPA's target utilization).",
     )
     queries: PromQueries = Field(default_factory=PromQueries)
+    scale_to_zero: ScaleToZeroSpec | None = Field(
+        default=None,
+        description="With minReplicas 0: the idle window and the cold-start budget (defaults when absent).",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> AutoscalingSpec:
@@ -157,4 +222,16 @@ class AutoscalingSpec(_Spec):
             raise ValueError("spec.autoscaling.targetP99 must be greater than 0")
         if self.window <= 0:
             raise ValueError("spec.autoscaling.window must be greater than 0 (a PromQL range)")
+        if self.min_replicas == 0 and not self.enabled:
+            raise ValueError(
+                "spec.autoscaling.minReplicas 0 needs spec.autoscaling.enabled (the autoscaler takes an "
+                "idle service to zero)"
+            )
+        if self.scale_to_zero is not None and self.min_replicas != 0:
+            raise ValueError("spec.autoscaling.scaleToZero applies only with spec.autoscaling.minReplicas 0")
         return self
+
+    @property
+    def scale_to_zero_in_force(self) -> ScaleToZeroSpec:
+        """``scaleToZero`` as written, else its defaults (idle 5m, cold start 2m)."""
+        return self.scale_to_zero if self.scale_to_zero is not None else ScaleToZeroSpec()

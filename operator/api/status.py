@@ -68,7 +68,8 @@ class AutoscalerDecisionStatus(_Status):
 
 class InferenceServiceStatus(_Status):
     """``InferenceService.status``. The operator writes conditions/replicas/selector/url; the autoscaler
-    writes ``batchTimeout``, ``observed``, ``lastDecision`` (and the AutoscalingActive condition)."""
+    writes ``batchTimeout``, ``observed``, ``lastDecision``, ``scaledToZeroAt`` (and the AutoscalingActive
+    condition)."""
 
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -85,6 +86,11 @@ class InferenceServiceStatus(_Status):
     url: str | None = None
     observed: ObservedSignals | None = None
     last_decision: AutoscalerDecisionStatus | None = None
+    scaled_to_zero_at: str | None = Field(
+        default=None,
+        description="RFC 3339 time the autoscaler last took the service to zero replicas; a demand of the "
+        "activator (annotation kubeinfer.io/activator-demand) newer than it brings a replica back.",
+    )
 
     @classmethod
     def from_k8s(cls, status: Any) -> InferenceServiceStatus:

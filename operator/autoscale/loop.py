@@ -80,14 +80,22 @@ def prom_duration(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def policy_from_spec(spec: api.AutoscalingSpec, *, stale_after_seconds: float) -> Policy:
-    """The control law's tunables from ``spec.autoscaling`` (durations converted to seconds).
+def policy_from_spec(
+    spec: api.AutoscalingSpec, *, stale_after_seconds: float, activator: bool = False
+) -> Policy:
+    """The control law's tunables from ``spec.autoscaling`` (durations in seconds).
+
+    ``minReplicas: 0`` is ``min_replicas=1`` (the floor of the other rules) with scale to zero on
+    (``idle_after_seconds`` from ``scaleToZero.idleAfter``) only when ``activator`` (the operator is
+    told the activator is installed); without it scale to zero stays off (``idle_after_seconds=None``)
+    and the service keeps 1 replica (its ScaleToZero condition says why).
 
     Raises:
         ValueError: naming the policy field, when the spec's values are inconsistent.
     """
+    to_zero = spec.min_replicas == 0 and activator
     return Policy(
-        min_replicas=spec.min_replicas,
+        min_replicas=max(1, spec.min_replicas),
         max_replicas=spec.max_replicas,
         target_p99_seconds=spec.target_p99,
         gpu_low=spec.gpu_utilization.low,
@@ -102,6 +110,7 @@ def policy_from_spec(spec: api.AutoscalingSpec, *, stale_after_seconds: float) -
         max_scale_up_step=spec.max_scale_up_step,
         plan_utilization=spec.plan_utilization,
         stale_after_seconds=stale_after_seconds,
+        idle_after_seconds=float(spec.scale_to_zero_in_force.idle_after) if to_zero else None,
     )
 
 
@@ -154,7 +163,9 @@ def condition_after(
 
 def decision_status(decision: Decision, observation: Observation, when: str) -> dict[str, Any]:
     """The ``status`` fields a decision writes (camelCase): ``lastDecision`` and ``observed`` when it
-    changes something, ``batchTimeout`` when it changes the timeout; ``{}`` otherwise."""
+    changes something, ``batchTimeout`` when it changes the timeout, ``scaledToZeroAt`` (``when``) when
+    it takes the replicas to 0 (written before the scale: a demand of the activator from then on is
+    newer, and brings a replica back); ``{}`` otherwise."""
     patch: dict[str, Any] = {}
     if decision.changed:
         patch["lastDecision"] = {
@@ -166,6 +177,8 @@ def decision_status(decision: Decision, observation: Observation, when: str) -> 
         patch["observed"] = observed_status(observation, when)
     if decision.timeout_changed:
         patch["batchTimeout"] = api.format_duration(decision.batch_timeout_seconds)
+    if decision.replicas_changed and decision.replicas == 0:
+        patch["scaledToZeroAt"] = when
     return patch
 
 
@@ -223,11 +236,14 @@ class Autoscaler:
     ``signals_factory`` creates the Prometheus client on the first read (from the operator settings,
     :func:`from_settings`); ``monotonic`` and ``wall`` are injected clocks (seconds; ``datetime``).
     Status is written by ``status_writer`` (field manager ``kubeinfer-autoscaler``), made from ``kube``.
+    ``activator``: the activator is installed, so ``minReplicas: 0`` turns scale to zero on
+    (:func:`policy_from_spec`).
     """
 
     kube: k8s.Kube
     signals_factory: SignalsFactory
     interval_seconds: float = 15.0
+    activator: bool = False
     monotonic: Callable[[], float] = time.monotonic
     wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     status_writer: status.StatusWriter = field(init=False)
@@ -319,7 +335,7 @@ class Autoscaler:
             self._signals = self.signals_factory()
         # Samples older than the query window are stale: the one threshold, applied by
         # policy.check_observation both when reading and when deciding.
-        policy = policy_from_spec(spec, stale_after_seconds=window_s)
+        policy = policy_from_spec(spec, stale_after_seconds=window_s, activator=self.activator)
         reading = _for_device(
             await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds), isvc
         )
@@ -347,6 +363,10 @@ class Autoscaler:
         if decision.timeout_changed and "batchTimeout" in written.patch:
             result.stored = written.stored
 
+        if decision.replicas_changed and decision.replicas == 0 and "scaledToZeroAt" not in written.patch:
+            # the moment of the scale to zero could not be recorded (the spec moved): without it a
+            # demand could not be told from an old one; the next tick decides again
+            return result
         if decision.replicas_changed:
             await self.kube.patch_merge(
                 k8s.DEPLOYMENT.path(ns, name),
@@ -480,12 +500,13 @@ class Autoscaler:
 
 def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:
     """The operator's ``Autoscaler`` from its settings (``prometheus_*`` for the client it opens on
-    the first read, ``autoscale_interval_seconds``)."""
+    the first read, ``autoscale_interval_seconds``, ``activator_enabled``)."""
     config = prometheus.PrometheusConfig.from_settings(settings)
     return Autoscaler(
         kube=kube,
         signals_factory=lambda: prometheus.PrometheusSignals(config),
         interval_seconds=settings.autoscale_interval_seconds,
+        activator=settings.activator_enabled,
     )
 
 

@@ -350,6 +350,7 @@ def health(
     pods: Sequence[Mapping[str, Any]] | None = None,
     replicasets: Sequence[Mapping[str, Any]] | None = None,
     model_image: str | None = None,
+    at_zero: str | None = None,
 ) -> Health:
     """The conditions of an InferenceService, from what only the operator can see and the Deployment.
 
@@ -361,7 +362,11 @@ def health(
     Else, while the rollout is not complete (:attr:`Rollout.complete`), ``Ready=False Progressing`` and
     ``Reconciling=True`` with the counts; else ``Ready=True`` (the reason of the Deployment's
     ``Available`` condition carried over; with ``pods``, :attr:`Health.note` says what the model's
-    fetch took). ``Serving`` follows the ready pods in every case.
+    fetch took). ``Serving`` follows the ready pods in every case, but at zero: ``at_zero`` (the words
+    of a service scaled to zero on purpose, ``None``: scale to zero is not in force) makes a Deployment
+    without a fault whose ``spec.replicas`` is 0 ``Ready=True`` and ``Serving=False``, both with reason
+    ``ScaledToZero`` and those words, nothing in flight (kstatus Current, Argo CD Healthy); a pod still
+    going away does not make the scale-down read as a rollout.
     """
     rollout = rollout_of(deployment, replicasets) if deployment is not None else None
     serving = serving_state(rollout)
@@ -380,6 +385,14 @@ def health(
         reconciling = ConditionState("True", conditions.ROLLOUT_IN_PROGRESS, rollout.message())
         return Health(
             progressing, serving, reconciling=reconciling, stalled=stalled_state(progressing), rollout=rollout
+        )
+    if at_zero is not None and rollout.desired == 0:
+        # scaled to zero on purpose: healthy (Ready=True, nothing in flight), not serving until a
+        # request brings a replica back
+        return Health(
+            ConditionState("True", conditions.SCALED_TO_ZERO, at_zero),
+            ConditionState("False", conditions.SCALED_TO_ZERO, at_zero),
+            rollout=rollout,
         )
     available = conditions_of(deployment).get(conditions.DEPLOYMENT_AVAILABLE) or {}
     reason = str(available.get("reason") or conditions.ROLLOUT_COMPLETE)

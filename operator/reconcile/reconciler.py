@@ -24,7 +24,7 @@ from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
 from kubeinfer.operator.reconcile.references import ReferencePolicy
-from kubeinfer.operator.reconcile.replicas import desired_replicas
+from kubeinfer.operator.reconcile.replicas import Wake, desired_replicas, wake
 from kubeinfer.operator.reconcile.rollout import rollout_of
 from kubeinfer.operator.status import (
     ConditionState,
@@ -78,7 +78,9 @@ class Reconciler:
     Secrets and ServiceAccounts an InferenceService may name (one naming another is refused before
     anything is applied). ``capabilities``: what the cluster serves (an ``oci://`` model where image
     volumes are not is refused before anything is applied; the default refuses nothing). Status is
-    written by ``status_writer`` (field manager ``kubeinfer``), made from ``kube``.
+    written by ``status_writer`` (field manager ``kubeinfer``), made from ``kube``. ``activator``: the
+    activator is installed, so ``autoscaling.minReplicas: 0`` may take a service to zero and the
+    activator's demand brings it back (:func:`replicas.wake`); without it the floor stays 1.
     """
 
     kube: k8s.Kube
@@ -90,6 +92,7 @@ class Reconciler:
     retry_delay: float = 5.0
     max_retry_delay: float = backoff.RETRY_DELAY_MAX_SECONDS
     api_error_threshold: int = backoff.API_ERROR_THRESHOLD
+    activator: bool = False
     status_writer: StatusWriter = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
@@ -256,9 +259,11 @@ class Reconciler:
             return
 
         deployment = self._current(lookup, "Deployment", namespace, name)
+        # 0 -> 1 is ours: the activator's demand newer than the scale to zero
+        woken = wake(body, isvc, deployment, activator=self.activator)
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
-            replicas=desired_replicas(isvc, deployment),
+            replicas=desired_replicas(isvc, deployment, activator=self.activator, woken=woken is not None),
             scrapers=self.scrapers,
             default_deny=self.default_deny,
         )
@@ -274,7 +279,7 @@ class Reconciler:
         before = current_status.get("batchTimeout")
         batch_timeout = (before if isinstance(before, str) else None, inputs.batch_timeout_seconds)
         for obj, current, outcome in zip(desired, currents, outcomes, strict=True):
-            stored = self._record_apply(body, isvc, obj, current, outcome, errors, batch_timeout)
+            stored = self._record_apply(body, isvc, obj, current, outcome, errors, batch_timeout, woken)
             if stored is not None and obj["kind"] == "Deployment":
                 deployment = stored
         created = [
@@ -289,7 +294,9 @@ class Reconciler:
 
         error = errors[-1] if errors else None
         state = await self._observe(isvc, deployment, error, current_status)
-        desired_status = report.desired_status(isvc, deployment, state, current_status, self.clock())
+        desired_status = report.desired_status(
+            isvc, deployment, state, current_status, self.clock(), activator=self.activator
+        )
         await self._write_status(body, desired_status, note=state.note)
 
     def _record_apply(
@@ -301,9 +308,11 @@ class Reconciler:
         outcome: tuple[Action, dict[str, Any] | None] | BaseException,
         errors: list[str],
         batch_timeout: tuple[str | None, float],
+        woken: Wake | None = None,
     ) -> dict[str, Any] | None:
         """Remember one apply's response and post its Events (DriftReverted; the update's, see
-        :func:`events.update_events`, which ``batch_timeout`` is passed to). Returns the stored object
+        :func:`events.update_events`, which ``batch_timeout`` is passed to; for a Deployment taken from
+        zero by ``woken``, ScaledFromZero in place of Scaled or DriftReverted). Returns the stored object
         (``None``: nothing was sent, or it failed). A permanent error is appended to ``errors``; any
         other exception is raised."""
         kind, obj_name = obj["kind"], obj["metadata"]["name"]
@@ -316,6 +325,11 @@ class Reconciler:
         if stored is None:
             return None
         self._applied[(kind, isvc.namespace, obj_name)] = stored
+        if woken is not None and kind == "Deployment" and action in ("update", "revert"):
+            self._event_later(body, conditions.SCALED_FROM_ZERO, woken.message())
+            logger.info("reconcile %s/%s: %s", isvc.namespace, isvc.name, woken.message())
+            if action == "revert":
+                return stored
         if action == "revert":
             self._event_later(
                 body, conditions.DRIFT_REVERTED, f"put back the fields of {kind} {obj_name}", "Warning"
@@ -324,6 +338,8 @@ class Reconciler:
             for type_, reason, message in events.update_events(
                 obj, current, isvc, batch_timeout=batch_timeout
             ):
+                if woken is not None and reason == conditions.SCALED:
+                    continue  # said by ScaledFromZero
                 self._event_later(body, reason, message, type_)
         return stored
 
@@ -376,6 +392,7 @@ class Reconciler:
             pods=pods,
             replicasets=replicasets,
             model_image=api.oci_reference(isvc.spec.model.uri),
+            at_zero=report.at_zero_words(isvc, activator=self.activator),
         )
 
     async def _write_status(

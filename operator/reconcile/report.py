@@ -10,6 +10,7 @@ from typing import Any
 
 from kubeinfer.operator import api, conditions, status
 from kubeinfer.operator.builders.common import selector_string
+from kubeinfer.operator.reconcile import replicas
 from kubeinfer.operator.reconcile.diagnosis import Health, stalled_state
 from kubeinfer.operator.reconcile.replicas import initial_replicas
 from kubeinfer.operator.reconcile.rollout import Rollout
@@ -27,17 +28,56 @@ def ready_conditions(
     return sorted(out, key=lambda c: c.get("type") != conditions.CONDITION_READY)
 
 
+def scale_to_zero_state(isvc: api.InferenceService, *, activator: bool) -> ConditionState | None:
+    """The ``ScaleToZero`` condition: ``None`` (absent) unless the spec asks for scale to zero
+    (:func:`replicas.scale_to_zero_asked`); True ``ScaleToZeroEnabled`` with ``activator`` (the operator
+    is told the activator is installed), else False ``ScaleToZeroUnavailable``: the service keeps a
+    replica, and says why."""
+    if not replicas.scale_to_zero_asked(isvc):
+        return None
+    if activator:
+        idle = isvc.spec.autoscaling.scale_to_zero_in_force.idle_after
+        return ConditionState(
+            "True",
+            conditions.SCALE_TO_ZERO_ENABLED,
+            f"scales to zero after {idle} without requests; a request brings a replica back",
+        )
+    return ConditionState(
+        "False",
+        conditions.SCALE_TO_ZERO_UNAVAILABLE,
+        "minReplicas 0 needs the activator, and this operator is not told it is installed "
+        "(KUBEINFER_ACTIVATOR_ENABLED=true; no chart value yet): the service keeps 1 replica",
+    )
+
+
+def at_zero_words(isvc: api.InferenceService, *, activator: bool) -> str | None:
+    """The Ready message of a service scaled to zero on purpose, ``None`` when scale to zero is not in
+    force (:func:`replicas.replica_floor` above 0)."""
+    if replicas.replica_floor(isvc, activator=activator) != 0:
+        return None
+    idle = isvc.spec.autoscaling.scale_to_zero_in_force.idle_after
+    return f"no replica: no requests for {idle}; a request brings one back"
+
+
 def conditions_for(
-    current_status: Mapping[str, Any], state: Health, now: str, generation: int, *, autoscaling: bool
+    current_status: Mapping[str, Any],
+    state: Health,
+    now: str,
+    generation: int,
+    *,
+    autoscaling: bool,
+    scale_to_zero: ConditionState | None = None,
 ) -> list[dict[str, Any]]:
     """``status.conditions``: Ready (first), Serving, Reconciling and Stalled (removed when false)
-    set from ``state``; AutoscalingActive (the autoscaler's) kept while autoscaling is on, removed when
-    it is off; every condition the operator sets carries ``generation``."""
+    set from ``state``; ScaleToZero set to ``scale_to_zero`` (removed when ``None``); AutoscalingActive
+    (the autoscaler's) kept while autoscaling is on, removed when it is off; every condition the
+    operator sets carries ``generation``."""
     conds = ready_conditions(current_status, state.ready, now, generation)
     for type_, value in (
         (conditions.CONDITION_SERVING, state.serving),
         (conditions.CONDITION_RECONCILING, state.reconciling),
         (conditions.CONDITION_STALLED, state.stalled),
+        (conditions.CONDITION_SCALE_TO_ZERO, scale_to_zero),
     ):
         conds = status.put_condition(conds, type_, value, now, generation)
     if not autoscaling:
@@ -62,8 +102,12 @@ def desired_status(
     state: Health,
     current_status: Mapping[str, Any],
     now: str,
+    *,
+    activator: bool = False,
 ) -> dict[str, Any]:
     """The status fields the operator owns (camelCase), given the current status (for transitions).
+    ``activator``: the operator is told the activator is installed (the ScaleToZero condition,
+    :func:`scale_to_zero_state`).
 
     Conditions from :func:`conditions_for` (``now``: RFC 3339; a condition keeps its
     ``lastTransitionTime`` unless its status changes). Counts mirror the Deployment's
@@ -78,7 +122,14 @@ def desired_status(
     rollout = state.rollout or Rollout(desired=initial_replicas(isvc))
     out: dict[str, Any] = {
         "observedGeneration": isvc.generation,
-        "conditions": conditions_for(current_status, state, now, isvc.generation, autoscaling=autoscaling),
+        "conditions": conditions_for(
+            current_status,
+            state,
+            now,
+            isvc.generation,
+            autoscaling=autoscaling,
+            scale_to_zero=scale_to_zero_state(isvc, activator=activator),
+        ),
         **status.counts(deployment),
         "updatedReady": rollout.summary(),
         "selector": selector_string(isvc),

@@ -355,3 +355,29 @@ async def test_autoscale_loop_history_step_stays_under_prometheus_point_limit() 
     await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
     ((_, start, end, step),) = canned.history_calls
     assert (end - start).total_seconds() / step <= loop.HISTORY_MAX_POINTS
+
+
+async def test_autoscale_loop_records_the_scale_to_zero_before_it_scales_and_only_with_the_activator() -> (
+    None
+):
+    idle = Reading(Observation(None, 0.0, request_rate=0.0, queue_size=0.0, inflight_requests=0.0), None)
+    one = {"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}
+    spec = {"minReplicas": 0, "scaleToZero": {"idleAfter": "15s"}}
+    for activator in (True, False):
+        a, rec, canned = scaler()
+        a.activator = activator
+        canned.reading = idle
+        first = await a.tick(body({"batchTimeout": "10ms"}, **spec), one)  # the idle run starts (t=0)
+        second = await a.tick(body({"batchTimeout": "10ms"}, **spec), one)  # 15 s idle (t=15)
+        assert first is not None and second is not None and first.decision is not None
+        assert second.decision is not None
+        if not activator:
+            assert second.decision.replicas == 1 and not second.scaled
+            assert not any("scaledToZeroAt" in str(patch) for _, patch in rec.calls)
+            continue
+        assert second.decision.replicas == 0 and second.scaled
+        writes = [(kind, patch) for kind, patch in rec.calls if kind.startswith("patch")]
+        status_at = next(i for i, (_, p) in enumerate(writes) if "scaledToZeroAt" in p.get("status", {}))
+        scale_at = next(i for i, (k, _) in enumerate(writes) if k == "patch scale kubeinfer-autoscaler")
+        assert status_at < scale_at and writes[scale_at][1] == {"spec": {"replicas": 0}}
+        assert writes[status_at][1]["status"]["scaledToZeroAt"] == "2026-01-01T00:00:00Z"

@@ -25,6 +25,7 @@ TYPES = {
     conditions.CONDITION_SERVING,
     conditions.CONDITION_RECONCILING,
     conditions.CONDITION_AUTOSCALING_ACTIVE,
+    conditions.CONDITION_SCALE_TO_ZERO,
 }
 
 
