@@ -25,8 +25,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 __all__ = [
+    "ACTIVATOR_COMPONENT",
+    "ACTIVATOR_GRPC_PORT",
+    "ACTIVATOR_PORT",
     "API_VERSION",
+    "COMPONENT_LABEL",
     "DEMAND_ANNOTATION",
+    "ENDPOINTSLICE_MANAGED_BY",
     "GROUP",
     "GRPC_PORT_NAME",
     "ISVC_LABEL",
@@ -60,6 +65,21 @@ RUNTIME_PORT_NAME = "http"
 #: The runtime container's gRPC port: its default number (``spec.server.grpcPort``) and its name.
 RUNTIME_GRPC_PORT = 8081
 GRPC_PORT_NAME = "grpc"
+
+
+#: The activator's pods carry ``COMPONENT_LABEL: ACTIVATOR_COMPONENT`` (the chart sets it): the runtime pods'
+#: NetworkPolicy admits them, from the namespace of the activator's Service.
+COMPONENT_LABEL = "app.kubernetes.io/component"
+ACTIVATOR_COMPONENT = "activator"
+#: The activator's REST port and its shared gRPC port (calls routed by the model they name), by number;
+#: their names are the runtime's (``RUNTIME_PORT_NAME``, ``GRPC_PORT_NAME``), so that the Service of an
+#: InferenceService at zero names the same ports whichever pods serve it.
+ACTIVATOR_PORT = 8080
+ACTIVATOR_GRPC_PORT = 8081
+#: ``endpointslice.kubernetes.io/managed-by`` of the EndpointSlice the operator writes for the Service of an
+#: InferenceService at zero (its addresses: the activator's Ready pods); the EndpointSlice controller
+#: leaves slices of another manager alone.
+ENDPOINTSLICE_MANAGED_BY = "kubeinfer.io/operator"
 
 
 def demand_value(when: datetime) -> str:
