@@ -54,7 +54,8 @@ class Gate:
             target: a resolved target.
             nbytes: the request's size in bytes (counted against the hold's byte bound).
             priority: the OIP ``priority`` parameter (1 = highest; 0 or None = the default level).
-            timeout_s: the request's own timeout, seconds (None: only the cold-start budget).
+            timeout_s: the request's own timeout, seconds (None: only the cold-start budget: the target's
+                own, ``Targets.cold_start_timeout``, else the hold's ``cold_start_timeout_s``).
 
         Raises:
             Overflow: the target's queue is full (503 / UNAVAILABLE).
@@ -65,7 +66,8 @@ class Gate:
         if endpoint is not None:
             return endpoint
         start = self._clock()
-        budget = self.hold.limits.cold_start_timeout_s
+        own = self.targets.cold_start_timeout(target)
+        budget = self.hold.limits.cold_start_timeout_s if own is None else own
         if timeout_s is not None and timeout_s > 0:
             budget = min(budget, timeout_s)
         while True:
@@ -75,7 +77,8 @@ class Gate:
                 stage = self.targets.stage(target)
                 message = f"{target} was not ready after {budget:.1f} s (stage: {stage})"
                 raise HoldTimeout(message, stage=stage, waited_s=budget)
-            await self.hold.wait(target, nbytes=nbytes, priority=priority, timeout_s=remaining)
+            # the remaining budget already counts the request's own timeout
+            await self.hold.wait(target, nbytes=nbytes, priority=priority, budget_s=remaining)
             endpoint = self.targets.endpoint(target)
             if endpoint is not None:
                 return endpoint

@@ -172,7 +172,13 @@ class Hold(Generic[K]):
         self._arrived = asyncio.Event()
 
     async def wait(
-        self, key: K, *, nbytes: int = 0, priority: object = None, timeout_s: float | None = None
+        self,
+        key: K,
+        *,
+        nbytes: int = 0,
+        priority: object = None,
+        timeout_s: float | None = None,
+        budget_s: float | None = None,
     ) -> float:
         """Return once ``key`` is ready: at once when it is, else when ``notify`` finds it ready.
 
@@ -181,6 +187,7 @@ class Hold(Generic[K]):
             nbytes: the request's size, bytes (counted against ``max_bytes`` while held).
             priority: the OIP ``priority`` parameter (see ``priority_level``).
             timeout_s: the request's own timeout, seconds (None or 0: none; the cold-start budget applies).
+            budget_s: the target's own cold-start budget, seconds (None: ``limits.cold_start_timeout_s``).
 
         Returns:
             The seconds the request was held (0.0 when not held).
@@ -197,7 +204,7 @@ class Hold(Generic[K]):
         held_bytes = queue.nbytes if queue else 0
         self._check_room(key, held, held_bytes, nbytes)
         now = self._clock()
-        budget = self.limits.cold_start_timeout_s
+        budget = self.limits.cold_start_timeout_s if budget_s is None else budget_s
         if timeout_s is not None and timeout_s > 0:
             budget = min(budget, timeout_s)
         entry = _Entry(

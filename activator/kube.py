@@ -150,6 +150,10 @@ class KubernetesTargets:
         task = asyncio.get_running_loop().create_task(self._patch_demand(target, self._now()))
         self._patching[target] = task
 
+    def cold_start_timeout(self, target: str) -> float | None:
+        """See ``Targets.cold_start_timeout`` (``kubestate.cold_start_timeout``)."""
+        return self._table.cold_start_timeout(target)
+
     def subscribe(self, listener: Callable[[str], None]) -> None:
         """See ``Targets.subscribe``."""
         self._table.subscribe(listener)

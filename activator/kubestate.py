@@ -24,6 +24,7 @@ from typing import Any
 from kubeinfer.activator.targets import Endpoint, TargetState
 
 from kubeinfer.contract.activator import (
+    COLD_START_TIMEOUT_DEFAULT,
     DEMAND_ANNOTATION,
     GRPC_PORT_NAME,
     ISVC_LABEL,
@@ -32,11 +33,13 @@ from kubeinfer.contract.activator import (
     RUNTIME_PORT_NAME,
     demand_value,
 )
+from kubeinfer.contract.durations import parse_duration
 
 __all__ = [
     "NO_REPLICA",
     "TargetView",
     "cluster_ip",
+    "cold_start_timeout",
     "demand_patch",
     "isvc_grpc_port",
     "key_of",
@@ -86,6 +89,18 @@ def isvc_grpc_port(isvc: Obj) -> int:
     """``spec.server.grpcPort`` of an InferenceService (default 8081)."""
     port = ((isvc.get("spec") or {}).get("server") or {}).get("grpcPort")
     return int(port) if isinstance(port, int) and not isinstance(port, bool) else RUNTIME_GRPC_PORT
+
+
+def cold_start_timeout(isvc: Obj) -> float:
+    """``spec.autoscaling.scaleToZero.coldStartTimeout`` of an InferenceService in seconds
+    (:data:`~kubeinfer.contract.activator.COLD_START_TIMEOUT_DEFAULT` when it is absent or not a
+    duration: the API server refuses such a spec, so only an object written around it has one)."""
+    spec = ((isvc.get("spec") or {}).get("autoscaling") or {}).get("scaleToZero") or {}
+    text = spec.get("coldStartTimeout") if isinstance(spec, Mapping) else None
+    try:
+        return parse_duration(text) if isinstance(text, str) else parse_duration(COLD_START_TIMEOUT_DEFAULT)
+    except ValueError:
+        return parse_duration(COLD_START_TIMEOUT_DEFAULT)
 
 
 def _condition(obj: Obj, kind: str) -> Obj | None:
@@ -212,6 +227,7 @@ def target_view(isvc: Obj, service: Obj | None, pods: Sequence[Obj]) -> TargetVi
         cluster_ip=cluster_ip(service),
         endpoint=endpoints[0] if endpoints else None,
         stage=stage_words(isvc, pods),
+        cold_start_timeout_s=cold_start_timeout(isvc),
     )
     return TargetView(state, endpoints)
 

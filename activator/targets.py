@@ -64,6 +64,11 @@ class Targets(Protocol):
         """Ask for a replica of ``target`` (idempotent; called when a request is held for it)."""
         ...
 
+    def cold_start_timeout(self, target: str) -> float | None:
+        """The longest a request for ``target`` is held, seconds (its InferenceService's
+        ``scaleToZero.coldStartTimeout``); None: the activator's default."""
+        ...
+
     def subscribe(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(target)`` whenever ``target``'s endpoint may have changed."""
         ...
@@ -92,6 +97,8 @@ class TargetState:
         stage: where the replica is, for the hold's timeout message.
         grpc_port: the activator's own gRPC port for this target (0: any free port), or None for none;
             see ``grpc_proxy``.
+        cold_start_timeout_s: the longest a request for it is held, seconds (None: the activator's
+            default).
     """
 
     name: str
@@ -100,6 +107,7 @@ class TargetState:
     endpoint: Endpoint | None = None
     stage: str = "no replica requested yet"
     grpc_port: int | None = None
+    cold_start_timeout_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -150,6 +158,11 @@ class InMemoryTargets:
     def demand(self, target: str) -> None:
         """See ``Targets.demand``: counted in ``demands``."""
         self.demands[target] = self.demands.get(target, 0) + 1
+
+    def cold_start_timeout(self, target: str) -> float | None:
+        """See ``Targets.cold_start_timeout``."""
+        state = self._states.get(target)
+        return state.cold_start_timeout_s if state else None
 
     def subscribe(self, listener: Callable[[str], None]) -> None:
         """See ``Targets.subscribe``."""
@@ -202,7 +215,8 @@ def _endpoint(doc: Any) -> Endpoint | None:
 
 def load_targets_file(path: Path) -> list[TargetState]:
     """The targets a JSON file lists: ``{"targets": [{"name", "namespace", "cluster_ip", "stage",
-    "grpc_port", "endpoint": null | {"host", "http_port", "grpc_port"}}]}`` (only ``name`` required).
+    "grpc_port", "cold_start_timeout_s", "endpoint": null | {"host", "http_port", "grpc_port"}}]}`` (only
+    ``name`` required).
 
     Raises ``ValueError`` (``json.JSONDecodeError`` included) or ``KeyError`` for a malformed file and
     ``OSError`` when it cannot be read."""
@@ -212,6 +226,7 @@ def load_targets_file(path: Path) -> list[TargetState]:
     states = []
     for item in doc["targets"]:
         port = item.get("grpc_port")
+        budget = item.get("cold_start_timeout_s")
         states.append(
             TargetState(
                 name=str(item["name"]),
@@ -220,6 +235,7 @@ def load_targets_file(path: Path) -> list[TargetState]:
                 endpoint=_endpoint(item.get("endpoint")),
                 stage=str(item.get("stage", "no replica requested yet")),
                 grpc_port=None if port is None else int(port),
+                cold_start_timeout_s=None if budget is None else float(budget),
             )
         )
     return states

@@ -29,6 +29,7 @@ __all__ = [
     "ACTIVATOR_GRPC_PORT",
     "ACTIVATOR_PORT",
     "API_VERSION",
+    "COLD_START_TIMEOUT_DEFAULT",
     "COMPONENT_LABEL",
     "DEMAND_ANNOTATION",
     "ENDPOINTSLICE_MANAGED_BY",
@@ -66,6 +67,11 @@ RUNTIME_PORT_NAME = "http"
 RUNTIME_GRPC_PORT = 8081
 GRPC_PORT_NAME = "grpc"
 
+
+#: ``spec.autoscaling.scaleToZero.coldStartTimeout`` when the spec leaves it out (a duration, see
+#: ``kubeinfer.contract.durations``): the longest a request held for a replica waits. The operator's API
+#: defaults to it; the activator applies it to a service that sets none.
+COLD_START_TIMEOUT_DEFAULT = "2m"
 
 #: The activator's pods carry ``COMPONENT_LABEL: ACTIVATOR_COMPONENT`` (the chart sets it): the runtime pods'
 #: NetworkPolicy admits them, from the namespace of the activator's Service.

@@ -8,6 +8,8 @@ from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
 from kubeinfer.operator.api.formats import Duration, Seconds
 from pydantic import ConfigDict, Field, model_validator
 
+from kubeinfer.contract.activator import COLD_START_TIMEOUT_DEFAULT
+
 
 class GpuUtilizationBand(_Spec):
     """The GPU-utilization band (ratios 0..1) the autoscaler keeps replicas in."""
@@ -115,7 +117,7 @@ class ScaleToZeroSpec(_Spec):
         "replica goes.",
     )
     cold_start_timeout: Duration = Field(
-        default=Seconds("2m"),
+        default=Seconds(COLD_START_TIMEOUT_DEFAULT),
         description="Longest a request held while the first replica starts waits for it (then 504).",
     )
 

@@ -15,29 +15,13 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstrain
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
+from kubeinfer.contract.durations import DURATION_PATTERN as DURATION_PATTERN
+from kubeinfer.contract.durations import parse_duration as parse_duration
+
 # --- durations -------------------------------------------------------------------------------------
 
-#: A Go duration (``time.ParseDuration``) without sign: one or more ``<number><unit>`` groups.
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
-_DURATION_RE = re.compile(DURATION_PATTERN)
-_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Convert a Go duration string to float seconds.
-
-    ``"10ms"`` → 0.01, ``"1.5s"`` → 1.5, ``"1h30m"`` → 5400.0. Units: ns, us, ms, s, m, h (the
-    units of Go's ``time.ParseDuration``, which CEL's ``duration()`` also uses; ``µs`` excepted).
-
-    Raises:
-        ValueError: ``text`` is not a duration (the message quotes it).
-    """
-    if not isinstance(text, str) or not _DURATION_RE.fullmatch(text):
-        raise ValueError(
-            f"invalid duration {text!r}: expected e.g. '10ms', '1.5s', '5m' (units ns|us|ms|s|m|h)"
-        )
-    return sum(float(num) * _UNIT_SECONDS[unit] for num, unit in _DURATION_PART_RE.findall(text))
+# The grammar (``DURATION_PATTERN``) and :func:`parse_duration` live in ``kubeinfer.contract.durations``:
+# the activator reads a spec's durations too.
 
 
 def format_duration(seconds: float, *, significant: int | None = None) -> str:

@@ -308,3 +308,23 @@ async def test_a_watch_applies_events_split_across_chunks_and_larger_than_a_line
     t._apply(ISVCS, {"type": "ADDED", "object": isvc()})
     assert await t._watch_once(PODS, None, "1") == "9"
     assert t.endpoint("ml/simple") == Endpoint("10.0.0.5", 8080, 8081) and response.released
+
+
+@pytest.mark.parametrize(
+    ("scale_to_zero", "seconds"),
+    [
+        (None, 120.0),  # the API's default, from the contract
+        ({}, 120.0),
+        ({"coldStartTimeout": "45s"}, 45.0),
+        ({"coldStartTimeout": "1m30s"}, 90.0),
+        ({"coldStartTimeout": "soon"}, 120.0),  # not a duration: the API server refuses it anyway
+    ],
+)
+def test_the_cold_start_budget_is_the_specs_else_the_apis_default(
+    scale_to_zero: dict[str, str] | None, seconds: float
+) -> None:
+    obj = isvc()
+    if scale_to_zero is not None:
+        obj["spec"]["autoscaling"] = {"minReplicas": 0, "scaleToZero": scale_to_zero}
+    assert kubestate.cold_start_timeout(obj) == seconds
+    assert kubestate.target_view(obj, None, []).state.cold_start_timeout_s == seconds
