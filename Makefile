@@ -8,7 +8,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler \
-        bench-autoscaler-adversary bench-autoscaler-frontier bench-peers bench-hostile bench-perf-analyzer clean images
+        bench-autoscaler-adversary bench-autoscaler-frontier bench-autoscaler-zero bench-peers bench-hostile bench-perf-analyzer \
+        clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -109,8 +110,11 @@ bench-autoscaler-adversary: setup ## steps where kubeinfer/HPA stand lower -> be
 bench-autoscaler-frontier: setup ## kubeinfer vs its peers at every setting (HPA on GPU utilization, KEDA request rate, Knative KPA, Ray Serve): dominated or not, per trace -> bench/results/autoscaler_frontier.json
 	$(PY) bench/autoscaler_frontier.py
 
+bench-autoscaler-zero: setup ## scale to zero on idle traces: kubeinfer with and without it, Knative's KPA and KEDA's http-add-on with theirs (activators, cold start 20 s) -> bench/results/autoscaler_zero.json
+	$(PY) bench/autoscaler_zero.py
+
 bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-autoscaler bench-autoscaler-adversary \
-       bench-autoscaler-frontier bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
+       bench-autoscaler-frontier bench-autoscaler-zero bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
 
 clean: cluster-down ## remove the venv and build cache
 	rm -rf .venv .cache

@@ -1,13 +1,18 @@
-"""The autoscalers users run instead of kubeinfer's, as simulator controllers: Knative's KPA and Ray Serve.
+"""The autoscalers users run instead of kubeinfer's, as simulator controllers: Knative's KPA, Ray Serve
+and KEDA's http-add-on.
 
 The HPA (on GPU utilization, and KEDA's request rate per replica) is ``autoscaler_sim.make_hpa``. This
-module holds the other two peers' rules as pure functions, transcribed from their sources, and the
+module holds the other peers' rules as pure functions, transcribed from their sources, and the
 controllers that feed them the simulated signals:
 
-- **Knative KPA** (``kpa_scale``, ``make_kpa``): knative/serving at commit
+- **Knative KPA** (``kpa_scale``, ``make_kpa``; its scale to zero ``kpa_pa_step``, ``KpaZeroSpec``,
+  and its activator ``KNATIVE_ACTIVATOR``): knative/serving at commit
   ``98e5ef90aa7033797aa0a61ef97f3ff7e49a3944`` (``KNATIVE_COMMIT``).
 - **Ray Serve's default policy** (``ray_*``, ``make_ray_serve``): ray-project/ray at commit
   ``00590c456b9afe0fd393db55b6ec21c9b7f3921b`` (``RAY_COMMIT``).
+- **KEDA's http-add-on** (``make_keda_http``: an HTTPScaledObject on the request rate, its scale to
+  zero ``keda_scale_to_zero`` and its interceptor ``KEDA_INTERCEPTOR``): kedacore/keda at
+  ``KEDA_COMMIT`` and kedacore/http-add-on at ``KEDA_HTTP_ADD_ON_COMMIT``.
 
 The signal both read is the **concurrency**: requests in flight (queued + in service) summed over the
 replicas, ``autoscaler_sim.Metrics.concurrency`` (the in-flight count averaged over each tick). Neither
@@ -27,6 +32,8 @@ import autoscaler_sim as sim
 
 KNATIVE_COMMIT = "98e5ef90aa7033797aa0a61ef97f3ff7e49a3944"
 RAY_COMMIT = "00590c456b9afe0fd393db55b6ec21c9b7f3921b"
+KEDA_COMMIT = "8b4f083ca8c8c2baf8477e322bd4d16ac4dfa09a"
+KEDA_HTTP_ADD_ON_COMMIT = "59b2f6a115ad735a108d830f4d525f8462497c7d"
 #: How often the KPA decides, seconds (``tickInterval`` in pkg/autoscaler/scaling/multiscaler.go); the
 #: simulator ticks Ray Serve at the same interval (see ``RayServeConfig.loop_interval_s``).
 PEER_TICK_SECONDS = 2.0
@@ -141,18 +148,115 @@ def kpa_scale(
     return desired, KpaState(panic_time, max_panic)
 
 
-def make_kpa(cfg: sim.SimConfig, target: float) -> sim.Controller:
+#: Knative's activator: a revision's requests queue in its throttler's breaker, at most
+#: ``breakerQueueDepth`` 10,000 (pkg/activator/net/throttler.go; past it 503), each for at most the
+#: revision's timeout, ``revision-timeout-seconds`` 300 s (cmd/activator/main.go; past it 503).
+KNATIVE_ACTIVATOR = sim.Activator("knative", 10_000, 300.0)
+
+
+@dataclass(frozen=True)
+class KpaZeroSpec:
+    """The KPA's scale to zero with the defaults of pkg/autoscaler/config/config.go ``defaultConfig``.
+
+    Attributes:
+        enable_scale_to_zero: ``enable-scale-to-zero`` true.
+        grace_period: ``scale-to-zero-grace-period`` 30 s: how long the activator must have been in the
+            request path (the ServerlessService's proxy mode), or the PodAutoscaler inactive, before the
+            last pod goes.
+        pod_retention_period: ``scale-to-zero-pod-retention-period`` 0 s: the least time the last pod
+            stays once the PodAutoscaler is inactive.
+        target_burst_capacity: ``target-burst-capacity`` 211 requests: the activator stays in the path
+            while the excess burst capacity, ``floor(ready * target - 211 - panic concurrency)``, is
+            negative (pkg/autoscaler/scaling/autoscaler.go; pkg/reconciler/autoscaling/kpa/kpa.go).
+        activation_timeout: seconds a PodAutoscaler may activate (no pod Ready) before it goes back to
+            0: the Deployment's progress deadline, 600 s, plus ``activationTimeoutBuffer`` 10 s.
+    """
+
+    enable_scale_to_zero: bool = True
+    grace_period: float = 30.0
+    pod_retention_period: float = 0.0
+    target_burst_capacity: float = 211.0
+    activation_timeout: float = 610.0
+
+
+@dataclass(frozen=True)
+class PaState:
+    """The PodAutoscaler's ``Active`` condition: ``mode`` ``"active"`` (True), ``"activating"`` (Unknown)
+    or ``"inactive"`` (False) since ``since`` (its last transition), and ``proxy_since``: when the
+    activator last entered the request path (``None`` while it is out of it), seconds. A service that
+    starts with ready pods is active, the activator in its path (its excess burst capacity is negative
+    until the pods' total target passes ``target_burst_capacity``)."""
+
+    mode: str = "active"
+    since: float = 0.0
+    proxy_since: float | None = 0.0
+
+
+def kpa_pa_step(
+    spec: KpaSpec, zero: KpaZeroSpec, pa: PaState, desired: int, ebc: float, ready: int, now: float
+) -> tuple[int | None, PaState]:
+    """One reconcile of the PodAutoscaler on the decider's ``desired`` pods (within min-scale 0 and
+    max-scale), with excess burst capacity ``ebc`` and ``ready`` pods at ``now`` (seconds). Returns the
+    scale to apply (``None``: leave it) and the next state.
+
+    ``handleScaleToZero`` (pkg/reconciler/autoscaling/kpa/scaler.go), giving the reconciler's ``want``:
+
+    - ``desired`` > 0: applied. Scale to zero off: 1.
+    - activating: left as is (``want`` unknown), unless activating for more than
+      ``activation_timeout``: 0.
+    - active: active for at least the stable window: left as is, ``want`` 0 (the PodAutoscaler turns
+      inactive); else 1.
+    - inactive: 0 once inactive for ``max(grace_period, pod_retention_period)``, or inactive for the
+      retention period with the activator in the path for ``grace_period``; else left as is.
+
+    Then (pkg/reconciler/autoscaling/kpa/kpa.go) the activator is in the path unless ``want`` > 0 and
+    ``ebc`` >= 0, and ``computeActiveCondition``: ``want`` 0 makes it inactive; with no pod ready it is
+    activating (unless inactive and ``want`` is not > 0); with one it is active (same exception).
+    """
+    in_mode = now - pa.since
+    apply: int | None
+    if desired != 0:
+        want, apply = desired, desired
+    elif not zero.enable_scale_to_zero:
+        want, apply = 1, 1
+    elif pa.mode == "activating":
+        want, apply = (0, 0) if in_mode > zero.activation_timeout else (-1, None)
+    elif pa.mode == "active":
+        want, apply = (0, None) if in_mode >= spec.stable_window else (1, 1)
+    else:
+        retention = zero.pod_retention_period
+        proxy_for = 0.0 if pa.proxy_since is None else now - pa.proxy_since
+        gone = in_mode >= max(zero.grace_period, retention) or (
+            in_mode >= retention and proxy_for >= zero.grace_period
+        )
+        want, apply = 0, (0 if gone else None)
+    proxy = not (want > 0 and ebc >= 0)
+    proxy_since = (pa.proxy_since if pa.proxy_since is not None else now) if proxy else None
+    if want == 0:
+        mode = "inactive"
+    elif want > 0 or pa.mode != "inactive":
+        mode = "activating" if ready < 1 else "active"
+    else:
+        mode = pa.mode
+    return apply, PaState(mode, pa.since if mode == pa.mode else now, proxy_since)
+
+
+def make_kpa(cfg: sim.SimConfig, target: float, zero: KpaZeroSpec | None = None) -> sim.Controller:
     """The KPA at soft target ``target`` (requests per pod) as a controller ticking every ``cfg.sync``
     seconds (run it with ``sync = PEER_TICK_SECONDS``): each tick records ``Metrics.concurrency``, then
     ``kpa_scale`` on its stable- and panic-window averages, bounded by the simulation's min/max replicas
-    (the PodAutoscaler's min-scale and max-scale; scale to zero off). No sample yet: hold.
+    (the PodAutoscaler's min-scale and max-scale). No sample yet: hold.
+
+    ``zero``: scale to zero on (min-scale 0): the desired count, bounded by max-scale only, goes through
+    ``kpa_pa_step`` (run it with ``KNATIVE_ACTIVATOR``). ``None``: off (min-scale the simulation's).
     """
     spec = KpaSpec(target)
     samples: list[tuple[float, float]] = []
     state = KpaState()
+    pa = PaState()
 
     def tick(t: float, m: sim.Metrics, n: int, timeout: float) -> tuple[int, float]:
-        nonlocal state
+        nonlocal state, pa
         if not math.isnan(m.concurrency):
             samples.append((t, m.concurrency))
         del samples[: max(0, len(samples) - int(spec.stable_window / cfg.sync) - 2)]
@@ -161,7 +265,11 @@ def make_kpa(cfg: sim.SimConfig, target: float) -> sim.Controller:
         if math.isnan(stable) or math.isnan(panic):
             return n, timeout
         desired, state = kpa_scale(spec, state, stable, panic, m.ready, t)
-        return min(max(desired, cfg.min_replicas), cfg.max_replicas), timeout
+        if zero is None:
+            return min(max(desired, cfg.min_replicas), cfg.max_replicas), timeout
+        ebc = math.floor(m.ready * spec.target - zero.target_burst_capacity - panic)
+        scale, pa = kpa_pa_step(spec, zero, pa, min(desired, cfg.max_replicas), ebc, m.ready, t)
+        return (n if scale is None else scale), timeout
 
     return tick
 
@@ -320,5 +428,87 @@ def make_ray_serve(cfg: sim.SimConfig, target_ongoing_requests: float) -> sim.Co
         bounds = (cfg.min_replicas, cfg.max_replicas)
         decision, counter = ray_decide(config, total, m.ready, n, bounds, counter)
         return decision, timeout
+
+    return tick
+
+
+# --------------------------------------------------------------------------------------------------
+# KEDA's http-add-on
+
+#: KEDA's http-add-on interceptor holds a request until the workload has a ready endpoint
+#: (interceptor/middleware/endpoint_resolver.go ``WaitForReady``), with no bound on how many, for
+#: ``KEDA_HTTP_READINESS_TIMEOUT``, default 0: as long as the request's own deadline,
+#: ``KEDA_HTTP_REQUEST_TIMEOUT``, default 0: none (interceptor/config/timeouts.go).
+KEDA_INTERCEPTOR = sim.Activator("keda_http_add_on", None, None)
+
+
+@dataclass(frozen=True)
+class KedaHttpSpec:
+    """An HTTPScaledObject on the request rate (operator/apis/http/v1alpha1/httpscaledobject_types.go)
+    and the ScaledObject the add-on makes of it (pkg/k8s/scaledobject.go), with their defaults.
+
+    Attributes:
+        target: ``scalingMetric.requestRate.targetValue``, requests/s per replica (the swept knob; its
+            default 100 is a tenth of what one replica of this model serves).
+        window: ``scalingMetric.requestRate.window`` 1m: the rate is the interceptor's count over it.
+        min_replicas: ``replicas.min``, default 0: scale to zero; 1 turns it off.
+        cooldown_period: ``scaledownPeriod``, KEDA's ``cooldownPeriod`` 300 s
+            (pkg/scaling/executor/scale_executor.go ``defaultCooldownPeriod``).
+        polling_interval: the ScaledObject's ``pollingInterval`` 15 s (the add-on's
+            ``soPollingInterval``): how often KEDA checks the cooldown. The add-on's scaler pushes an
+            active trigger every 200 ms (``KEDA_HTTP_SCALER_STREAM_INTERVAL_MS``), so activation (0 -> 1)
+            and the last active time do not wait for a poll.
+    """
+
+    target: float
+    window: float = 60.0
+    min_replicas: int = 0
+    cooldown_period: float = 300.0
+    polling_interval: float = 15.0
+
+
+def keda_scale_to_zero(
+    spec: KedaHttpSpec, active: bool, last_active: float | None, replicas: int, now: float
+) -> int | None:
+    """KEDA's scale executor (pkg/scaling/executor/scale_scaledobjects.go ``RequestScale``) for the
+    ScaledObject: the replicas KEDA itself sets, or ``None`` when the HPA it owns decides (1 and more).
+
+    - ``min_replicas`` over 0: ``None`` (the HPA, at least ``min_replicas``).
+    - The trigger active (the add-on's metric over 0): from 0 replicas, 1 (``scaleFromZeroOrIdle``);
+      else ``None``.
+    - Not active: at 0 replicas, 0; else 0 once the last active time (``None``: never, and the
+      initial cooldown, 0 s, is over) plus ``cooldown_period`` is before ``now`` (``scaleToZeroOrIdle``),
+      else ``None``.
+    """
+    if spec.min_replicas > 0:
+        return None
+    if active:
+        return 1 if replicas == 0 else None
+    if replicas == 0 or last_active is None or last_active + spec.cooldown_period < now:
+        return 0
+    return None
+
+
+def make_keda_http(cfg: sim.SimConfig, target: float, *, scale_to_zero: bool = True) -> sim.Controller:
+    """KEDA's http-add-on on the request rate at ``target`` requests/s per replica, as a controller
+    ticking every ``cfg.sync`` (the HPA's sync and the ScaledObject's polling, both 15 s): the trigger
+    is active while the interceptor counted a request in the last ``window`` (``Metrics.offered_rate`` >
+    0), and it was last active at ``min(now, last arrival + window)`` (``Metrics.last_arrival``: the
+    scaler's 200 ms pushes record the end of the activity), or at 0 before any arrival: the service
+    starts warm, as under every other controller (its replicas Ready at 0, as if its last request had
+    just been answered), not as a ScaledObject never active. KEDA's own decision first
+    (``keda_scale_to_zero``), else the HPA algorithm on the interceptor's rate per replica
+    (``autoscaler_sim.make_hpa(cfg, "offered", target)``: an AverageValue external metric).
+    ``scale_to_zero`` False: ``replicas.min`` 1, the HPA alone. Run it with ``KEDA_INTERCEPTOR``.
+    """
+    spec = KedaHttpSpec(target, min_replicas=0 if scale_to_zero else 1)
+    hpa = sim.make_hpa(cfg, "offered", target)
+
+    def tick(t: float, m: sim.Metrics, n: int, timeout: float) -> tuple[int, float]:
+        if math.isnan(m.offered_rate):
+            return n, timeout
+        last_active = 0.0 if math.isnan(m.last_arrival) else min(t, m.last_arrival + spec.window)
+        keda = keda_scale_to_zero(spec, m.offered_rate > 0, last_active, n, t)
+        return (keda, timeout) if keda is not None else hpa(t, m, n, timeout)
 
     return tick

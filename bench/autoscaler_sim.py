@@ -78,6 +78,7 @@ import os
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -86,6 +87,7 @@ from typing import Any
 
 import numpy as np
 import quiet
+from kubeinfer.activator.hold import HoldLimits
 from kubeinfer.operator.autoscale.policy import (
     Current,
     Observation,
@@ -447,6 +449,38 @@ def _two_region_waves(n: int, rng: np.random.Generator) -> np.ndarray:
     return waves * bursts * _ar1_log_noise(n, rng, 0.9, 0.08)
 
 
+def _idle_spike(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    # 0.4 mu for 5 minutes, then 15 minutes without a request, then a spike: 2.5 mu within 10 s at
+    # 1200 s, settling to 0.6 mu with a 150 s time constant.
+    rise = np.clip((t - 1200.0) / 10.0, 0.0, 1.0)
+    spike = np.where(t < 1210.0, 2.5 * rise, 0.6 + 1.9 * np.exp(-(t - 1210.0) / 150.0))
+    shape = np.where(t < 300.0, 0.4, np.where(t < 1200.0, 0.0, spike))
+    return shape * _ar1_log_noise(n, rng, 0.9, 0.08)
+
+
+def _sparse_sessions(n: int, rng: np.random.Generator) -> np.ndarray:
+    # An internal tool: sessions at Poisson times (mean gap 8 minutes), each 1 to 3 minutes of 0.002 to
+    # 0.005 mu (2 to 5 requests/s at the committed service model's mu), nothing between them.
+    out = np.zeros(n)
+    at = 0.0
+    while True:
+        at += rng.exponential(480.0)
+        if at >= n:
+            return out
+        span = slice(int(at), int(at + rng.uniform(60.0, 180.0)))
+        out[span] = np.maximum(out[span], rng.uniform(0.002, 0.005))
+
+
+def _batch_gaps(n: int, rng: np.random.Generator) -> np.ndarray:
+    t = np.arange(n, dtype=np.float64)
+    # A batch job every 15 minutes from 120 s: 3 minutes at 1.5 mu with 10 s ramps, nothing between.
+    period, start, length, edge = 900.0, 120.0, 180.0, 10.0
+    phase = (t - start) % period
+    on = np.clip(np.minimum(phase, length + edge - phase) / edge, 0.0, 1.0)
+    return 1.5 * np.where(t >= start, on, 0.0) * _ar1_log_noise(n, rng, 0.9, 0.05)
+
+
 Shape = Callable[[int, np.random.Generator], np.ndarray | tuple[np.ndarray, np.ndarray]]
 
 
@@ -484,7 +518,8 @@ BUILTIN: dict[str, tuple[Shape, int]] = {
 #: them (``--write-traces DIR --batch NAME``, run with ``--traces DIR``), so that bench/traces/ stays the
 #: set the passes of bench/traces/README.md describe. ``peers_batch``: written after the peers' frontier
 #: (bench/autoscaler_frontier.py) and before any policy change was tried against it; ``batch6``: written
-#: after the policy became typed rules (41827a4) and before any controller ran on it.
+#: after the policy became typed rules (41827a4) and before any controller ran on it; ``idle``: traces
+#: with spells of no request at all, for scale to zero (``bench/autoscaler_zero.py``).
 BATCHES: dict[str, dict[str, tuple[Shape, int]]] = {
     "peers_batch": {
         "flash_sale": (_flash_sale, 1800),
@@ -497,6 +532,12 @@ BATCHES: dict[str, dict[str, tuple[Shape, int]]] = {
         "evening_winddown": (_evening_winddown, 2400),
         "scraper_onoff": (_scraper_onoff, 2400),
         "two_region_waves": (_two_region_waves, 3000),
+    },
+    # Traces with spells of no request at all, for scale to zero (bench/autoscaler_zero.py).
+    "idle": {
+        "idle_spike": (_idle_spike, 2400),
+        "sparse_sessions": (_sparse_sessions, 3600),
+        "batch_gaps": (_batch_gaps, 3600),
     },
 }
 
@@ -643,11 +684,104 @@ class Metrics:
     down: bool = False
     #: Requests in flight (queued + in service, all replicas) averaged over the last sync interval
     #: [t - sync, t]: the integral of the in-flight count over it, divided by its length (requests).
+    #: With an ``Activator``, the requests it holds count too (Knative's activator reports them).
     concurrency: float = math.nan
+    #: Arrivals per second over the query window (t - window, t], as a proxy in front of the replicas
+    #: counts them (KEDA's http-add-on interceptor), held and refused ones included.
+    offered_rate: float = math.nan
+    #: The time of the last arrival at or before t, seconds (NaN: none yet).
+    last_arrival: float = math.nan
 
 
 #: A fault: (start, end, kind) with kind ``"down"`` (no answer) or ``"nan"`` (every value NaN).
 Fault = tuple[float, float, str]
+
+
+# --------------------------------------------------------------------------------------------------
+# scale to zero: what holds the requests while no replica is ready
+
+
+@dataclass(frozen=True)
+class Activator:
+    """What holds a service's requests while it has no ready replica, and asks for one.
+
+    With an activator a ``Simulator`` lets the controller take the replicas to 0. A request that arrives
+    while no replica is ready is held; the first one held while no replica is provisioned asks for one at
+    once (0 -> 1: kubeinfer's activator demand, Knative's activator poke, KEDA's push of an active
+    trigger; each takes well under a second, simulated as none). The held requests are released to the
+    replicas when the first one is Ready (the cold start), their latency counting the wait.
+
+    Attributes:
+        name: whose activator (the results name it).
+        max_held: the most requests held at once; an arrival over it is refused (lost: ``overflow``).
+            ``None``: no bound.
+        hold_timeout: the longest a request is held, seconds; past it, it is refused (lost: ``timed
+            out``). ``None``: no deadline.
+    """
+
+    name: str
+    max_held: int | None
+    hold_timeout: float | None
+
+    def __post_init__(self) -> None:
+        if self.max_held is not None and self.max_held < 1:
+            raise ValueError(f"activator {self.name}: max_held must be at least 1 (got {self.max_held})")
+        if self.hold_timeout is not None and not self.hold_timeout > 0:
+            raise ValueError(f"activator {self.name}: hold_timeout must be > 0 (got {self.hold_timeout})")
+
+
+#: kubeinfer's activator (``kubeinfer.activator.hold.HoldLimits`` defaults: 100 requests held per
+#: target, the cold-start budget ``--cold-start-timeout`` 60 s).
+KUBEINFER_ACTIVATOR = Activator("kubeinfer", HoldLimits().max_requests, HoldLimits().cold_start_timeout_s)
+
+
+@dataclass(frozen=True)
+class HoldOutcome:
+    """What an activator did with the requests that arrived while no replica was ready, each a bool
+    array of their shape: ``held`` (released at the release time), ``overflow`` (refused on arrival: the
+    hold was full), ``timed_out`` (refused at its arrival + ``hold_timeout``); ``leave``: when each left
+    the activator, seconds (the release, its arrival, or its deadline)."""
+
+    held: np.ndarray
+    overflow: np.ndarray
+    timed_out: np.ndarray
+    leave: np.ndarray
+
+
+def hold(arrivals: np.ndarray, release: float, activator: Activator) -> HoldOutcome:
+    """The activator's bounded hold over ``arrivals`` (sorted seconds, all before ``release``), released
+    at ``release`` (the first replica Ready).
+
+    Each arrival first drops the held requests whose deadline (arrival + ``hold_timeout``) has come,
+    then is held if fewer than ``max_held`` are, else refused. At ``release`` the requests still held
+    whose deadline has not passed are released (a deadline equal to the release counts as met).
+
+    Raises:
+        ValueError: when an arrival is not before ``release``.
+    """
+    arrivals = np.asarray(arrivals, dtype=np.float64)
+    if arrivals.size and arrivals[-1] >= release:
+        raise ValueError(f"every held arrival must be before the release at {release} s")
+    n = arrivals.size
+    overflow, timed_out = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    leave = arrivals.copy()
+    limit, deadline = activator.max_held, activator.hold_timeout
+    queue: deque[int] = deque()
+    for i, a in enumerate(arrivals.tolist()):
+        while deadline is not None and queue and arrivals[queue[0]] + deadline <= a:
+            j = queue.popleft()
+            timed_out[j], leave[j] = True, arrivals[j] + deadline
+        if limit is None or len(queue) < limit:
+            queue.append(i)
+        else:
+            overflow[i] = True
+    held = np.zeros(n, dtype=bool)
+    for j in queue:
+        if deadline is not None and arrivals[j] + deadline < release:
+            timed_out[j], leave[j] = True, arrivals[j] + deadline
+        else:
+            held[j], leave[j] = True, release
+    return HoldOutcome(held, overflow, timed_out, leave)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -667,10 +801,27 @@ class Result:
     timeout_changes: int
     actions_at: list[float] = field(default_factory=list)
     high: np.ndarray | None = None
+    #: With an ``Activator`` (bool, shape of ``arrivals``): the requests held and then served, those
+    #: refused because the hold was full, those refused past its deadline. A refused request's ``done``
+    #: is +inf: its latency is unbounded.
+    held: np.ndarray | None = None
+    overflow: np.ndarray | None = None
+    timed_out: np.ndarray | None = None
+    #: (first request held, first replica Ready) of each spell without a ready replica, seconds.
+    activations: list[tuple[float, float]] = field(default_factory=list)
+    #: Seconds of the horizon with no replica provisioned.
+    zero_seconds: float = 0.0
 
     @property
     def latency(self) -> np.ndarray:
         return self.done - self.arrivals
+
+    @property
+    def lost(self) -> np.ndarray:
+        """The refused requests (bool, shape of ``arrivals``): none without an activator."""
+        if self.overflow is None or self.timed_out is None:
+            return np.zeros(self.arrivals.shape, dtype=bool)
+        return self.overflow | self.timed_out
 
 
 Controller = Callable[[float, Metrics, int, float], tuple[int, float]]
@@ -722,6 +873,10 @@ class _Fleet:
 
     def alive(self) -> int:
         return sum(1 for r in self.reps.values() if not r.removed)
+
+    def first_ready(self) -> float:
+        """When the first of the provisioned replicas is (or was) Ready, seconds; +inf with none."""
+        return min((r.ready_at for r in self.reps.values() if not r.removed), default=math.inf)
 
     def ready(self, t: float) -> int:
         return sum(1 for r in self.reps.values() if not r.removed and r.ready_at <= t)
@@ -793,11 +948,104 @@ class _Fleet:
 
 
 @dataclass
+class _Door:
+    """The way in with an ``Activator``: admits each arrival to the fleet's queue (``_Fleet.arrivals``
+    holds when each reached it, ``index`` which arrival it was), at once while a replica is ready, else
+    through the activator's ``hold``; the first request held while no replica is provisioned asks for
+    one (``demands``)."""
+
+    cfg: SimConfig
+    activator: Activator
+    arrivals: np.ndarray
+    arr_list: list[float]
+    fleet: _Fleet
+    avail: np.ndarray = field(init=False)
+    index: np.ndarray = field(init=False)
+    held: np.ndarray = field(init=False)
+    overflow: np.ndarray = field(init=False)
+    timed_out: np.ndarray = field(init=False)
+    next: int = 0
+    release: float = -math.inf
+    #: (arrival, leave) of the requests each spell held (the refused-at-once ones spend no time there).
+    spells: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    activations: list[tuple[float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.arr_list)
+        self.avail = np.empty(n)
+        self.index = np.empty(n, dtype=np.int64)
+        self.held, self.overflow, self.timed_out = (np.zeros(n, dtype=bool) for _ in range(3))
+
+    def activating(self, t: float) -> bool:
+        """Whether requests are held at ``t`` waiting for a replica (which must then stay)."""
+        return self.release > t
+
+    def admit(self, until: float) -> list[float]:
+        """Admit the arrivals before ``until`` (a spell without a ready replica is resolved whole, up to
+        its release, even past ``until``). Returns the times a replica was asked for from zero."""
+        demands: list[float] = []
+        arr_list, n = self.arr_list, len(self.arr_list)
+        while self.next < n and arr_list[self.next] < until:
+            i = self.next
+            a, first = arr_list[i], self.fleet.first_ready()
+            if first <= a:  # a replica is ready, and stays so until the next tick
+                j = bisect.bisect_left(arr_list, until, i)
+                self._push(np.arange(i, j), self.arrivals[i:j])
+                self.next = j
+                continue
+            if math.isinf(first):  # nothing provisioned: the first request held asks for a replica
+                first = a + self.cfg.cold_start
+                self.fleet.add(1, first)
+                demands.append(a)
+            j = bisect.bisect_left(arr_list, first, i)
+            out = hold(self.arrivals[i:j], first, self.activator)
+            self.held[i:j], self.overflow[i:j], self.timed_out[i:j] = out.held, out.overflow, out.timed_out
+            stayed = ~out.overflow
+            self.spells.append((self.arrivals[i:j][stayed], out.leave[stayed]))
+            self.activations.append((a, first))
+            released = np.flatnonzero(out.held) + i
+            self._push(released, np.full(released.size, first))
+            self.release, self.next = first, j
+        return demands
+
+    def _push(self, idx: np.ndarray, at: np.ndarray) -> None:
+        m, k = len(self.fleet.arrivals), idx.size
+        self.fleet.arrivals.extend(at.tolist())
+        self.avail[m : m + k] = at
+        self.index[m : m + k] = idx
+
+    def held_in_flight(self, t0: float, t: float) -> float:
+        """The integral over [t0, t] of the count of requests held (request-seconds)."""
+        total = 0.0
+        for arr, leave in reversed(self.spells):
+            if leave.size == 0:
+                continue
+            if leave.max() <= t0:
+                break  # spells come in time order: every earlier one left before t0 too
+            overlap = np.minimum(leave, t) - np.maximum(arr, t0)
+            total += float(overlap[overlap > 0].sum())
+        return total
+
+
+def _without_pod_metrics(m: Metrics) -> Metrics:
+    """``m`` as Prometheus answers it while no replica is ready: nothing the runtime pods export (P99,
+    utilization, rates, queue, in flight); what the activator or a proxy in front counts stays."""
+    nan = math.nan
+    return replace(m, p99=nan, utilization=nan, rate=nan, queue=nan, inflight=nan, arrival_rate=nan)
+
+
+@dataclass
 class Simulator:
     """Runs one controller over one arrival sequence; ``fault`` blanks the metrics for a while;
     ``high`` (bool, shape of ``arrivals``) marks the arrivals at priority level 1 (``None``: FIFO);
     ``p99_signal`` False skips the P99 histogram (``Metrics.p99`` NaN) for a controller that never
     reads it (the peers on concurrency, which tick every 2 s: the histogram is most of a scrape's cost).
+
+    ``activator``: scale to zero. The controller may then take the replicas to 0, and the arrivals while
+    no replica is ready go through the activator (``Activator``, ``hold``): a replica is asked for at the
+    first one held, and the last one stays while requests are held or queued at it. While no replica is
+    ready the controller's metrics carry nothing the pods export (``_without_pod_metrics``). Priority
+    levels are not simulated with an activator.
     """
 
     cfg: SimConfig
@@ -806,6 +1054,7 @@ class Simulator:
     fault: Fault | None = None
     high: np.ndarray | None = None
     p99_signal: bool = True
+    activator: Activator | None = None
     busy: np.ndarray = field(init=False)
     ready_secs: np.ndarray = field(init=False)
 
@@ -813,64 +1062,138 @@ class Simulator:
         size = int(self.cfg.horizon) + 3600
         self.busy = np.zeros(size)
         self.ready_secs = np.zeros(size)
+        if self.activator is not None and self.high is not None:
+            raise ValueError("priority levels are not simulated with an activator")
 
     def run(self, controller: Controller, progress: Callable[[str], None] | None = None) -> Result:
+        """Every tick: scrape, the controller's decision, the replicas added or removed, then the
+        batches until the next tick. Returns the ``Result``.
+
+        Raises:
+            AssertionError: when a request is left neither answered nor refused.
+        """
         cfg, arr = self.cfg, self.arrivals
         arr_list: list[float] = arr.tolist()
         done = np.full(len(arr_list), np.nan)
-        fleet = _Fleet(cfg, arr_list, self.busy, self.ready_secs, done, high=self.high)
+        door: _Door | None = None
+        if self.activator is None:
+            fleet = _Fleet(cfg, arr_list, self.busy, self.ready_secs, done, high=self.high)
+            avail = arr
+        else:  # the fleet's queue is filled as requests get through the door
+            fleet = _Fleet(cfg, [], self.busy, self.ready_secs, np.full(len(arr_list), np.nan))
+            door = _Door(cfg, self.activator, arr, arr_list, fleet)
+            avail = door.avail
         fleet.add(self.initial_replicas, 0.0)
         timeout = cfg.initial_timeout
         head_at: list[int] = []
-        res = Result(arr, fleet.done, [], [], 0.0, 0, 0, high=self.high)
+        res = Result(arr, done, [], [], 0.0, 0, 0, high=self.high)
         for k in range(int(cfg.horizon / cfg.sync)):
             t = k * cfg.sync
             head_at.append(fleet.head)
-            m = replace(self._scrape(t, fleet, head_at, arr_list), ready=fleet.ready(t))
+            ready = fleet.ready(t)
+            m = replace(self._scrape(t, fleet, head_at, arr_list, avail, door), ready=ready)
+            if door is not None and ready == 0:
+                m = _without_pod_metrics(m)
             provisioned = fleet.alive()
             want, new_timeout = controller(t, m, provisioned, timeout) if k > 0 else (provisioned, timeout)
-            want = min(max(want, cfg.min_replicas), cfg.max_replicas)
-            if want > provisioned:
-                fleet.add(want - provisioned, t + cfg.cold_start)
-            elif want < provisioned:
-                fleet.remove(provisioned - want)
-            if want != provisioned:
-                res.scaling_actions += 1
-                res.actions_at.append(t)
+            want = self._bounded(want, t, fleet, door)
+            self._scale(fleet, provisioned, want, t, res)
             if not math.isclose(new_timeout, timeout):
                 res.timeout_changes += 1
             timeout = new_timeout
-            res.replicas.append(want)
             res.timeouts.append(timeout)
-            res.replica_seconds += want * cfg.sync
+            if door is not None:
+                self._through_door(door, t, res)
             fleet.account_ready(t)
             fleet.process(t + cfg.sync, timeout)
             if progress is not None and k % 20 == 0:
                 progress(f"t={t:.0f}s replicas={want} timeout={timeout * 1000:.1f}ms")
+        if door is not None:
+            door.admit(math.inf)
         fleet.process(math.inf, timeout)
-        assert fleet.head == len(arr_list) and not np.isnan(fleet.done).any(), "every request must complete"
+        admitted = len(fleet.arrivals)
+        assert fleet.head == admitted and not np.isnan(fleet.done[:admitted]).any(), "every request must end"
+        if door is not None:
+            done[door.index[:admitted]] = fleet.done[:admitted]
+            res.held, res.overflow, res.timed_out = door.held, door.overflow, door.timed_out
+            done[res.lost] = np.inf
+            res.activations = door.activations
+            assert not np.isnan(done).any(), "every request must be answered or refused"
         return res
 
-    def _concurrency(self, t: float, fleet: _Fleet, head_at: list[int], arrived: int) -> float:
+    def _bounded(self, want: int, t: float, fleet: _Fleet, door: _Door | None) -> int:
+        """``want`` within the bounds: [min_replicas, max_replicas]; with an activator the floor is 0, or
+        1 while requests are held for a replica or queued at the replicas (the last one goes only with
+        nothing in flight)."""
+        if door is None:
+            low = self.cfg.min_replicas
+        else:
+            low = int(door.activating(t) or fleet.head < len(fleet.arrivals))
+        return min(max(want, low), self.cfg.max_replicas)
+
+    def _scale(self, fleet: _Fleet, provisioned: int, want: int, t: float, res: Result) -> None:
+        """Add or remove replicas to go from ``provisioned`` to ``want`` at ``t``, and count it."""
+        if want > provisioned:
+            fleet.add(want - provisioned, t + self.cfg.cold_start)
+        elif want < provisioned:
+            fleet.remove(provisioned - want)
+        if want != provisioned:
+            res.scaling_actions += 1
+            res.actions_at.append(t)
+        res.replicas.append(want)
+        res.replica_seconds += want * self.cfg.sync
+        if want == 0:
+            res.zero_seconds += self.cfg.sync
+
+    def _through_door(self, door: _Door, t: float, res: Result) -> None:
+        """Admit the arrivals until the next tick; a replica asked for from zero costs its
+        replica-seconds from then, and counts as a scaling action."""
+        end = min(t + self.cfg.sync, self.cfg.horizon)
+        for a in door.admit(t + self.cfg.sync):
+            res.replica_seconds += max(0.0, end - a)
+            res.zero_seconds -= max(0.0, end - a)
+            res.scaling_actions += 1
+            res.actions_at.append(a)
+
+    def _concurrency(
+        self, t: float, fleet: _Fleet, head_at: list[int], arrived: int, avail: np.ndarray, door: _Door | None
+    ) -> float:
         """The in-flight count averaged over [t - sync, t] (``Metrics.concurrency``): each request that
-        arrived before t and was not answered before t - sync counts the part of that interval between
-        its arrival and its answer (or t, when it is still queued or in service at t)."""
+        reached the replicas' queue (``avail``) before t and was not answered before t - sync counts the
+        part of that interval between its arrival and its answer (or t, when it is still queued or in
+        service at t); with a ``door``, the requests its activator held count their time there too."""
         t0 = max(0.0, t - self.cfg.sync)
         if t <= t0:
             return math.nan
         # Requests before the head of two ticks ago were dispatched by then and answered within one
         # batch's service time, before t0 (a sync interval is longer than s(B)).
         lo = head_at[-3] if len(head_at) >= 3 else 0
-        a = self.arrivals[lo:arrived]
+        a = avail[lo:arrived]
         d = np.nan_to_num(fleet.done[lo:arrived], nan=math.inf)
         overlap = np.minimum(d, t) - np.maximum(a, t0)
-        return float(overlap[overlap > 0].sum()) / (t - t0)
+        held = 0.0 if door is None else door.held_in_flight(t0, t)
+        return (float(overlap[overlap > 0].sum()) + held) / (t - t0)
 
-    def _scrape(self, t: float, fleet: _Fleet, head_at: list[int], arr_list: list[float]) -> Metrics:
+    def _scrape(
+        self,
+        t: float,
+        fleet: _Fleet,
+        head_at: list[int],
+        offered_list: list[float],
+        avail: np.ndarray,
+        door: _Door | None,
+    ) -> Metrics:
+        """One scrape at ``t``: what the replicas' queue saw (``fleet.arrivals``, ``avail``: the same as
+        the arrivals without an activator) and, for ``offered_rate`` and ``last_arrival``, the arrivals
+        themselves (``offered_list``)."""
         if self.fault is not None and self.fault[0] <= t < self.fault[1]:
             nan = math.nan
             return Metrics(nan, nan, nan, nan, 0, nan, nan, down=self.fault[2] == "down")
-        cfg, arr, done, head = self.cfg, self.arrivals, fleet.done, fleet.head
+        offered = bisect.bisect_right(offered_list, t)
+        offered_rate = (offered - bisect.bisect_right(offered_list, t - self.cfg.window)) / self.cfg.window
+        last_arrival = offered_list[offered - 1] if offered else math.nan
+        cfg, done, head = self.cfg, fleet.done, fleet.head
+        arr, arr_list = avail, fleet.arrivals
         bounds = np.asarray(cfg.buckets)
         back = int(cfg.window / cfg.sync) + 2
         lo = head_at[max(0, len(head_at) - 1 - back)]
@@ -893,7 +1216,9 @@ class Simulator:
         # Requests dispatched before ``lo`` finished more than a window ago.
         inflight = queue + float(np.count_nonzero(d > t))
         return Metrics(
-            concurrency=self._concurrency(t, fleet, head_at, arrived),
+            concurrency=self._concurrency(t, fleet, head_at, arrived, avail, door),
+            offered_rate=offered_rate,
+            last_arrival=last_arrival,
             p99=p99,
             utilization=min(1.0, util) if util == util else util,
             rate=float(mask.sum()) / cfg.window,
@@ -997,7 +1322,8 @@ def make_kubeinfer(
 
 def make_hpa(cfg: SimConfig, metric: str, target: float | None = None) -> Controller:
     """The Kubernetes HPA algorithm on one metric (``"gpu"``: target 0.7, a ratio; ``"p99"``: target =
-    the SLO, seconds; ``"rate"``: requests/s per replica, no default), or on ``target`` when given.
+    the SLO, seconds; ``"rate"``: requests/s per replica, no default; ``"offered"``: the same on the
+    arrivals a proxy in front counts, ``Metrics.offered_rate``), or on ``target`` when given.
 
     desired = ceil(ready * value / target) unless |value/target - 1| <= 0.1; scale-up limited to
     max(100 %, 4 pods) per sync; scale-down to the highest recommendation of the last 300 s.
@@ -1010,12 +1336,18 @@ def make_hpa(cfg: SimConfig, metric: str, target: float | None = None) -> Contro
     """
     history: list[tuple[float, int]] = []
     if target is None:
-        if metric == "rate":
+        if metric in ("rate", "offered"):
             raise ValueError("an HPA on the request rate needs a target (requests/s per replica)")
         target = 0.7 if metric == "gpu" else cfg.target_p99
 
     def tick(t: float, m: Metrics, n: int, timeout: float) -> tuple[int, float]:
-        values = {"rate": m.rate / max(n, 1), "gpu": m.utilization, "p99": m.p99}
+        per_replica = max(n, 1)
+        values = {
+            "rate": m.rate / per_replica,
+            "offered": m.offered_rate / per_replica,
+            "gpu": m.utilization,
+            "p99": m.p99,
+        }
         value = values[metric]
         base = m.ready if metric == "gpu" else n
         if math.isnan(value):

@@ -285,16 +285,17 @@ def test_autoscale_sim_a_trace_folder_keeps_its_service_model(tmp_path: Path) ->
     assert sim._default_service_model(one) == sim.RUNTIME_RESULTS
 
 
-def test_autoscale_sim_later_batch_is_written_to_its_own_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", ["peers_batch", "idle"])
+def test_autoscale_sim_later_batch_is_written_to_its_own_folder(tmp_path: Path, batch: str) -> None:
     # --write-traces DIR --batch NAME reproduces the committed folder of that batch, byte for byte
-    committed = sim.TRACES_DIR / "peers_batch"
+    committed = sim.TRACES_DIR / batch
     assert (
         sim.main(
             [
                 "--write-traces",
                 str(tmp_path),
                 "--batch",
-                "peers_batch",
+                batch,
                 "--service-model",
                 str(sim.TRACES_DIR / "service_model.json"),
             ]
@@ -302,8 +303,8 @@ def test_autoscale_sim_later_batch_is_written_to_its_own_folder(tmp_path: Path) 
         == 0
     )
     names = sorted(p.name for p in committed.glob("*.csv"))
-    assert names == sorted(f"{n}.csv" for n in sim.BATCHES["peers_batch"])
+    assert names == sorted(f"{n}.csv" for n in sim.BATCHES[batch])
     for name in names:
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes()
     # the default run of bench/traces/ does not read a batch's folder
-    assert not set(sim.BATCHES["peers_batch"]) & set(sim.BUILTIN)
+    assert not set(sim.BATCHES[batch]) & set(sim.BUILTIN)
