@@ -78,8 +78,9 @@ ACTIVATOR_PORT = 8080
 ACTIVATOR_GRPC_PORT = 8081
 #: ``endpointslice.kubernetes.io/managed-by`` of the EndpointSlice the operator writes for the Service of an
 #: InferenceService at zero (its addresses: the activator's Ready pods); the EndpointSlice controller
-#: leaves slices of another manager alone.
-ENDPOINTSLICE_MANAGED_BY = "kubeinfer.io/operator"
+#: leaves slices of another manager alone. A label value (no ``/``), named like the controller's own
+#: ``endpointslice-controller.k8s.io``.
+ENDPOINTSLICE_MANAGED_BY = "operator.kubeinfer.io"
 
 
 def demand_value(when: datetime) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -138,6 +139,8 @@ def test_the_activator_endpointslice() -> None:
     assert meta["labels"]["endpointslice.kubernetes.io/managed-by"] == ENDPOINTSLICE_MANAGED_BY
     assert meta["labels"][ISVC_LABEL] == "m" and meta["labels"]["app.kubernetes.io/managed-by"] == "kubeinfer"
     assert meta["ownerReferences"][0]["kind"] == api.KIND and meta["ownerReferences"][0]["uid"] == "u"
+    for value in meta["labels"].values():  # what the API server accepts as a label value
+        assert re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", value) and len(value) <= 63, value
     assert piece["addressType"] == "IPv4"
     assert piece["endpoints"] == [
         {"addresses": ["10.0.0.7"], "conditions": {"ready": True}},
