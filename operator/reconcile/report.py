@@ -51,7 +51,7 @@ def scale_to_zero_state(
         "False",
         conditions.SCALE_TO_ZERO_UNAVAILABLE,
         "minReplicas 0 needs the activator, and this operator is not told it is installed "
-        "(KUBEINFER_ACTIVATOR_ENABLED=true; no chart value yet): the service keeps 1 replica",
+        "(KUBEINFER_ACTIVATOR_ENABLED=true with KUBEINFER_ACTIVATOR_SERVICE): the service keeps 1 replica",
     )
 
 
