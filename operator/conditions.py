@@ -406,7 +406,9 @@ REASONS: tuple[Reason, ...] = (
         CONDITION_SCALE_TO_ZERO,
         "True",
         "`autoscaling.minReplicas: 0` is in force: after `scaleToZero.idleAfter` without requests the "
-        "autoscaler takes the service to zero, and the activator's demand brings a replica back",
+        "autoscaler takes the service to zero, and the activator's demand brings a replica back; the "
+        "message ends with where the Service routes: to the activator while no replica is Ready (or the "
+        "last one drains), else to the pods",
     ),
     Reason(
         SCALE_TO_ZERO_UNAVAILABLE,
@@ -414,8 +416,9 @@ REASONS: tuple[Reason, ...] = (
         "False",
         "`autoscaling.minReplicas: 0` is asked for but the operator is not told that the activator is "
         "installed: without it a request at zero would be lost, so the service keeps 1 replica",
-        "install the activator and set `KUBEINFER_ACTIVATOR_ENABLED=true` on the operator (no chart value "
-        "yet), or set `minReplicas: 1`",
+        "install the activator and set `KUBEINFER_ACTIVATOR_ENABLED=true` and "
+        "`KUBEINFER_ACTIVATOR_SERVICE=NAMESPACE/NAME` (the activator's Service) on the operator, or set "
+        "`minReplicas: 1`",
     ),
     # AutoscalingActive
     Reason(

@@ -9,6 +9,7 @@ InferenceService, the autoscaler's timer runs one tick.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from kubeinfer.operator import k8s, metrics
 from kubeinfer.operator.autoscale import loop
-from kubeinfer.operator.builders import scraper_peer
+from kubeinfer.operator.builders import activator_peer, scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.reconciler import Lookup, Reconciler
@@ -43,6 +44,12 @@ def scrapers(settings: Settings) -> tuple[dict[str, Any], ...]:
         )
         return ()
     return (scraper_peer(namespace, settings.prometheus_pod_labels),)
+
+
+def _asks_scale_to_zero(body: Mapping[str, Any]) -> bool:
+    """Whether an InferenceService body (as stored) asks for ``autoscaling.minReplicas: 0``."""
+    scaling = (body.get("spec") or {}).get("autoscaling") or {}
+    return bool(scaling.get("enabled")) and scaling.get("minReplicas") == 0
 
 
 async def read_server_version(kube: k8s.Kube) -> str | None:
@@ -91,9 +98,15 @@ class Controllers:
             references=references,
             capabilities=capabilities,
             activator=settings.activator_enabled,
+            activator_peer=activator_peer(settings.activator_namespace())
+            if settings.activator_enabled
+            else None,
         )
         if settings.activator_enabled:
-            logger.info("activator installed: autoscaling.minReplicas 0 scales an idle service to zero")
+            logger.info(
+                "activator installed (Service %s): autoscaling.minReplicas 0 scales an idle service to zero",
+                settings.activator_service,
+            )
         return cls(kube, reconciler, loop.from_settings(kube, settings))
 
     @classmethod
@@ -180,8 +193,38 @@ class Controllers:
         """The autoscaler's control step for one InferenceService (a no-op when autoscaling is off).
         A step that changed the batch timeout wrote it to ``status.batchTimeout`` only; the reconciler,
         the one writer of owned objects, then renders and applies the ConfigMap from the InferenceService
-        as stored with it (the runtime reloads the file without a restart)."""
+        as stored with it (the runtime reloads the file without a restart). A step that takes the
+        service to zero has the reconciler route its Service to the activator first (``on_zero``): the
+        autoscaler scales to 0 only once it does."""
         namespace, name = object_key(body)
-        result = await self.autoscaler.tick(body, lookup("Deployment", namespace, name))
+
+        async def route_first(stored: Mapping[str, Any]) -> bool:
+            await self.reconciler.reconcile(stored, lookup)
+            return self.reconciler.routes.get((namespace, name)) is True
+
+        result = await self.autoscaler.tick(body, lookup("Deployment", namespace, name), on_zero=route_first)
         if result is not None and result.stored is not None:
             await self.reconciler.reconcile(result.stored, lookup)
+
+    async def activator_seen(self, addresses: tuple[str, ...], lookup: Lookup) -> None:
+        """The activator's Ready addresses as the watch of its EndpointSlices has them now (sorted):
+        when they changed, every InferenceService whose Service routes to the activator is reconciled,
+        so that its EndpointSlice lists them; when the activator gained its first Ready address or lost
+        its last, every one that asks for scale to zero (whether a draining service may route to the
+        activator depends on it, see ``reconcile.routing``). Called before each handler's work
+        (whichever handler sees the change first acts on it)."""
+        before = self.reconciler.activator_addresses
+        if addresses == before:
+            return
+        logger.info(
+            "the activator's Ready addresses: %s (were %s)",
+            ", ".join(addresses) or "none",
+            ", ".join(before) or "none",
+        )
+        self.reconciler.activator_addresses = addresses
+        if bool(before) != bool(addresses):
+            keys = [k for k, b in self.reconciler.bodies.items() if _asks_scale_to_zero(b)]
+        else:
+            keys = [k for k, to_activator in self.reconciler.routes.items() if to_activator]
+        bodies = [b for b in (self.reconciler.bodies.get(k) for k in keys) if b is not None]
+        await asyncio.gather(*(self.reconciler.reconcile(b, lookup) for b in bodies))

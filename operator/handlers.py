@@ -22,7 +22,9 @@ from typing import Any
 
 import kopf
 from kubeinfer.operator import api, k8s
+from kubeinfer.operator.builders import ready_addresses
 from kubeinfer.operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
+from kubeinfer.operator.builders.endpointslice import SERVICE_NAME_LABEL
 from kubeinfer.operator.controllers import Controllers
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OwnedKind
 from kubeinfer.operator.reconcile.reconciler import Lookup
@@ -36,6 +38,8 @@ OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 SETTINGS_MEMO_KEY = "kubeinfer_settings"
 #: The kopf memo key of the :class:`Controllers` (set by :func:`startup`).
 CONTROLLERS_MEMO_KEY = "kubeinfer_controllers"
+#: The kopf index (handler id) of the activator's EndpointSlices: slice name -> its Ready addresses.
+ACTIVATOR_INDEX = "kubeinfer_activator_slices"
 
 
 def _lookup(kwargs: Mapping[str, Any]) -> Lookup:
@@ -61,6 +65,25 @@ def _owner_body(kwargs: Mapping[str, Any], namespace: str | None, labels: Mappin
 
 def _controllers(memo: Any) -> Controllers:
     controllers: Controllers = memo[CONTROLLERS_MEMO_KEY]
+    return controllers
+
+
+def _activator_addresses(index: Any) -> tuple[str, ...]:
+    """The activator's Ready addresses over every slice in the index :data:`ACTIVATOR_INDEX`, sorted."""
+    found: set[str] = set()
+    for store in index.values():
+        for addresses in store:
+            found.update(addresses)
+    return tuple(sorted(found))
+
+
+async def _synced(memo: Any, kwargs: Mapping[str, Any]) -> Controllers:
+    """The :class:`Controllers`, told first the activator's Ready addresses as the index has them now
+    (with the activator enabled; see :meth:`Controllers.activator_seen`)."""
+    controllers = _controllers(memo)
+    index = kwargs.get(ACTIVATOR_INDEX)
+    if index is not None:
+        await controllers.activator_seen(_activator_addresses(index), _lookup(kwargs))
     return controllers
 
 
@@ -92,7 +115,7 @@ async def isvc_event(
     type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     """Any event of an InferenceService (including the initial listing)."""
-    await _controllers(memo).isvc_event(type, dict(body), _lookup(kwargs))
+    await (await _synced(memo, kwargs)).isvc_event(type, dict(body), _lookup(kwargs))
 
 
 async def owned_event(
@@ -105,7 +128,7 @@ async def owned_event(
 ) -> None:
     """An owned object of kind ``param`` changed (status, hand edit, deletion)."""
     owner = _owner_body(kwargs, namespace, labels)
-    await _controllers(memo).owned_event(
+    await (await _synced(memo, kwargs)).owned_event(
         type, str(param), str(namespace), str(kwargs.get("name")), owner, _lookup(kwargs)
     )
 
@@ -115,18 +138,58 @@ async def pod_event(
 ) -> None:
     """A runtime pod changed (scheduled or not, pulling, crashed, ready)."""
     owner = _owner_body(kwargs, namespace, labels)
-    await _controllers(memo).pod_event(type, owner, _lookup(kwargs))
+    await (await _synced(memo, kwargs)).pod_event(type, owner, _lookup(kwargs))
 
 
 async def resync(body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """Periodic level-based resync, while the InferenceService is still in the index."""
     indexed = bool(kwargs["kubeinfer_isvcs"].get((namespace, name)))
-    await _controllers(memo).resync(dict(body), _lookup(kwargs), indexed=indexed)
+    await (await _synced(memo, kwargs)).resync(dict(body), _lookup(kwargs), indexed=indexed)
 
 
 async def autoscale(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """The autoscaler's control step (``kubeinfer.operator.autoscale.loop``)."""
-    await _controllers(memo).autoscale(dict(body), _lookup(kwargs))
+    await (await _synced(memo, kwargs)).autoscale(dict(body), _lookup(kwargs))
+
+
+def _index_activator_slice(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """An EndpointSlice of the activator's Service by name: its Ready addresses."""
+    return {name: ready_addresses([body])}
+
+
+async def activator_slice_event(memo: kopf.Memo, **kwargs: Any) -> None:
+    """An EndpointSlice of the activator's Service changed (or went): the activator's Ready addresses
+    may have changed."""
+    await _synced(memo, kwargs)
+
+
+def _register_activator(settings: Settings, registry: kopf.OperatorRegistry) -> None:
+    """The index (:data:`ACTIVATOR_INDEX`) and the watch of the EndpointSlices of the activator's Service
+    (``settings.activator_service``: ``kubernetes.io/service-name`` its name, in its namespace)."""
+    where, res = settings.activator_namespace(), k8s.ENDPOINT_SLICE
+
+    def of_activator(namespace: str | None, **_: Any) -> bool:
+        return namespace == where
+
+    labels = {SERVICE_NAME_LABEL: settings.activator_name()}
+    kopf.index(
+        res.group,
+        res.version,
+        res.plural,
+        labels=labels,
+        when=of_activator,
+        id=ACTIVATOR_INDEX,
+        registry=registry,
+    )(_index_activator_slice)
+    kopf.on.event(
+        res.group,
+        res.version,
+        res.plural,
+        labels=labels,
+        when=of_activator,
+        id=f"{ACTIVATOR_INDEX}_event",
+        registry=registry,
+    )(activator_slice_event)
 
 
 def _register_owned(owned: OwnedKind, registry: kopf.OperatorRegistry) -> None:
@@ -157,6 +220,8 @@ def register(settings: Settings, registry: kopf.OperatorRegistry | None = None) 
     kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)(isvc_event)
     for owned in OWNED:
         _register_owned(owned, registry)
+    if settings.activator_enabled:
+        _register_activator(settings, registry)
     kopf.on.event(k8s.POD.group, k8s.POD.version, k8s.POD.plural, labels=OWNED_LABELS, registry=registry)(
         pod_event
     )

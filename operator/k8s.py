@@ -74,6 +74,7 @@ PERSISTENT_VOLUME_CLAIM = Resource("v1", "PersistentVolumeClaim", "persistentvol
 EVENT = Resource("v1", "Event", "events")
 POD = Resource("v1", "Pod", "pods")
 REPLICASET = Resource("apps/v1", "ReplicaSet", "replicasets")
+ENDPOINT_SLICE = Resource("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")
 
 #: Every resource the operator handles, by ``(apiVersion, kind)``.
 _PLURALS: dict[tuple[str, str], str] = {
@@ -88,6 +89,7 @@ _PLURALS: dict[tuple[str, str], str] = {
         EVENT,
         POD,
         REPLICASET,
+        ENDPOINT_SLICE,
     )
 }
 

@@ -9,7 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+#: A DNS-1123 label: a namespace's or a Service's name.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 
 
 class Settings(BaseModel):
@@ -64,6 +67,14 @@ class Settings(BaseModel):
         description="true: the activator is installed and a Service at zero points at it, so an "
         "InferenceService with autoscaling.minReplicas 0 may scale to zero (and back on the activator's "
         "demand); false = minReplicas 0 keeps 1 replica and its ScaleToZero condition says why",
+    )
+    activator_service: str = Field(
+        default="",
+        pattern=rf"^({_DNS_LABEL}/{_DNS_LABEL})?$",
+        description="NAMESPACE/NAME of the activator's Service (needed with activator_enabled): the Service "
+        "of an InferenceService at zero is pointed at its Ready endpoints (the operator watches its "
+        "EndpointSlices), and the runtime pods' NetworkPolicy admits the activator pods of NAMESPACE; "
+        "with namespaces set, NAMESPACE must be one of them",
     )
     autoscale_interval_seconds: float = Field(
         default=15.0, gt=0, description="period of the autoscaler's decision per InferenceService, seconds"
@@ -122,6 +133,31 @@ class Settings(BaseModel):
         "served an oci:// model is Ready=False ImageVolumeUnsupported and nothing is applied",
     )
 
+    @model_validator(mode="after")
+    def _activator_service_needed(self) -> Settings:
+        """``activator_enabled`` needs ``activator_service``, in a namespace the operator watches."""
+        if self.activator_enabled and not self.activator_service:
+            raise ValueError(
+                f"{env_var('activator_enabled')}=true needs {env_var('activator_service')} "
+                "(NAMESPACE/NAME of the activator's Service)"
+            )
+        where = self.activator_namespace()
+        if self.activator_enabled and self.namespaces and where not in self.namespaces:
+            raise ValueError(
+                f"{env_var('activator_service')} is in namespace {where!r}, which {env_var('namespaces')} "
+                f"({','.join(self.namespaces)}) does not list: the operator watches the activator's "
+                "EndpointSlices only in the namespaces it handles"
+            )
+        return self
+
+    def activator_namespace(self) -> str:
+        """NAMESPACE of ``activator_service`` (``""`` when unset)."""
+        return self.activator_service.partition("/")[0]
+
+    def activator_name(self) -> str:
+        """NAME of ``activator_service`` (``""`` when unset)."""
+        return self.activator_service.partition("/")[2]
+
     @field_validator("image_volumes", mode="before")
     @classmethod
     def _auto(cls, value: object) -> object:
@@ -162,8 +198,8 @@ class Settings(BaseModel):
         return ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read ``KUBEINFER_*`` variables. Raises ``pydantic.ValidationError`` naming the variable's field."""
+    def _env_values(cls, env: Mapping[str, str] | None) -> dict[str, object]:
+        """The raw values of the ``KUBEINFER_*`` variables set (and ``KUBECONFIG``), by field."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         for name in cls.model_fields:
@@ -173,12 +209,19 @@ class Settings(BaseModel):
             values[name] = _split(raw) if name in LIST_FIELDS else raw
         if env.get("KUBECONFIG") and "kubeconfig" not in values:
             values["kubeconfig"] = env["KUBECONFIG"]
-        return cls.model_validate(values)
+        return values
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read ``KUBEINFER_*`` variables. Raises ``pydantic.ValidationError`` naming the variable's field
+        (both variables where two settings do not go together)."""
+        return cls.model_validate(cls._env_values(env))
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-        """Environment first, then ``--flag`` overrides (``--namespaces a,b``, ``--peering ''`` ...)."""
-        base = cls.from_env(env)
+        """Environment first, then ``--flag`` overrides (``--namespaces a,b``, ``--peering ''`` ...),
+        validated together (a flag may complete what a variable needs)."""
+        base = cls._env_values(env)
         parser = argparse.ArgumentParser(
             prog="kubeinfer-operator",
             description="The kubeinfer kopf operator. Each flag can also be set by its environment variable.",
@@ -197,7 +240,7 @@ class Settings(BaseModel):
             value = getattr(args, name)
             if value is not None:
                 updates[name] = _split(value) if name in LIST_FIELDS else value
-        return cls.model_validate({**base.model_dump(), **updates}) if updates else base
+        return cls.model_validate({**base, **updates})
 
 
 #: How ``--help`` shows the defaults that are not a plain value.

@@ -11,6 +11,18 @@ on a demand annotation newer than the service's scale to zero. In full:
 - **0 -> 1**: the reconciler, on a demand annotation (:data:`DEMAND_ANNOTATION`) newer than the service's
   scale to zero. The activator writes only that annotation (a merge patch of the InferenceService's
   metadata), never a replica count: it asks, the reconciler decides.
+- **Routing**: the reconciler's, the one writer of the Service. With scale to zero in force the Service
+  routes to the activator while its Deployment has no Ready replica (at zero, new, or woken with its pod
+  starting), or while a scale to zero is decided (``status.scaledToZeroAt`` newer than the demand) and
+  the Deployment asks for at most one replica (the last one draining); otherwise to its pods (and, while
+  the activator has no Ready address, a service with a Ready replica stays on its pods). To the
+  activator: the Service without ``spec.selector`` and an EndpointSlice ``<isvc>-activator``
+  (:data:`ENDPOINTSLICE_MANAGED_BY`) of the activator's Ready addresses, ports named like the runtime's
+  (:data:`RUNTIME_PORT_NAME` -> :data:`ACTIVATOR_PORT`, :data:`GRPC_PORT_NAME` ->
+  :data:`ACTIVATOR_GRPC_PORT`). Back to the pods: the selector first, then that EndpointSlice goes once
+  the EndpointSlice controller lists a Ready pod. For 1 -> 0 the autoscaler, after recording
+  ``scaledToZeroAt``, has the reconciler apply the routing and scales to 0 only once the Service routes
+  to the activator, so that no request reaches a stopping pod.
 
 The demand annotation's value is an RFC 3339 UTC timestamp in whole seconds like every ``metav1.Time``
 (:func:`demand_value`): the time of the first request held since the activator last asked; asking again
@@ -84,8 +96,9 @@ ACTIVATOR_PORT = 8080
 ACTIVATOR_GRPC_PORT = 8081
 #: ``endpointslice.kubernetes.io/managed-by`` of the EndpointSlice the operator writes for the Service of an
 #: InferenceService at zero (its addresses: the activator's Ready pods); the EndpointSlice controller
-#: leaves slices of another manager alone.
-ENDPOINTSLICE_MANAGED_BY = "kubeinfer.io/operator"
+#: leaves slices of another manager alone. A label value (no ``/``), named like the controller's own
+#: ``endpointslice-controller.k8s.io``.
+ENDPOINTSLICE_MANAGED_BY = "operator.kubeinfer.io"
 
 
 def demand_value(when: datetime) -> str:

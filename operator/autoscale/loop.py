@@ -47,7 +47,7 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -226,6 +226,9 @@ class TickResult:
 
 
 SignalsFactory = Callable[[], prometheus.PrometheusSignals]
+#: Awaited before a scale to 0 with the InferenceService as stored: whether its Service now routes to
+#: the activator (see :meth:`Autoscaler.tick`).
+OnZero = Callable[[Mapping[str, Any]], Awaitable[bool]]
 
 
 @dataclass
@@ -283,11 +286,18 @@ class Autoscaler:
         self,
         body: Mapping[str, Any],
         deployment: Mapping[str, Any] | None,
+        *,
+        on_zero: OnZero | None = None,
     ) -> TickResult | None:
         """One control step for the InferenceService ``body``; ``deployment``: its Deployment as last
         seen (``None`` if absent). Returns ``None`` when autoscaling is off, the object is being deleted
         or the spec is invalid (the operator's reconcile reports that). API errors are logged, not
-        raised: the next tick tries again."""
+        raised: the next tick tries again.
+
+        ``on_zero``: awaited with the InferenceService as stored with ``status.scaledToZeroAt``, after
+        that write and before the scale to 0 (the controllers have the reconciler route the Service to
+        the activator there); ``False`` (the Service does not route to the activator) leaves the
+        replicas as they are, and the next tick decides again."""
         try:
             isvc = api.InferenceService.from_body(body)
         except pydantic.ValidationError:
@@ -296,7 +306,7 @@ class Autoscaler:
             self.forget(isvc.namespace, isvc.name)
             return None
         try:
-            return await self._tick(isvc, body, deployment)
+            return await self._tick(isvc, body, deployment, on_zero)
         except k8s.KubeError as exc:
             logger.warning(
                 "autoscale %s/%s: API error, next tick retries: %s", isvc.namespace, isvc.name, exc
@@ -308,6 +318,7 @@ class Autoscaler:
         isvc: api.InferenceService,
         body: Mapping[str, Any],
         deployment: Mapping[str, Any] | None,
+        on_zero: OnZero | None = None,
     ) -> TickResult:
         spec = isvc.spec.autoscaling
         ns, name = isvc.namespace, isvc.name
@@ -363,10 +374,9 @@ class Autoscaler:
         if decision.timeout_changed and "batchTimeout" in written.patch:
             result.stored = written.stored
 
-        if decision.replicas_changed and decision.replicas == 0 and "scaledToZeroAt" not in written.patch:
-            # the moment of the scale to zero could not be recorded (the spec moved): without it a
-            # demand could not be told from an old one; the next tick decides again
-            return result
+        to_zero = decision.replicas_changed and decision.replicas == 0
+        if to_zero and not await self._ready_for_zero(isvc, body, written, on_zero):
+            return result  # the next tick decides again
         if decision.replicas_changed:
             await self.kube.patch_merge(
                 k8s.DEPLOYMENT.path(ns, name),
@@ -388,6 +398,30 @@ class Autoscaler:
                 api.object_reference(body), reason=conditions.AUTOSCALED, message=decision.reason
             )
         return result
+
+    async def _ready_for_zero(
+        self,
+        isvc: api.InferenceService,
+        body: Mapping[str, Any],
+        written: status.StatusWrite,
+        on_zero: OnZero | None,
+    ) -> bool:
+        """Whether a decision to scale to 0 may be carried out: its moment was recorded
+        (``status.scaledToZeroAt`` in ``written``; if the spec moved meanwhile it was not, and without it a
+        demand could not be told from an old one), then ``on_zero`` (when given) says the Service routes
+        to the activator, so that a request arriving while the last replica drains is held by the
+        activator, not sent to a pod that is stopping."""
+        if "scaledToZeroAt" not in written.patch:
+            return False
+        if on_zero is None or await on_zero(written.stored or body):
+            return True
+        logger.info(
+            "autoscale %s/%s: not scaled to zero: the Service does not route to the activator (no Ready "
+            "activator address, or its apply failed); the next tick decides again",
+            isvc.namespace,
+            isvc.name,
+        )
+        return False
 
     async def _restore_history(
         self,

@@ -15,16 +15,22 @@ from kubeinfer.contract.activator import GRPC_PORT_NAME
 from kubeinfer.contract.activator import RUNTIME_PORT_NAME as PORT_NAME
 
 
-def build_service(isvc: api.InferenceService) -> dict[str, Any]:
+def build_service(isvc: api.InferenceService, *, selector: bool = True) -> dict[str, Any]:
     """A ClusterIP Service ``<isvc>`` selecting the runtime pods: REST on port 8080 (name ``http``) and
-    gRPC on ``spec.server.grpcPort`` (name ``grpc``, default 8081; ``appProtocol: kubernetes.io/h2c``)."""
+    gRPC on ``spec.server.grpcPort`` (name ``grpc``, default 8081; ``appProtocol: kubernetes.io/h2c``).
+
+    ``selector=False`` (the service routes to the activator): no ``spec.selector``, so that server-side
+    apply drops the one the operator set and the EndpointSlice controller leaves the Service's endpoints
+    to the operator's activator EndpointSlice (``builders.endpointslice``)."""
+    spec: dict[str, Any] = {"type": "ClusterIP"}
+    if selector:
+        spec["selector"] = selector_labels(isvc)
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(isvc, isvc.name),
         "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(isvc),
+            **spec,
             "ports": [
                 {"name": PORT_NAME, "port": api.RUNTIME_PORT, "targetPort": PORT_NAME, "protocol": "TCP"},
                 {

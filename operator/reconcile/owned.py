@@ -13,6 +13,8 @@ from typing import Any
 
 from kubeinfer.operator import api, k8s
 from kubeinfer.operator.builders import (
+    activator_slice_name,
+    build_activator_endpointslice,
     build_configmap,
     build_deployment,
     build_networkpolicy,
@@ -27,12 +29,17 @@ class BuildInputs:
     ``spec.replicas`` of the Deployment (``None`` = leave it to its other owner, see
     ``replicas.desired_replicas``), the NetworkPolicy peers of the operator's Prometheus
     (``scrapers``, admitted to the metrics port) and ``default_deny`` (every InferenceService gets a
-    NetworkPolicy, even without ``spec.server.allowFrom``); the last two from the operator's settings."""
+    NetworkPolicy, even without ``spec.server.allowFrom``); the last two from the operator's settings.
+    ``activator_addresses``: ``None`` when the Service routes to its pods (it selects them), else the
+    activator's Ready addresses, which its EndpointSlice lists (``reconcile.routing``);
+    ``activator_peer``: the NetworkPolicy peer of the activator's pods (``None``: no activator)."""
 
     batch_timeout_seconds: float
     replicas: int | None
     scrapers: tuple[Mapping[str, Any], ...] = ()
     default_deny: bool = False
+    activator_addresses: tuple[str, ...] | None = None
+    activator_peer: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,23 @@ OWNED: tuple[OwnedKind, ...] = (
         api.configmap_name,
         lambda isvc, inputs: build_configmap(isvc, inputs.batch_timeout_seconds),
     ),
-    OwnedKind(k8s.SERVICE, "kubeinfer_services", _same_name, lambda isvc, _: build_service(isvc)),
+    OwnedKind(
+        k8s.SERVICE,
+        "kubeinfer_services",
+        _same_name,
+        lambda isvc, inputs: build_service(isvc, selector=inputs.activator_addresses is None),
+    ),
+    OwnedKind(
+        k8s.ENDPOINT_SLICE,
+        "kubeinfer_endpointslices",
+        activator_slice_name,
+        lambda isvc, inputs: (
+            None
+            if inputs.activator_addresses is None
+            else build_activator_endpointslice(isvc, inputs.activator_addresses)
+        ),
+        "the Service routes to the pods",
+    ),
     OwnedKind(
         k8s.DEPLOYMENT,
         "kubeinfer_deployments",
@@ -83,7 +106,9 @@ OWNED: tuple[OwnedKind, ...] = (
         k8s.NETWORK_POLICY,
         "kubeinfer_networkpolicies",
         _same_name,
-        lambda isvc, inputs: build_networkpolicy(isvc, inputs.scrapers, inputs.default_deny),
+        lambda isvc, inputs: build_networkpolicy(
+            isvc, inputs.scrapers, inputs.default_deny, inputs.activator_peer
+        ),
         "spec.server.allowFrom unset",
     ),
 )

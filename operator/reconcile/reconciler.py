@@ -19,6 +19,11 @@ from typing import Any
 import pydantic
 from kubeinfer.operator import api, conditions, k8s, metrics, rfc3339
 from kubeinfer.operator.builders.common import selector_string
+from kubeinfer.operator.builders.endpointslice import (
+    activator_slice_name,
+    controller_slices_selector,
+    ready_addresses,
+)
 from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
@@ -26,6 +31,7 @@ from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, Buil
 from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.reconcile.replicas import Wake, desired_replicas, wake
 from kubeinfer.operator.reconcile.rollout import rollout_of
+from kubeinfer.operator.reconcile.routing import ready_replicas, routes_to_activator
 from kubeinfer.operator.status import (
     ConditionState,
     StatusWrite,
@@ -42,7 +48,11 @@ logger = logging.getLogger(__name__)
 #: ``lookup(kind, namespace, name)`` → the current object as last seen, or ``None``.
 Lookup = Callable[[str, str, str], Mapping[str, Any] | None]
 
-__all__ = ["OWNED_KINDS", "Lookup", "Reconciler", "apply_if_changed"]
+__all__ = ["HAND_OVER_SECONDS", "OWNED_KINDS", "Lookup", "Reconciler", "apply_if_changed"]
+
+#: While a Service that routed to the activator turns back to its Ready pods: how soon the reconcile
+#: looks again for the EndpointSlice controller's slice of those pods (then the activator's slice goes).
+HAND_OVER_SECONDS = 1.0
 
 
 async def apply_if_changed(
@@ -81,6 +91,12 @@ class Reconciler:
     written by ``status_writer`` (field manager ``kubeinfer``), made from ``kube``. ``activator``: the
     activator is installed, so ``autoscaling.minReplicas: 0`` may take a service to zero and the
     activator's demand brings it back (:func:`replicas.wake`); without it the floor stays 1.
+    ``activator_addresses``: the activator's Ready addresses as last seen (kept up to date by the
+    controllers, from the watch of the activator's EndpointSlices), which a Service routed to the
+    activator is pointed at (:mod:`~kubeinfer.operator.reconcile.routing`); ``activator_peer``: the
+    NetworkPolicy peer of the activator's pods (``None``: none admitted). ``routes``: by InferenceService,
+    the routing the last reconcile applied (``True``: to the activator); absent when not known (never
+    reconciled, or its Service or EndpointSlice failed to apply).
     """
 
     kube: k8s.Kube
@@ -93,6 +109,9 @@ class Reconciler:
     max_retry_delay: float = backoff.RETRY_DELAY_MAX_SECONDS
     api_error_threshold: int = backoff.API_ERROR_THRESHOLD
     activator: bool = False
+    activator_addresses: tuple[str, ...] = ()
+    activator_peer: Mapping[str, Any] | None = None
+    routes: dict[tuple[str, str], bool] = field(default_factory=dict)
     status_writer: StatusWriter = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
@@ -101,6 +120,7 @@ class Reconciler:
     _failures: dict[tuple[str, str], int] = field(default_factory=dict)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _replicasets_refused: bool = False
+    _hand_overs: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.status_writer = StatusWriter(self.kube, api.FIELD_MANAGER)
@@ -111,6 +131,8 @@ class Reconciler:
         self.bodies.pop((namespace, name), None)
         self._events.pop((namespace, name), None)
         self._failures.pop((namespace, name), None)
+        self.routes.pop((namespace, name), None)
+        self._hand_overs.pop((namespace, name), None)
         self.status_writer.forget(namespace, name)
         for owned in OWNED:
             self._applied.pop((owned.kind, namespace, owned.name_of(name)), None)
@@ -261,11 +283,17 @@ class Reconciler:
         deployment = self._current(lookup, "Deployment", namespace, name)
         # 0 -> 1 is ours: the activator's demand newer than the scale to zero
         woken = wake(body, isvc, deployment, activator=self.activator)
+        seen = deployment  # as the routing rule reads it (the apply below may store a newer one)
+        to_activator = routes_to_activator(
+            body, isvc, seen, activator=self.activator, activator_ready=bool(self.activator_addresses)
+        )
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
             replicas=desired_replicas(isvc, deployment, activator=self.activator, woken=woken is not None),
             scrapers=self.scrapers,
             default_deny=self.default_deny,
+            activator_addresses=self.activator_addresses if to_activator else None,
+            activator_peer=self.activator_peer if self.activator else None,
         )
         built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
         desired = [obj for obj in built.values() if obj is not None]
@@ -278,10 +306,13 @@ class Reconciler:
         # The batch timeout the ConfigMap was last rendered with (status) and the one it has now.
         before = current_status.get("batchTimeout")
         batch_timeout = (before if isinstance(before, str) else None, inputs.batch_timeout_seconds)
+        failed: set[str] = set()
         for obj, current, outcome in zip(desired, currents, outcomes, strict=True):
             stored = self._record_apply(body, isvc, obj, current, outcome, errors, batch_timeout, woken)
             if stored is not None and obj["kind"] == "Deployment":
                 deployment = stored
+            if isinstance(outcome, BaseException):
+                failed.add(obj["kind"])
         created = [
             f"{o['kind']} {o['metadata']['name']}"
             for o, out in zip(desired, outcomes, strict=True)
@@ -289,13 +320,14 @@ class Reconciler:
         ]
         if created:
             self._event_later(body, conditions.CREATED, "created " + ", ".join(created))
-        for kind in (k for k, obj in built.items() if obj is None):
+        for kind in (k for k, obj in built.items() if obj is None and k != k8s.ENDPOINT_SLICE.kind):
             await self._delete_unwanted(body, lookup, kind)
+        routed = await self._route(body, lookup, isvc, ready_replicas(seen) > 0, to_activator, failed)
 
         error = errors[-1] if errors else None
         state = await self._observe(isvc, deployment, error, current_status)
         desired_status = report.desired_status(
-            isvc, deployment, state, current_status, self.clock(), activator=self.activator
+            isvc, deployment, state, current_status, self.clock(), activator=self.activator, routed=routed
         )
         await self._write_status(body, desired_status, note=state.note)
 
@@ -463,6 +495,65 @@ class Reconciler:
             "conditions": report.fault_conditions(current_status, ready, self.clock(), generation),
         }
         await self._write_status(body, desired)
+
+    async def _route(
+        self,
+        body: Mapping[str, Any],
+        lookup: Lookup,
+        isvc: api.InferenceService,
+        pods_ready: bool,
+        to_activator: bool,
+        failed: set[str],
+    ) -> bool | None:
+        """Finish the routing the applies started (:mod:`~kubeinfer.operator.reconcile.routing`) and
+        remember it in :attr:`routes`; returns it (``True``: to the activator), ``None`` when the
+        Service or the EndpointSlice failed to apply (the error is in the Ready condition).
+
+        To the activator (the Service without selector and the activator EndpointSlice applied): the
+        EndpointSlices the EndpointSlice controller made for the Service are deleted. That controller
+        neither updates nor removes the slices of a Service that lost its selector, so their pod
+        addresses would stay among the Service's endpoints; a slice it was writing as the selector went
+        is caught by the next reconcile (each one at the activator lists them).
+
+        To the pods (the Service with its selector applied): the activator EndpointSlice is deleted once
+        the controller's slices list a Ready pod, so that the Service never has no endpoint between the
+        two; until then it stays (the activator forwards to the Ready pods), and while the Deployment has
+        a Ready replica (``pods_ready``) the reconcile is tried again after :data:`HAND_OVER_SECONDS`,
+        doubling each time (at most ``max_retry_delay``).
+        """
+        key = (isvc.namespace, isvc.name)
+        if {k8s.SERVICE.kind, k8s.ENDPOINT_SLICE.kind} & failed:
+            self.routes.pop(key, None)
+            return None
+        path = k8s.ENDPOINT_SLICE.path(isvc.namespace)
+        if to_activator:
+            for piece in await self.kube.list(path, label_selector=controller_slices_selector(isvc.name)):
+                name = str((piece.get("metadata") or {}).get("name"))
+                if await self.kube.delete(k8s.ENDPOINT_SLICE.path(isvc.namespace, name)):
+                    logger.info(
+                        "reconcile %s/%s: deleted EndpointSlice %s of the EndpointSlice controller "
+                        "(the Service routes to the activator)",
+                        *key,
+                        name,
+                    )
+            self.routes[key] = True
+            self._hand_overs.pop(key, None)
+            return True
+        self.routes[key] = False
+        kind, name = k8s.ENDPOINT_SLICE.kind, activator_slice_name(isvc.name)
+        if self._current(lookup, kind, isvc.namespace, name) is None:
+            self._hand_overs.pop(key, None)
+            return False
+        pods = await self.kube.list(path, label_selector=controller_slices_selector(isvc.name))
+        if ready_addresses(pods):
+            self._hand_overs.pop(key, None)
+            await self._delete_unwanted(body, lookup, kind)
+        elif pods_ready:
+            tries = self._hand_overs[key] = self._hand_overs.get(key, 0) + 1
+            self._schedule_retry(
+                body, lookup, min(HAND_OVER_SECONDS * 2 ** (tries - 1), self.max_retry_delay)
+            )
+        return False
 
     async def _delete_unwanted(self, body: Mapping[str, Any], lookup: Lookup, kind: str) -> None:
         """Delete the owned object of ``kind`` that the spec no longer wants (its builder gave ``None``:

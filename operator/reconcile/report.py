@@ -14,6 +14,7 @@ from kubeinfer.operator.reconcile import replicas
 from kubeinfer.operator.reconcile.diagnosis import Health, stalled_state
 from kubeinfer.operator.reconcile.replicas import initial_replicas
 from kubeinfer.operator.reconcile.rollout import Rollout
+from kubeinfer.operator.reconcile.routing import route_words
 from kubeinfer.operator.status import ConditionState
 
 
@@ -28,25 +29,29 @@ def ready_conditions(
     return sorted(out, key=lambda c: c.get("type") != conditions.CONDITION_READY)
 
 
-def scale_to_zero_state(isvc: api.InferenceService, *, activator: bool) -> ConditionState | None:
+def scale_to_zero_state(
+    isvc: api.InferenceService, *, activator: bool, routed: bool | None = None
+) -> ConditionState | None:
     """The ``ScaleToZero`` condition: ``None`` (absent) unless the spec asks for scale to zero
     (:func:`replicas.scale_to_zero_asked`); True ``ScaleToZeroEnabled`` with ``activator`` (the operator
-    is told the activator is installed), else False ``ScaleToZeroUnavailable``: the service keeps a
-    replica, and says why."""
+    is told the activator is installed), its message ending with where the Service routes (``routed``:
+    ``True`` to the activator, ``False`` to the pods, ``None`` not known), else False
+    ``ScaleToZeroUnavailable``: the service keeps a replica, and says why."""
     if not replicas.scale_to_zero_asked(isvc):
         return None
     if activator:
         idle = isvc.spec.autoscaling.scale_to_zero_in_force.idle_after
+        route = "" if routed is None else f"; {route_words(routed)}"
         return ConditionState(
             "True",
             conditions.SCALE_TO_ZERO_ENABLED,
-            f"scales to zero after {idle} without requests; a request brings a replica back",
+            f"scales to zero after {idle} without requests; a request brings a replica back{route}",
         )
     return ConditionState(
         "False",
         conditions.SCALE_TO_ZERO_UNAVAILABLE,
         "minReplicas 0 needs the activator, and this operator is not told it is installed "
-        "(KUBEINFER_ACTIVATOR_ENABLED=true; no chart value yet): the service keeps 1 replica",
+        "(KUBEINFER_ACTIVATOR_ENABLED=true with KUBEINFER_ACTIVATOR_SERVICE): the service keeps 1 replica",
     )
 
 
@@ -104,10 +109,11 @@ def desired_status(
     now: str,
     *,
     activator: bool = False,
+    routed: bool | None = None,
 ) -> dict[str, Any]:
     """The status fields the operator owns (camelCase), given the current status (for transitions).
-    ``activator``: the operator is told the activator is installed (the ScaleToZero condition,
-    :func:`scale_to_zero_state`).
+    ``activator``: the operator is told the activator is installed, ``routed``: where the Service routes
+    (the ScaleToZero condition, :func:`scale_to_zero_state`).
 
     Conditions from :func:`conditions_for` (``now``: RFC 3339; a condition keeps its
     ``lastTransitionTime`` unless its status changes). Counts mirror the Deployment's
@@ -128,7 +134,7 @@ def desired_status(
             now,
             isvc.generation,
             autoscaling=autoscaling,
-            scale_to_zero=scale_to_zero_state(isvc, activator=activator),
+            scale_to_zero=scale_to_zero_state(isvc, activator=activator, routed=routed),
         ),
         **status.counts(deployment),
         "updatedReady": rollout.summary(),

@@ -1,6 +1,9 @@
 """Scale to zero, the operator's side, against the real API server: the 0 -> 1 transition on the
-activator's demand annotation (the reconciler's), an older demand doing nothing, the status at zero, and
-``minReplicas: 0`` without the activator setting (accepted, kept at 1 replica, the condition saying why).
+activator's demand annotation (the reconciler's), an older demand doing nothing, the status at zero,
+``minReplicas: 0`` without the activator setting (accepted, kept at 1 replica, the condition saying why),
+and the Service's routing: to the activator (no selector, the operator's EndpointSlice of the
+activator's Ready addresses) while no pod is Ready or a scale to zero is decided, back to the pods once
+one is (the real EndpointSlice controller's slice of the pod, then the activator slice deleted).
 
 1 -> 0 needs the autoscaler's signals (Prometheus), which this tier does not have: the test writes what
 the autoscaler writes when it scales to zero (``status.scaledToZeroAt`` first, then the Deployment's
@@ -20,12 +23,14 @@ import pytest
 from kubeinfer.operator import api, conditions, rfc3339
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
-from kubeinfer.contract.activator import DEMAND_ANNOTATION, demand_value
+from kubeinfer.contract.activator import DEMAND_ANNOTATION, ENDPOINTSLICE_MANAGED_BY, demand_value
 from tests.integration.operator.test_operator_rollout import argocd_health
 from tests.support.cluster import Cluster, wait_until
 from tests.support.kstatus import compute as kstatus
 
 ZERO = {"enabled": True, "minReplicas": 0, "maxReplicas": 2, "scaleToZero": {"idleAfter": "1s"}}
+#: The activator's Service (in the operator's namespace: it watches its EndpointSlices there).
+ACTIVATOR = "kubeinfer-activator"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +44,11 @@ def zero_operator(
         namespaces=[op_namespace],
         resync_seconds=300.0,
         log_dir=tmp_path_factory.mktemp("operator-logs"),
-        extra_env={**TEST_ENV, "KUBEINFER_ACTIVATOR_ENABLED": "true"},
+        extra_env={
+            **TEST_ENV,
+            "KUBEINFER_ACTIVATOR_ENABLED": "true",
+            "KUBEINFER_ACTIVATOR_SERVICE": f"{op_namespace}/{ACTIVATOR}",
+        },
     )
     with proc:
         proc.wait_ready()
@@ -229,3 +238,153 @@ def test_the_api_server_refuses_min_replicas_zero_without_autoscaling(
     result = cluster.kubectl("apply", "-n", op_namespace, "-f", "-", input=only, check=False)
     assert result.returncode != 0
     assert "scaleToZero applies only with spec.autoscaling.minReplicas 0" in result.stderr
+
+
+def _activator(ns: str, ready: dict[str, bool]) -> list[dict[str, Any]]:
+    """The activator's Service (no selector: the test writes its EndpointSlice, as the EndpointSlice
+    controller would for its pods) and that slice: an endpoint per address, Ready or not."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": ACTIVATOR, "namespace": ns},
+        "spec": {"ports": [{"name": "http", "port": 8080}, {"name": "grpc", "port": 8081}]},
+    }
+    piece = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{ACTIVATOR}-a1b2c",
+            "namespace": ns,
+            "labels": {
+                "kubernetes.io/service-name": ACTIVATOR,
+                "endpointslice.kubernetes.io/managed-by": "tests.kubeinfer.io",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [a], "conditions": {"ready": r}} for a, r in ready.items()],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+    }
+    return [service, piece]
+
+
+def _slices(cluster: Cluster, ns: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("endpointslices", "-n", ns, "-l", selector)["items"]
+    return items
+
+
+def _routing(cluster: Cluster, ns: str, name: str) -> tuple[bool, list[str] | None, list[dict[str, Any]]]:
+    """(the Service has a selector, the addresses of ``<name>-activator`` or None when absent, the slices
+    of the EndpointSlice controller for the Service)."""
+    selector = "selector" in (_get(cluster, ns, "service", name).get("spec") or {})
+    ours = _slices(cluster, ns, f"endpointslice.kubernetes.io/managed-by={ENDPOINTSLICE_MANAGED_BY}")
+    mine = next((s for s in ours if s["metadata"]["name"] == f"{name}-activator"), None)
+    addresses = None if mine is None else [a for e in mine.get("endpoints") or [] for a in e["addresses"]]
+    controller = "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"
+    return selector, addresses, _slices(cluster, ns, f"kubernetes.io/service-name={name},{controller}")
+
+
+def _bind_and_mark_ready(cluster: Cluster, ns: str, pod: dict[str, Any], node: str, ip: str) -> None:
+    """What the scheduler and a kubelet do for a runtime pod that loads: bind it to ``node``, then report
+    it Running and Ready with ``ip`` (the EndpointSlice controller skips a pod without node or address)."""
+    name = pod["metadata"]["name"]
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": ns},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(binding))
+    now = rfc3339.now()
+    ready = {"status": "True", "lastTransitionTime": now}
+    status = {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [
+            {"type": t, **ready} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ],
+    }
+    cluster.kubectl(
+        "patch",
+        "pod",
+        name,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def test_the_service_routes_to_the_activator_at_zero_and_to_the_pods_once_one_is_ready(
+    cluster: Cluster, op_namespace: str, zero_operator: OperatorProcess
+) -> None:
+    ns, name = op_namespace, "routed"
+    node = f"routing-node-{secrets.token_hex(3)}"
+    cluster.apply(_activator(ns, {"10.96.7.7": True, "10.96.7.8": False}))
+    cluster.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}),
+    )
+    try:
+        # a new service has no Ready pod: its Service routes to the activator's Ready addresses
+        cluster.apply(_manifest(name, ZERO), "-n", ns)
+        wait_until(
+            lambda: _routing(cluster, ns, name)[:2] == (False, ["10.96.7.7"]),
+            timeout=30,
+            message="Service without selector, the activator slice",
+        )
+        # the activator's addresses change: the service's slice follows
+        cluster.apply(_activator(ns, {"10.96.7.7": True, "10.96.7.9": True}))
+        wait_until(
+            lambda: _routing(cluster, ns, name)[1] == ["10.96.7.7", "10.96.7.9"],
+            timeout=15,
+            message="the activator slice lists the new address",
+        )
+
+        # its pod turns Ready: the Service selects the pods again; the EndpointSlice controller lists the
+        # pod, and only then does the activator slice go
+        pods = wait_until(
+            lambda: cluster.get_json("pods", "-n", ns, "-l", f"kubeinfer.io/inferenceservice={name}")[
+                "items"
+            ],
+            timeout=30,
+            message="the Deployment's pod",
+        )
+        _bind_and_mark_ready(cluster, ns, pods[0], node, "10.244.9.9")
+        wait_until(
+            lambda: (r := _routing(cluster, ns, name))[0] and r[1] is None,
+            timeout=30,
+            message="the selector back, the activator slice gone",
+        )
+        (controller,) = _routing(cluster, ns, name)[2]
+        assert [e["addresses"] for e in controller["endpoints"] if e["conditions"].get("ready")] == [
+            ["10.244.9.9"]
+        ]
+        enabled = _condition(cluster, ns, name, conditions.CONDITION_SCALE_TO_ZERO)
+        assert enabled is not None and enabled["message"].endswith("the Service routes to the pods")
+
+        # the autoscaler decides zero (status.scaledToZeroAt; its hook has the reconciler route first, a
+        # watch event here): the last replica drains behind the activator, the controller's slice goes
+        cluster.kubectl(
+            "patch", "kisvc", name, "-n", ns, "--subresource=status", "--type=merge",
+            f"--field-manager={api.AUTOSCALER_FIELD_MANAGER}",
+            "-p", json.dumps({"status": {"scaledToZeroAt": rfc3339.now()}}),
+        )  # fmt: skip
+        wait_until(
+            lambda: _routing(cluster, ns, name) == (False, ["10.96.7.7", "10.96.7.9"], []),
+            timeout=30,
+            message="the activator again, the controller's slice deleted",
+        )
+        assert _replicas(cluster, ns, name) == 1  # the scale itself is the autoscaler's
+        moved = _condition(cluster, ns, name, conditions.CONDITION_SCALE_TO_ZERO)
+        assert moved is not None and moved["message"].endswith("the Service routes to the activator")
+    finally:
+        cluster.kubectl(
+            "delete", "pods", "-n", ns, "-l", f"kubeinfer.io/inferenceservice={name}",
+            "--force", "--grace-period=0", check=False,
+        )  # fmt: skip
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)

@@ -381,3 +381,40 @@ async def test_autoscale_loop_records_the_scale_to_zero_before_it_scales_and_onl
         scale_at = next(i for i, (k, _) in enumerate(writes) if k == "patch scale kubeinfer-autoscaler")
         assert status_at < scale_at and writes[scale_at][1] == {"spec": {"replicas": 0}}
         assert writes[status_at][1]["status"]["scaledToZeroAt"] == "2026-01-01T00:00:00Z"
+
+
+async def test_autoscale_loop_routes_to_the_activator_before_it_scales_to_zero() -> None:
+    """``on_zero`` runs after ``scaledToZeroAt`` is written and before the scale to 0, with the object as
+    stored; a Service that does not route to the activator (``False``) keeps its replica."""
+    idle = Reading(Observation(None, 0.0, request_rate=0.0, queue_size=0.0, inflight_requests=0.0), None)
+    one = {"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}
+    spec = {"minReplicas": 0, "scaleToZero": {"idleAfter": "15s"}}
+    for routed in (True, False):
+        a, rec, canned = scaler()
+        a.activator = True
+        canned.reading = idle
+        hooked: list[Any] = []
+
+        async def on_zero(
+            stored: Any, routed: bool = routed, rec: Recorder = rec, hooked: list[Any] = hooked
+        ) -> bool:
+            hooked.append(stored)
+            rec.calls.append(("on_zero", None))
+            return routed
+
+        await a.tick(body({"batchTimeout": "10ms"}, **spec), one, on_zero=on_zero)
+        assert hooked == []  # the idle run only starts
+        second = await a.tick(body({"batchTimeout": "10ms"}, **spec), one, on_zero=on_zero)
+        assert second is not None and second.decision is not None and second.decision.replicas == 0
+        (stored,) = hooked
+        assert stored["status"]["scaledToZeroAt"] == "2026-01-01T00:00:00Z"
+        order = [kind for kind, patch in rec.calls if kind == "on_zero" or kind.startswith("patch")]
+        hook_at = order.index("on_zero")
+        status_at = next(
+            i for i, (k, p) in enumerate(rec.calls) if k.startswith("patch") and "scaledToZeroAt" in str(p)
+        )
+        assert rec.calls.index(("on_zero", None)) > status_at
+        if routed:
+            assert second.scaled and order[hook_at + 1] == "patch scale kubeinfer-autoscaler"
+        else:
+            assert not second.scaled and "patch scale kubeinfer-autoscaler" not in order

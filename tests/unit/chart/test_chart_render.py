@@ -32,6 +32,10 @@ NAMESPACED = {
         ("networking.k8s.io", "networkpolicies", v)
         for v in ("get", "list", "watch", "create", "patch", "delete")
     ),
+    *(
+        ("discovery.k8s.io", "endpointslices", v)
+        for v in ("get", "list", "watch", "create", "patch", "delete")
+    ),
     ("", "persistentvolumeclaims", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),

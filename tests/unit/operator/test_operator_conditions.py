@@ -41,8 +41,16 @@ def test_set_condition_replaces_in_place() -> None:
 
 
 def test_owned_kinds_table_names_paths_and_plurals() -> None:
-    assert owned.OWNED_KINDS == ("ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy")
+    assert owned.OWNED_KINDS == (
+        "ConfigMap",
+        "Service",
+        "EndpointSlice",
+        "Deployment",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    )
     assert owned.BY_KIND["ConfigMap"].name_of("m") == "m-runtime"
+    assert owned.BY_KIND["EndpointSlice"].name_of("m") == "m-activator"
     assert owned.BY_KIND["Deployment"].name_of("m") == "m"
     pdb = owned.BY_KIND["PodDisruptionBudget"].resource
     assert pdb.path("ns", "m") == "/apis/policy/v1/namespaces/ns/poddisruptionbudgets/m"

@@ -115,7 +115,9 @@ async def test_an_autoscale_step_that_changed_the_batch_timeout_is_applied_by_th
     )
     seen: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []
 
-    async def tick(body: Mapping[str, Any], deployment: Mapping[str, Any] | None) -> loop.TickResult:
+    async def tick(
+        body: Mapping[str, Any], deployment: Mapping[str, Any] | None, *, on_zero: Any = None
+    ) -> loop.TickResult:
         seen.append((body, deployment))
         return next(results)
 

@@ -70,7 +70,8 @@ def test_policy_scales_to_zero_only_with_the_activator_setting() -> None:
     two = api.AutoscalingSpec.model_validate({"enabled": True, "minReplicas": 2, "maxReplicas": 3})
     assert loop.policy_from_spec(two, stale_after_seconds=60.0, activator=True).idle_after_seconds is None
     assert Settings.from_env({}).activator_enabled is False
-    assert Settings.from_env({"KUBEINFER_ACTIVATOR_ENABLED": "true"}).activator_enabled is True
+    env = {"KUBEINFER_ACTIVATOR_ENABLED": "true", "KUBEINFER_ACTIVATOR_SERVICE": "kubeinfer/activator"}
+    assert Settings.from_env(env).activator_enabled is True
 
 
 @pytest.mark.parametrize(
