@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeinfer"
 OPERATOR_NAMESPACE = "kubeinfer-system"
 RELEASE = "kubeinfer"
+#: The label selector of the chart's operator pods (the activator's pods share the name, not the component).
+OPERATOR_PODS = "app.kubernetes.io/name=kubeinfer,app.kubernetes.io/component=operator"
 #: ``helm install`` flags of the tests' releases: the operator's readiness probed every 2 s from 1 s
 #: (the chart's default, 5 s then every 10 s, keeps a started operator un-Ready for up to 10 s more;
 #: the tests start one several times: installs, a rollout restart, a scale back to 1). Same endpoint.

@@ -51,7 +51,7 @@ from kubeinfer.operator.autoscale.signals import Queries, default_queries
 
 from hack.devtools.prom import PrometheusServer, Series
 from tests.e2e.autoscaled import Load, ServiceView, ready
-from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
+from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, RELEASE
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,9 +167,7 @@ def _observation(observed: dict[str, Any]) -> Observation:
 
 def _one_operator_pod(cluster: Cluster) -> bool:
     """Whether the session's operator is one Ready pod (the tests after this one expect that)."""
-    items = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubeinfer")[
-        "items"
-    ]
+    items = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS)["items"]
     return len(items) == 1 and ready(items[0])
 
 

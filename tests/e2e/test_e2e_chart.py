@@ -1,12 +1,13 @@
 """The chart's operator on the real node: a pod from the locally built image, under the chart's
-ServiceAccount and RBAC, non-root, read-only root filesystem, Ready."""
+ServiceAccount and RBAC, non-root, read-only root filesystem, Ready; and its activator, from the same
+image, Ready (every kind it watches listed with its own ServiceAccount and RBAC)."""
 
 from __future__ import annotations
 
 import re
 
 from kubeinfer import __version__
-from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE
+from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, RELEASE
 from tests.support.cluster import Cluster
 
 
@@ -15,9 +16,7 @@ def test_operator_runs_as_a_non_root_pod_with_the_charts_service_account(
 ) -> None:
     dep = cluster.get_json("deployment", RELEASE, "-n", OPERATOR_NAMESPACE)
     assert dep["status"].get("readyReplicas") == 1
-    (pod,) = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubeinfer")[
-        "items"
-    ]
+    (pod,) = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS)["items"]
     assert pod["spec"]["serviceAccountName"] == RELEASE
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["spec"]["containers"]
@@ -33,6 +32,33 @@ def test_operator_runs_as_a_non_root_pod_with_the_charts_service_account(
     # it talks to the API server with its ServiceAccount token through the kubernetes Service
     log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, name).stdout
     assert not forbidden(log), forbidden(log)
+
+
+def test_activator_pods_are_ready_from_the_operator_image_with_their_own_service_account(
+    cluster: Cluster, operator_release: str
+) -> None:
+    """The chart's default: two activator replicas, Ready on /activator/readyz (every InferenceService,
+    Service and pod listed cluster-wide under the activator's ClusterRole), non-root, never restarted."""
+    name = f"{RELEASE}-activator"
+    dep = cluster.get_json("deployment", name, "-n", OPERATOR_NAMESPACE)
+    assert dep["status"].get("readyReplicas") == 2
+    selector = ",".join(f"{k}={v}" for k, v in dep["spec"]["selector"]["matchLabels"].items())
+    pods = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", selector)["items"]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["serviceAccountName"] == name
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == f"ghcr.io/kubeinfer/operator:{__version__}"
+        (cs,) = pod["status"]["containerStatuses"]
+        assert cs["ready"] is True and cs["restartCount"] == 0
+        log = cluster.kubectl("logs", "-n", OPERATOR_NAMESPACE, pod["metadata"]["name"]).stdout
+        assert "listening on http://0.0.0.0:8080" in log and not forbidden(log), log[-2000:]
+    # the operator is told where the activator is
+    (op,) = cluster.get_json("deployment", RELEASE, "-n", OPERATOR_NAMESPACE)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = {e["name"]: e.get("value") for e in op["env"]}
+    assert env["KUBEINFER_ACTIVATOR_SERVICE"] == f"{OPERATOR_NAMESPACE}/{name}"
 
 
 #: An API server's 403 as kopf and the kubernetes client log it: reason Forbidden, "... is forbidden:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.conftest import OPERATOR_NAMESPACE, isvc_condition, wait_isvc
+from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, isvc_condition, wait_isvc
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,9 +30,7 @@ def _isvc(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _operator_pod(cluster: Cluster) -> dict[str, Any]:
-    items = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubeinfer")[
-        "items"
-    ]
+    items = cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS)["items"]
     (pod,) = items
     return dict(pod)
 

@@ -41,7 +41,7 @@ import tritonclient.http as httpclient
 
 from hack.devtools.runtime_tiny import simple_onnx, tiny_hf_cross_encoder
 from hack.podnetwork import NODE_IP
-from tests.e2e.conftest import OPERATOR_NAMESPACE, isvc_condition, runtime_pods, wait_isvc
+from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, isvc_condition, runtime_pods, wait_isvc
 from tests.support.cluster import Cluster, wait_until
 from tests.support.hfhub import LocalHub
 from tests.support.registry import Registry, push_model_image
@@ -491,7 +491,7 @@ def _assert_no_credentials(cluster: Cluster, ns: str, needles: set[str]) -> None
         for kind in ("configmaps", "inferenceservices", "deployments", "events")
     }
     haystacks["operator log"] = cluster.kubectl(
-        "logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubeinfer", "--tail=-1"
+        "logs", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS, "--tail=-1"
     ).stdout
     for pod in cluster.get_json("pods", "-n", ns)["items"]:
         pname = pod["metadata"]["name"]

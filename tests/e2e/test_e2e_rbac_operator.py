@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from hack.devtools.prom import PrometheusServer
-from tests.e2e.conftest import CHART, FAST_READINESS, OPERATOR_NAMESPACE, RELEASE, runtime_pods
+from tests.e2e.conftest import CHART, FAST_READINESS, OPERATOR_NAMESPACE, OPERATOR_PODS, RELEASE, runtime_pods
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,11 +91,7 @@ def _session_operator_paused(cluster: Cluster) -> Any:
     if present:
         cluster.kubectl("scale", "deployment", RELEASE, "-n", OPERATOR_NAMESPACE, "--replicas=0")
         wait_until(
-            lambda: (
-                not cluster.get_json(
-                    "pods", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/name=kubeinfer"
-                )["items"]
-            ),
+            lambda: not cluster.get_json("pods", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS)["items"],
             timeout=60,
             message="the session's operator pod gone",
         )
@@ -132,7 +128,7 @@ def test_chart_rbac_is_sufficient_for_the_operator(
                 "-n",
                 namespace,
                 "-l",
-                f"app.kubernetes.io/name=kubeinfer,app.kubernetes.io/instance={release}",
+                f"{OPERATOR_PODS},app.kubernetes.io/instance={release}",
             )["items"]
             assert op_pod["spec"]["serviceAccountName"] == sa
             assert cluster.get_json("roles", "-n", namespace)["items"], "namespaced mode: Roles"

@@ -18,12 +18,43 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{- define "kubeinfer.labels" -}}
-{{ include "kubeinfer.selectorLabels" . }}
+{{/* Labels of every object of the release, whichever component it belongs to. */}}
+{{- define "kubeinfer.commonLabels" -}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: kubeinfer
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "kubeinfer.labels" -}}
+{{ include "kubeinfer.selectorLabels" . }}
+{{ include "kubeinfer.commonLabels" . }}
+{{- end -}}
+
+{{/* The activator (templates/activator.yaml): its own component, so that neither Deployment's selector
+matches the other's pods. The component value is kubeinfer/contract/activator.py's ACTIVATOR_COMPONENT. */}}
+{{- define "kubeinfer.activator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubeinfer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: activator
+{{- end -}}
+
+{{- define "kubeinfer.activator.labels" -}}
+{{ include "kubeinfer.activator.selectorLabels" . }}
+{{ include "kubeinfer.commonLabels" . }}
+{{- end -}}
+
+{{/* The activator's name: its Deployment, Service, ServiceAccount and RBAC objects. */}}
+{{- define "kubeinfer.activator.fullname" -}}
+{{- printf "%s-activator" (include "kubeinfer.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kubeinfer.activator.serviceAccountName" -}}
+{{- if .Values.activator.serviceAccount.create -}}
+{{- default (include "kubeinfer.activator.fullname" .) .Values.activator.serviceAccount.name -}}
+{{- else -}}
+{{- required "activator.serviceAccount.name is required when activator.serviceAccount.create is false" .Values.activator.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "kubeinfer.serviceAccountName" -}}

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from kubeinfer.contract.activator import ACTIVATOR_COMPONENT, COMPONENT_LABEL
 from tests.support.cluster import Cluster, wait_until
-from tests.unit.chart.helm_render import CHART, by_kind
+from tests.unit.chart.helm_render import CHART, of_component
 
 CRDS_DIR = CHART / "crds"
 
@@ -34,6 +35,22 @@ NON_DEFAULT: dict[str, Any] = {
     "priorityClassName": "system-cluster-critical",
     "extraEnv": [{"name": "EXTRA", "value": "1"}],
     "podAnnotations": {"example.com/scrape": "true"},
+    # one replica (the PodDisruptionBudget's other form), its own spread, a short hold
+    "activator": {
+        "replicas": 1,
+        "coldStartTimeoutSeconds": 12.5,
+        "maxHeldBytes": 3 * 1024**3,
+        "serviceAccount": {"name": "kubeinfer-edge"},
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 2,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "activator"}},
+            }
+        ],
+        "priorityClassName": "system-cluster-critical",
+    },
 }
 
 
@@ -84,10 +101,13 @@ def test_chart_rendered_manifests_pass_server_side_dry_run(
     docs = _template(cluster, release, namespace, values, tmp_path)
     kinds = sorted({d["kind"] for d in docs})
     assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service"} <= set(kinds)
+    assert "PodDisruptionBudget" in kinds  # the activator's
     if variant == "non-default":
         assert {"Role", "RoleBinding", "KopfPeering"} <= set(kinds)
-        (dep,) = by_kind(docs, "Deployment")
+        (dep,) = of_component(docs, "Deployment")
         assert dep["spec"]["replicas"] == 2
+        (pdb,) = of_component(docs, "PodDisruptionBudget", ACTIVATOR_COMPONENT)
+        assert pdb["spec"]["maxUnavailable"] == 1
     else:
         assert "ClusterKopfPeering" in kinds
     out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs)).stdout
@@ -101,10 +121,18 @@ def test_chart_helm_install_succeeds_and_uninstalls(cluster: Cluster, namespace:
     try:
         status = cluster.helm("status", release, "--namespace", namespace, "-o", "yaml").stdout
         assert yaml.safe_load(status)["info"]["status"] == "deployed"
-        dep = cluster.get_json("deployment", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}")
-        (d,) = dep["items"]
-        assert d["spec"]["template"]["spec"]["serviceAccountName"] == f"{release}-kubeinfer"
+        deps = cluster.get_json("deployment", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}")
+        accounts = {
+            d["metadata"]["labels"][COMPONENT_LABEL]: d["spec"]["template"]["spec"]["serviceAccountName"]
+            for d in deps["items"]
+        }
+        assert accounts == {
+            "operator": f"{release}-kubeinfer",
+            ACTIVATOR_COMPONENT: f"{release}-kubeinfer-activator",
+        }
         cluster.get_json("clusterrole", f"{release}-kubeinfer")
+        cluster.get_json("clusterrole", f"{release}-kubeinfer-activator")
+        cluster.get_json("poddisruptionbudget", f"{release}-kubeinfer-activator", "-n", namespace)
         cluster.get_json("clusterkopfpeering", release)
         # the kube-controller-manager turns the operator Deployment into a ReplicaSet and a Pod
         wait_until(
@@ -116,8 +144,9 @@ def test_chart_helm_install_succeeds_and_uninstalls(cluster: Cluster, namespace:
         )
     finally:
         cluster.helm("uninstall", release, "--namespace", namespace, check=False)
-    r = cluster.kubectl("get", "clusterrole", f"{release}-kubeinfer", check=False)
-    assert r.returncode != 0 and "NotFound" in r.stderr
+    for name in (f"{release}-kubeinfer", f"{release}-kubeinfer-activator"):
+        r = cluster.kubectl("get", "clusterrole", name, check=False)
+        assert r.returncode != 0 and "NotFound" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -151,15 +180,18 @@ def test_chart_bad_values_are_refused_naming_the_value(
 
 def test_chart_clusterwide_rbac_grants_exactly_the_reviewed_rules(cluster: Cluster, namespace: str) -> None:
     """Installed cluster-wide, the ServiceAccount can do what the operator needs in any namespace
-    (asked of the API server's authorizer with `kubectl auth can-i`), and nothing beside it."""
+    (asked of the API server's authorizer with `kubectl auth can-i`), and nothing beside it; the
+    activator's ServiceAccount what the activator needs, and not what the operator does."""
+    from tests.unit.chart.test_chart_activator import ACTIVATOR_RULES
     from tests.unit.chart.test_chart_render import CLUSTER_PEERING, CRD_SCAN, NAMESPACED
 
     release = _release()
     cluster.helm("install", release, CHART, "--namespace", namespace, "--set", "replicas=0")
     try:
-        who = f"system:serviceaccount:{namespace}:{release}-kubeinfer"
+        operator = f"system:serviceaccount:{namespace}:{release}-kubeinfer"
+        activator = f"system:serviceaccount:{namespace}:{release}-kubeinfer-activator"
 
-        def can(verb: str, group: str, resource: str, ns: str | None) -> bool:
+        def can(verb: str, group: str, resource: str, ns: str | None, who: str = operator) -> bool:
             res = resource if not group else f"{resource.split('/')[0]}.{group}"
             args = ["auth", "can-i", verb, res, "--as", who]
             if "/" in resource:
@@ -183,5 +215,16 @@ def test_chart_clusterwide_rbac_grants_exactly_the_reviewed_rules(cluster: Clust
             ("list", "", "namespaces"),
         ]:
             assert not can(verb, group, resource, "some-other-namespace"), (verb, group, resource)
+        for group, resource, verb in sorted(ACTIVATOR_RULES):
+            assert can(verb, group, resource, "some-other-namespace", activator), (verb, group, resource)
+        for verb, group, resource in [
+            ("get", "", "secrets"),
+            ("update", "kubeinfer.io", "inferenceservices"),  # a merge patch of one annotation only
+            ("patch", "kubeinfer.io", "inferenceservices/status"),
+            ("patch", "apps", "deployments/scale"),  # it asks for a replica, the reconciler decides
+            ("create", "", "pods"),
+            ("patch", "", "services"),
+        ]:
+            assert not can(verb, group, resource, "some-other-namespace", activator), (verb, group, resource)
     finally:
         cluster.helm("uninstall", release, "--namespace", namespace, check=False)

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from kubeinfer.contract.activator import COMPONENT_LABEL
+
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "kubeinfer"
 HELM = ROOT / ".cache" / "bin" / "helm"
@@ -75,3 +77,13 @@ def render(
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The documents of one kind."""
     return [d for d in docs if d.get("kind") == kind]
+
+
+def of_component(docs: list[dict[str, Any]], kind: str, component: str = "operator") -> list[dict[str, Any]]:
+    """The documents of one kind that belong to ``component``: the chart's objects carry the contract's
+    ``COMPONENT_LABEL``, ``operator`` or ``activator`` (``ACTIVATOR_COMPONENT``)."""
+    return [
+        d
+        for d in by_kind(docs, kind)
+        if (d["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == component
+    ]

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from kubeinfer.operator.settings import Settings
 
-from tests.unit.chart.helm_render import CHART, by_kind, helm, render
+from tests.unit.chart.helm_render import CHART, helm, of_component, render
 
 
 def _env(values: dict[str, Any]) -> dict[str, str]:
-    (dep,) = by_kind(render(values=values), "Deployment")
+    (dep,) = of_component(render(values=values), "Deployment")
     containers = dep["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in containers[0]["env"] if "value" in e}
 

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from kubeinfer.operator.settings import Settings
 
-from tests.unit.chart.helm_render import CHART, HELM, by_kind, helm, render
+from tests.unit.chart.helm_render import CHART, HELM, helm, of_component, render
 
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built: run `make setup`")
 
 
 def _env(values: dict[str, Any]) -> dict[str, str]:
-    (dep,) = by_kind(render(values=values), "Deployment")
+    (dep,) = of_component(render(values=values), "Deployment")
     containers = dep["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in containers[0]["env"] if "value" in e}
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from kubeinfer.operator.settings import Settings
 
-from tests.unit.chart.helm_render import CHART, by_kind, helm, render
+from tests.unit.chart.helm_render import CHART, helm, of_component, render
 
 
 def _settings(values: dict[str, Any]) -> Settings:
-    (dep,) = by_kind(render(values=values), "Deployment")
+    (dep,) = of_component(render(values=values), "Deployment")
     env = {
         e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e
     }

@@ -144,3 +144,45 @@ def test_runtime_image_command_reads_the_operators_config_path() -> None:
     cmd = [args for instruction, args in images.dockerfile_instructions(
         (ROOT / "runtime" / "Dockerfile").read_text()) if instruction == "CMD"]  # fmt: skip
     assert cmd == [f'["serve", "--config", "{DEFAULT_CONFIG_PATH}"]']
+
+
+#: What runs from the operator image: the operator, the activator (the chart's activator Deployment runs
+#: ``kubeinfer-activator`` from it), the contract, and the one runtime module the operator imports.
+OPERATOR_IMAGE_SOURCES = ("operator", "activator", "kubeinfer/contract", "runtime/config.py")
+
+
+def _missing_from_image(pinned: set[str]) -> dict[str, list[str]]:
+    """``{module: distributions}`` of each third-party module imported under ``OPERATOR_IMAGE_SOURCES``
+    that no distribution of ``pinned`` (normalized names) provides (the venv says which distribution
+    provides a module)."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    modules: set[str] = set()
+    for source in OPERATOR_IMAGE_SOURCES:
+        path = ROOT / source
+        for f in [path] if path.is_file() else path.rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    modules |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules.add(node.module.split(".")[0])
+    providers = packages_distributions()
+    third = sorted(m for m in modules if m not in sys.stdlib_module_names and m != "kubeinfer")
+    return {
+        m: providers.get(m, [])
+        for m in third
+        if not any(lock.normalize(d) in pinned for d in providers.get(m, []))
+    }
+
+
+def test_operator_image_has_what_the_operator_and_the_activator_import() -> None:
+    """requirements/operator.txt provides every package the operator image's code imports: an import
+    added to the activator (or the operator) without its name in requirements/operator.in fails here,
+    not at the pod's start."""
+    pinned = set(lock.parse_lock(lock.image_file("operator").read_text()))
+    assert _missing_from_image(pinned) == {}
+    # the check sees the activator's serving packages (absent from the operator image before it ran there)
+    without = pinned - {"starlette", "grpcio", "tritonclient", "uvicorn"}
+    assert {"starlette", "grpc", "tritonclient", "uvicorn"} <= set(_missing_from_image(without))
