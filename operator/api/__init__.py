@@ -41,7 +41,6 @@ from kubeinfer.operator.api.base import FORMAT_RULES_SIDE
 from kubeinfer.operator.api.formats import (
     CONFIGMAP_KEY_PATTERN,
     DNS_SUBDOMAIN_PATTERN,
-    DURATION_PATTERN,
     LABEL_KEY_PATTERN,
     LABEL_VALUE_PATTERN,
     QUANTITY_PATTERN,
@@ -53,7 +52,6 @@ from kubeinfer.operator.api.formats import (
     Seconds,
     cpu_cores,
     format_duration,
-    parse_duration,
 )
 from kubeinfer.operator.api.model import (
     DEFAULT_MODEL_NAME,
@@ -124,6 +122,7 @@ from kubeinfer.contract.activator import (
     RUNTIME_PORT,
     VERSION,
 )
+from kubeinfer.contract.durations import DURATION_PATTERN, parse_duration
 
 __all__ = [
     "API_VERSION",

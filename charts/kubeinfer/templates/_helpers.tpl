@@ -86,6 +86,18 @@ app.kubernetes.io/component: activator
 {{- if not .Values.watchNamespaces -}}true{{- end -}}
 {{- end -}}
 
+{{/* The namespaces the operator handles, as JSON: watchNamespaces, plus the release's namespace when the
+activator is installed and it is not among them (the operator watches the activator's EndpointSlices
+there; kopf watches every kind in every namespace it handles, so the operator's namespaced Role and
+peering object go there too). Empty: all namespaces. */}}
+{{- define "kubeinfer.operatorNamespaces" -}}
+{{- $ns := .Values.watchNamespaces | default list -}}
+{{- if and $ns .Values.activator.enabled (not (has .Release.Namespace $ns)) -}}
+{{- $ns = append $ns .Release.Namespace -}}
+{{- end -}}
+{{- toJson $ns -}}
+{{- end -}}
+
 {{/* A label map as the operator's settings read it: k=v,k=v (keys sorted). */}}
 {{- define "kubeinfer.labelList" -}}
 {{- $items := list -}}

@@ -122,9 +122,25 @@ def test_operator_points_at_the_activator_service() -> None:
     env = _env(_container(of_component(docs, "Deployment")[0]))
     assert env["KUBEINFER_ACTIVATOR_ENABLED"] == "true"
     assert env["KUBEINFER_ACTIVATOR_SERVICE"] == f"infra/{svc['metadata']['name']}"
-    assert Settings.from_env(
-        {"KUBEINFER_ACTIVATOR_ENABLED": env["KUBEINFER_ACTIVATOR_ENABLED"]}
-    ).activator_enabled
+    settings = Settings.from_env({k: v for k, v in env.items() if k.startswith("KUBEINFER_")})
+    assert settings.activator_enabled and settings.activator_service == f"infra/{svc['metadata']['name']}"
+
+
+def test_a_namespaced_operator_also_handles_the_activators_namespace() -> None:
+    """With watchNamespaces the operator's list gains the release's namespace (it watches the activator's
+    EndpointSlices there; its settings refuse an activator outside its namespaces), with its Role and
+    peering object there; without the activator the list is watchNamespaces alone."""
+    for activator, handled in ((True, ["a", "b", "infra"]), (False, ["a", "b"])):
+        docs = render(
+            "watchNamespaces={a,b}", f"activator.enabled={str(activator).lower()}", namespace="infra"
+        )
+        env = _env(_container(of_component(docs, "Deployment")[0]))
+        assert env["KUBEINFER_NAMESPACES"].split(",") == handled
+        Settings.from_env({k: v for k, v in env.items() if k.startswith("KUBEINFER_")})  # accepted
+        roles = {r["metadata"]["namespace"] for r in of_component(docs, "Role")}
+        assert set(handled) <= roles
+        peerings = {p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")}
+        assert peerings == set(handled)
 
 
 def test_no_selector_of_one_component_matches_the_other_components_pods() -> None:
