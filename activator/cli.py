@@ -35,9 +35,15 @@ from kubeinfer.activator.hold import HoldLimits
 from kubeinfer.activator.rest import rest_app
 from kubeinfer.activator.targets import InMemoryTargets, Targets, TargetState, load_targets_file
 
+from kubeinfer.contract.activator import COLD_START_TIMEOUT_DEFAULT
+from kubeinfer.contract.durations import parse_duration
+
 log = logging.getLogger("kubeinfer.activator")
 
 __all__ = ["main", "parse_args"]
+
+#: The cold-start budget of a target that sets none: ``scaleToZero.coldStartTimeout``'s default, seconds.
+_COLD_START_DEFAULT_S = parse_duration(COLD_START_TIMEOUT_DEFAULT)
 
 
 def _env(name: str, default: str) -> str:
@@ -72,8 +78,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--cold-start-timeout",
         type=float,
-        default=float(_env("KUBEINFER_ACTIVATOR_COLD_START_TIMEOUT_SECONDS", "60")),
-        help="seconds a request is held at most (env KUBEINFER_ACTIVATOR_COLD_START_TIMEOUT_SECONDS)",
+        default=float(_env("KUBEINFER_ACTIVATOR_COLD_START_TIMEOUT_SECONDS", str(_COLD_START_DEFAULT_S))),
+        help="seconds a request is held at most for a target that sets no budget of its own (an "
+        "InferenceService without scaleToZero.coldStartTimeout; default: that field's default) "
+        "(env KUBEINFER_ACTIVATOR_COLD_START_TIMEOUT_SECONDS)",
     )
     p.add_argument(
         "--retry-after",

@@ -24,7 +24,6 @@ from typing import Any
 from kubeinfer.activator.targets import Endpoint, TargetState
 
 from kubeinfer.contract.activator import (
-    COLD_START_TIMEOUT_DEFAULT,
     DEMAND_ANNOTATION,
     GRPC_PORT_NAME,
     ISVC_LABEL,
@@ -91,16 +90,17 @@ def isvc_grpc_port(isvc: Obj) -> int:
     return int(port) if isinstance(port, int) and not isinstance(port, bool) else RUNTIME_GRPC_PORT
 
 
-def cold_start_timeout(isvc: Obj) -> float:
-    """``spec.autoscaling.scaleToZero.coldStartTimeout`` of an InferenceService in seconds
-    (:data:`~kubeinfer.contract.activator.COLD_START_TIMEOUT_DEFAULT` when it is absent or not a
-    duration: the API server refuses such a spec, so only an object written around it has one)."""
+def cold_start_timeout(isvc: Obj) -> float | None:
+    """``spec.autoscaling.scaleToZero.coldStartTimeout`` of an InferenceService in seconds, or None when
+    the spec sets none (no ``scaleToZero``: the activator's ``--cold-start-timeout`` applies; with it
+    the API server fills in its default) or an unreadable one (the API server refuses it, so only an
+    object written around it has one)."""
     spec = ((isvc.get("spec") or {}).get("autoscaling") or {}).get("scaleToZero") or {}
     text = spec.get("coldStartTimeout") if isinstance(spec, Mapping) else None
     try:
-        return parse_duration(text) if isinstance(text, str) else parse_duration(COLD_START_TIMEOUT_DEFAULT)
+        return parse_duration(text) if isinstance(text, str) else None
     except ValueError:
-        return parse_duration(COLD_START_TIMEOUT_DEFAULT)
+        return None
 
 
 def _condition(obj: Obj, kind: str) -> Obj | None:

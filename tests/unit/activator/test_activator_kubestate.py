@@ -313,15 +313,15 @@ async def test_a_watch_applies_events_split_across_chunks_and_larger_than_a_line
 @pytest.mark.parametrize(
     ("scale_to_zero", "seconds"),
     [
-        (None, 120.0),  # the API's default, from the contract
-        ({}, 120.0),
+        (None, None),  # no scaleToZero: the activator's --cold-start-timeout
+        ({}, None),
         ({"coldStartTimeout": "45s"}, 45.0),
         ({"coldStartTimeout": "1m30s"}, 90.0),
-        ({"coldStartTimeout": "soon"}, 120.0),  # not a duration: the API server refuses it anyway
+        ({"coldStartTimeout": "soon"}, None),  # not a duration: the API server refuses it anyway
     ],
 )
-def test_the_cold_start_budget_is_the_specs_else_the_apis_default(
-    scale_to_zero: dict[str, str] | None, seconds: float
+def test_the_cold_start_budget_is_the_specs_else_the_activators(
+    scale_to_zero: dict[str, str] | None, seconds: float | None
 ) -> None:
     obj = isvc()
     if scale_to_zero is not None:
