@@ -24,17 +24,19 @@ import kopf
 from kubeinfer.operator import api, k8s
 from kubeinfer.operator.builders import ready_addresses
 from kubeinfer.operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
-from kubeinfer.operator.builders.endpointslice import (
-    SERVICE_NAME_LABEL,
-    SLICE_MANAGED_BY_LABEL,
-    slice_grpc_port,
-)
+from kubeinfer.operator.builders.endpointslice import slice_grpc_port
 from kubeinfer.operator.controllers import Controllers
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OwnedKind
 from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.settings import Settings
 
-from kubeinfer.contract.activator import ENDPOINTSLICE_MANAGED_BY, ISVC_LABEL, is_target_grpc_port
+from kubeinfer.contract.activator import (
+    ENDPOINTSLICE_MANAGED_BY,
+    ISVC_LABEL,
+    SERVICE_NAME_LABEL,
+    SLICE_MANAGED_BY_LABEL,
+    is_target_grpc_port,
+)
 
 #: The label selecting the objects (and pods) the operator owns.
 OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}

@@ -46,6 +46,7 @@ Pure: standard library only, nothing of the operator, the runtime or the activat
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TypeGuard
 
 __all__ = [
     "ACTIVATOR_COMPONENT",
@@ -66,6 +67,8 @@ __all__ = [
     "RUNTIME_GRPC_PORT",
     "RUNTIME_PORT",
     "RUNTIME_PORT_NAME",
+    "SERVICE_NAME_LABEL",
+    "SLICE_MANAGED_BY_LABEL",
     "VERSION",
     "demand_value",
     "is_target_grpc_port",
@@ -118,6 +121,10 @@ ACTIVATOR_GRPC_PORTS_COUNT = 10000
 #: leaves slices of another manager alone. A label value (no ``/``), named like the controller's own
 #: ``endpointslice-controller.k8s.io``.
 ENDPOINTSLICE_MANAGED_BY = "operator.kubeinfer.io"
+#: Kubernetes's labels of an EndpointSlice: its manager (the key of :data:`ENDPOINTSLICE_MANAGED_BY`) and
+#: the Service it belongs to (kube-proxy reads it; the activator takes a slice's target from it).
+SLICE_MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
 def demand_value(when: datetime) -> str:
@@ -128,7 +135,7 @@ def demand_value(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def is_target_grpc_port(port: object) -> bool:
+def is_target_grpc_port(port: object) -> TypeGuard[int]:
     """Whether ``port`` is one of the activator's per-service gRPC ports (an ``int``, not a ``bool``, in
     ``[ACTIVATOR_GRPC_PORTS_FIRST, ACTIVATOR_GRPC_PORTS_FIRST + ACTIVATOR_GRPC_PORTS_COUNT)``)."""
     return (

@@ -24,13 +24,12 @@ from kubeinfer.contract.activator import (
     ENDPOINTSLICE_MANAGED_BY,
     GRPC_PORT_NAME,
     RUNTIME_PORT_NAME,
+    SERVICE_NAME_LABEL,
+    SLICE_MANAGED_BY_LABEL,
 )
 
-#: The label naming the Service an EndpointSlice belongs to (kube-proxy reads it).
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-#: The label naming the EndpointSlice's manager (the EndpointSlice controller leaves others' alone).
-SLICE_MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
-#: Its value on the slices the EndpointSlice controller makes for a Service with a selector.
+#: ``SLICE_MANAGED_BY_LABEL`` of the slices the EndpointSlice controller makes for a Service with a
+#: selector.
 SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
 
 
