@@ -4,14 +4,17 @@
     kubeinfer-activator --port 8080 --grpc-port 8081 --targets-file targets.json
 
 The targets come from the Kubernetes API (``--targets-from kubernetes``: ``kube.KubernetesTargets``
-watches InferenceServices, their Services and pods, with ``--kubeconfig`` / ``$KUBECONFIG``, else the
-in-cluster ServiceAccount), or from ``--targets-file`` (``targets.load_targets_file``'s JSON), re-read
-whenever it changes (polled every ``--poll-interval`` seconds): tests drive the activator by rewriting it
-(an endpoint appears = the replica is Ready). A target of the file with a ``grpc_port`` gets its own gRPC
-listener (0: any free port; ``GET /activator/status`` shows the port bound); the Kubernetes targets have
-none yet (the operator does not allocate those ports): their gRPC calls come on the shared port. The
-process logs ``listening on http://HOST:PORT`` and ``grpc listening on HOST:PORT`` (plus `` for TARGET``
-per target listener) once it serves.
+watches InferenceServices, their Services and pods and the operator's EndpointSlices, with
+``--kubeconfig`` / ``$KUBECONFIG``, else the in-cluster ServiceAccount), or from ``--targets-file``
+(``targets.load_targets_file``'s JSON), re-read whenever it changes (polled every ``--poll-interval``
+seconds): tests drive the activator by rewriting it (an endpoint appears = the replica is Ready). A
+target of the file with a ``grpc_port`` gets its own gRPC listener (0: any free port; ``GET
+/activator/status`` shows the port bound). A Kubernetes target gets its own listener on the port the
+operator's EndpointSlice of its Service names while it is at zero (``GrpcFront.sync``; every replica
+opens the same ones), closed once that slice goes; a target on the shared port (the operator had no
+free port) is routed by the model its calls name. ``/activator/readyz`` turns 200 once every kind was
+listed and those listeners were opened. The process logs ``listening on http://HOST:PORT`` and ``grpc
+listening on HOST:PORT`` (plus `` for TARGET`` per target listener) once it serves.
 
 Settings: flags, or the environment variable named in each flag's help. SIGTERM or SIGINT stops it:
 uvicorn drains the REST connections, then the gRPC listeners get ``--grace`` seconds.
@@ -26,7 +29,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 from kubeinfer.activator.gate import Gate
@@ -37,6 +40,9 @@ from kubeinfer.activator.targets import InMemoryTargets, Targets, TargetState, l
 
 from kubeinfer.contract.activator import COLD_START_TIMEOUT_DEFAULT
 from kubeinfer.contract.durations import parse_duration
+
+if TYPE_CHECKING:  # kubernetes_asyncio is in the operator's image, not the runtime's: imported in serve
+    from kubeinfer.activator.kube import KubernetesTargets
 
 log = logging.getLogger("kubeinfer.activator")
 
@@ -161,6 +167,39 @@ class _FileTargets:
             await asyncio.sleep(interval_s)
 
 
+class _KubePorts:
+    """Keeps the per-target gRPC listeners equal to the ports the operator's EndpointSlices name
+    (``KubernetesTargets.grpc_ports``, ``GrpcFront.sync``); ``applied`` is set once they were opened
+    after every kind was listed. A port that cannot be bound is logged once and tried again every
+    ``RETRY_S`` seconds."""
+
+    RETRY_S = 5.0
+
+    def __init__(self, kube: KubernetesTargets, front: GrpcFront, grace_s: float) -> None:
+        self.kube = kube
+        self.front = front
+        self.grace_s = grace_s
+        self.applied = asyncio.Event()
+        self._failing: set[int] = set()
+
+    async def run(self) -> None:
+        """Open, move and close the listeners at every change of the ports, forever (cancel to stop)."""
+        await self.kube.synced.wait()
+        while True:
+            self.kube.ports_changed.clear()  # before reading: a change from now on sets it again
+            wanted = dict(self.kube.grpc_ports)
+            failed = await self.front.sync(wanted, self.grace_s)
+            for port in sorted(set(failed) - self._failing):
+                log.warning("%s for %s (tried again every %.0f s)", failed[port], wanted[port], self.RETRY_S)
+            for port in sorted(self._failing - set(failed)):
+                log.info("grpc port %d no longer failing", port)
+            self._failing = set(failed)
+            self.applied.set()
+            waiting = self.kube.ports_changed.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiting, self.RETRY_S if failed else None)
+
+
 class _Listed(Protocol):
     """What the status page reads of the targets (``InMemoryTargets``, ``KubernetesTargets``)."""
 
@@ -198,7 +237,7 @@ async def serve(args: argparse.Namespace) -> None:
     targets: Targets = table
     listed: _Listed = table
     watch: Callable[[], Coroutine[Any, Any, None]] | None = None
-    is_ready: Callable[[], bool] | None = None
+    kube: KubernetesTargets | None = None
     if args.targets_from == "kubernetes":
         # imported here: kubernetes_asyncio is in the operator's image, not the runtime's
         from kubeinfer.activator.kube import KubernetesTargets, connect
@@ -208,12 +247,16 @@ async def serve(args: argparse.Namespace) -> None:
         namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()]
         kube = KubernetesTargets(api, namespaces=namespaces, cluster_domain=args.cluster_domain)
         targets, listed, watch = kube, kube, kube.run
-        is_ready = kube.synced.is_set  # ready once every kind was listed: no 404 for a target not yet seen
     gate = Gate(targets, limits)
     front = GrpcFront(gate, args.host)
     tasks = [asyncio.create_task(gate.hold.run_deadlines())]
-    if watch is not None:
-        tasks.append(asyncio.create_task(watch()))
+    is_ready: Callable[[], bool] | None = None
+    if kube is not None and watch is not None:
+        ports = _KubePorts(kube, front, args.grace)
+        tasks += [asyncio.create_task(watch()), asyncio.create_task(ports.run())]
+        # ready once every kind was listed (no 404 for a target not yet seen) and the targets' own gRPC
+        # ports listen
+        is_ready = ports.applied.is_set
     elif args.targets_file is not None:
         watcher = _FileTargets(args.targets_file, table, front)
         await watcher.refresh()

@@ -1,12 +1,14 @@
 """``Targets`` from the Kubernetes API: InferenceServices, their Services and their pods, watched.
 
-``KubernetesTargets.run`` lists and watches three kinds, cluster-wide or in each namespace given:
+``KubernetesTargets.run`` lists and watches four kinds, cluster-wide or in each namespace given:
 InferenceServices (``kubeinfer.io``), Services and pods carrying the InferenceService pod label
-(``kubeinfer.contract.activator.ISVC_LABEL``). Each watch resumes from the last ``resourceVersion`` it
-saw; a 410 Gone (the version is too old) lists again; any other failure (connection, 5xx, 403) is one
-log line, then a retry after an exponential backoff (0.5 s doubling to 30 s, reset by a good list). The
-objects are kept as the API server sends them (JSON); ``kubestate`` turns a target's objects into its
-state after every event that touches it (pure functions, unit-tested).
+(``kubeinfer.contract.activator.ISVC_LABEL``), and the operator's EndpointSlices (labelled
+``endpointslice.kubernetes.io/managed-by: operator.kubeinfer.io``: those of the Services at zero).
+Each watch resumes from the last ``resourceVersion`` it saw; a 410 Gone (the version is too old) lists
+again; any other failure (connection, 5xx, 403) is one log line, then a retry after an exponential
+backoff (0.5 s doubling to 30 s, reset by a good list). The objects are kept as the API server sends
+them (JSON); ``kubestate`` turns a target's objects into its state after every event that touches it
+(pure functions, unit-tested).
 
 - ``endpoint``: the target's Ready pods in turn (round-robin over each call).
 - ``stage``: ``kubestate.stage_words`` (the InferenceService's ``Ready`` reason and message, the pods).
@@ -14,10 +16,13 @@ state after every event that touches it (pure functions, unit-tested).
   (the request path never waits for it or sees its errors). One patch per target at a time; a failed
   one is logged once (until a patch succeeds again) and sent again on the next ``demand``.
 - ``subscribe``: listeners hear of every target whose state changed (a Ready pod appeared included).
+- ``grpc_ports``: port -> target, the per-target gRPC ports the operator's EndpointSlices name
+  (``kubestate.port_targets``); ``ports_changed`` is set whenever it changes (the CLI then opens, moves
+  and closes the listeners, ``GrpcFront.sync``).
 
 The API client is kubernetes-asyncio's (``connect``: a kubeconfig, else the in-cluster ServiceAccount).
-The activator needs ``get``, ``list``, ``watch`` on inferenceservices, services and pods and ``patch``
-on inferenceservices.
+The activator needs ``get``, ``list``, ``watch`` on inferenceservices, services, pods and
+endpointslices (``discovery.k8s.io``) and ``patch`` on inferenceservices.
 """
 
 from __future__ import annotations
@@ -38,7 +43,14 @@ from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from kubeinfer.contract.activator import GROUP, ISVC_LABEL, PLURAL, VERSION
+from kubeinfer.contract.activator import (
+    ENDPOINTSLICE_MANAGED_BY,
+    GROUP,
+    ISVC_LABEL,
+    PLURAL,
+    SLICE_MANAGED_BY_LABEL,
+    VERSION,
+)
 
 log = logging.getLogger("kubeinfer.activator.kube")
 
@@ -66,6 +78,12 @@ class _Kind:
 ISVCS = _Kind("inferenceservices", f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}", None)
 SERVICES = _Kind("services", "/api/v1/namespaces/{ns}/services", ISVC_LABEL)
 PODS = _Kind("pods", "/api/v1/namespaces/{ns}/pods", ISVC_LABEL)
+SLICES = _Kind(
+    "endpointslices",
+    "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+    f"{SLICE_MANAGED_BY_LABEL}={ENDPOINTSLICE_MANAGED_BY}",
+)
+KINDS = (ISVCS, SERVICES, PODS, SLICES)
 
 
 class _Gone(Exception):
@@ -112,7 +130,7 @@ class KubernetesTargets:
         self._now = now
         self._table = InMemoryTargets(cluster_domain=cluster_domain)
         #: kind name -> namespace/name -> the object as the API server sent it
-        self._objects: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in (ISVCS, SERVICES, PODS)}
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {k.name: {} for k in KINDS}
         self._endpoints: dict[str, tuple[Endpoint, ...]] = {}
         self._turns: dict[str, int] = {}
         self._patching: dict[str, asyncio.Task[None]] = {}
@@ -120,6 +138,10 @@ class KubernetesTargets:
         #: demand calls per target (the status page), and patches the API server accepted
         self.demands: dict[str, int] = {}
         self.patched: dict[str, int] = {}
+        #: port -> target: the per-target gRPC ports of the operator's EndpointSlices; ``ports_changed``
+        #: is set when it changes (its reader clears it)
+        self.grpc_ports: dict[int, str] = {}
+        self.ports_changed = asyncio.Event()
         #: set once every watch has listed its kind once
         self.synced = asyncio.Event()
         self._listed: set[tuple[str, str | None]] = set()
@@ -196,7 +218,7 @@ class KubernetesTargets:
         """List and watch every kind in every namespace, forever (cancel to stop)."""
         tasks = [
             asyncio.create_task(self._watch(kind, ns), name=f"watch {kind.name} {ns or '*'}")
-            for kind in (ISVCS, SERVICES, PODS)
+            for kind in KINDS
             for ns in self.namespaces
         ]
         try:
@@ -260,8 +282,10 @@ class KubernetesTargets:
         store.update(items)
         touched |= {self._target_of(kind, o) for o in items.values()}
         self._refresh(t for t in touched if t)
+        if kind is SLICES:
+            self._refresh_ports()
         self._listed.add((kind.name, namespace))
-        if len(self._listed) == 3 * len(self.namespaces):
+        if len(self._listed) == len(KINDS) * len(self.namespaces):
             self.synced.set()
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -325,11 +349,22 @@ class KubernetesTargets:
         else:
             store[key] = obj
         self._refresh(t for t in touched if t)
+        if kind is SLICES:
+            self._refresh_ports()
         return str(version) if version else None
 
     @staticmethod
     def _target_of(kind: _Kind, obj: dict[str, Any]) -> str | None:
+        if kind is SLICES:
+            return None  # a slice names a port, not a target's state
         return kubestate.key_of(obj) if kind is ISVCS else kubestate.target_key_of_labelled(obj)
+
+    def _refresh_ports(self) -> None:
+        """Recompute :attr:`grpc_ports` from the slices kept; set ``ports_changed`` when it changed."""
+        ports = kubestate.port_targets(self._objects[SLICES.name].values())
+        if ports != self.grpc_ports:
+            self.grpc_ports = ports
+            self.ports_changed.set()
 
     def _labelled(self, kind: _Kind, target: str) -> list[dict[str, Any]]:
         """The objects of ``kind`` whose pod label names ``target`` (a scan: O(objects kept))."""

@@ -12,6 +12,9 @@ sends them (plain JSON objects) and turns them into target state with these func
   named ``grpc`` (else ``spec.server.grpcPort``, else 8081): the pod's own ports, which stay right for an
   old pod while a rollout changes the spec. :func:`pick` takes them in turn (round-robin).
 - **Stage** (:func:`stage_words`): where the replica is, for the 504 of a request held too long.
+- **gRPC ports** (:func:`slice_target_port`, :func:`port_targets`): the operator's EndpointSlice of a
+  Service at zero names the activator gRPC port of that service (``kubeinfer.contract.activator``): the
+  activator listens there for that target alone.
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ from kubeinfer.activator.targets import Endpoint, TargetState
 
 from kubeinfer.contract.activator import (
     DEMAND_ANNOTATION,
+    ENDPOINTSLICE_MANAGED_BY,
     GRPC_PORT_NAME,
     ISVC_LABEL,
     RUNTIME_GRPC_PORT,
     RUNTIME_PORT,
     RUNTIME_PORT_NAME,
+    SERVICE_NAME_LABEL,
+    SLICE_MANAGED_BY_LABEL,
     demand_value,
+    is_target_grpc_port,
 )
 from kubeinfer.contract.durations import parse_duration
 
@@ -45,7 +52,9 @@ __all__ = [
     "pick",
     "pod_endpoint",
     "pod_is_ready",
+    "port_targets",
     "ready_endpoints",
+    "slice_target_port",
     "stage_words",
     "target_key_of_labelled",
     "target_view",
@@ -237,3 +246,35 @@ def demand_patch(when: datetime) -> dict[str, Any]:
     annotation set to ``when`` (timezone-aware; see ``kubeinfer.contract.activator``). Raises
     ``ValueError`` for a naive ``when``."""
     return {"metadata": {"annotations": {DEMAND_ANNOTATION: demand_value(when)}}}
+
+
+def slice_target_port(piece: Obj) -> tuple[str, int] | None:
+    """The target and its own activator gRPC port that an EndpointSlice names: ``(namespace/<its
+    kubernetes.io/service-name>, its port named grpc)`` for a slice managed by the operator
+    (:data:`~kubeinfer.contract.activator.ENDPOINTSLICE_MANAGED_BY`) whose ``grpc`` port is a per-target
+    one (:func:`~kubeinfer.contract.activator.is_target_grpc_port`); None for any other slice (one on the
+    shared port included)."""
+    labels = _meta(piece).get("labels") or {}
+    service = labels.get(SERVICE_NAME_LABEL)
+    if labels.get(SLICE_MANAGED_BY_LABEL) != ENDPOINTSLICE_MANAGED_BY or not service:
+        return None
+    for port in piece.get("ports") or []:
+        if isinstance(port, Mapping) and port.get("name") == GRPC_PORT_NAME:
+            number = port.get("port")
+            if is_target_grpc_port(number):
+                return f"{_meta(piece).get('namespace') or 'default'}/{service}", number
+            return None
+    return None
+
+
+def port_targets(slices: Iterable[Obj]) -> dict[int, str]:
+    """Port -> target over ``slices`` (:func:`slice_target_port`), by port. A port that two slices name
+    goes to the smaller target (``namespace/name``), as the operator keeps it for that one and moves the
+    other."""
+    found: dict[int, str] = {}
+    for piece in slices:
+        named = slice_target_port(piece)
+        if named is not None:
+            target, port = named
+            found[port] = min(target, found.get(port, target))
+    return dict(sorted(found.items()))

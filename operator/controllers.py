@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,13 +206,24 @@ class Controllers:
         if result is not None and result.stored is not None:
             await self.reconciler.reconcile(result.stored, lookup)
 
-    async def activator_seen(self, addresses: tuple[str, ...], lookup: Lookup) -> None:
+    async def activator_seen(
+        self,
+        addresses: tuple[str, ...],
+        lookup: Lookup,
+        *,
+        grpc_ports: Mapping[int, Collection[tuple[str, str]]] | None = None,
+    ) -> None:
         """The activator's Ready addresses as the watch of its EndpointSlices has them now (sorted):
         when they changed, every InferenceService whose Service routes to the activator is reconciled,
         so that its EndpointSlice lists them; when the activator gained its first Ready address or lost
         its last, every one that asks for scale to zero (whether a draining service may route to the
         activator depends on it, see ``reconcile.routing``). Called before each handler's work
-        (whichever handler sees the change first acts on it)."""
+        (whichever handler sees the change first acts on it). ``grpc_ports``, when given: the gRPC
+        ports of the operator's activator EndpointSlices as watched (port -> the InferenceServices whose
+        slice names it; the handlers' kopf index, a live view), handed to the reconciler, which
+        allocates none of them to another service."""
+        if grpc_ports is not None:
+            self.reconciler.held_grpc_ports = grpc_ports
         before = self.reconciler.activator_addresses
         if addresses == before:
             return

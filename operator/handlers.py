@@ -24,13 +24,19 @@ import kopf
 from kubeinfer.operator import api, k8s
 from kubeinfer.operator.builders import ready_addresses
 from kubeinfer.operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
-from kubeinfer.operator.builders.endpointslice import SERVICE_NAME_LABEL
+from kubeinfer.operator.builders.endpointslice import slice_grpc_port
 from kubeinfer.operator.controllers import Controllers
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OwnedKind
 from kubeinfer.operator.reconcile.reconciler import Lookup
 from kubeinfer.operator.settings import Settings
 
-from kubeinfer.contract.activator import ISVC_LABEL
+from kubeinfer.contract.activator import (
+    ENDPOINTSLICE_MANAGED_BY,
+    ISVC_LABEL,
+    SERVICE_NAME_LABEL,
+    SLICE_MANAGED_BY_LABEL,
+    is_target_grpc_port,
+)
 
 #: The label selecting the objects (and pods) the operator owns.
 OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
@@ -40,6 +46,10 @@ SETTINGS_MEMO_KEY = "kubeinfer_settings"
 CONTROLLERS_MEMO_KEY = "kubeinfer_controllers"
 #: The kopf index (handler id) of the activator's EndpointSlices: slice name -> its Ready addresses.
 ACTIVATOR_INDEX = "kubeinfer_activator_slices"
+#: The kopf index (handler id) of the operator's activator EndpointSlices (of the Services at zero) by
+#: their gRPC port: port -> (namespace, InferenceService name); only the per-service ports
+#: (``kubeinfer.contract.activator.is_target_grpc_port``). The reconciler allocates no port found here.
+GRPC_PORTS_INDEX = "kubeinfer_activator_grpc_ports"
 
 
 def _lookup(kwargs: Mapping[str, Any]) -> Lookup:
@@ -83,7 +93,8 @@ async def _synced(memo: Any, kwargs: Mapping[str, Any]) -> Controllers:
     controllers = _controllers(memo)
     index = kwargs.get(ACTIVATOR_INDEX)
     if index is not None:
-        await controllers.activator_seen(_activator_addresses(index), _lookup(kwargs))
+        held = kwargs.get(GRPC_PORTS_INDEX)
+        await controllers.activator_seen(_activator_addresses(index), _lookup(kwargs), grpc_ports=held)
     return controllers
 
 
@@ -157,6 +168,15 @@ def _index_activator_slice(name: str, body: kopf.Body, **_: Any) -> dict[Any, An
     return {name: ready_addresses([body])}
 
 
+def _index_grpc_port(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """An activator EndpointSlice of the operator by its gRPC port (see :data:`GRPC_PORTS_INDEX`); none
+    for the shared port."""
+    port, owner = slice_grpc_port(body), labels.get(SERVICE_NAME_LABEL)
+    if not is_target_grpc_port(port) or not owner:
+        return {}
+    return {port: (str(namespace), str(owner))}
+
+
 async def activator_slice_event(memo: kopf.Memo, **kwargs: Any) -> None:
     """An EndpointSlice of the activator's Service changed (or went): the activator's Ready addresses
     may have changed."""
@@ -165,8 +185,17 @@ async def activator_slice_event(memo: kopf.Memo, **kwargs: Any) -> None:
 
 def _register_activator(settings: Settings, registry: kopf.OperatorRegistry) -> None:
     """The index (:data:`ACTIVATOR_INDEX`) and the watch of the EndpointSlices of the activator's Service
-    (``settings.activator_service``: ``kubernetes.io/service-name`` its name, in its namespace)."""
+    (``settings.activator_service``: ``kubernetes.io/service-name`` its name, in its namespace), and the
+    index of the gRPC ports of the operator's own activator EndpointSlices (:data:`GRPC_PORTS_INDEX`)."""
     where, res = settings.activator_namespace(), k8s.ENDPOINT_SLICE
+    kopf.index(
+        res.group,
+        res.version,
+        res.plural,
+        labels={SLICE_MANAGED_BY_LABEL: ENDPOINTSLICE_MANAGED_BY},
+        id=GRPC_PORTS_INDEX,
+        registry=registry,
+    )(_index_grpc_port)
 
     def of_activator(namespace: str | None, **_: Any) -> bool:
         return namespace == where

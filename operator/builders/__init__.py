@@ -6,6 +6,7 @@ from kubeinfer.operator.builders.endpointslice import (
     activator_slice_name,
     build_activator_endpointslice,
     ready_addresses,
+    slice_grpc_port,
 )
 from kubeinfer.operator.builders.networkpolicy import activator_peer, build_networkpolicy, scraper_peer
 from kubeinfer.operator.builders.pdb import build_pdb, wants_pdb
@@ -24,5 +25,6 @@ __all__ = [
     "ready_addresses",
     "runtime_config",
     "scraper_peer",
+    "slice_grpc_port",
     "wants_pdb",
 ]

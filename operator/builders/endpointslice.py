@@ -5,7 +5,9 @@ A Service without ``spec.selector`` gets no EndpointSlice from the EndpointSlice
 endpoints are whatever slices carry its name in ``kubernetes.io/service-name``. While an InferenceService
 routes to the activator its Service has no selector and this slice lists the activator's Ready
 addresses, on the activator's ports under the Service's port names, so that kube-proxy sends the
-Service's traffic to the activator.
+Service's traffic to the activator: REST on the activator's one REST port, gRPC on the port the operator
+allocated to the service (``reconcile.grpcports``; the activator listens on it for that service alone,
+see ``kubeinfer.contract.activator``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,12 @@ from kubeinfer.contract.activator import (
     ENDPOINTSLICE_MANAGED_BY,
     GRPC_PORT_NAME,
     RUNTIME_PORT_NAME,
+    SERVICE_NAME_LABEL,
+    SLICE_MANAGED_BY_LABEL,
 )
 
-#: The label naming the Service an EndpointSlice belongs to (kube-proxy reads it).
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-#: The label naming the EndpointSlice's manager (the EndpointSlice controller leaves others' alone).
-SLICE_MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
-#: Its value on the slices the EndpointSlice controller makes for a Service with a selector.
+#: ``SLICE_MANAGED_BY_LABEL`` of the slices the EndpointSlice controller makes for a Service with a
+#: selector.
 SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
 
 
@@ -47,11 +48,15 @@ def address_type(addresses: Sequence[str]) -> str:
     return "IPv6" if addresses and all(":" in a for a in addresses) else "IPv4"
 
 
-def build_activator_endpointslice(isvc: api.InferenceService, addresses: Sequence[str]) -> dict[str, Any]:
+def build_activator_endpointslice(
+    isvc: api.InferenceService, addresses: Sequence[str], grpc_port: int = ACTIVATOR_GRPC_PORT
+) -> dict[str, Any]:
     """A ``discovery.k8s.io/v1`` EndpointSlice ``<isvc>-activator`` of the Service ``<isvc>``: one Ready
     endpoint per address of ``addresses`` (the activator's Ready pods, see :func:`ready_addresses`; none
-    is an empty slice), ports ``http`` -> ``ACTIVATOR_PORT`` and ``grpc`` -> ``ACTIVATOR_GRPC_PORT`` (the
-    Service's port names), managed by :data:`ENDPOINTSLICE_MANAGED_BY`, owned by the InferenceService.
+    is an empty slice), ports ``http`` -> ``ACTIVATOR_PORT`` and ``grpc`` -> ``grpc_port`` (the Service's
+    port names; ``grpc_port``: the service's own activator gRPC port, see ``reconcile.grpcports``, or
+    ``ACTIVATOR_GRPC_PORT``, the shared one), managed by :data:`ENDPOINTSLICE_MANAGED_BY`, owned by the
+    InferenceService.
 
     One address family per slice (:func:`address_type`): with IPv4 addresses among ``addresses`` the
     IPv6 ones are left out (a Service has the cluster's primary family unless it asks for two)."""
@@ -73,7 +78,7 @@ def build_activator_endpointslice(isvc: api.InferenceService, addresses: Sequenc
             {"name": RUNTIME_PORT_NAME, "port": ACTIVATOR_PORT, "protocol": "TCP"},
             {
                 "name": GRPC_PORT_NAME,
-                "port": ACTIVATOR_GRPC_PORT,
+                "port": grpc_port,
                 "protocol": "TCP",
                 "appProtocol": "kubernetes.io/h2c",
             },
@@ -98,3 +103,14 @@ def ready_addresses(slices: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
                 continue
             found.update(str(a) for a in endpoint.get("addresses") or [])
     return tuple(sorted(found))
+
+
+def slice_grpc_port(piece: Mapping[str, Any] | None) -> int | None:
+    """The number of the port named ``grpc`` of the EndpointSlice ``piece`` (``None``: no slice, no such
+    port, or not an integer)."""
+    for port in (piece or {}).get("ports") or []:
+        if not isinstance(port, Mapping) or port.get("name") != GRPC_PORT_NAME:
+            continue
+        number = port.get("port")
+        return number if isinstance(number, int) and not isinstance(number, bool) else None
+    return None

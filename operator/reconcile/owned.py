@@ -22,6 +22,8 @@ from kubeinfer.operator.builders import (
     build_service,
 )
 
+from kubeinfer.contract.activator import ACTIVATOR_GRPC_PORT
+
 
 @dataclass(frozen=True)
 class BuildInputs:
@@ -32,13 +34,16 @@ class BuildInputs:
     NetworkPolicy, even without ``spec.server.allowFrom``); the last two from the operator's settings.
     ``activator_addresses``: ``None`` when the Service routes to its pods (it selects them), else the
     activator's Ready addresses, which its EndpointSlice lists (``reconcile.routing``);
-    ``activator_peer``: the NetworkPolicy peer of the activator's pods (``None``: no activator)."""
+    ``activator_grpc_port``: the gRPC port that EndpointSlice names (the service's own, see
+    ``reconcile.grpcports``; else the activator's shared one); ``activator_peer``: the NetworkPolicy
+    peer of the activator's pods (``None``: no activator)."""
 
     batch_timeout_seconds: float
     replicas: int | None
     scrapers: tuple[Mapping[str, Any], ...] = ()
     default_deny: bool = False
     activator_addresses: tuple[str, ...] | None = None
+    activator_grpc_port: int = ACTIVATOR_GRPC_PORT
     activator_peer: Mapping[str, Any] | None = None
 
 
@@ -85,7 +90,7 @@ OWNED: tuple[OwnedKind, ...] = (
         lambda isvc, inputs: (
             None
             if inputs.activator_addresses is None
-            else build_activator_endpointslice(isvc, inputs.activator_addresses)
+            else build_activator_endpointslice(isvc, inputs.activator_addresses, inputs.activator_grpc_port)
         ),
         "the Service routes to the pods",
     ),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +23,12 @@ from kubeinfer.operator.builders.endpointslice import (
     activator_slice_name,
     controller_slices_selector,
     ready_addresses,
+    slice_grpc_port,
 )
 from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
+from kubeinfer.operator.reconcile.grpcports import GrpcPorts
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
 from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.reconcile.replicas import Wake, desired_replicas, wake
@@ -42,6 +44,8 @@ from kubeinfer.operator.status import (
     object_key,
     resource_version,
 )
+
+from kubeinfer.contract.activator import ACTIVATOR_GRPC_PORT
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +100,10 @@ class Reconciler:
     activator is pointed at (:mod:`~kubeinfer.operator.reconcile.routing`); ``activator_peer``: the
     NetworkPolicy peer of the activator's pods (``None``: none admitted). ``routes``: by InferenceService,
     the routing the last reconcile applied (``True``: to the activator); absent when not known (never
-    reconciled, or its Service or EndpointSlice failed to apply).
+    reconciled, or its Service or EndpointSlice failed to apply). ``grpc_ports``: the activator gRPC
+    port allocated to each service routed to the activator (:mod:`~kubeinfer.operator.reconcile.grpcports`);
+    ``held_grpc_ports``: port -> the InferenceServices whose activator EndpointSlice names it, as watched
+    (the handlers hand in their kopf index; a port there is not given to another service).
     """
 
     kube: k8s.Kube
@@ -112,6 +119,8 @@ class Reconciler:
     activator_addresses: tuple[str, ...] = ()
     activator_peer: Mapping[str, Any] | None = None
     routes: dict[tuple[str, str], bool] = field(default_factory=dict)
+    grpc_ports: GrpcPorts = field(default_factory=GrpcPorts)
+    held_grpc_ports: Mapping[int, Collection[tuple[str, str]]] = field(default_factory=dict)
     status_writer: StatusWriter = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
@@ -121,6 +130,7 @@ class Reconciler:
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
     _replicasets_refused: bool = False
     _hand_overs: dict[tuple[str, str], int] = field(default_factory=dict)
+    _on_shared_port: set[tuple[str, str]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.status_writer = StatusWriter(self.kube, api.FIELD_MANAGER)
@@ -133,6 +143,7 @@ class Reconciler:
         self._failures.pop((namespace, name), None)
         self.routes.pop((namespace, name), None)
         self._hand_overs.pop((namespace, name), None)
+        self._release_grpc_port((namespace, name))
         self.status_writer.forget(namespace, name)
         for owned in OWNED:
             self._applied.pop((owned.kind, namespace, owned.name_of(name)), None)
@@ -287,12 +298,15 @@ class Reconciler:
         to_activator = routes_to_activator(
             body, isvc, seen, activator=self.activator, activator_ready=bool(self.activator_addresses)
         )
+        # chosen and recorded with no await since the routing rule: see _grpc_port
+        grpc_port = self._grpc_port(lookup, isvc) if to_activator else ACTIVATOR_GRPC_PORT
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
             replicas=desired_replicas(isvc, deployment, activator=self.activator, woken=woken is not None),
             scrapers=self.scrapers,
             default_deny=self.default_deny,
             activator_addresses=self.activator_addresses if to_activator else None,
+            activator_grpc_port=grpc_port,
             activator_peer=self.activator_peer if self.activator else None,
         )
         built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
@@ -330,6 +344,36 @@ class Reconciler:
             isvc, deployment, state, current_status, self.clock(), activator=self.activator, routed=routed
         )
         await self._write_status(body, desired_status, note=state.note)
+
+    def _grpc_port(self, lookup: Lookup, isvc: api.InferenceService) -> int:
+        """The gRPC port of the activator EndpointSlice of ``isvc``, which routes to the activator: its
+        own (:meth:`GrpcPorts.allocate`, keeping the one its slice names), else, with every port taken,
+        the activator's shared one (logged once per service). Synchronous: the choice is recorded before
+        another reconcile of this process can choose (one port, one service)."""
+        key = (isvc.namespace, isvc.name)
+        mine = self._current(lookup, k8s.ENDPOINT_SLICE.kind, isvc.namespace, activator_slice_name(isvc.name))
+        port = self.grpc_ports.allocate(key, slice_grpc_port(mine), self.held_grpc_ports)
+        if port is not None:
+            if key in self._on_shared_port:
+                self._on_shared_port.discard(key)
+                logger.info("reconcile %s/%s: activator gRPC port %d (was the shared port)", *key, port)
+            return port
+        if key not in self._on_shared_port:
+            self._on_shared_port.add(key)
+            logger.warning(
+                "reconcile %s/%s: every activator gRPC port (%d from %d) is taken: its gRPC calls go to the "
+                "activator's shared port %d, routed by the model they name",
+                *key,
+                self.grpc_ports.count,
+                self.grpc_ports.first,
+                ACTIVATOR_GRPC_PORT,
+            )
+        return ACTIVATOR_GRPC_PORT
+
+    def _release_grpc_port(self, key: tuple[str, str]) -> None:
+        """Forget the activator gRPC port of ``key`` (its activator EndpointSlice is gone)."""
+        self.grpc_ports.release(key)
+        self._on_shared_port.discard(key)
 
     def _record_apply(
         self,
@@ -517,9 +561,10 @@ class Reconciler:
 
         To the pods (the Service with its selector applied): the activator EndpointSlice is deleted once
         the controller's slices list a Ready pod, so that the Service never has no endpoint between the
-        two; until then it stays (the activator forwards to the Ready pods), and while the Deployment has
-        a Ready replica (``pods_ready``) the reconcile is tried again after :data:`HAND_OVER_SECONDS`,
-        doubling each time (at most ``max_retry_delay``).
+        two (then its gRPC port is released, :attr:`grpc_ports`); until then it stays (the activator
+        forwards to the Ready pods), and while the Deployment has a Ready replica (``pods_ready``) the
+        reconcile is tried again after :data:`HAND_OVER_SECONDS`, doubling each time (at most
+        ``max_retry_delay``).
         """
         key = (isvc.namespace, isvc.name)
         if {k8s.SERVICE.kind, k8s.ENDPOINT_SLICE.kind} & failed:
@@ -543,11 +588,13 @@ class Reconciler:
         kind, name = k8s.ENDPOINT_SLICE.kind, activator_slice_name(isvc.name)
         if self._current(lookup, kind, isvc.namespace, name) is None:
             self._hand_overs.pop(key, None)
+            self._release_grpc_port(key)
             return False
         pods = await self.kube.list(path, label_selector=controller_slices_selector(isvc.name))
         if ready_addresses(pods):
             self._hand_overs.pop(key, None)
             await self._delete_unwanted(body, lookup, kind)
+            self._release_grpc_port(key)
         elif pods_ready:
             tries = self._hand_overs[key] = self._hand_overs.get(key, 0) + 1
             self._schedule_retry(

@@ -9,11 +9,14 @@ the activator takes from the pod as it would from the operator's pods. The model
 (ONNX), the client ``tritonclient``, with ``Host`` set to the Service's DNS name. Checked: a request held
 while no pod is Ready, the demand annotation written to the InferenceService (read back from the API
 server), the held request answered once the pod is Ready (and a gRPC call on the shared port then
-forwarded at once); a target whose InferenceService says ``Ready=False`` with a message gets, past a
-1 s cold-start budget, a 504 naming that message; API faults injected in front of the real API server
-(``kubectl proxy`` behind a small aiohttp proxy of the test: a watch answered with 410 Gone, a list with a
-500) cost a new list and a retry, one log line and no traceback. Waits are on the activator's status page
-and on the API server, never on sleeps.
+forwarded at once); an operator-style EndpointSlice of a Service at zero naming a per-target gRPC port:
+the activator listens there, a gRPC call on it is held for that target (named unlike the model the call
+names) and answered once its pod is Ready, and the port closes once the slice goes; a target whose
+InferenceService says ``Ready=False`` with a message gets, past its 1 s ``coldStartTimeout``, a 504 naming
+that message; API faults injected in front of the real API server (``kubectl proxy`` behind a small
+aiohttp proxy of the test: a watch answered with 410 Gone, a list with a 500) cost a new list and a retry,
+one log line and no traceback. Waits are on the activator's status page and on the API server, never on
+sleeps.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import re
 import secrets
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -42,7 +47,17 @@ from tritonclient.utils import InferenceServerException
 from hack.devtools.activator_proc import ActivatorProcess
 from hack.devtools.runtime_proc import RuntimeProcess
 from hack.devtools.runtime_tiny import simple_onnx
-from kubeinfer.contract.activator import API_VERSION, DEMAND_ANNOTATION, ISVC_LABEL, KIND
+from kubeinfer.contract.activator import (
+    ACTIVATOR_GRPC_PORTS_COUNT,
+    ACTIVATOR_GRPC_PORTS_FIRST,
+    API_VERSION,
+    DEMAND_ANNOTATION,
+    ENDPOINTSLICE_MANAGED_BY,
+    ISVC_LABEL,
+    KIND,
+    SERVICE_NAME_LABEL,
+    SLICE_MANAGED_BY_LABEL,
+)
 from tests.integration.activator.test_activator_runtime import grpc_infer, inputs, simple_config
 from tests.support.cluster import Cluster, wait_until
 
@@ -68,13 +83,17 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess
         yield rt
 
 
-def isvc(name: str, grpc_port: int) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": name},
-        "spec": {"model": {"uri": "default", "format": "huggingface"}, "server": {"grpcPort": grpc_port}},
+def isvc(name: str, grpc_port: int, cold_start: str | None = None) -> dict[str, Any]:
+    """An InferenceService; ``cold_start``: its ``scaleToZero.coldStartTimeout`` (the budget of its held
+    requests; the API's default 2m otherwise)."""
+    spec: dict[str, Any] = {
+        "model": {"uri": "default", "format": "huggingface"},
+        "server": {"grpcPort": grpc_port},
     }
+    if cold_start is not None:
+        scaling = {"enabled": True, "minReplicas": 0, "maxReplicas": 1}
+        spec["autoscaling"] = {**scaling, "scaleToZero": {"coldStartTimeout": cold_start}}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
 
 
 def service(name: str) -> dict[str, Any]:
@@ -167,15 +186,78 @@ async def test_a_request_held_asks_for_a_replica_and_is_answered_once_the_pod_is
             await grpc_.close()
 
 
+def free_target_port() -> int:
+    """A port of the activator's per-target range that nothing on this machine listens on."""
+    for port in random.sample(
+        range(ACTIVATOR_GRPC_PORTS_FIRST, ACTIVATOR_GRPC_PORTS_FIRST + ACTIVATOR_GRPC_PORTS_COUNT), 50
+    ):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port in the activator's range")
+
+
+def activator_slice(service: str, grpc_port: int) -> dict[str, Any]:
+    """What the operator writes for the Service ``service`` at zero: the activator's address, its REST port
+    and the service's own gRPC port."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{service}-activator",
+            "labels": {SERVICE_NAME_LABEL: service, SLICE_MANAGED_BY_LABEL: ENDPOINTSLICE_MANAGED_BY},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.96.7.7"], "conditions": {"ready": True}}],  # no loopback here
+        "ports": [
+            {"name": "http", "port": 8080, "protocol": "TCP"},
+            {"name": "grpc", "port": grpc_port, "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+        ],
+    }
+
+
+async def test_a_grpc_call_on_the_port_of_a_services_endpointslice_is_for_that_service(
+    cluster: Cluster, ns: str, runtime: RuntimeProcess
+) -> None:
+    # "zeroed" serves the model "simple" like the target "simple" may: only the port names the target
+    port = free_target_port()
+    objects = [isvc("zeroed", runtime.grpc_port), service("zeroed"), pod("zeroed-0", "zeroed", runtime)]
+    cluster.apply([*objects, activator_slice("zeroed", port)], "-n", ns)
+    target = f"{ns}/zeroed"
+    with ActivatorProcess(
+        args=["--namespaces", ns], kubeconfig=cluster.kubeconfig, die_with_parent=False
+    ) as act:
+        await asyncio.to_thread(
+            act.wait_for, lambda s: (s["targets"].get(target) or {}).get("grpc_port") == port
+        )
+        client = grpcaio.InferenceServerClient(f"127.0.0.1:{port}")
+        try:
+            call = asyncio.create_task(grpc_infer(client, 9))
+            await asyncio.to_thread(act.wait_for, lambda s: s["targets"][target]["held"] == 1)
+            await asyncio.to_thread(mark_ready, cluster, ns, "zeroed-0")
+            assert await asyncio.wait_for(call, timeout=60) is True
+        finally:
+            await client.close()
+        # back at its pods: the operator deletes the slice, the port closes
+        await asyncio.to_thread(cluster.kubectl, "delete", "endpointslice", "zeroed-activator", "-n", ns)
+        await asyncio.to_thread(act.wait_for, lambda s: s["targets"][target]["grpc_port"] is None)
+        log = act.log_text()
+        assert f"grpc listening on 127.0.0.1:{port} for {target}" in log and f"grpc port {port} closed" in log
+        assert "Traceback" not in log
+
+
 async def test_past_the_cold_start_budget_the_504_names_the_ready_condition(
     cluster: Cluster, ns: str, runtime: RuntimeProcess
 ) -> None:
-    cluster.apply([isvc("stuck", runtime.grpc_port), service("stuck")], "-n", ns)
+    cluster.apply([isvc("stuck", runtime.grpc_port, cold_start="1s"), service("stuck")], "-n", ns)
     ready = {"type": "Ready", "status": "False", "reason": "Unschedulable", "message": STUCK_MESSAGE}
     ready["lastTransitionTime"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     await asyncio.to_thread(patch_status, cluster, ns, "kisvc", "stuck", {"conditions": [ready]})
     target = f"{ns}/stuck"
-    args = ["--namespaces", ns, "--cold-start-timeout", "1"]
+    args = ["--namespaces", ns]
     with ActivatorProcess(args=args, kubeconfig=cluster.kubeconfig, die_with_parent=False) as act:
         await asyncio.to_thread(
             act.wait_for, lambda s: STUCK_MESSAGE in (s["targets"].get(target) or {}).get("stage", "")

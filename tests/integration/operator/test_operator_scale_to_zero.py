@@ -2,8 +2,9 @@
 activator's demand annotation (the reconciler's), an older demand doing nothing, the status at zero,
 ``minReplicas: 0`` without the activator setting (accepted, kept at 1 replica, the condition saying why),
 and the Service's routing: to the activator (no selector, the operator's EndpointSlice of the
-activator's Ready addresses) while no pod is Ready or a scale to zero is decided, back to the pods once
-one is (the real EndpointSlice controller's slice of the pod, then the activator slice deleted).
+activator's Ready addresses, on the service's own activator gRPC port) while no pod is Ready or a scale to
+zero is decided, back to the pods once one is (the real EndpointSlice controller's slice of the pod, then
+the activator slice deleted).
 
 1 -> 0 needs the autoscaler's signals (Prometheus), which this tier does not have: the test writes what
 the autoscaler writes when it scales to zero (``status.scaledToZeroAt`` first, then the Deployment's
@@ -21,9 +22,15 @@ from typing import Any
 
 import pytest
 from kubeinfer.operator import api, conditions, rfc3339
+from kubeinfer.operator.reconcile.grpcports import preferred_port
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
-from kubeinfer.contract.activator import DEMAND_ANNOTATION, ENDPOINTSLICE_MANAGED_BY, demand_value
+from kubeinfer.contract.activator import (
+    DEMAND_ANNOTATION,
+    ENDPOINTSLICE_MANAGED_BY,
+    demand_value,
+    is_target_grpc_port,
+)
 from tests.integration.operator.test_operator_rollout import argocd_health
 from tests.support.cluster import Cluster, wait_until
 from tests.support.kstatus import compute as kstatus
@@ -272,6 +279,13 @@ def _slices(cluster: Cluster, ns: str, selector: str) -> list[dict[str, Any]]:
     return items
 
 
+def _grpc_port(cluster: Cluster, ns: str, name: str) -> int:
+    """The port ``grpc`` of ``<name>-activator``."""
+    piece = _get(cluster, ns, "endpointslice", f"{name}-activator")
+    port: int = next(p["port"] for p in piece["ports"] if p["name"] == "grpc")
+    return port
+
+
 def _routing(cluster: Cluster, ns: str, name: str) -> tuple[bool, list[str] | None, list[dict[str, Any]]]:
     """(the Service has a selector, the addresses of ``<name>-activator`` or None when absent, the slices
     of the EndpointSlice controller for the Service)."""
@@ -337,6 +351,9 @@ def test_the_service_routes_to_the_activator_at_zero_and_to_the_pods_once_one_is
             timeout=30,
             message="Service without selector, the activator slice",
         )
+        # its own activator gRPC port, the one its name hashes to (no other service of the operator has it)
+        port = _grpc_port(cluster, ns, name)
+        assert is_target_grpc_port(port) and port == preferred_port((ns, name))
         # the activator's addresses change: the service's slice follows
         cluster.apply(_activator(ns, {"10.96.7.7": True, "10.96.7.9": True}))
         wait_until(
@@ -380,6 +397,7 @@ def test_the_service_routes_to_the_activator_at_zero_and_to_the_pods_once_one_is
             message="the activator again, the controller's slice deleted",
         )
         assert _replicas(cluster, ns, name) == 1  # the scale itself is the autoscaler's
+        assert _grpc_port(cluster, ns, name) == port  # released with the slice, allocated the same again
         moved = _condition(cluster, ns, name, conditions.CONDITION_SCALE_TO_ZERO)
         assert moved is not None and moved["message"].endswith("the Service routes to the activator")
     finally:

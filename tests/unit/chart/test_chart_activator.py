@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubeinfer.activator import cli
+from kubeinfer.activator.kube import KINDS
 from kubeinfer.operator.settings import Settings
 
 from kubeinfer.contract.activator import (
@@ -31,12 +32,20 @@ from tests.unit.chart.test_chart_render import triples
 
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built: run `make setup`")
 
-#: (apiGroup, resource, verb) activator/kube.py uses: lists and watches the three kinds, merge-patches the
+#: (apiGroup, resource, verb) activator/kube.py uses: lists and watches its four kinds, merge-patches the
 #: demand annotation.
 ACTIVATOR_RULES = {
     *(("kubeinfer.io", "inferenceservices", v) for v in ("get", "list", "watch", "patch")),
     *(("", r, v) for r in ("services", "pods") for v in ("get", "list", "watch")),
+    *(("discovery.k8s.io", "endpointslices", v) for v in ("get", "list", "watch")),
 }
+
+
+def test_the_activator_rules_cover_every_kind_it_watches() -> None:
+    for kind in KINDS:
+        parts = kind.path.split("/")
+        group = "" if parts[1] == "api" else parts[2]
+        assert {(group, kind.name, v) for v in ("get", "list", "watch")} <= ACTIVATOR_RULES, kind
 
 
 def _activator(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:

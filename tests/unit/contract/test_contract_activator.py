@@ -12,7 +12,9 @@ from kubeinfer.activator import kubestate
 from kubeinfer.activator.targets import Endpoint
 from kubeinfer.operator import api
 from kubeinfer.operator.builders.deployment import build_deployment
+from kubeinfer.operator.builders.endpointslice import build_activator_endpointslice
 from kubeinfer.operator.builders.service import build_service
+from kubeinfer.operator.reconcile.grpcports import preferred_port
 
 from kubeinfer.contract import activator as contract
 
@@ -55,3 +57,14 @@ def test_the_activator_reads_the_operators_pod_and_service_by_the_contracts_name
     view = kubestate.target_view(body, service, [pod])
     assert view.state.key == "ml/minilm" and view.state.cluster_ip == "10.96.7.7"
     assert view.endpoints == (Endpoint("10.1.2.3", contract.RUNTIME_PORT, 9001),)
+
+
+def test_the_activator_reads_its_port_for_a_service_from_the_operators_endpointslice() -> None:
+    isvc, _ = _isvc(9001)
+    port = preferred_port((isvc.namespace, isvc.name))
+    assert contract.is_target_grpc_port(port)
+    piece = build_activator_endpointslice(isvc, ("10.0.0.9",), port)
+    assert kubestate.slice_target_port(piece) == ("ml/minilm", port)
+    assert kubestate.port_targets([piece, build_activator_endpointslice(isvc, ("10.0.0.9",))]) == {
+        port: "ml/minilm"
+    }  # the shared port is no target's own

@@ -25,6 +25,7 @@ from kubeinfer.operator.builders import (
     build_service,
     ready_addresses,
     scraper_peer,
+    slice_grpc_port,
 )
 from kubeinfer.operator.builders.endpointslice import controller_slices_selector
 from kubeinfer.operator.controllers import Controllers
@@ -146,13 +147,18 @@ def test_the_activator_endpointslice() -> None:
         {"addresses": ["10.0.0.7"], "conditions": {"ready": True}},
         {"addresses": ["10.0.0.9"], "conditions": {"ready": True}},
     ]
-    # the Service's port names, the activator's port numbers
+    # the Service's port names, the activator's port numbers: gRPC the shared port unless given its own
     service_ports = {p["name"] for p in build_service(isvc)["spec"]["ports"]}
     assert {p["name"]: p["port"] for p in piece["ports"]} == {
         "http": ACTIVATOR_PORT,
         "grpc": ACTIVATOR_GRPC_PORT,
     }
     assert {p["name"] for p in piece["ports"]} == service_ports
+    own = build_activator_endpointslice(isvc, ("10.0.0.9", "10.0.0.7", "10.0.0.9"), 21234)
+    assert {p["name"]: p["port"] for p in own["ports"]} == {"http": ACTIVATOR_PORT, "grpc": 21234}
+    assert slice_grpc_port(own) == 21234 and slice_grpc_port(piece) == ACTIVATOR_GRPC_PORT
+    assert own["metadata"]["annotations"] != piece["metadata"]["annotations"]  # another applied hash
+    assert slice_grpc_port(None) is None and slice_grpc_port({"ports": [{"name": "http", "port": 1}]}) is None
     assert build_activator_endpointslice(isvc, ())["endpoints"] == []
     six = build_activator_endpointslice(isvc, ("fd00::2",))
     assert six["addressType"] == "IPv6" and six["endpoints"][0]["addresses"] == ["fd00::2"]
@@ -364,8 +370,9 @@ async def test_new_activator_addresses_reach_every_routed_service() -> None:
     await controllers.activator_seen(("10.0.0.7",), nothing)
     assert sorted(seen) == ["m", "warm"] and rec.activator_addresses == ("10.0.0.7",)
     seen.clear()
-    await controllers.activator_seen(("10.0.0.7",), nothing)  # no change: nothing
-    assert seen == []
+    held = {21000: [("ns", "m")]}
+    await controllers.activator_seen(("10.0.0.7",), nothing, grpc_ports=held)  # no change: nothing
+    assert seen == [] and rec.held_grpc_ports is held  # but the reconciler reads the index of ports
     await controllers.activator_seen(("10.0.0.7", "10.0.0.8"), nothing)  # a change: the routed ones
     assert seen == ["m"]
 
@@ -378,7 +385,7 @@ async def test_the_handlers_tell_the_controllers_the_indexed_activator_addresses
     registry = kopf.OperatorRegistry()
     handlers.register(settings, registry)
     indexes = {h.id for h in registry._indexing.get_all_handlers()}
-    assert {handlers.ACTIVATOR_INDEX, "kubeinfer_endpointslices"} <= indexes
+    assert {handlers.ACTIVATOR_INDEX, handlers.GRPC_PORTS_INDEX, "kubeinfer_endpointslices"} <= indexes
     off = kopf.OperatorRegistry()
     handlers.register(Settings.from_env({}), off)
     assert handlers.ACTIVATOR_INDEX not in {h.id for h in off._indexing.get_all_handlers()}
@@ -389,15 +396,17 @@ async def test_the_handlers_tell_the_controllers_the_indexed_activator_addresses
     index = {"activator-x": [("10.0.0.8",)], "activator-y": [("10.0.0.2", "10.0.0.8")]}
     assert handlers._activator_addresses(index) == ("10.0.0.2", "10.0.0.8")
 
-    told: list[tuple[str, ...]] = []
+    told: list[tuple[tuple[str, ...], Any]] = []
 
     class Seen:
-        async def activator_seen(self, addresses: tuple[str, ...], lookup: Any) -> None:
-            told.append(addresses)
+        async def activator_seen(self, addresses: tuple[str, ...], lookup: Any, grpc_ports: Any) -> None:
+            told.append((addresses, grpc_ports))
 
     memo = {handlers.CONTROLLERS_MEMO_KEY: Seen()}
-    await handlers.activator_slice_event(memo, **{handlers.ACTIVATOR_INDEX: index})  # type: ignore[arg-type]
-    assert told == [("10.0.0.2", "10.0.0.8")]
+    held = {21000: [("ns", "m")]}
+    kwargs = {handlers.ACTIVATOR_INDEX: index, handlers.GRPC_PORTS_INDEX: held}
+    await handlers.activator_slice_event(memo, **kwargs)  # type: ignore[arg-type]
+    assert told == [(("10.0.0.2", "10.0.0.8"), held)]
     await asyncio.sleep(0)
 
 
