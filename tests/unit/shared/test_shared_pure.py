@@ -34,7 +34,7 @@ def test_shared_imports_only_the_standard_library() -> None:
     assert imported and outside == []
 
 
-@pytest.mark.parametrize("side", ["activator"])
+@pytest.mark.parametrize("side", ["runtime", "activator"])
 def test_runtime_and_activator_import_the_hold_from_its_one_home(side: str) -> None:
     importers = [
         path
