@@ -86,6 +86,16 @@ SERVER_METADATA: dict[str, Any] = {
     "version": SERVER_VERSION,
     "extensions": list(EXTENSIONS),
 }
+#: The extension the model repository mode adds (Triton's name; ``dataplane.Repository``).
+REPOSITORY_EXTENSION = "model_repository"
+
+
+def server_metadata(repository: bool) -> dict[str, Any]:
+    """Server metadata; with ``repository`` (the model repository mode) its extension listed too."""
+    if not repository:
+        return SERVER_METADATA
+    return {**SERVER_METADATA, "extensions": [*EXTENSIONS, REPOSITORY_EXTENSION]}
+
 
 SHUTTING_DOWN = "shutting down"
 LOADING = "model loading or warming up"

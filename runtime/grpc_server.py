@@ -54,11 +54,11 @@ from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import LimitsConfig
 from kubeinfer.runtime.dataplane import (
     MODEL_VERSION,
-    SERVER_METADATA,
     InferCall,
     Plane,
     Repository,
     decode_off_loop,
+    server_metadata,
 )
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
@@ -332,7 +332,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorize(context)
-        return service_pb2.ServerMetadataResponse(**SERVER_METADATA)
+        return service_pb2.ServerMetadataResponse(**server_metadata(self.repository is not None))
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorize(context)

@@ -68,7 +68,14 @@ import numpy as np
 import uvicorn
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig, ServerConfig
-from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane, Repository, decode_off_loop
+from kubeinfer.runtime.dataplane import (
+    SERVER_METADATA,
+    InferCall,
+    Plane,
+    Repository,
+    decode_off_loop,
+    server_metadata,
+)
 from kubeinfer.runtime.errors import CLIENT_CLOSED, ClientGone, HTTPError, InferenceError
 from kubeinfer.runtime.protocol import (
     MAX_FIELD_BYTES,
@@ -158,6 +165,7 @@ class RestApp:
     ) -> None:
         self.plane = plane
         self.repository = repository
+        self._server_metadata = encode_json(server_metadata(True)) if repository else _SERVER_METADATA
         self.cfg = cfg
         #: ``server.bearer_token_env``: every route but health and /metrics checks it
         self.auth = BearerAuth.from_config(cfg)
@@ -247,7 +255,7 @@ class RestApp:
     async def server_metadata(self, request: Request) -> Response:
         """Server metadata: name, version, extensions."""
         self._authorize(request)
-        return Response(_SERVER_METADATA, 200, media_type=JSON)
+        return Response(self._server_metadata, 200, media_type=JSON)
 
     async def model_metadata(self, request: Request) -> Response:
         """The model's metadata; 404 unknown model, 503 loading."""

@@ -186,6 +186,7 @@ def test_a_broken_model_fails_alone_with_its_name_and_cause(runtime: RuntimeProc
 
 def test_tritonclient_repository_calls_over_rest_and_grpc(runtime: RuntimeProcess) -> None:
     http = httpclient.InferenceServerClient(runtime.address)
+    assert "model_repository" in http.get_server_metadata()["extensions"]
     names = {m["name"] for m in http.get_model_repository_index()}
     assert names == {*MODELS, "broken"}
     http.unload_model("b")
@@ -197,6 +198,7 @@ def test_tritonclient_repository_calls_over_rest_and_grpc(runtime: RuntimeProces
 
     grpc = grpcclient.InferenceServerClient(runtime.grpc_address)
     try:
+        assert "model_repository" in grpc.get_server_metadata(as_json=True)["extensions"]
         index = grpc.get_model_repository_index(as_json=True)["models"]
         assert {m["name"] for m in index} == {*MODELS, "broken"}
         assert all(m["version"] == "1" and m["state"] for m in index)
