@@ -34,7 +34,7 @@ test-integration: setup ## integration tests only
 test-e2e: images ## end-to-end tests only: images, a one-node cluster, the chart, examples (needs root)
 	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/e2e
 
-lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/, runtime/ and activator/), import-linter
+lint: ## ruff, mypy (strict on kubeinfer/contract/, kubeinfer/shared/, operator/, runtime/ and activator/), import-linter
 	@bash hack/setup.sh --python-only
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -46,6 +46,7 @@ lint: ## ruff, mypy (strict on kubeinfer/contract/, operator/, runtime/ and acti
 	  set -e; rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer; \
 	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py; \
 	  ln -s "$(CURDIR)/kubeinfer/contract" .cache/lintroot/kubeinfer/contract; \
+	  ln -s "$(CURDIR)/kubeinfer/shared" .cache/lintroot/kubeinfer/shared; \
 	  ln -s "$(CURDIR)/operator" .cache/lintroot/kubeinfer/operator; \
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
 	  ln -s "$(CURDIR)/activator" .cache/lintroot/kubeinfer/activator; \

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import uvicorn
 from kubeinfer.activator.gate import Gate
 from kubeinfer.activator.grpc_proxy import GrpcFront
-from kubeinfer.activator.hold import HoldLimits
 from kubeinfer.activator.rest import rest_app
 from kubeinfer.activator.targets import InMemoryTargets, Targets, TargetState, load_targets_file
 
 from kubeinfer.contract.activator import COLD_START_TIMEOUT_DEFAULT
 from kubeinfer.contract.durations import parse_duration
+from kubeinfer.shared.hold import HoldLimits
 
 if TYPE_CHECKING:  # kubernetes_asyncio is in the operator's image, not the runtime's: imported in serve
     from kubeinfer.activator.kube import KubernetesTargets

@@ -11,8 +11,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from kubeinfer.activator.hold import Hold, HoldLimits, HoldTimeout
 from kubeinfer.activator.targets import Endpoint, Targets
+
+from kubeinfer.shared.hold import Hold, HoldLimits, HoldTimeout
 
 log = logging.getLogger("kubeinfer.activator")
 

@@ -34,8 +34,9 @@ from typing import Any, NoReturn
 
 import grpc
 from kubeinfer.activator.gate import Gate, refused
-from kubeinfer.activator.hold import HoldTimeout, Overflow, seconds_from_us
 from tritonclient.grpc import service_pb2
+
+from kubeinfer.shared.hold import HoldTimeout, Overflow, seconds_from_us
 
 log = logging.getLogger("kubeinfer.activator")
 

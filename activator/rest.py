@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import httpx
 from kubeinfer.activator.gate import Gate, refused
-from kubeinfer.activator.hold import HoldTimeout, Overflow, retry_after_header, seconds_from_us
 from kubeinfer.activator.targets import Endpoint
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -31,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive
+
+from kubeinfer.shared.hold import HoldTimeout, Overflow, retry_after_header, seconds_from_us
 
 __all__ = ["HOP_BY_HOP", "rest_app", "rest_parameters"]
 

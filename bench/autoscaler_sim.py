@@ -87,7 +87,6 @@ from typing import Any
 
 import numpy as np
 import quiet
-from kubeinfer.activator.hold import HoldLimits
 from kubeinfer.operator.autoscale.policy import (
     Current,
     Observation,
@@ -97,6 +96,8 @@ from kubeinfer.operator.autoscale.policy import (
     restore_arrivals,
     restore_state,
 )
+
+from kubeinfer.shared.hold import HoldLimits
 
 try:
     from kubeinfer.runtime.metrics import DURATION_BUCKETS
@@ -730,7 +731,7 @@ class Activator:
             raise ValueError(f"activator {self.name}: hold_timeout must be > 0 (got {self.hold_timeout})")
 
 
-#: kubeinfer's activator (``kubeinfer.activator.hold.HoldLimits`` defaults: 100 requests held per
+#: kubeinfer's activator (``kubeinfer.shared.hold.HoldLimits`` defaults: 100 requests held per
 #: target, the cold-start budget ``--cold-start-timeout`` 60 s).
 KUBEINFER_ACTIVATOR = Activator("kubeinfer", HoldLimits().max_requests, HoldLimits().cold_start_timeout_s)
 

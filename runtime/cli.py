@@ -24,6 +24,10 @@ seconds in a cluster so that endpoints stop routing here before requests are ref
 get 503, queued and running requests finish (at most ``server.drain_timeout_seconds``), then the HTTP
 server closes and the process exits 0. A second signal exits at once.
 
+``--model-repository DIR`` (``repository.path``; ``--memory-budget BYTES``, ``--pin MODEL``): serve every
+model of DIR, each in its own process, loaded on its first request and evicted least recently used
+under the budget, with Triton's model repository extension (``kubeinfer.runtime.repository``).
+
 ``--http-workers N`` (``server.http_workers``) > 1: N HTTP front-end processes share the port
 (``SO_REUSEPORT``; ``kubeinfer.runtime.frontend``) and hand decoded tensors to this process, which keeps
 the model, the batcher, gRPC and the config watcher, restarts a front end that dies, and on SIGTERM
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -48,6 +53,7 @@ from kubeinfer.runtime.fetch import FetchError, FetchOptions
 from kubeinfer.runtime.fetch.context import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_STALL_TIMEOUT
 from kubeinfer.runtime.fetch.progress import megabytes
 from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from, strip_credentials
+from kubeinfer.runtime.repository import RepositoryServer
 from kubeinfer.runtime.rest import event_loop_factory
 from kubeinfer.runtime.server import RuntimeServer
 from kubeinfer.runtime.termination import write_termination_message
@@ -91,8 +97,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="HTTP front-end processes in front of the model process (server.http_workers; 1 = one process)",
     )
+    serve.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="serve every model of DIR (DIR/<model>/runtime.yaml), loaded on demand (repository.path)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        type=parse_size,
+        metavar="BYTES",
+        help="resident bytes the loaded models may take (repository.memory_budget_bytes; 8Gi, 500M)",
+    )
+    serve.add_argument(
+        "--pin", action="append", metavar="MODEL", help="a model loaded at start, never evicted (repeatable)"
+    )
     serve.add_argument("--log-level", default=os.environ.get("KUBEINFER_LOG_LEVEL", "INFO"))
     add_fetch_parser(sub)
+    model_process = sub.add_parser(
+        "model-process",
+        help="one model of the model repository mode (started by the runtime, its configuration on stdin)",
+    )
+    model_process.add_argument("--ipc", required=True, help="the ZeroMQ address to serve the model at")
+    model_process.add_argument("--parent-pid", type=int, help="exit when this process (the runtime) exits")
+    model_process.add_argument("--log-level", default=os.environ.get("KUBEINFER_LOG_LEVEL", "INFO"))
     return parser
 
 
@@ -284,17 +311,76 @@ def overrides_from(args: argparse.Namespace) -> Callable[[RuntimeConfig], Runtim
     return apply
 
 
+#: Command-line flag -> the ``repository`` field it overrides (``--model-repository`` creates the section).
+REPOSITORY_FLAGS: dict[str, str] = {
+    "model_repository": "path",
+    "memory_budget": "memory_budget_bytes",
+    "pin": "pinned",
+}
+
+
 def load_config(args: argparse.Namespace) -> RuntimeConfig:
     """The file (or the defaults without ``--config``) with the flags applied."""
     base = RuntimeConfig.load(args.config) if args.config else RuntimeConfig()
-    return overrides_from(args)(base)
+    cfg = overrides_from(args)(base)
+    changes = {key: getattr(args, flag) for flag, key in REPOSITORY_FLAGS.items() if getattr(args, flag)}
+    if not changes:
+        return cfg
+    data = cfg.model_dump()
+    data["repository"] = {**(data["repository"] or {}), **changes}
+    return RuntimeConfig.model_validate(data)
 
 
 async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
-    """Run the server (``RuntimeServer.start``) until a signal; returns the exit status."""
+    """Run the server (``RuntimeServer.start``, or ``RepositoryServer`` with a ``repository`` section)
+    until a signal; returns the exit status (2: the model repository cannot be served)."""
+    if cfg.repository is not None:
+        repository = RepositoryServer(cfg)
+        try:
+            await repository.start()
+        except ValueError as exc:
+            log.error("%s", exc)
+            write_termination_message(str(exc))
+            return 2
+        return await repository.wait()
     server = RuntimeServer(cfg, config_path=args.config, overrides=overrides_from(args))
     await server.start()
     return await server.wait()
+
+
+async def serve_model_process(cfg: RuntimeConfig, address: str) -> int:
+    """One model of the model repository mode: load it and serve it at ``address`` only (no port)."""
+    server = RuntimeServer(cfg, ipc_address=address)
+    await server.start()
+    return await server.wait()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent exits (Linux ``PR_SET_PDEATHSIG``); exits at once when the
+    parent ``parent_pid`` is already gone (it died before the call). Nothing elsewhere."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        sys.exit(1)
+
+
+def run_model_process(args: argparse.Namespace) -> int:
+    """``kubeinfer-runtime model-process``: the configuration (JSON) on stdin; returns the exit status
+    (1: the model failed to load, its cause in the termination log)."""
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    try:
+        cfg = RuntimeConfig.model_validate_json(sys.stdin.buffer.read())
+    except ValueError as exc:
+        write_termination_message(f"invalid configuration: {exc}")
+        return 2
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(serve_model_process(cfg, args.ipc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -310,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_files_limit()  # before the first socket: a container's soft limit is often 1024
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if args.command == "model-process":
+        return run_model_process(args)
     try:
         cfg = load_config(args)
         BearerAuth.from_config(cfg)  # refuse to start open when authentication was asked for

@@ -312,6 +312,43 @@ class CacheConfig(_Strict):
     )
 
 
+class RepositoryConfig(_Strict):
+    """The model repository mode (``kubeinfer.runtime.repository``): the runtime serves every model of a
+    directory, each in its own process, loaded on its first request and evicted least recently used
+    when the measured resident bytes of the loaded models would pass ``memory_budget_bytes``."""
+
+    path: str = Field(
+        min_length=1,
+        description="The model repository: a directory of model directories, each '<name>/runtime.yaml' "
+        "(this file's schema; its model.source relative to that directory) and the model's files.",
+    )
+    memory_budget_bytes: int = Field(
+        default=8 * 1024**3,
+        ge=1,
+        description="Bytes of resident memory (RSS of each model's process after load and warmup) the "
+        "loaded models may take together.",
+    )
+    pinned: list[str] = Field(
+        default_factory=list, description="Models loaded at start and never evicted (readiness waits)."
+    )
+    max_parallel_loads: int = Field(default=2, ge=1, le=64, description="Model loads running at once.")
+    load_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="A model process not ready after this long fails its load."
+    )
+    max_held_requests: int = Field(
+        default=100, ge=1, description="Requests held per model while it loads; beyond, 503."
+    )
+    max_held_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1, description="Tensor bytes held per model while it loads; beyond, 503."
+    )
+    failed_load_backoff_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="After a failed load, requests fail at once with its cause for this long before one "
+        "loads it again (an explicit load retries at once).",
+    )
+
+
 #: ``server`` fields left out of ``runtime.yaml`` at their default (one process, no authentication, the
 #: read timeouts' defaults).
 _SERVER_DEFAULTS_LEFT_OUT = (
@@ -334,6 +371,10 @@ class RuntimeConfig(_Strict):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     device: Device = "auto"
     executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
+    repository: RepositoryConfig | None = Field(
+        default=None,
+        description="Serve a model repository (several models, loaded on demand) instead of ``model``.",
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> RuntimeConfig:
@@ -368,6 +409,8 @@ class RuntimeConfig(_Strict):
                 del data[section][name]
         if not self.cache.enabled:  # no response cache
             del data["cache"]
+        if self.repository is None:  # one model
+            del data["repository"]
         return data
 
     def to_yaml(self) -> str:

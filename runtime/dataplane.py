@@ -86,6 +86,16 @@ SERVER_METADATA: dict[str, Any] = {
     "version": SERVER_VERSION,
     "extensions": list(EXTENSIONS),
 }
+#: The extension the model repository mode adds (Triton's name; ``dataplane.Repository``).
+REPOSITORY_EXTENSION = "model_repository"
+
+
+def server_metadata(repository: bool) -> dict[str, Any]:
+    """Server metadata; with ``repository`` (the model repository mode) its extension listed too."""
+    if not repository:
+        return SERVER_METADATA
+    return {**SERVER_METADATA, "extensions": [*EXTENSIONS, REPOSITORY_EXTENSION]}
+
 
 SHUTTING_DOWN = "shutting down"
 LOADING = "model loading or warming up"
@@ -195,6 +205,22 @@ class Plane(Protocol):
 
     async def metrics_text(self) -> bytes:
         """The Prometheus text exposition of the model process."""
+
+
+class Repository(Protocol):
+    """Triton's model repository extension, in the model repository mode
+    (``kubeinfer.runtime.repository.ModelRepository``); the transports serve its routes when given one."""
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """``[{"name", "version", "state", "reason"}]`` (state READY, UNAVAILABLE, LOADING or UNLOADING);
+        only the READY ones with ``ready_only``."""
+
+    async def repository_load(self, name: str) -> None:
+        """Load ``name`` and return once it is ready; raises ``HTTPError`` 400 (unknown, or its load
+        failed: the cause)."""
+
+    async def repository_unload(self, name: str) -> None:
+        """Unload ``name`` once its requests in flight are done; raises ``HTTPError`` 400 (unknown)."""
 
 
 def check_model(served: str, name: str, version: str | None) -> None:

@@ -99,14 +99,18 @@ class FrontEndPool:
     Args:
         plane: the model process's data plane (what the endpoint answers with; its metrics).
         cfg: the runtime configuration (each front end gets it, with the real port).
-        workers: how many front ends (``server.http_workers``).
+        workers: how many front ends (``server.http_workers``); 0: none, the endpoint only, and no port
+            reserved (a model process of the model repository mode, whose parent is the front end).
+        address: the endpoint's ZeroMQ address (default: a new abstract Unix socket).
     """
 
-    def __init__(self, plane: DataPlane, cfg: RuntimeConfig, workers: int) -> None:
+    def __init__(
+        self, plane: DataPlane, cfg: RuntimeConfig, workers: int, address: str | None = None
+    ) -> None:
         self.plane = plane
         self.cfg = cfg
         self.workers = workers
-        self.address = f"ipc://@kubeinfer-{os.getpid()}-{secrets.token_hex(6)}"
+        self.address = address or f"ipc://@kubeinfer-{os.getpid()}-{secrets.token_hex(6)}"
         self.port = 0
         self.grpc_port = 0
         self._reserved: socket.socket | None = None
@@ -129,10 +133,11 @@ class FrontEndPool:
         gRPC on them), wait for their ``hello``. Returns the HTTP port (the gRPC one is ``grpc_port``).
         Raises ``RuntimeError`` if a front end does not come up in time."""
         cfg = self.cfg
-        self._reserved = reserve_port(cfg.server.host, cfg.server.port)
-        self.port = self._reserved.getsockname()[1]
-        self._reserved_grpc = reserve_port(cfg.server.host, cfg.server.grpc_port)
-        self.grpc_port = self._reserved_grpc.getsockname()[1]
+        if self.workers > 0:
+            self._reserved = reserve_port(cfg.server.host, cfg.server.port)
+            self.port = self._reserved.getsockname()[1]
+            self._reserved_grpc = reserve_port(cfg.server.host, cfg.server.grpc_port)
+            self.grpc_port = self._reserved_grpc.getsockname()[1]
         self._endpoint = ipc.ModelEndpoint(self.address, self.handle, closing=lambda: self.plane.closing)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._endpoint.run()))

@@ -52,7 +52,14 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import LimitsConfig
-from kubeinfer.runtime.dataplane import MODEL_VERSION, SERVER_METADATA, InferCall, Plane, decode_off_loop
+from kubeinfer.runtime.dataplane import (
+    MODEL_VERSION,
+    InferCall,
+    Plane,
+    Repository,
+    decode_off_loop,
+    server_metadata,
+)
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_DTYPES, datatype_of
 from kubeinfer.runtime.errors import InferenceError, ProtocolError
 from kubeinfer.runtime.grpc_contents import LazyModelInferRequest, count_values, parse_contents
@@ -273,12 +280,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         auth: the bearer token check (None: no authentication).
         limits: the request limits ``ModelInfer`` checks the declared shapes against before it makes
             any tensor (None: none).
+        repository: the model repository mode's (``dataplane.Repository``): ``RepositoryIndex``,
+            ``RepositoryModelLoad`` and ``RepositoryModelUnload`` (UNIMPLEMENTED without it).
     """
 
     def __init__(
-        self, plane: Plane, auth: BearerAuth | None = None, limits: LimitsConfig | None = None
+        self,
+        plane: Plane,
+        auth: BearerAuth | None = None,
+        limits: LimitsConfig | None = None,
+        repository: Repository | None = None,
     ) -> None:
         self.plane = plane
+        self.repository = repository
         self.auth = auth or BearerAuth(None)
         self.limits = limits
 
@@ -318,7 +332,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorize(context)
-        return service_pb2.ServerMetadataResponse(**SERVER_METADATA)
+        return service_pb2.ServerMetadataResponse(**server_metadata(self.repository is not None))
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._authorize(context)
@@ -385,7 +399,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except InferenceError as exc:
             return await self._abort(context, exc)
         response = service_pb2.ModelInferResponse(
-            model_name=plane.model_name, model_version=MODEL_VERSION, id=request.id
+            model_name=request.model_name, model_version=MODEL_VERSION, id=request.id
         )
         for name, array in outputs.items():
             datatype = datatype_of(array)
@@ -448,6 +462,45 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await self._authorize(context)
         await self._shm(context, "cuda", "unregister", request.name, {})
         return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    # ----- the model repository extension ---------------------------------------------------------------
+    async def _repository(self, rpc: str, context: grpc.aio.ServicerContext) -> Repository:
+        await self._authorize(context)
+        if self.repository is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"{rpc} is not implemented by this server: it serves one model, not a model repository "
+                "(kubeinfer-runtime serve --model-repository)",
+            )
+        assert self.repository is not None
+        return self.repository
+
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        repository = await self._repository("RepositoryIndex", context)
+        index = await repository.repository_index(request.ready)
+        return service_pb2.RepositoryIndexResponse(
+            models=[service_pb2.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
+        )
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        repository = await self._repository("RepositoryModelLoad", context)
+        try:
+            if len(request.parameters):
+                raise InferenceError(
+                    "load parameters (config, files) are not supported: edit runtime.yaml", 400
+                )
+            await repository.repository_load(request.model_name)
+        except InferenceError as exc:
+            return await self._abort(context, exc)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        repository = await self._repository("RepositoryModelUnload", context)
+        try:
+            await repository.repository_unload(request.model_name)
+        except InferenceError as exc:
+            return await self._abort(context, exc)
+        return service_pb2.RepositoryModelUnloadResponse()
 
 
 def _unimplemented(rpc: str) -> Any:
@@ -532,6 +585,7 @@ def create_grpc_server(
     *,
     reuse_port: bool = False,
     handshake_timeout: float = 10.0,
+    repository: Repository | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server with the inference service over ``plane`` on ``host:port`` (0 = any free
     port), not started; returns it and the bound port. Received messages up to
@@ -546,6 +600,8 @@ def create_grpc_server(
     ``GRPC_IDLE_SECONDS`` (a GOAWAY first; gRPC's default is never): an idle or silent connection does
     not hold a file descriptor for ever, and a client's channel reconnects on its next call.
 
+    With ``repository`` (the model repository mode), the repository extension's RPCs answer too.
+
     Call it, then ``await grpc_server.start()``, on the running event loop. Raises ``RuntimeError``
     when the port cannot be bound."""
     grpc_server = grpc.aio.server(
@@ -557,7 +613,7 @@ def create_grpc_server(
             ("grpc.max_connection_idle_ms", int(GRPC_IDLE_SECONDS * 1000)),
         ]
     )
-    _add_servicer(InferenceServicer(plane, auth, limits), grpc_server)
+    _add_servicer(InferenceServicer(plane, auth, limits, repository), grpc_server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = grpc_server.add_insecure_port(address)
     if not bound:

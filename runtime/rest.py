@@ -68,7 +68,14 @@ import numpy as np
 import uvicorn
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig, ServerConfig
-from kubeinfer.runtime.dataplane import SERVER_METADATA, InferCall, Plane, decode_off_loop
+from kubeinfer.runtime.dataplane import (
+    SERVER_METADATA,
+    InferCall,
+    Plane,
+    Repository,
+    decode_off_loop,
+    server_metadata,
+)
 from kubeinfer.runtime.errors import CLIENT_CLOSED, ClientGone, HTTPError, InferenceError
 from kubeinfer.runtime.protocol import (
     MAX_FIELD_BYTES,
@@ -145,10 +152,20 @@ class RestApp:
 
     Raises ``ValueError`` when ``server.bearer_token_env`` names a variable that is not set.
         routes: more routes on the same port (``openai_api.OpenAIRoutes.routes``).
+        repository: the model repository mode's (``dataplane.Repository``): Triton's repository
+            extension's routes, ``POST /v2/repository/index`` and ``.../models/{name}/load|unload``.
     """
 
-    def __init__(self, plane: Plane, cfg: RuntimeConfig, routes: Sequence[BaseRoute] = ()) -> None:
+    def __init__(
+        self,
+        plane: Plane,
+        cfg: RuntimeConfig,
+        routes: Sequence[BaseRoute] = (),
+        repository: Repository | None = None,
+    ) -> None:
         self.plane = plane
+        self.repository = repository
+        self._server_metadata = encode_json(server_metadata(True)) if repository else _SERVER_METADATA
         self.cfg = cfg
         #: ``server.bearer_token_env``: every route but health and /metrics checks it
         self.auth = BearerAuth.from_config(cfg)
@@ -170,6 +187,7 @@ class RestApp:
                 Route("/v2/models/{name}/versions/{version}/infer", self.infer, methods=["POST"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 *self._shared_memory_routes(),
+                *self._repository_routes(),
                 *routes,
             ],
             exception_handlers={
@@ -237,7 +255,7 @@ class RestApp:
     async def server_metadata(self, request: Request) -> Response:
         """Server metadata: name, version, extensions."""
         self._authorize(request)
-        return Response(_SERVER_METADATA, 200, media_type=JSON)
+        return Response(self._server_metadata, 200, media_type=JSON)
 
     async def model_metadata(self, request: Request) -> Response:
         """The model's metadata; 404 unknown model, 503 loading."""
@@ -306,6 +324,57 @@ class RestApp:
 
         return handle
 
+    def _repository_routes(self) -> list[Route]:
+        if self.repository is None:
+            return []
+        return [
+            Route("/v2/repository/index", self.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{name}/load", self.repository_load, methods=["POST"]),
+            Route("/v2/repository/models/{name}/unload", self.repository_unload, methods=["POST"]),
+        ]
+
+    async def _repository_body(self, request: Request) -> dict[str, Any]:
+        """The optional JSON object of a repository request (empty: ``{}``). Raises ``HTTPError`` 400."""
+        body = await read_body(request, self.cfg.limits.max_request_bytes)
+        if not bytes(body).strip():
+            return {}
+        try:
+            doc = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            raise HTTPError("the request body is not JSON", 400) from None
+        if not isinstance(doc, dict):
+            raise HTTPError("the request body must be a JSON object", 400)
+        return doc
+
+    async def repository_index(self, request: Request) -> Response:
+        """Triton's ``POST /v2/repository/index`` (body ``{"ready": bool}``, optional): a JSON array of
+        ``{"name", "version", "state", "reason"}``."""
+        self._authorize(request)
+        assert self.repository is not None
+        doc = await self._repository_body(request)
+        index = await self.repository.repository_index(bool(doc.get("ready", False)))
+        return Response(encode_json(index), 200, media_type=JSON)
+
+    async def repository_load(self, request: Request) -> Response:
+        """Triton's ``POST /v2/repository/models/{name}/load``: 200 once loaded; 400 with the cause. A
+        ``parameters`` override (``config``, files) is refused: the model's ``runtime.yaml`` is its
+        configuration."""
+        self._authorize(request)
+        assert self.repository is not None
+        doc = await self._repository_body(request)
+        if doc.get("parameters"):
+            raise HTTPError("load parameters (config, files) are not supported: edit runtime.yaml", 400)
+        await self.repository.repository_load(request.path_params["name"])
+        return Response(b"", 200, media_type=JSON)
+
+    async def repository_unload(self, request: Request) -> Response:
+        """Triton's ``POST /v2/repository/models/{name}/unload``: 200 once unloaded; 400 unknown model."""
+        self._authorize(request)
+        assert self.repository is not None
+        await self._repository_body(request)
+        await self.repository.repository_unload(request.path_params["name"])
+        return Response(b"", 200, media_type=JSON)
+
     async def metrics(self, request: Request) -> Response:
         """The Prometheus exposition."""
         from prometheus_client import CONTENT_TYPE_LATEST
@@ -363,7 +432,7 @@ class RestApp:
             if watch is not None:
                 watch.stop()
         assert decoded is not None
-        return encode_response(self.plane.model_name, outputs, decoded)
+        return encode_response(params["name"], outputs, decoded)
 
 
 def request_header_length(request: Request) -> int | None:

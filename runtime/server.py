@@ -79,6 +79,9 @@ class RuntimeServer:
         metrics: the metrics (default: a new ``RuntimeMetrics`` in its own registry).
         config_path: the config file to watch for ``batching`` changes, or None.
         overrides: re-applies the command-line flags to a re-read config file.
+        ipc_address: serve no HTTP or gRPC port, only the IPC endpoint at this ZeroMQ address (a model
+            process of the model repository mode, ``kubeinfer.runtime.repository``, whose parent serves
+            the ports and reaches this process as a front end does).
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class RuntimeServer:
         *,
         config_path: str | None = None,
         overrides: Callable[[RuntimeConfig], RuntimeConfig] = lambda c: c,
+        ipc_address: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self._ipc_address = ipc_address
         self.model_name = cfg.model.name
         self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.executors)
         #: What every transport calls: admission, validation, the batcher, metrics, errors.
@@ -117,7 +122,7 @@ class RuntimeServer:
         HTTP server, the gRPC server, the model load and, with ``config_path``, the config-file watcher.
         """
         loop = self._loop = asyncio.get_running_loop()
-        if self.cfg.server.http_workers > 1:
+        if self.cfg.server.http_workers > 1 or self._ipc_address:
             serving = await self._start_frontends(loop)
         else:
             serving = self._start_uvicorn()
@@ -144,8 +149,11 @@ class RuntimeServer:
                 handshake_timeout=server.header_timeout_seconds,
             )
             await self._grpc.start()
-        log.info("grpc listening on %s:%d", self.host, grpc_port)
-        log.info("listening on http://%s:%d", self.host, self.port)
+        if self._ipc_address:
+            log.info("model process: serving %s", self._ipc_address)
+        else:
+            log.info("grpc listening on %s:%d", self.host, grpc_port)
+            log.info("listening on http://%s:%d", self.host, self.port)
         self._serving = loop.create_task(serving)
 
     def _start_uvicorn(self) -> Coroutine[Any, Any, None]:
@@ -160,7 +168,8 @@ class RuntimeServer:
     async def _start_frontends(self, loop: asyncio.AbstractEventLoop) -> Coroutine[Any, Any, None]:
         """``server.http_workers`` > 1: front-end processes serve HTTP (``kubeinfer.runtime.frontend_pool``);
         this process handles SIGTERM/SIGINT itself (as ``UvicornServer.handle_exit`` does)."""
-        pool = self._pool = FrontEndPool(self.plane, self.cfg, self.cfg.server.http_workers)
+        workers = 0 if self._ipc_address else self.cfg.server.http_workers
+        pool = self._pool = FrontEndPool(self.plane, self.cfg, workers, self._ipc_address)
         self.port = await pool.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)

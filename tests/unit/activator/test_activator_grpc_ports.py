@@ -17,7 +17,7 @@ from kubeinfer.activator import kubestate
 from kubeinfer.activator.cli import _KubePorts
 from kubeinfer.activator.gate import Gate
 from kubeinfer.activator.grpc_proxy import GrpcFront
-from kubeinfer.activator.hold import HoldLimits
+from kubeinfer.shared.hold import HoldLimits
 from kubeinfer.activator.kube import ISVCS, KINDS, SLICES, KubernetesTargets
 from kubeinfer.activator.targets import InMemoryTargets, TargetState
 from tritonclient.grpc import service_pb2

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from kubeinfer.activator.gate import Gate
-from kubeinfer.activator.hold import HoldLimits
 from kubeinfer.activator.rest import rest_app
 from kubeinfer.activator.targets import InMemoryTargets
 from starlette.testclient import TestClient
+
+from kubeinfer.shared.hold import HoldLimits
 
 
 def test_readyz_follows_the_ready_callable_and_defaults_to_ready() -> None:

@@ -104,11 +104,11 @@ def test_cli_flags_override_and_are_validated() -> None:
 
 
 def test_every_serve_flag_overrides_its_config_field() -> None:
-    from kubeinfer.runtime.cli import FLAG_FIELDS
+    from kubeinfer.runtime.cli import FLAG_FIELDS, REPOSITORY_FLAGS
 
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     flags = {a.dest for a in serve._actions if a.dest not in ("help", "config", "log_level")}
-    assert flags == set(FLAG_FIELDS)
+    assert flags == set(FLAG_FIELDS) | set(REPOSITORY_FLAGS)
     args = build_parser().parse_args(
         [
             "serve",
@@ -136,3 +136,18 @@ def test_every_serve_flag_overrides_its_config_field() -> None:
     assert (cfg.model.source, cfg.quantization.mode, cfg.device, cfg.executors) == ("/m", "bf16", "cpu", 3)
     assert (cfg.batching.max_batch_size, cfg.batching.max_queue_delay_seconds) == (7, 0.25)
     assert (cfg.server.port, cfg.server.grpc_port, cfg.server.host) == (9, 10, "::1")
+
+
+def test_the_repository_flags_make_the_repository_section() -> None:
+    assert load_config(build_parser().parse_args(["serve"])).repository is None
+    args = build_parser().parse_args(
+        ["serve", "--model-repository", "/models", "--memory-budget", "2Gi", "--pin", "a", "--pin", "b"]
+    )
+    repository = load_config(args).repository
+    assert repository is not None
+    assert (repository.path, repository.memory_budget_bytes, repository.pinned) == (
+        "/models",
+        2 << 30,
+        ["a", "b"],
+    )
+    assert "repository" not in RuntimeConfig().file_data()  # one model: runtime.yaml reads as before

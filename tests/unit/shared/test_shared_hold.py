@@ -1,4 +1,4 @@
-"""The hold (activator/hold.py), driven by traces of events against a fake clock.
+"""The hold (kubeinfer/shared/hold.py), driven by traces of events against a fake clock.
 
 A trace is a list of events: ``arrive`` (a request is held, or refused), ``tick`` (the clock moves and
 ``expire`` runs), ``ready`` (the target turns ready and ``notify`` runs), ``leave`` (the client goes: its
@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from kubeinfer.activator.gate import Gate
-from kubeinfer.activator.hold import (
+
+from kubeinfer.shared.hold import (
+    Held,
     Hold,
+    HoldError,
     HoldLimits,
     HoldTimeout,
     Overflow,
@@ -24,7 +26,6 @@ from kubeinfer.activator.hold import (
     retry_after_header,
     seconds_from_us,
 )
-from kubeinfer.activator.targets import InMemoryTargets, TargetState
 
 
 class FakeClock:
@@ -355,26 +356,18 @@ def test_limits_refuse_nonsense(kwargs: dict[str, Any]) -> None:
         HoldLimits(**kwargs)
 
 
-async def test_a_targets_own_budget_replaces_the_holds_default_both_ways() -> None:
-    """The Gate holds each request for its InferenceService's ``coldStartTimeout`` (longer or shorter
-    than the activator's default), and the request's own timeout still cuts it shorter."""
-    clock = FakeClock()
-    table = InMemoryTargets()
-    table.put(TargetState("slow", "ml", cold_start_timeout_s=30.0))
-    table.put(TargetState("quick", "ml", cold_start_timeout_s=2.0))
-    table.put(TargetState("default", "ml"))
-    gate = Gate(table, HoldLimits(cold_start_timeout_s=10.0), clock=clock)
-    names = ("ml/slow", "ml/quick", "ml/default")
-    waiters = {n: asyncio.create_task(gate.endpoint(n, nbytes=1)) for n in names}
-    own = asyncio.create_task(gate.endpoint("ml/slow", nbytes=1, timeout_s=5.0))
+async def test_fail_ends_every_held_request_with_the_error_and_the_next_arrival_demands_again() -> None:
+    world = World(HoldLimits())
+    waiters = [asyncio.create_task(world.hold.wait("m", nbytes=10)) for _ in range(3)]
     await settle()
-    failed_at: dict[str, float] = {}
-    for now in (1.0, 2.0, 5.0, 10.0, 29.0, 30.0):
-        clock.now = now
-        gate.hold.expire()
-        await settle()
-        for n, task in [*waiters.items(), ("own timeout", own)]:
-            if task.done() and n not in failed_at:
-                assert isinstance(task.exception(), HoldTimeout)
-                failed_at[n] = now
-    assert failed_at == {"ml/quick": 2.0, "own timeout": 5.0, "ml/default": 10.0, "ml/slow": 30.0}
+    assert world.demands == ["m"] and world.hold.held("m") == Held(3, 30)
+    assert world.hold.fail("m", HoldError("m: failed to load: bad file")) == 3
+    await settle()
+    assert [str(w.exception()) for w in waiters] == ["m: failed to load: bad file"] * 3
+    assert world.hold.held("m") == Held(0, 0) and world.hold.fail("m", HoldError("x")) == 0
+    again = asyncio.create_task(world.hold.wait("m"))
+    await settle()
+    assert world.demands == ["m", "m"]
+    world.ready.add("m")
+    world.hold.notify("m")
+    assert await again >= 0.0

@@ -1,9 +1,10 @@
 """The hold: requests for a target wait, bounded, until the target is ready (pure: asyncio only, no I/O).
 
 One mechanism for every "the thing that answers is not there yet" case: the activator holds requests for
-an InferenceService at zero until a replica is Ready, and a model pool will hold requests for a model
-until it is loaded. A target is any hashable key; what "ready" means, how to ask for it and how to
-describe its progress are the three callables the owner hands in.
+an InferenceService at zero until a replica is Ready, and the runtime's model repository mode holds
+requests for a model until it is loaded (``fail`` ends them when the load fails). A target is any
+hashable key; what "ready" means, how to ask for it and how to describe its progress are the three
+callables the owner hands in.
 
 - **Bounds, per target**: at most ``max_requests`` requests and ``max_bytes`` bytes held. An arrival over
   either is refused at once with ``Overflow`` (the servers answer 503 + ``Retry-After`` / gRPC
@@ -268,6 +269,18 @@ class Hold(Generic[K]):
             if not entry.future.done():
                 entry.future.set_result(max(0.0, now - entry.arrived))
         return len(order)
+
+    def fail(self, key: K, error: HoldError) -> int:
+        """Fail every request held for ``key`` with ``error`` (the target will not turn ready: its model
+        failed to load). Returns how many were failed; the next arrival for ``key`` is held again and
+        calls ``demand``."""
+        queue = self._queues.pop(key, None)
+        if queue is None:
+            return 0
+        for entry in queue.entries.values():
+            if not entry.future.done():
+                entry.future.set_exception(error)
+        return len(queue.entries)
 
     def expire(self) -> int:
         """Fail every held request whose deadline has passed with ``HoldTimeout`` naming its target's
