@@ -38,7 +38,7 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   (``kubeinfer.runtime.cache``; Triton's ``nv_cache_num_hits_per_model`` and friends), 0 when it is off.
 - ``kubeinfer_truncated_rows_total`` counter: text rows longer than the model's window that were cut
   to it (``model.overflow: truncate``; with refuse they get 413 instead); ``kubeinfer_chunked_rows_total``:
-  those split into windows whose embeddings are pooled (``chunk``).
+  those split into windows whose embeddings are pooled or whose entities are merged (``chunk``).
 - ``kubeinfer_shed_requests_total{priority, reason}`` counter: requests answered 429 because the queue
   was full, by priority level (1 highest): ``refused`` at arrival, or ``displaced`` from the queue by an
   arrival of a higher priority.
@@ -320,7 +320,7 @@ class RuntimeMetrics:
         self.chunked_rows = Counter(
             "kubeinfer_chunked_rows",
             "Text rows longer than the model's window split into windows whose embeddings are pooled "
-            "(model.overflow chunk).",
+            "or whose entities are merged (model.overflow chunk).",
             labels,
             registry=r,
         ).labels(model)

@@ -102,16 +102,19 @@ class ModelSpec(_Spec):
         default=None,
         description="token-classification only: how token labels become entities when a request sends "
         "no aggregation_strategy input: none | simple | first | average | max, as the transformers "
-        "pipeline's aggregation_strategy. Unset: none, the pipeline's default.",
+        "pipeline's aggregation_strategy. Unset: none, the pipeline's default (overflow chunk needs "
+        "another).",
     )
     overflow: Overflow | None = Field(
         default=None,
         description="huggingface only: what a text longer than the model's window (256 tokens) gets: "
         "refuse (413 naming the tensor and the row), truncate (cut to the window as transformers' "
         "truncation=True does; a reranker keeps the query whole and truncates the text; counted in "
-        "kubeinfer_truncated_rows_total) or chunk (text-embedding only: texts up to 512 tokens split "
-        "into overlapping windows whose embeddings are averaged, weighted by their tokens; counted in "
-        "kubeinfer_chunked_rows_total). Unset: refuse.",
+        "kubeinfer_truncated_rows_total) or chunk (text-embedding and token-classification: texts up to "
+        "maxTextTokens split into windows overlapping by an eighth; an embedder answers their "
+        "embeddings averaged, weighted by their tokens, a token classifier their entities merged with "
+        "offsets into the whole text as transformers' stride does, which needs an aggregationStrategy "
+        "other than none; counted in kubeinfer_chunked_rows_total). Unset: refuse.",
     )
     max_text_tokens: int | None = Field(
         default=None,

@@ -120,7 +120,7 @@ class ServableModel(ABC):
     #: Rows ``validate`` let through to be cut to the model's window (a text model's ``overflow:
     #: truncate``), counted since load; the batcher reports them (kubeinfer_truncated_rows_total).
     truncated_rows: int = 0
-    #: Rows ``validate`` let through to be split into windows (an embedder's ``overflow: chunk``),
+    #: Rows ``validate`` let through to be split into windows (``overflow: chunk``: an embedder, a tagger),
     #: counted since load (kubeinfer_chunked_rows_total).
     chunked_rows: int = 0
 

@@ -161,7 +161,8 @@ class TextModel(ServableModel):
     any thread.
     """
 
-    #: Whether ``overflow: chunk`` applies: the model pools its windows' outputs (an embedder).
+    #: Whether ``overflow: chunk`` applies: the model runs a long text as overlapping windows and merges
+    #: their outputs (an embedder pools their embeddings, a token classifier merges their entities).
     chunks = False
 
     def __init__(
@@ -191,7 +192,8 @@ class TextModel(ServableModel):
         if self.overflow == "chunk" and not self.chunks:
             raise ValueError(
                 f"model.overflow chunk applies to text-embedding models (their windows' embeddings are "
-                f"pooled), not {type(self).__name__}; use truncate or refuse"
+                f"pooled) and token-classification models (their windows' entities are merged), not "
+                f"{type(self).__name__}; use truncate or refuse"
             )
         #: Tokens per text (special tokens included) beyond which a request gets 413: the window
         #: (``max_text_tokens``, at most ``max_sequence_length``), or with ``overflow: chunk`` the
@@ -516,7 +518,7 @@ class TextEmbeddingModel(TextModel):
             content = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         prefix, suffix = self._special_template
         body = self.max_sequence_length - len(prefix) - len(suffix)
-        step = max(1, body - int(body * CHUNK_OVERLAP))
+        step = max(1, body - chunk_overlap(body))
         rows: list[list[int]] = []
         owners: list[int] = []
         for row, ids in enumerate(content):
@@ -607,6 +609,13 @@ class TextEmbeddingModel(TextModel):
 #: With ``overflow: chunk``, the share of a window's content tokens the next window repeats, so that a
 #: sentence cut at a window's edge is whole in one of them (transformers' pipelines call it ``stride``).
 CHUNK_OVERLAP = 0.125
+
+
+def chunk_overlap(body: int) -> int:
+    """The tokens a window shares with the next one under ``overflow: chunk``: ``CHUNK_OVERLAP`` of a
+    window's ``body`` (its content tokens: the window less its special tokens), rounded down; always
+    less than ``body`` (transformers' ``stride``)."""
+    return int(body * CHUNK_OVERLAP)
 
 
 def pool_windows(embeddings: np.ndarray, tokens: np.ndarray, owners: np.ndarray, rows: int) -> np.ndarray:
