@@ -27,7 +27,10 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   ``kubeinfer_quantization_cosine_mean_ratio`` and ``kubeinfer_quantization_retrieval_agreement_ratio``
   (an embedder's), ``kubeinfer_quantization_label_agreement_ratio``,
   ``kubeinfer_quantization_score_deviation_mean`` and ``kubeinfer_quantization_score_deviation_max`` (a
-  classifier's or a reranker's), each set when the model reports it.
+  classifier's or a reranker's), each set when the model reports it; and
+  ``kubeinfer_quantization_compared_texts{measured_on}``, how many texts (or pairs) they were measured
+  on and which (``gate texts``, ``held-out sentences``, ``held-out pairs``), only when they were
+  measured (the operator copies these into ``status.quantization``).
 - ``kubeinfer_service_time_intercept_seconds`` and ``kubeinfer_service_time_slope_seconds`` gauges: the
   batch service time s(b) = a + c*b fitted from the batches run (``service_time.ServiceTimeFit``, seeded
   at warmup), a in seconds and c in seconds per row; NaN until fitted. The autoscaler's SLO-capacity rule
@@ -283,6 +286,13 @@ class RuntimeMetrics:
             labels,
             registry=r,
         )
+        self.compared_texts = Gauge(
+            "kubeinfer_quantization_compared_texts",
+            "Texts (or text pairs) the quantization figures were measured on against fp32 at load, by which "
+            "(measured_on: gate texts, held-out sentences, held-out pairs); absent when not measured.",
+            [*labels, "measured_on"],
+            registry=r,
+        )
         self.config_reload_errors = Counter(
             "kubeinfer_config_reload_errors",
             "Config-file changes rejected (old settings kept).",
@@ -402,8 +412,10 @@ class RuntimeMetrics:
             lambda: float(torch.cuda.memory_reserved(index))
         )
 
-    def set_report(self, report: Mapping[str, float]) -> None:
-        """Export a model's ``report()`` figures (keys as in ``kubeinfer.runtime.models.base``)."""
+    def set_report(self, report: Mapping[str, float], measured_on: str | None = None) -> None:
+        """Export a model's ``report()`` figures (keys as in ``kubeinfer.runtime.models.base``);
+        ``measured_on``: the texts its quantization figures were measured on (``ServableModel.measured_on``),
+        the label of ``kubeinfer_quantization_compared_texts``."""
         if "model_load_seconds" in report:
             self.model_load_seconds.set(report["model_load_seconds"])
         if "warmup_seconds" in report:
@@ -419,6 +431,8 @@ class RuntimeMetrics:
         ):
             if key in report:
                 gauge.labels(self.model).set(report[key])
+        if measured_on is not None and "quantization_compared_texts" in report:
+            self.compared_texts.labels(self.model, measured_on).set(report["quantization_compared_texts"])
 
     def set_fetch(self, seconds: float, nbytes: int) -> None:
         """Export the fetch step's figures (``kubeinfer.runtime.fetch.FetchReport``): seconds taken,

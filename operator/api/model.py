@@ -284,7 +284,8 @@ class QuantizationSpec(_Spec):
     gate: GateSpec | None = Field(
         default=None,
         description="A quality gate on the deviation from fp32 measured at load (unset: none; the "
-        "figures are in the runtime's kubeinfer_quantization_* metrics either way).",
+        "figures are in the runtime's kubeinfer_quantization_* metrics either way, and with autoscaling "
+        "on in status.quantization with the bars).",
     )
 
     @model_validator(mode="after")

@@ -86,9 +86,16 @@ from kubeinfer.runtime.models.huggingface import (
     gate_texts,
     heldout_pairs,
     heldout_sentences,
+    judge,
     model_dir,
 )
-from kubeinfer.runtime.models.quantize import check_gate, check_supported, compare_scores
+from kubeinfer.runtime.models.quantize import (
+    GATE_TEXTS,
+    HELDOUT_PAIRS,
+    HELDOUT_SENTENCES,
+    check_supported,
+    compare_scores,
+)
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -795,6 +802,15 @@ def _task_model(
     )
 
 
+def _compared(task: Task, texts: Sequence[str] | None) -> tuple[int, str]:
+    """How many texts a task model's deviation is measured on, and which: a reranker's held-out pairs
+    (queries x candidates, whatever ``texts``), else ``texts`` or the held-out sentences (a tagger's
+    figures count tokens, but it is texts that were sent)."""
+    if task == "reranking":
+        return len(rerank_heldout()[0]), HELDOUT_PAIRS
+    return (len(texts), GATE_TEXTS) if texts else (len(heldout_sentences()), HELDOUT_SENTENCES)
+
+
 def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
     """Load the classifier, token classifier or reranker ``cfg.model`` names (``task``), quantize it,
     compare it with fp32.
@@ -876,13 +892,7 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         t0 = time.perf_counter()
         agreement, deviation_mean, deviation_max = compare_scores(reference, model.comparison(texts))
         compare_seconds += time.perf_counter() - t0
-    check_gate(
-        qcfg.gate,
-        {"agreement": agreement},
-        0 if reference is None else len(reference),
-        "held-out pairs" if task == "reranking" else "gate texts" if texts else "held-out sentences",
-        embedder=False,
-    )
+    judge(model, qcfg, {"agreement": agreement}, *_compared(task, texts), measured=reference is not None)
     if engine == "onnxruntime" and qcfg.mode == "none":
         check_scores_export(path, task, agreement, deviation_max)
     model._report.update(

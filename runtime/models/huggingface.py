@@ -33,6 +33,7 @@ from kubeinfer.runtime.config import BUNDLED_MODEL, QuantizationConfig, RuntimeC
 from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
+    REPORT_COMPARED_TEXTS,
     REPORT_COSINE_MEAN,
     REPORT_LOAD_SECONDS,
     REPORT_RETRIEVAL_AGREEMENT,
@@ -44,6 +45,8 @@ from kubeinfer.runtime.models.base import (
 )
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
 from kubeinfer.runtime.models.quantize import (
+    GATE_TEXTS,
+    HELDOUT_SENTENCES,
     QuantizationError,
     check_gate,
     check_supported,
@@ -725,6 +728,28 @@ def gate_texts(qcfg: QuantizationConfig) -> list[str] | None:
     )
 
 
+def judge(
+    model: TextModel,
+    qcfg: QuantizationConfig,
+    figures: Mapping[str, float],
+    compared: int,
+    measured_on: str,
+    *,
+    measured: bool,
+) -> None:
+    """Hold a loaded model's deviation ``figures`` to the quality gate (``check_gate``; a model is an
+    embedder when it has a cosine) and, when they were ``measured`` (not 1 by definition), note on what:
+    ``model.measured_on`` and the report's ``REPORT_COMPARED_TEXTS`` (``compared`` texts or pairs).
+
+    Raises:
+        QuantizationBelowGate, ValueError: as ``check_gate``.
+    """
+    check_gate(qcfg.gate, figures, compared, measured_on, embedder="cosine" in figures)
+    if measured:
+        model.measured_on = measured_on
+        model._report[REPORT_COMPARED_TEXTS] = compared
+
+
 def calibration_texts(qcfg: QuantizationConfig) -> list[str]:
     """int8-static: the texts of ``qcfg.calibration_path`` (``read_calibration``); other modes: none."""
     if qcfg.mode != "int8-static":
@@ -845,12 +870,13 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         from kubeinfer.runtime.models.hf_onnx import check_export
 
         check_export(path, cosine)
-    check_gate(
-        qcfg.gate,
+    judge(
+        model,
+        qcfg,
         {"cosine": cosine, "agreement": agreement},
         len(sentences),
-        "held-out sentences" if texts is None else "gate texts",
-        embedder=True,
+        HELDOUT_SENTENCES if texts is None else GATE_TEXTS,
+        measured=reference is not None,
     )
     report[REPORT_COSINE_MEAN] = cosine
     report[REPORT_RETRIEVAL_AGREEMENT] = agreement
