@@ -340,7 +340,8 @@ class BatchingSpec(_Spec):
         ge=1,
         le=16777216,
         description="Text models: the most tokens a batch may cost, counted padded (its rows times its "
-        "longest row's tokens, a row's tokens estimated from its bytes, at most the model's window): a "
+        "longest row's tokens, a row's tokens estimated from its bytes, at most the model's window; with "
+        "overflow chunk a longer row counts as its windows laid end to end): a "
         "request that would pass it waits for the next batch, so a long text does not pad a batch of "
         "short ones to its length (TEI's max_batch_tokens). Hot-reloaded. Unset: rows alone bound a "
         "batch (maxBatchSize).",

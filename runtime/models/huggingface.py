@@ -248,16 +248,25 @@ class TextModel(ServableModel):
         }
 
     def tokens(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """At least the tokens of the request's longest row once tokenized: a row of n bytes has at most
-        n tokens plus its special tokens (a pair: both texts, the pair's special tokens once), and no
-        row is longer than the window it is truncated or chunked to (``truncate_at``; a refused text
-        never gets here). Costs a length per row, no tokenization."""
+        """At least the tokens of the request's longest row once tokenized and padded: a row of n bytes
+        has at most n tokens plus its special tokens (a pair: both texts, the pair's special tokens
+        once), and no row is longer than the window it is truncated to (``truncate_at``; a refused text
+        never gets here). With ``overflow: chunk`` a row longer than the window runs as windows, each
+        padded to the window: it counts as those windows laid end to end (at most ``1 + ceil((n -
+        body) / step)`` of them, ``body`` a window's content tokens, ``step`` ``body`` less the
+        overlap), so that the token budget keeps it out of a batch of short rows. Costs a length per
+        row, no tokenization."""
         columns = [inputs[name] for name in self.text_inputs if name in inputs]
         if not columns or not len(columns[0]):
             return 0
         specials = self._pair_special_tokens if self.pairs else self._special_tokens
         longest = max(sum(len(column[i]) for column in columns) for i in range(len(columns[0])))
-        return min(longest + specials, self.truncate_at)
+        window = self.max_sequence_length
+        if self.overflow != "chunk" or longest + specials <= window:
+            return min(longest + specials, self.truncate_at)
+        body = window - self._special_tokens
+        step = max(1, body - chunk_overlap(body))
+        return (1 + -(-(longest - body) // step)) * window
 
     # --- validation --------------------------------------------------------------------------
 
