@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler \
         bench-autoscaler-adversary bench-autoscaler-frontier bench-autoscaler-zero bench-peers bench-hostile bench-perf-analyzer \
-        clean images
+        bench-token-budget clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -102,6 +102,9 @@ bench-hostile: setup ## hostile request bodies: peak and retained RSS and livene
 bench-perf-analyzer: setup ## Triton's perf_analyzer on MiniLM and simple, REST and gRPC, concurrency 1-8: its server-side breakdown beside /metrics -> bench/results/perf_analyzer.json
 	$(PY) bench/perf_analyzer_bench.py $(BENCH_NOISY)
 
+bench-token-budget: setup ## MiniLM under short requests with 5 % 10,000-character ones (overflow chunk, truncate): the short requests' P99 with and without maxBatchTokens, medians over repeats -> bench/results/token_budget.json
+	$(PY) bench/token_budget.py $(BENCH_NOISY)
+
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
@@ -114,7 +117,7 @@ bench-autoscaler-frontier: setup ## kubeinfer vs its peers at every setting (HPA
 bench-autoscaler-zero: setup ## scale to zero on idle traces: kubeinfer with and without it, Knative's KPA and KEDA's http-add-on with theirs (activators, cold start 20 s) -> bench/results/autoscaler_zero.json
 	$(PY) bench/autoscaler_zero.py
 
-bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-autoscaler bench-autoscaler-adversary \
+bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-token-budget bench-autoscaler bench-autoscaler-adversary \
        bench-autoscaler-frontier bench-autoscaler-zero bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
 
 clean: cluster-down ## remove the venv and build cache

@@ -113,15 +113,16 @@ class ModelConfig(_Strict):
         default=None,
         description="token-classification only: how token labels become entities when a request does "
         "not say (its aggregation_strategy input): none | simple | first | average | max, as the "
-        "transformers pipeline; unset: none, the pipeline's default.",
+        "transformers pipeline; unset: none, the pipeline's default (overflow chunk needs another).",
     )
     overflow: Overflow | None = Field(
         default=None,
         description="huggingface only: a text longer than limits.max_text_tokens (at most "
         "max_sequence_length): refuse (413), truncate (to the window, as transformers' truncation=True; "
-        "a reranker's pair keeps its query whole and truncates the text) or chunk (text-embedding only: "
-        "texts up to max_text_tokens split into windows of max_sequence_length whose embeddings are "
-        "pooled); unset: refuse.",
+        "a reranker's pair keeps its query whole and truncates the text) or chunk (text-embedding and "
+        "token-classification: texts up to max_text_tokens split into overlapping windows of "
+        "max_sequence_length whose embeddings are pooled, or whose entities are merged as transformers' "
+        "stride does: aggregation_strategy other than none); unset: refuse.",
     )
 
     @model_validator(mode="after")

@@ -27,7 +27,10 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   ``kubeinfer_quantization_cosine_mean_ratio`` and ``kubeinfer_quantization_retrieval_agreement_ratio``
   (an embedder's), ``kubeinfer_quantization_label_agreement_ratio``,
   ``kubeinfer_quantization_score_deviation_mean`` and ``kubeinfer_quantization_score_deviation_max`` (a
-  classifier's or a reranker's), each set when the model reports it.
+  classifier's or a reranker's), each set when the model reports it; and
+  ``kubeinfer_quantization_compared_texts{measured_on}``, how many texts (or pairs) they were measured
+  on and which (``gate texts``, ``held-out sentences``, ``held-out pairs``), only when they were
+  measured (the operator copies these into ``status.quantization``).
 - ``kubeinfer_service_time_intercept_seconds`` and ``kubeinfer_service_time_slope_seconds`` gauges: the
   batch service time s(b) = a + c*b fitted from the batches run (``service_time.ServiceTimeFit``, seeded
   at warmup), a in seconds and c in seconds per row; NaN until fitted. The autoscaler's SLO-capacity rule
@@ -38,7 +41,7 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   (``kubeinfer.runtime.cache``; Triton's ``nv_cache_num_hits_per_model`` and friends), 0 when it is off.
 - ``kubeinfer_truncated_rows_total`` counter: text rows longer than the model's window that were cut
   to it (``model.overflow: truncate``; with refuse they get 413 instead); ``kubeinfer_chunked_rows_total``:
-  those split into windows whose embeddings are pooled (``chunk``).
+  those split into windows whose embeddings are pooled or whose entities are merged (``chunk``).
 - ``kubeinfer_shed_requests_total{priority, reason}`` counter: requests answered 429 because the queue
   was full, by priority level (1 highest): ``refused`` at arrival, or ``displaced`` from the queue by an
   arrival of a higher priority.
@@ -283,6 +286,13 @@ class RuntimeMetrics:
             labels,
             registry=r,
         )
+        self.compared_texts = Gauge(
+            "kubeinfer_quantization_compared_texts",
+            "Texts (or text pairs) the quantization figures were measured on against fp32 at load, by which "
+            "(measured_on: gate texts, held-out sentences, held-out pairs); absent when not measured.",
+            [*labels, "measured_on"],
+            registry=r,
+        )
         self.config_reload_errors = Counter(
             "kubeinfer_config_reload_errors",
             "Config-file changes rejected (old settings kept).",
@@ -320,7 +330,7 @@ class RuntimeMetrics:
         self.chunked_rows = Counter(
             "kubeinfer_chunked_rows",
             "Text rows longer than the model's window split into windows whose embeddings are pooled "
-            "(model.overflow chunk).",
+            "or whose entities are merged (model.overflow chunk).",
             labels,
             registry=r,
         ).labels(model)
@@ -402,8 +412,10 @@ class RuntimeMetrics:
             lambda: float(torch.cuda.memory_reserved(index))
         )
 
-    def set_report(self, report: Mapping[str, float]) -> None:
-        """Export a model's ``report()`` figures (keys as in ``kubeinfer.runtime.models.base``)."""
+    def set_report(self, report: Mapping[str, float], measured_on: str | None = None) -> None:
+        """Export a model's ``report()`` figures (keys as in ``kubeinfer.runtime.models.base``);
+        ``measured_on``: the texts its quantization figures were measured on (``ServableModel.measured_on``),
+        the label of ``kubeinfer_quantization_compared_texts``."""
         if "model_load_seconds" in report:
             self.model_load_seconds.set(report["model_load_seconds"])
         if "warmup_seconds" in report:
@@ -419,6 +431,8 @@ class RuntimeMetrics:
         ):
             if key in report:
                 gauge.labels(self.model).set(report[key])
+        if measured_on is not None and "quantization_compared_texts" in report:
+            self.compared_texts.labels(self.model, measured_on).set(report["quantization_compared_texts"])
 
     def set_fetch(self, seconds: float, nbytes: int) -> None:
         """Export the fetch step's figures (``kubeinfer.runtime.fetch.FetchReport``): seconds taken,

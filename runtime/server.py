@@ -313,7 +313,7 @@ class RuntimeServer:
         else:
             model.max_batch_size = cfg.batching.max_batch_size
         report = model.report()
-        self.metrics.set_report(report)
+        self.metrics.set_report(report, model.measured_on)
         log.info("startup: %s", startup_summary(report, fetched))
         try:
             self.metrics.use_device(model.device)

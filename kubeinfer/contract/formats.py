@@ -42,7 +42,8 @@ Task = Literal["text-embedding", "text-classification", "token-classification", 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 #: What a text model does with a text longer than its window (``max_text_tokens``, at most the model's
 #: sequence length): refuse it (413), truncate it as transformers does (a pair: the second text), or, for
-#: an embedder, chunk it into windows whose embeddings are pooled.
+#: an embedder or a token classifier, chunk it into overlapping windows whose embeddings are pooled or
+#: whose entities are merged.
 Overflow = Literal["refuse", "truncate", "chunk"]
 #: Post-training quantization applied at load.
 Quantization = Literal["none", "fp16", "bf16", "int8-dynamic", "int8-static"]
@@ -538,15 +539,41 @@ RULES: tuple[Rule, ...] = (
         explain=(Explain(RUNTIME, "{overflow} applies to huggingface text models only, not {format.value}"),),
     ),
     Rule(
-        "chunk-of-embedders",
+        "chunk-of-embedders-and-taggers",
         ok=any_of(
-            Absent("overflow"), IsNot("overflow", "chunk"), Absent("task"), Is("task", "text-embedding")
+            Absent("overflow"),
+            IsNot("overflow", "chunk"),
+            Absent("task"),
+            Is("task", "text-embedding"),
+            Is("task", "token-classification"),
         ),
         subject="overflow",
-        message="{overflow} chunk applies to text-embedding models (their windows' embeddings are pooled); "
-        "use truncate or refuse",
+        message="{overflow} chunk applies to text-embedding models (their windows' embeddings are pooled) "
+        "and token-classification models (their windows' entities are merged); use truncate or refuse",
         reason="FieldValueForbidden",
-        explain=(Explain(RUNTIME, "{overflow} chunk applies to text-embedding models, not {task.value}"),),
+        explain=(
+            Explain(
+                RUNTIME,
+                "{overflow} chunk applies to text-embedding and token-classification models, "
+                "not {task.value}",
+            ),
+        ),
+    ),
+    # transformers' pipeline refuses stride with strategy none: one entity per token of a window, which
+    # overlapping windows cannot merge (a detected token classifier: the runtime refuses it at load)
+    Rule(
+        "chunk-merges-entities",
+        ok=any_of(
+            Absent("overflow"),
+            IsNot("overflow", "chunk"),
+            Absent("task"),
+            IsNot("task", "token-classification"),
+            all_of(Present("aggregation_strategy"), IsNot("aggregation_strategy", "none")),
+        ),
+        subject="aggregation_strategy",
+        message="{overflow} chunk on a token-classification model needs {aggregation_strategy} simple, "
+        "first, average or max (overlapping windows' entities are merged; none gives one per token)",
+        reason="FieldValueRequired",
     ),
     Rule(
         "aggregation-of-token-classifiers",

@@ -110,6 +110,7 @@ from kubeinfer.operator.api.status import (
     ConditionStatus,
     InferenceServiceStatus,
     ObservedSignals,
+    QuantizationStatus,
 )
 from kubeinfer.operator.api.workload import DEFAULT_IMAGE, EnvVar, ResourcesSpec, RuntimeSpec, Toleration
 
@@ -187,6 +188,7 @@ __all__ = [
     "PromQueries",
     "Quantity",
     "QuantizationSpec",
+    "QuantizationStatus",
     "ResourcesSpec",
     "RuntimeSpec",
     "S3Spec",

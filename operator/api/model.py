@@ -102,16 +102,19 @@ class ModelSpec(_Spec):
         default=None,
         description="token-classification only: how token labels become entities when a request sends "
         "no aggregation_strategy input: none | simple | first | average | max, as the transformers "
-        "pipeline's aggregation_strategy. Unset: none, the pipeline's default.",
+        "pipeline's aggregation_strategy. Unset: none, the pipeline's default (overflow chunk needs "
+        "another).",
     )
     overflow: Overflow | None = Field(
         default=None,
         description="huggingface only: what a text longer than the model's window (256 tokens) gets: "
         "refuse (413 naming the tensor and the row), truncate (cut to the window as transformers' "
         "truncation=True does; a reranker keeps the query whole and truncates the text; counted in "
-        "kubeinfer_truncated_rows_total) or chunk (text-embedding only: texts up to 512 tokens split "
-        "into overlapping windows whose embeddings are averaged, weighted by their tokens; counted in "
-        "kubeinfer_chunked_rows_total). Unset: refuse.",
+        "kubeinfer_truncated_rows_total) or chunk (text-embedding and token-classification: texts up to "
+        "maxTextTokens split into windows overlapping by an eighth; an embedder answers their "
+        "embeddings averaged, weighted by their tokens, a token classifier their entities merged with "
+        "offsets into the whole text as transformers' stride does, which needs an aggregationStrategy "
+        "other than none; counted in kubeinfer_chunked_rows_total). Unset: refuse.",
     )
     max_text_tokens: int | None = Field(
         default=None,
@@ -281,7 +284,8 @@ class QuantizationSpec(_Spec):
     gate: GateSpec | None = Field(
         default=None,
         description="A quality gate on the deviation from fp32 measured at load (unset: none; the "
-        "figures are in the runtime's kubeinfer_quantization_* metrics either way).",
+        "figures are in the runtime's kubeinfer_quantization_* metrics either way, and with autoscaling "
+        "on in status.quantization with the bars).",
     )
 
     @model_validator(mode="after")
@@ -336,7 +340,8 @@ class BatchingSpec(_Spec):
         ge=1,
         le=16777216,
         description="Text models: the most tokens a batch may cost, counted padded (its rows times its "
-        "longest row's tokens, a row's tokens estimated from its bytes, at most the model's window): a "
+        "longest row's tokens, a row's tokens estimated from its bytes, at most the model's window; with "
+        "overflow chunk a longer row counts as its windows laid end to end): a "
         "request that would pass it waits for the next batch, so a long text does not pad a batch of "
         "short ones to its length (TEI's max_batch_tokens). Hot-reloaded. Unset: rows alone bound a "
         "batch (maxBatchSize).",

@@ -57,6 +57,34 @@ class ObservedSignals(_Status):
     )
 
 
+class QuantizationStatus(_Status):
+    """The served model's deviation from fp32, as its runtime measured it at load (its
+    ``kubeinfer_quantization_*`` gauges, read from Prometheus by the autoscaler: the least value over the
+    service's pods), beside the quality gate's bars."""
+
+    cosine_mean: float | None = Field(
+        default=None, description="Embedders: mean cosine of the served embeddings to fp32's, 0..1."
+    )
+    retrieval_agreement: float | None = Field(
+        default=None,
+        description="Embedders: share of texts whose nearest neighbour among the others is fp32's, 0..1.",
+    )
+    label_agreement: float | None = Field(
+        default=None,
+        description="Classifiers and taggers: share of labels (a tagger's: per token) equal to fp32's; "
+        "rerankers: share of queries whose top candidate is fp32's, 0..1.",
+    )
+    min_cosine: float | None = Field(default=None, description="The gate's bar (spec.quantization.gate).")
+    min_agreement: float | None = Field(default=None, description="The gate's bar (spec.quantization.gate).")
+    measured_on: str | None = Field(
+        default=None,
+        description="What the figures were measured on: 'gate texts' (spec.quantization.gate.texts), "
+        "'held-out sentences' (the runtime's bundled English sentences) or 'held-out pairs' (a reranker's).",
+    )
+    texts: int | None = Field(default=None, description="How many texts (or pairs) they were measured on.")
+    time: str | None = Field(default=None, description="RFC 3339 time these figures were first read.")
+
+
 class AutoscalerDecisionStatus(_Status):
     """The last autoscaling decision."""
 
@@ -68,8 +96,8 @@ class AutoscalerDecisionStatus(_Status):
 
 class InferenceServiceStatus(_Status):
     """``InferenceService.status``. The operator writes conditions/replicas/selector/url; the autoscaler
-    writes ``batchTimeout``, ``observed``, ``lastDecision``, ``scaledToZeroAt`` (and the AutoscalingActive
-    condition)."""
+    writes ``batchTimeout``, ``observed``, ``lastDecision``, ``scaledToZeroAt``, ``quantization`` (and the
+    AutoscalingActive condition)."""
 
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -86,6 +114,13 @@ class InferenceServiceStatus(_Status):
     url: str | None = None
     observed: ObservedSignals | None = None
     last_decision: AutoscalerDecisionStatus | None = None
+    quantization: QuantizationStatus | None = Field(
+        default=None,
+        description="The served model's deviation from fp32 measured at load (written by the autoscaler from "
+        "Prometheus once a pod's metrics are scraped; absent with autoscaling off, or when nothing was "
+        "measured: quantization none on engine torch). A model under the gate never serves: its figures "
+        "are in the Ready=False QuantizationBelowGate message instead.",
+    )
     scaled_to_zero_at: str | None = Field(
         default=None,
         description="RFC 3339 time the autoscaler last took the service to zero replicas; a demand of the "

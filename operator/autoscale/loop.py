@@ -26,6 +26,11 @@ InferenceService.
   NoDeployment. ``observed`` also when that condition changes. The message alone changing (new numbers,
   same kind of hold) writes nothing, so a tick that changes nothing in kind writes nothing. Written
   through ``kubeinfer.operator.status.StatusWriter`` (compare before patch, conflict retry).
+- ``status.quantization``: on each tick whose signals Prometheus answered, the runtime's deviation from
+  fp32 measured at load (``signals.quantization_query``: the least over the pods) with the quality
+  gate's bars, written when it changes (its ``time``: when these figures were first read), removed
+  when no pod measured any (quantization none on engine torch). Not a signal: the policy never reads it.
+  With autoscaling off nothing reads it and the reconciler removes it, as ``observed``.
 - Words: for a service without a GPU, the utilization is the runtime executor's busy time, and the
   reasons and messages say so (``wording.for_device``), not "GPU".
 
@@ -136,6 +141,42 @@ def observed_status(obs: Observation, when: str) -> dict[str, Any]:
         "time": when,
         "unknownReason": obs.unknown_reason,
     }
+
+
+def quantization_status(
+    reading: sig.QuantizationReading | None, gate: api.GateSpec | None
+) -> dict[str, Any] | None:
+    """``status.quantization`` (camelCase) of a reading, less its ``time``: the figures (6 decimals), the
+    gate's bars when it sets them, what and how many texts they were measured on. ``None`` when nothing
+    was measured."""
+    if reading is None:
+        return None
+    out: dict[str, Any] = {k: round(v, 6) for k, v in sorted(reading.figures.items())}
+    if gate is not None and gate.min_cosine is not None:
+        out["minCosine"] = gate.min_cosine
+    if gate is not None and gate.min_agreement is not None:
+        out["minAgreement"] = gate.min_agreement
+    out["measuredOn"] = reading.measured_on
+    out["texts"] = reading.texts
+    return out
+
+
+def quantization_patch(
+    current_status: Mapping[str, Any], wanted: Mapping[str, Any] | None, when: str
+) -> dict[str, Any]:
+    """The status fields that make ``status.quantization`` say ``wanted`` (:func:`quantization_status`):
+    ``{}`` when it says that already (its ``time`` kept, so reading the same figures writes nothing);
+    ``{"quantization": None}`` to remove it; else ``wanted`` with ``time`` ``when`` and, as a merge patch
+    needs, ``None`` for each field it says no longer (an embedder's cosine after a switch to a
+    classifier, a bar the gate dropped)."""
+    have = current_status.get("quantization")
+    if wanted is None:
+        return {} if have is None else {"quantization": None}
+    previous = dict(have) if isinstance(have, Mapping) else {}
+    if {k: v for k, v in previous.items() if k != "time"} == dict(wanted):
+        return {}
+    gone = {k: None for k in previous if k not in wanted and k != "time"}
+    return {"quantization": {**gone, **wanted, "time": when}}
 
 
 def condition_after(
@@ -369,7 +410,10 @@ class Autoscaler:
 
         fields = decision_status(decision, reading.observation, when)
         condition = condition_of(reading, decision)
-        written = await self._write_status(isvc, body, fields, condition, when, reading.observation)
+        quantization = await self._read_quantization(isvc, reading)
+        written = await self._write_status(
+            isvc, body, fields, condition, when, reading.observation, quantization
+        )
         result.wrote_status = written.sent
         if decision.timeout_changed and "batchTimeout" in written.patch:
             result.stored = written.stored
@@ -398,6 +442,23 @@ class Autoscaler:
                 api.object_reference(body), reason=conditions.AUTOSCALED, message=decision.reason
             )
         return result
+
+    async def _read_quantization(
+        self, isvc: api.InferenceService, reading: sig.Reading
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """``(read, wanted)``: the service's deviation from fp32 from Prometheus
+        (:func:`signals.quantization_query`) as ``status.quantization`` wants it
+        (:func:`quantization_status`); ``read`` False when it was not read (Prometheus unavailable for
+        the signals already, or this query failed: logged at DEBUG, status left as it is)."""
+        if reading.condition_reason == conditions.PROMETHEUS_UNAVAILABLE or self._signals is None:
+            return False, None
+        promql = sig.quantization_query(isvc.namespace, isvc.name)
+        try:
+            result = await asyncio.to_thread(self._signals.query, promql)
+        except sig.SignalError as exc:
+            logger.debug("autoscale %s/%s: quantization figures not read: %s", isvc.namespace, isvc.name, exc)
+            return False, None
+        return True, quantization_status(sig.parse_quantization(result), isvc.spec.quantization.gate)
 
     async def _ready_for_zero(
         self,
@@ -502,9 +563,11 @@ class Autoscaler:
         condition: status.ConditionState,
         when: str,
         observation: Observation | None = None,
+        quantization: tuple[bool, dict[str, Any] | None] = (False, None),
     ) -> status.StatusWrite:
         """Write ``fields`` plus ``AutoscalingActive`` when its kind changes (:func:`condition_after`;
-        then also ``observed``, from ``observation``) through :attr:`status_writer`: only what differs, a 409
+        then also ``observed``, from ``observation``) and ``quantization`` when it was read and differs
+        (:func:`quantization_patch`) through :attr:`status_writer`: only what differs, a 409
         re-reads the object and computes them again, unless its generation moved (the decision was for
         the old spec). Returns what was written (``sent``: a request was sent; ``stored``: the object
         as stored)."""
@@ -523,6 +586,9 @@ class Autoscaler:
                 isvc.generation,
             )
             full = dict(fields)
+            read, wanted = quantization
+            if read:
+                full.update(quantization_patch(current.get("status") or {}, wanted, when))
             if conds is not None:
                 full["conditions"] = conds
                 if observation is not None and "observed" not in full:

@@ -22,7 +22,12 @@ Default PromQL (``<sel>`` is ``namespace="<ns>",inferenceservice="<name>"``, ``<
   reactive law decides) and
   ``min(kubeinfer_max_batch_size{<sel>})``
 
-Each can be overridden per InferenceService (``spec.autoscaling.queries``); an override may use the
+Beside the signals, the runtime's deviation from fp32 measured at load (``status.quantization``, not a
+signal: the policy never reads it): ``quantization_query`` selects the gauges of :data:`QUANTIZATION_FIGURES`
+and ``kubeinfer_quantization_compared_texts`` of the service's pods, ``parse_quantization`` keeps the
+least value of each over the pods.
+
+Each signal can be overridden per InferenceService (``spec.autoscaling.queries``); an override may use the
 placeholders ``{namespace}``, ``{name}`` and ``{window}`` (replaced textually, so PromQL braces need
 no escaping).
 
@@ -58,11 +63,14 @@ from kubeinfer.operator.autoscale.policy import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "QuantizationReading",
     "Queries",
     "Reading",
     "SignalError",
     "default_queries",
     "parse_history",
+    "parse_quantization",
+    "quantization_query",
     "read_signals",
 ]
 
@@ -262,3 +270,70 @@ def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -
     if isinstance(checked, Problem):
         return Reading(Observation.unknown(checked.message), checked.reason)
     return Reading(checked, None)
+
+
+#: The runtime's gauges of its deviation from fp32 measured at load (runtime/metrics.py), by the field of
+#: ``status.quantization`` each fills.
+QUANTIZATION_FIGURES = {
+    "kubeinfer_quantization_cosine_mean_ratio": "cosineMean",
+    "kubeinfer_quantization_retrieval_agreement_ratio": "retrievalAgreement",
+    "kubeinfer_quantization_label_agreement_ratio": "labelAgreement",
+}
+#: The runtime's gauge of how many texts those were measured on, labelled ``measured_on`` with which;
+#: absent when nothing was measured (quantization none on engine torch: the figures are 1 by definition).
+QUANTIZATION_TEXTS = "kubeinfer_quantization_compared_texts"
+
+
+@dataclass(frozen=True)
+class QuantizationReading:
+    """The deviation from fp32 the pods of a service measured at load.
+
+    Attributes:
+        figures: ``status.quantization`` field (:data:`QUANTIZATION_FIGURES`) -> the least value over the
+            pods (the worst replica), a ratio in [0, 1].
+        measured_on: the texts they were measured on (``gate texts``, ``held-out sentences``,
+            ``held-out pairs``).
+        texts: how many (the least over the pods).
+    """
+
+    figures: Mapping[str, float]
+    measured_on: str
+    texts: int
+
+
+def quantization_query(namespace: str, name: str) -> str:
+    """One instant query selecting every series of :data:`QUANTIZATION_FIGURES` and
+    :data:`QUANTIZATION_TEXTS` of an InferenceService's pods."""
+    names = "|".join(
+        n.removeprefix("kubeinfer_quantization_") for n in (*QUANTIZATION_FIGURES, QUANTIZATION_TEXTS)
+    )
+    return f'{{__name__=~"kubeinfer_quantization_({names})",{_selector(namespace, name)}}}'
+
+
+def parse_quantization(result: Sequence[Mapping[str, Any]]) -> QuantizationReading | None:
+    """The reading in the answer to :func:`quantization_query`: per figure the least finite value in
+    [-1, 1] over the series (one per pod), the texts from :data:`QUANTIZATION_TEXTS` (the least count;
+    of several ``measured_on`` during a rollout, the first in sort order). ``None`` when no pod measured
+    anything (no :data:`QUANTIZATION_TEXTS` series) or no figure is usable. A series that does not parse
+    is left out."""
+    figures: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for row in result:
+        metric = row.get("metric") or {}
+        try:
+            value = float(row["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+        if not math.isfinite(value):
+            continue
+        series = str(metric.get("__name__", ""))
+        if series == QUANTIZATION_TEXTS and metric.get("measured_on") and value >= 0:
+            on = str(metric["measured_on"])
+            counts[on] = min(value, counts.get(on, value))
+        elif series in QUANTIZATION_FIGURES and -1 <= value <= 1:  # a mean cosine may be negative
+            field = QUANTIZATION_FIGURES[series]
+            figures[field] = min(value, figures.get(field, value))
+    if not counts or not figures:
+        return None
+    measured_on = sorted(counts)[0]
+    return QuantizationReading(figures=figures, measured_on=measured_on, texts=int(counts[measured_on]))

@@ -121,8 +121,8 @@ def desired_status(
     ``readyReplicas``); ``updatedReady`` is ``updated-ready/desired`` (the Replicas printer column).
     ``batchTimeout``: with autoscaling off the spec's maxQueueDelay; with it on, only filled in when
     the autoscaler has not set one yet (the value in force, so the printer column is never empty).
-    With autoscaling off, the autoscaler's ``observed`` is removed (``None`` in a merge patch deletes
-    the field).
+    With autoscaling off, the autoscaler's ``observed`` and ``quantization`` are removed (``None`` in a
+    merge patch deletes the field): nothing keeps them current then.
     """
     autoscaling = isvc.spec.autoscaling.enabled
     rollout = state.rollout or Rollout(desired=initial_replicas(isvc))
@@ -143,6 +143,7 @@ def desired_status(
     }
     if not autoscaling:
         out["observed"] = None
+        out["quantization"] = None
     if not autoscaling or not current_status.get("batchTimeout"):
         out["batchTimeout"] = api.format_duration(
             isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))

@@ -48,6 +48,10 @@ REPORT_LABEL_AGREEMENT = "quantization_label_agreement_ratio"
 REPORT_SCORE_DEVIATION_MEAN = "quantization_score_deviation_mean"
 #: Like REPORT_SCORE_DEVIATION_MEAN, the largest absolute difference.
 REPORT_SCORE_DEVIATION_MAX = "quantization_score_deviation_max"
+#: How many texts (or text pairs) the deviation figures above were measured on; absent when they were
+#: not measured (quantization none on engine torch: 1 and 0 by definition). Which texts:
+#: ``ServableModel.measured_on``.
+REPORT_COMPARED_TEXTS = "quantization_compared_texts"
 #: Seconds spent in ``load_model`` (weights, quantization, comparison).
 REPORT_LOAD_SECONDS = "model_load_seconds"
 #: Seconds spent in the comparison with the unquantized model (part of the load time).
@@ -117,10 +121,13 @@ class ServableModel(ABC):
     #: not batched: e.g. a token classifier's ``aggregation_strategy``); ``_validate_tensor`` judges
     #: the value. Being inputs, they are part of the response cache's key.
     request_inputs: frozenset[str] = frozenset()
+    #: The texts the deviation from fp32 in ``report()`` was measured on (``quantize.MEASURED_ON``: gate
+    #: texts, held-out sentences or held-out pairs); None when it was not measured.
+    measured_on: str | None = None
     #: Rows ``validate`` let through to be cut to the model's window (a text model's ``overflow:
     #: truncate``), counted since load; the batcher reports them (kubeinfer_truncated_rows_total).
     truncated_rows: int = 0
-    #: Rows ``validate`` let through to be split into windows (an embedder's ``overflow: chunk``),
+    #: Rows ``validate`` let through to be split into windows (``overflow: chunk``: an embedder, a tagger),
     #: counted since load (kubeinfer_chunked_rows_total).
     chunked_rows: int = 0
 

@@ -59,7 +59,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import numpy as np
 import torch
@@ -82,12 +82,20 @@ from kubeinfer.runtime.models.huggingface import (
     _decode_rows,
     _quantized,
     calibration_texts,
+    chunk_overlap,
     gate_texts,
     heldout_pairs,
     heldout_sentences,
+    judge,
     model_dir,
 )
-from kubeinfer.runtime.models.quantize import check_gate, check_supported, compare_scores
+from kubeinfer.runtime.models.quantize import (
+    GATE_TEXTS,
+    HELDOUT_PAIRS,
+    HELDOUT_SENTENCES,
+    check_supported,
+    compare_scores,
+)
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -325,14 +333,16 @@ def rerank_heldout() -> tuple[list[str], list[str]]:
 
 @dataclass(frozen=True)
 class TaggedBatch(TokenizedBatch):
-    """A token classifier's batch: the token tensors [rows, longest] and, per row, what the
-    transformers pipeline's post-processing reads beside the logits.
+    """A token classifier's batch: the token tensors [tensor rows, longest] and, per tensor row, what the
+    transformers pipeline's post-processing reads beside the logits. A tensor row is a row, or with
+    ``overflow: chunk`` one window of a row (``windows``: the row of each).
 
     Attributes:
         texts: each row's text (offsets index its characters).
-        positions: each row's token positions in the padded tensors (int64 [tokens of the row]).
-        offsets: each row's character offsets, int64 [tokens of the row, 2] (``start``, ``end``).
-        special: each row's special-tokens mask, int64 [tokens of the row] (1 for [CLS], [SEP]).
+        positions: each tensor row's token positions in the padded tensors (int64 [its tokens]).
+        offsets: each tensor row's character offsets into its row's text, int64 [its tokens, 2]
+            (``start``, ``end``).
+        special: each tensor row's special-tokens mask, int64 [its tokens] (1 for [CLS], [SEP]).
         strategies: each row's aggregation strategy (its request's).
     """
 
@@ -341,6 +351,22 @@ class TaggedBatch(TokenizedBatch):
     offsets: list[np.ndarray]
     special: list[np.ndarray]
     strategies: list[str]
+
+
+class TokenWindow(NamedTuple):
+    """One window of a token classifier's row (the row itself when it is not chunked), padding left out.
+
+    Attributes:
+        input_ids: int64 [tokens].
+        logits: float32 [tokens, num_labels].
+        offsets: int64 [tokens, 2], character offsets into the row's text.
+        special: int64 [tokens], 1 for special tokens.
+    """
+
+    input_ids: torch.Tensor
+    logits: torch.Tensor
+    offsets: np.ndarray
+    special: np.ndarray
 
 
 class TokenClassifierModel(TextModel):
@@ -358,6 +384,16 @@ class TokenClassifierModel(TextModel):
     tokens counted) or ``{"entity_group", "score", "word", "start", "end"}`` (the others); ``start`` and
     ``end`` are character offsets into the row's text (Python string indices: code points).
 
+    With ``overflow: chunk`` a text longer than the window (``max_sequence_length``) runs as the
+    windows transformers' pipeline makes with ``stride`` (the tokenizer's overflowing tokens: windows
+    of the window's length, special tokens included, each repeating the last ``chunk_overlap`` content
+    tokens of the one before); each window's entities are found as for a text of its own, with offsets
+    into the whole text, and merged as the pipeline merges them (``aggregate_overlapping_entities``:
+    of entities that overlap, the longer one, or on a tie the higher score). As with the pipeline's
+    ``stride``, strategy ``none`` (one entity per token of a window) cannot be merged: a chunked
+    service needs another default (``ValueError`` at load) and a request naming ``none`` for a text
+    longer than the window gets 400.
+
     Args:
         module: a ``*ForTokenClassification`` model.
         tokenizer: its fast tokenizer (offsets need one).
@@ -365,10 +401,12 @@ class TokenClassifierModel(TextModel):
         default_strategy: the strategy of a request that names none.
 
     Raises:
-        ValueError: a tokenizer without offsets (not a fast tokenizer).
+        ValueError: a tokenizer without offsets (not a fast tokenizer); ``overflow: chunk`` with
+            ``default_strategy`` none.
     """
 
     request_inputs = frozenset({AGGREGATION_INPUT})
+    chunks = True
 
     def __init__(
         self,
@@ -387,6 +425,13 @@ class TokenClassifierModel(TextModel):
                 f"{type(tokenizer).__name__} is not one (save the model with its tokenizer.json)"
             )
         super().__init__(name=name, module=module, tokenizer=tokenizer, device=device, cfg=cfg)
+        if self.overflow == "chunk" and default_strategy == "none":
+            raise ValueError(
+                "model.overflow chunk on a token classifier needs model.aggregation_strategy simple, first, "
+                "average or max: the entities of overlapping windows are merged by their character "
+                "offsets, which strategy none (one entity per token of a window) does not allow, as "
+                "transformers' stride does not"
+            )
         from transformers import TokenClassificationPipeline
 
         self.labels = list(labels)
@@ -401,6 +446,36 @@ class TokenClassifierModel(TextModel):
         self._pipeline.model = SimpleNamespace(config=module.config)
 
     # --- validation --------------------------------------------------------------------------
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+        """As every model (``ServableModel.validate``); with ``overflow: chunk``, a request naming
+        strategy ``none`` whose text is longer than the window (and within ``max_text_tokens``) is
+        refused first (400 naming ``aggregation_strategy``), before its rows are counted as chunked."""
+        if self.overflow == "chunk":
+            self._check_unmerged_strategy(inputs)
+        return super().validate(inputs)
+
+    def _check_unmerged_strategy(self, inputs: Mapping[str, np.ndarray]) -> None:
+        try:
+            if self.strategy_of(inputs.get(AGGREGATION_INPUT)) != "none":
+                return
+            rows = _decode_rows("text", inputs["text"])
+        except (InputError, KeyError):
+            return  # the request is wrong otherwise: ServableModel.validate says how
+        window = self.max_sequence_length
+        long_rows = [i for i, t in enumerate(rows) if len(t.encode("utf-8")) + self._special_tokens > window]
+        if not long_rows:
+            return
+        with self._tokenizer_lock:
+            ids = self.tokenizer([rows[i] for i in long_rows], add_special_tokens=True)["input_ids"]
+        for i, row_ids in zip(long_rows, ids, strict=True):
+            if window < len(row_ids) <= self.token_limit:  # over the limit: the 413 is the answer
+                raise InputError(
+                    f"input tensor '{AGGREGATION_INPUT}': 'none' gives one entity per token and cannot "
+                    f"merge overlapping windows; with overflow chunk, row {i} of 'text' ({len(row_ids)} "
+                    f"tokens) spans windows of {window} tokens: send simple, first, average or max",
+                    tensor=AGGREGATION_INPUT,
+                )
 
     def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
         """``aggregation_strategy``: one known strategy (400); ``text``: as every text model."""
@@ -433,13 +508,15 @@ class TokenClassifierModel(TextModel):
 
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TaggedBatch:
         """Tokenize the rows of all requests in order, padded to the longest row in this batch, each
-        row with its request's strategy."""
+        row with its request's strategy; with ``overflow: chunk``, as windows (``tokenize_windows``)."""
         texts: list[str] = []
         strategies: list[str] = []
         for request in batch:
             rows = _decode_rows("text", request["text"])
             texts.extend(rows)
             strategies.extend([self.strategy_of(request.get(AGGREGATION_INPUT))] * len(rows))
+        if self.overflow == "chunk":
+            return self.tokenize_windows(texts, strategies)
         return self.tokenize(texts, strategies=strategies)
 
     def tokenize(
@@ -493,10 +570,69 @@ class TokenClassifierModel(TextModel):
             strategies=chosen,
         )
 
+    def tokenize_windows(self, texts: Sequence[str], strategies: Sequence[str] | None = None) -> TaggedBatch:
+        """``overflow: chunk``: ``texts`` as the windows transformers' token-classification pipeline makes
+        with ``stride`` (``tokenizer(text, truncation=True, max_length=window, stride=...,
+        return_overflowing_tokens=True)``): windows of at most ``max_sequence_length`` tokens (special
+        tokens included), each repeating the last ``chunk_overlap`` content tokens of the one before,
+        offsets into the whole text; a text that fits is one window. Returns a ``TaggedBatch`` of int64
+        tensors [windows, longest window], padded on the right, with ``windows`` (the row of each) and
+        ``row_tokens`` (each text's tokens, special tokens once); ``strategies`` per row (None: the
+        default for every row).
+
+        Raises:
+            ValueError: ``strategies`` has another length than ``texts``.
+        """
+        rows = len(texts)
+        chosen = list(strategies) if strategies is not None else [self.default_strategy] * rows
+        if len(chosen) != rows:
+            raise ValueError(f"{rows} texts but {len(chosen)} strategies")
+        window = self.max_sequence_length
+        stride = chunk_overlap(window - self._special_tokens)
+        with self._tokenizer_lock:
+            enc = self.tokenizer(
+                list(texts),
+                truncation=True,
+                max_length=window,
+                stride=stride,
+                return_overflowing_tokens=True,
+                return_offsets_mapping=True,
+                return_special_tokens_mask=True,
+            )
+        owners = [int(o) for o in enc["overflow_to_sample_mapping"]]
+        columns, offsets, special = self._padded(enc)
+        count = len(owners)
+        mask = np.array(columns["attention_mask"], dtype=np.int64).reshape(count, -1)
+        positions = [np.flatnonzero(row) for row in mask]
+        # consecutive windows of a text share exactly ``stride`` content tokens (the tokenizer's rule)
+        content = [0] * rows
+        windows = [0] * rows
+        for owner, row_special in zip(owners, enc["special_tokens_mask"], strict=True):
+            content[owner] += len(row_special) - sum(row_special)
+            windows[owner] += 1
+        return TaggedBatch(
+            tensors={
+                k: torch.from_numpy(np.array(v, dtype=np.int64).reshape(count, -1))
+                for k, v in columns.items()
+                if k in self._forward_args
+            },
+            rows=rows,
+            windows=tuple(owners),
+            row_tokens=tuple(
+                c - stride * (w - 1) + self._special_tokens for c, w in zip(content, windows, strict=True)
+            ),
+            texts=list(texts),
+            positions=positions,
+            offsets=[
+                np.array(o, dtype=np.int64).reshape(-1, 2)[p] for o, p in zip(offsets, positions, strict=True)
+            ],
+            special=[np.array(m, dtype=np.int64)[p] for m, p in zip(special, positions, strict=True)],
+            strategies=chosen,
+        )
+
     def _encode_unpadded(self, texts: Sequence[str]) -> tuple[dict[str, Any], list[Any], list[Any]]:
         """The tokenizer call's token columns, offsets and special-tokens masks, padded here on the right
-        whatever the tokenizer's padding side: BERT-like models number positions from the left, so a
-        left-padded row would be tagged differently than the pipeline tags it alone."""
+        (``_padded``)."""
         with self._tokenizer_lock:
             enc = self.tokenizer(
                 list(texts),
@@ -505,6 +641,13 @@ class TokenClassifierModel(TextModel):
                 return_offsets_mapping=True,
                 return_special_tokens_mask=True,
             )
+        return self._padded(enc)
+
+    def _padded(self, enc: Any) -> tuple[dict[str, Any], list[Any], list[Any]]:
+        """A tokenizer call's (unpadded) token columns padded on the right to the longest row, whatever
+        the tokenizer's padding side (BERT-like models number positions from the left, so a left-padded
+        row would be tagged differently than the pipeline tags it alone), with its offsets and
+        special-tokens masks as they are."""
         longest = max((len(ids) for ids in enc["input_ids"]), default=0)
         fill = {
             "input_ids": int(self.tokenizer.pad_token_id or 0),
@@ -522,24 +665,15 @@ class TokenClassifierModel(TextModel):
         """Every token's logits: float32 [rows, longest, num_labels], on the CPU (``head_logits``)."""
         return head_logits(self, prepared)
 
-    def entities(
-        self,
-        text: str,
-        input_ids: torch.Tensor,
-        logits: torch.Tensor,
-        offsets: np.ndarray,
-        special: np.ndarray,
-        strategy: str,
-    ) -> list[dict[str, Any]]:
+    def entities(self, text: str, windows: Sequence[TokenWindow], strategy: str) -> list[dict[str, Any]]:
         """One row's entities as ``TokenClassificationPipeline.postprocess`` gives them (numbers as
-        Python ``float``/``int``).
+        Python ``float``/``int``): each window's entities found as for a text of its own, and, with
+        more than one window (``overflow: chunk``), merged as the pipeline merges its ``stride``
+        chunks.
 
         Args:
             text: the row's text.
-            input_ids: int64 [tokens], the row's tokens without padding.
-            logits: float32 [tokens, num_labels].
-            offsets: int64 [tokens, 2], character offsets into ``text``.
-            special: int64 [tokens], 1 for special tokens.
+            windows: the row's windows in order (one when it is not chunked), offsets into ``text``.
             strategy: one of ``AGGREGATION_STRATEGIES``.
         """
         from transformers.pipelines.token_classification import AggregationStrategy as PipelineStrategy
@@ -547,35 +681,52 @@ class TokenClassifierModel(TextModel):
         found = self._pipeline.postprocess(
             [
                 {
-                    "logits": logits.unsqueeze(0),
+                    "logits": w.logits.unsqueeze(0),
                     "sentence": text,
-                    "input_ids": input_ids.unsqueeze(0),
-                    "offset_mapping": torch.from_numpy(offsets).unsqueeze(0),
-                    "special_tokens_mask": torch.from_numpy(special).unsqueeze(0),
+                    "input_ids": w.input_ids.unsqueeze(0),
+                    "offset_mapping": torch.from_numpy(w.offsets).unsqueeze(0),
+                    "special_tokens_mask": torch.from_numpy(w.special).unsqueeze(0),
                 }
+                for w in windows
             ],
             aggregation_strategy=PipelineStrategy(strategy),
         )
         return [{k: v.item() if isinstance(v, np.generic) else v for k, v in e.items()} for e in found]
 
+    def tensor_row_logits(self, prepared: TaggedBatch) -> list[torch.Tensor]:
+        """Each tensor row's logits at its tokens, padding left out: float32 [its tokens, num_labels]
+        per tensor row. Windows (``overflow: chunk``) run at most ``max_batch_size`` at a time, each
+        run padded to its own longest window."""
+        count = len(prepared.positions)
+        step = count if prepared.windows is None else max(1, self.max_batch_size or count)
+        out: list[torch.Tensor] = []
+        for start in range(0, count, step):
+            end = min(count, start + step)
+            part: TokenizedBatch = prepared
+            if (start, end) != (0, count):
+                longest = max(int(p[-1]) + 1 if len(p) else 0 for p in prepared.positions[start:end])
+                part = TokenizedBatch(
+                    tensors={k: v[start:end, :longest].contiguous() for k, v in prepared.tensors.items()},
+                    rows=end - start,
+                )
+            logits = self.logits(part)
+            out.extend(logits[j, torch.from_numpy(prepared.positions[start + j])] for j in range(end - start))
+        return out
+
     def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
         """``entities`` object [rows] (UTF-8 JSON arrays, see the class docstring) and ``TOKEN_COUNTS``
         int64 [rows]."""
         assert isinstance(prepared, TaggedBatch)
-        logits = self.logits(prepared)
         ids = prepared.tensors["input_ids"]
+        owners = range(prepared.rows) if prepared.windows is None else prepared.windows
+        grouped: list[list[TokenWindow]] = [[] for _ in range(prepared.rows)]
+        for i, (owner, logits) in enumerate(zip(owners, self.tensor_row_logits(prepared), strict=True)):
+            keep = torch.from_numpy(prepared.positions[i])
+            grouped[owner].append(TokenWindow(ids[i, keep], logits, prepared.offsets[i], prepared.special[i]))
         out = np.empty(prepared.rows, dtype=object)
-        for i, keep in enumerate(prepared.positions):
-            index = torch.from_numpy(keep)
-            row = self.entities(
-                prepared.texts[i],
-                ids[i, index],
-                logits[i, index],
-                prepared.offsets[i],
-                prepared.special[i],
-                prepared.strategies[i],
-            )
-            out[i] = json.dumps(row, ensure_ascii=False).encode("utf-8")
+        for row, windows in enumerate(grouped):
+            found = self.entities(prepared.texts[row], windows, prepared.strategies[row])
+            out[row] = json.dumps(found, ensure_ascii=False).encode("utf-8")
         return {"entities": out, TOKEN_COUNTS: self.token_counts(prepared)}
 
     def token_probabilities_of(self, texts: Sequence[str], batch_size: int = OFFLINE_BATCH) -> np.ndarray:
@@ -649,6 +800,15 @@ def _task_model(
         labels=labels,
         multi_label=multi,
     )
+
+
+def _compared(task: Task, texts: Sequence[str] | None) -> tuple[int, str]:
+    """How many texts a task model's deviation is measured on, and which: a reranker's held-out pairs
+    (queries x candidates, whatever ``texts``), else ``texts`` or the held-out sentences (a tagger's
+    figures count tokens, but it is texts that were sent)."""
+    if task == "reranking":
+        return len(rerank_heldout()[0]), HELDOUT_PAIRS
+    return (len(texts), GATE_TEXTS) if texts else (len(heldout_sentences()), HELDOUT_SENTENCES)
 
 
 def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
@@ -732,13 +892,7 @@ def load_task_model(cfg: RuntimeConfig, task: Task) -> TextModel:
         t0 = time.perf_counter()
         agreement, deviation_mean, deviation_max = compare_scores(reference, model.comparison(texts))
         compare_seconds += time.perf_counter() - t0
-    check_gate(
-        qcfg.gate,
-        {"agreement": agreement},
-        0 if reference is None else len(reference),
-        "held-out pairs" if task == "reranking" else "gate texts" if texts else "held-out sentences",
-        embedder=False,
-    )
+    judge(model, qcfg, {"agreement": agreement}, *_compared(task, texts), measured=reference is not None)
     if engine == "onnxruntime" and qcfg.mode == "none":
         check_scores_export(path, task, agreement, deviation_max)
     model._report.update(

@@ -33,6 +33,7 @@ from kubeinfer.runtime.config import BUNDLED_MODEL, QuantizationConfig, RuntimeC
 from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models.base import (
     REPORT_COMPARE_SECONDS,
+    REPORT_COMPARED_TEXTS,
     REPORT_COSINE_MEAN,
     REPORT_LOAD_SECONDS,
     REPORT_RETRIEVAL_AGREEMENT,
@@ -44,6 +45,8 @@ from kubeinfer.runtime.models.base import (
 )
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
 from kubeinfer.runtime.models.quantize import (
+    GATE_TEXTS,
+    HELDOUT_SENTENCES,
     QuantizationError,
     check_gate,
     check_supported,
@@ -161,7 +164,8 @@ class TextModel(ServableModel):
     any thread.
     """
 
-    #: Whether ``overflow: chunk`` applies: the model pools its windows' outputs (an embedder).
+    #: Whether ``overflow: chunk`` applies: the model runs a long text as overlapping windows and merges
+    #: their outputs (an embedder pools their embeddings, a token classifier merges their entities).
     chunks = False
 
     def __init__(
@@ -191,7 +195,8 @@ class TextModel(ServableModel):
         if self.overflow == "chunk" and not self.chunks:
             raise ValueError(
                 f"model.overflow chunk applies to text-embedding models (their windows' embeddings are "
-                f"pooled), not {type(self).__name__}; use truncate or refuse"
+                f"pooled) and token-classification models (their windows' entities are merged), not "
+                f"{type(self).__name__}; use truncate or refuse"
             )
         #: Tokens per text (special tokens included) beyond which a request gets 413: the window
         #: (``max_text_tokens``, at most ``max_sequence_length``), or with ``overflow: chunk`` the
@@ -243,16 +248,25 @@ class TextModel(ServableModel):
         }
 
     def tokens(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """At least the tokens of the request's longest row once tokenized: a row of n bytes has at most
-        n tokens plus its special tokens (a pair: both texts, the pair's special tokens once), and no
-        row is longer than the window it is truncated or chunked to (``truncate_at``; a refused text
-        never gets here). Costs a length per row, no tokenization."""
+        """At least the tokens of the request's longest row once tokenized and padded: a row of n bytes
+        has at most n tokens plus its special tokens (a pair: both texts, the pair's special tokens
+        once), and no row is longer than the window it is truncated to (``truncate_at``; a refused text
+        never gets here). With ``overflow: chunk`` a row longer than the window runs as windows, each
+        padded to the window: it counts as those windows laid end to end (at most ``1 + ceil((n -
+        body) / step)`` of them, ``body`` a window's content tokens, ``step`` ``body`` less the
+        overlap), so that the token budget keeps it out of a batch of short rows. Costs a length per
+        row, no tokenization."""
         columns = [inputs[name] for name in self.text_inputs if name in inputs]
         if not columns or not len(columns[0]):
             return 0
         specials = self._pair_special_tokens if self.pairs else self._special_tokens
         longest = max(sum(len(column[i]) for column in columns) for i in range(len(columns[0])))
-        return min(longest + specials, self.truncate_at)
+        window = self.max_sequence_length
+        if self.overflow != "chunk" or longest + specials <= window:
+            return min(longest + specials, self.truncate_at)
+        body = window - self._special_tokens
+        step = max(1, body - chunk_overlap(body))
+        return (1 + -(-(longest - body) // step)) * window
 
     # --- validation --------------------------------------------------------------------------
 
@@ -516,7 +530,7 @@ class TextEmbeddingModel(TextModel):
             content = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         prefix, suffix = self._special_template
         body = self.max_sequence_length - len(prefix) - len(suffix)
-        step = max(1, body - int(body * CHUNK_OVERLAP))
+        step = max(1, body - chunk_overlap(body))
         rows: list[list[int]] = []
         owners: list[int] = []
         for row, ids in enumerate(content):
@@ -607,6 +621,13 @@ class TextEmbeddingModel(TextModel):
 #: With ``overflow: chunk``, the share of a window's content tokens the next window repeats, so that a
 #: sentence cut at a window's edge is whole in one of them (transformers' pipelines call it ``stride``).
 CHUNK_OVERLAP = 0.125
+
+
+def chunk_overlap(body: int) -> int:
+    """The tokens a window shares with the next one under ``overflow: chunk``: ``CHUNK_OVERLAP`` of a
+    window's ``body`` (its content tokens: the window less its special tokens), rounded down; always
+    less than ``body`` (transformers' ``stride``)."""
+    return int(body * CHUNK_OVERLAP)
 
 
 def pool_windows(embeddings: np.ndarray, tokens: np.ndarray, owners: np.ndarray, rows: int) -> np.ndarray:
@@ -714,6 +735,28 @@ def gate_texts(qcfg: QuantizationConfig) -> list[str] | None:
     return read_calibration(
         qcfg.gate.texts_path, "quantization.gate.texts_path", "measuring the quality gate"
     )
+
+
+def judge(
+    model: TextModel,
+    qcfg: QuantizationConfig,
+    figures: Mapping[str, float],
+    compared: int,
+    measured_on: str,
+    *,
+    measured: bool,
+) -> None:
+    """Hold a loaded model's deviation ``figures`` to the quality gate (``check_gate``; a model is an
+    embedder when it has a cosine) and, when they were ``measured`` (not 1 by definition), note on what:
+    ``model.measured_on`` and the report's ``REPORT_COMPARED_TEXTS`` (``compared`` texts or pairs).
+
+    Raises:
+        QuantizationBelowGate, ValueError: as ``check_gate``.
+    """
+    check_gate(qcfg.gate, figures, compared, measured_on, embedder="cosine" in figures)
+    if measured:
+        model.measured_on = measured_on
+        model._report[REPORT_COMPARED_TEXTS] = compared
 
 
 def calibration_texts(qcfg: QuantizationConfig) -> list[str]:
@@ -836,12 +879,13 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         from kubeinfer.runtime.models.hf_onnx import check_export
 
         check_export(path, cosine)
-    check_gate(
-        qcfg.gate,
+    judge(
+        model,
+        qcfg,
         {"cosine": cosine, "agreement": agreement},
         len(sentences),
-        "held-out sentences" if texts is None else "gate texts",
-        embedder=True,
+        HELDOUT_SENTENCES if texts is None else GATE_TEXTS,
+        measured=reference is not None,
     )
     report[REPORT_COSINE_MEAN] = cosine
     report[REPORT_RETRIEVAL_AGREEMENT] = agreement

@@ -51,6 +51,15 @@ class QuantizationError(ValueError):
     """The requested quantization cannot be applied (mode, device or calibration); says why."""
 
 
+#: The texts the deviation from fp32 is measured on, as the gate's message and the ``measured_on`` label
+#: of ``kubeinfer_quantization_compared_texts`` name them: the user's (``quantization.gate.texts_path``),
+#: the bundled held-out sentences, or (a reranker, always) the bundled held-out pairs.
+GATE_TEXTS = "gate texts"
+HELDOUT_SENTENCES = "held-out sentences"
+HELDOUT_PAIRS = "held-out pairs"
+MEASURED_ON = (GATE_TEXTS, HELDOUT_SENTENCES, HELDOUT_PAIRS)
+
+
 class QuantizationBelowGate(ValueError):
     """The model's deviation from fp32, measured at load, is under the quality gate's bar; the message
     gives every figure against its bar (the operator reads the type's name in the termination

@@ -80,6 +80,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"model": {"uri": "/m", "task": "reranking", "overflow": "chunk"}},
         "spec.model.overflow",
     ),
+    (
+        "chunk-on-tagger-without-strategy",
+        {"model": {"uri": "/m", "task": "token-classification", "overflow": "chunk"}},
+        "spec.model.aggregationStrategy",
+    ),
     ("text-tokens-zero", {"model": {"maxTextTokens": 0}}, "spec.model.maxTextTokens"),
     ("gate-over-one", {"quantization": {"gate": {"minCosine": 1.5}}}, "spec.quantization.gate.minCosine"),
     (

@@ -52,9 +52,18 @@ class CannedSignals:
         self.reading = Reading(Observation(0.2, 0.5, 5.0, 1.0, 1.0), None)
         self.samples: list[tuple[float, float]] | SignalError = []
         self.history_calls: list[tuple[str, dt.datetime, dt.datetime, float]] = []
+        #: The answer to an instant query (the quantization figures'), or its failure.
+        self.instant: list[dict[str, Any]] | SignalError = []
+        self.queries: list[str] = []
 
     def read(self, queries: Any, window_seconds: float) -> Reading:
         return self.reading
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        self.queries.append(promql)
+        if isinstance(self.instant, SignalError):
+            raise self.instant
+        return self.instant
 
     def history(
         self, promql: str, start: dt.datetime, end: dt.datetime, step: float
@@ -68,7 +77,9 @@ class CannedSignals:
         pass
 
 
-def body(status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, Any]:
+def body(
+    status: dict[str, Any] | None = None, quantization: dict[str, Any] | None = None, **autoscaling: Any
+) -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION,
         "kind": api.KIND,
@@ -76,6 +87,7 @@ def body(status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, 
         "spec": {
             "batching": {"maxQueueDelay": "10ms"},
             "autoscaling": {"enabled": True, "targetP99": "200ms", "maxReplicas": 4, **autoscaling},
+            **({} if quantization is None else {"quantization": quantization}),
         },
         "status": status or {},
     }
@@ -418,3 +430,84 @@ async def test_autoscale_loop_routes_to_the_activator_before_it_scales_to_zero()
             assert second.scaled and order[hook_at + 1] == "patch scale kubeinfer-autoscaler"
         else:
             assert not second.scaled and "patch scale kubeinfer-autoscaler" not in order
+
+
+def _gauge(name: str, value: float, pod: str, **labels: str) -> dict[str, Any]:
+    """One series of an instant vector as Prometheus answers it."""
+    metric = {"__name__": f"kubeinfer_quantization_{name}", "pod": pod, **labels}
+    return {"metric": metric, "value": [1.0, str(value)]}
+
+
+#: Two int8 pods of an embedder gated on the user's texts, one a little worse than the other.
+TWO_PODS = [
+    _gauge("cosine_mean_ratio", 0.9871, "a"),
+    _gauge("cosine_mean_ratio", 0.9853, "b"),
+    _gauge("retrieval_agreement_ratio", 0.96, "a"),
+    _gauge("retrieval_agreement_ratio", 0.97, "b"),
+    _gauge("compared_texts", 200, "a", measured_on="gate texts"),
+    _gauge("compared_texts", 200, "b", measured_on="gate texts"),
+]
+GATE = {"mode": "int8-dynamic", "gate": {"minCosine": 0.98, "minAgreement": 0.9}}
+
+
+async def test_autoscale_loop_writes_the_quantization_figures_once_with_the_gates_bars() -> None:
+    a, rec, canned = scaler()
+    canned.instant = list(TWO_PODS)
+    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    await a.tick(body(status, GATE), DEPLOYMENT)
+    assert canned.queries == [
+        '{__name__=~"kubeinfer_quantization_(cosine_mean_ratio|retrieval_agreement_ratio|'
+        'label_agreement_ratio|compared_texts)",namespace="ns",inferenceservice="svc"}'
+    ]
+    written = rec.calls[0][1]["status"]
+    # the worst pod's figures, the bars, what they were measured on
+    assert written["quantization"] == {
+        "cosineMean": 0.9853,
+        "retrievalAgreement": 0.96,
+        "minCosine": 0.98,
+        "minAgreement": 0.9,
+        "measuredOn": "gate texts",
+        "texts": 200,
+        "time": "2026-01-01T00:00:00Z",
+    }
+    api.InferenceServiceStatus.from_k8s(written)  # the status model reads it
+    status.update(written)
+    rec.calls.clear()
+    # the same figures again (a later time): nothing is written
+    a.wall = lambda: dt.datetime(2026, 1, 1, 0, 5, tzinfo=dt.UTC)
+    await a.tick(body(status, GATE), DEPLOYMENT)
+    assert rec.calls == []
+    # Prometheus fails this query only: status is left as it is
+    canned.instant = SignalError("QueryError", "bad")
+    await a.tick(body(status, GATE), DEPLOYMENT)
+    assert rec.calls == []
+    # the service now serves unquantized: no pod measured anything, the figures go
+    canned.instant = [_gauge("cosine_mean_ratio", 1.0, "c"), _gauge("retrieval_agreement_ratio", 1.0, "c")]
+    await a.tick(body(status), DEPLOYMENT)
+    assert rec.calls[0][1]["status"] == {"quantization": None}
+
+
+async def test_autoscale_loop_does_not_ask_for_the_figures_while_prometheus_is_down() -> None:
+    a, rec, canned = scaler()
+    canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
+    canned.instant = list(TWO_PODS)
+    await a.tick(body({"batchTimeout": "10ms"}, GATE), DEPLOYMENT)
+    assert canned.queries == [] and "quantization" not in rec.calls[0][1]["status"]
+
+
+def test_autoscale_loop_quantization_patch_removes_what_is_no_longer_said() -> None:
+    embedder = {"cosineMean": 0.99, "retrievalAgreement": 0.95, "minCosine": 0.98, "measuredOn": "gate texts"}
+    current = {"quantization": {**embedder, "texts": 40, "time": "T1"}}
+    tagger = {"labelAgreement": 0.97, "measuredOn": "held-out sentences", "texts": 349}
+    patch = loop.quantization_patch(current, tagger, "T2")
+    assert patch == {
+        "quantization": {
+            "cosineMean": None,
+            "retrievalAgreement": None,
+            "minCosine": None,
+            **tagger,
+            "time": "T2",
+        }
+    }
+    assert loop.quantization_patch({"quantization": {**tagger, "time": "T2"}}, tagger, "T3") == {}
+    assert loop.quantization_patch({}, None, "T3") == {}

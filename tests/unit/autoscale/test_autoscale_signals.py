@@ -298,3 +298,29 @@ def test_autoscale_signals_parse_history() -> None:
         signals.parse_history(matrix * 2, "history")
     with pytest.raises(signals.SignalError, match="history: unexpected result"):
         signals.parse_history([{"metric": {}, "value": [1, "2"]}], "history")
+
+
+def _series(name: str, value: object, **labels: str) -> dict[str, Any]:
+    return {"metric": {"__name__": f"kubeinfer_quantization_{name}", **labels}, "value": [1.0, str(value)]}
+
+
+def test_autoscale_signals_quantization_is_the_worst_pods_and_only_when_measured() -> None:
+    assert 'namespace="a\\"b"' in signals.quantization_query('a"b', "n")  # label values escaped
+    pods = [
+        _series("label_agreement_ratio", 0.97, pod="a"),
+        _series("label_agreement_ratio", 0.91, pod="b"),
+        _series("label_agreement_ratio", "NaN", pod="c"),
+        _series("label_agreement_ratio", "oops", pod="d"),
+        _series("compared_texts", 349, pod="a", measured_on="held-out sentences"),
+        _series("compared_texts", 349, pod="b", measured_on="held-out sentences"),
+    ]
+    reading = signals.parse_quantization(pods)
+    assert reading is not None
+    assert (dict(reading.figures), reading.measured_on, reading.texts) == (
+        {"labelAgreement": 0.91},
+        "held-out sentences",
+        349,
+    )
+    # figures without a count: measured by nobody (quantization none: 1 by definition)
+    assert signals.parse_quantization(pods[:2]) is None
+    assert signals.parse_quantization([]) is None

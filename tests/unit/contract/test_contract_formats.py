@@ -341,7 +341,8 @@ def test_the_scopes() -> None:
         "task-of-huggingface": "model",
         "aggregation-of-token-classifiers": "model",
         "overflow-of-text-models": "model",
-        "chunk-of-embedders": "model",
+        "chunk-of-embedders-and-taggers": "model",
+        "chunk-merges-entities": "model",
         "int8-static-calibrates": "quantization",
         "warmup-dims-of-tensor-models": "",
     }

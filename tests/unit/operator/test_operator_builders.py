@@ -208,6 +208,12 @@ def test_overflow_and_the_text_budget_reach_runtime_yaml_only_when_given() -> No
     body["spec"]["model"]["task"] = "reranking"
     with pytest.raises(pydantic.ValidationError, match="chunk applies to text-embedding models"):
         _isvc(body)
+    body["spec"]["model"]["task"] = "token-classification"
+    with pytest.raises(pydantic.ValidationError, match=r"needs spec\.model\.aggregationStrategy simple"):
+        _isvc(body)
+    body["spec"]["model"]["aggregationStrategy"] = "first"
+    cfg = RuntimeConfig.from_yaml(build_configmap(_isvc(body), 0.01)["data"]["runtime.yaml"])
+    assert (cfg.model.overflow, cfg.model.aggregation_strategy) == ("chunk", "first")
 
 
 def test_the_gate_reaches_runtime_yaml_and_its_texts_are_mounted() -> None:

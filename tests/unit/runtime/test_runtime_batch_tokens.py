@@ -86,3 +86,23 @@ async def test_the_batcher_keeps_a_long_text_out_of_a_batch_of_short_ones(model:
     batches = [line for line in text.splitlines() if line.startswith("kubeinfer_batch_size_count")]
     assert batches and float(batches[0].split()[-1]) == 2.0, batches
     assert np.isfinite(outs[-1]["embedding"]).all()
+
+
+def test_a_chunked_text_counts_as_its_windows(tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = tiny_hf_dir(tmp_path_factory.mktemp("tokens") / "chunker")
+    window = 64
+    model = load_model(
+        tiny_hf_config(
+            path,
+            model={"name": "tiny", "source": str(path), "max_sequence_length": window, "overflow": "chunk"},
+            limits={"max_text_tokens": 4096},
+        )
+    )
+    assert isinstance(model, TextModel)
+    text = "word " * 500  # 500 tokens: 9 windows of 62 content tokens stepping by 55
+    windows = model.preprocess([{"text": texts(text)}]).windows
+    assert windows is not None
+    estimate = model.tokens({"text": texts(text, "a b c")})
+    # at least the windows it will run (each padded to the window), from its 2,500 bytes at most
+    assert len(windows) * window <= estimate == (1 + -(-(len(text) - 62) // 55)) * window
+    assert model.tokens({"text": texts("a b c")}) == 7  # a text that fits one window: as before

@@ -262,10 +262,17 @@ def test_int8_dynamic_reports_label_agreement_and_score_deviation(dirs: dict[str
     )
     assert "quantization_cosine_mean_ratio" not in report  # an embedder's figure
     metrics = RuntimeMetrics("m")
-    metrics.set_report(report)
+    metrics.set_report(report, model.measured_on)
     text = metrics.exposition().decode()
     for name in ("label_agreement_ratio", "score_deviation_mean", "score_deviation_max"):
         assert f'kubeinfer_quantization_{name}{{model="m"}}' in text
+    # a reranker is judged on 32 held-out queries x 8 candidates, whatever texts are given
+    compared = (
+        '{measured_on="held-out pairs",model="m"} 256.0'
+        if which == "reranker"
+        else ('{measured_on="held-out sentences",model="m"} 349.0')
+    )
+    assert f"kubeinfer_quantization_compared_texts{compared}" in text
 
 
 def test_compare_scores() -> None:

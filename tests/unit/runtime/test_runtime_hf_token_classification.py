@@ -348,10 +348,12 @@ def test_int8_dynamic_reports_token_label_agreement_and_score_deviation(
     )
     assert "quantization_cosine_mean_ratio" not in report
     metrics = RuntimeMetrics("m")
-    metrics.set_report(report)
+    metrics.set_report(report, model.measured_on)
     text = metrics.exposition().decode()
     for name in ("label_agreement_ratio", "score_deviation_mean", "score_deviation_max"):
         assert f'kubeinfer_quantization_{name}{{model="m"}}' in text
+    # measured on the texts, not on their tokens (which the figures count)
+    assert 'kubeinfer_quantization_compared_texts{measured_on="held-out sentences",model="m"} 349.0' in text
     # the quantized model still answers in the pipeline's shape
     found = entities_of(
         model.execute(

@@ -1,11 +1,13 @@
 """A text longer than the model's window (``model.overflow``): refused with a 413 naming the tensor and
 the row (the default), or truncated as transformers truncates (``truncate``; a reranker's pair keeps
-its query whole and truncates the text), counted in ``kubeinfer_truncated_rows_total``, or, for an
-embedder, split into overlapping windows whose embeddings are pooled (``chunk``). Tiny seeded models,
-compared with transformers' own tokenizer and model."""
+its query whole and truncates the text), counted in ``kubeinfer_truncated_rows_total``, or split into
+overlapping windows (``chunk``): an embedder's embeddings pooled, a token classifier's entities merged
+as transformers' pipeline merges its ``stride`` chunks. Tiny seeded models, compared with transformers'
+own tokenizer, model and pipeline."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +207,100 @@ def test_chunk_refuses_a_text_over_max_text_tokens(dirs: dict[str, Path]) -> Non
         model.validate({"text": texts(LONG * 4)})
 
 
-def test_chunk_is_for_embedders(dirs: dict[str, Path]) -> None:
-    with pytest.raises(ValueError, match="chunk applies to text-embedding models"):
+def test_chunk_is_for_embedders_and_token_classifiers(dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"chunk applies to text-embedding .* and token-classification"):
         load(dirs["reranker"], "chunk")
-    with pytest.raises(pydantic.ValidationError, match="chunk applies to text-embedding models"):
+    with pytest.raises(
+        pydantic.ValidationError, match="chunk applies to text-embedding and token-classification models"
+    ):
         RuntimeConfig.model_validate(
             {"model": {"source": str(dirs["reranker"]), "task": "reranking", "overflow": "chunk"}}
         )
+    # a token classifier merges entities: strategy none (one per token of a window) cannot be merged
+    tagger = {"source": str(dirs["tagger"]), "task": "token-classification", "overflow": "chunk"}
+    with pytest.raises(pydantic.ValidationError, match=r"needs model\.aggregation_strategy simple, first"):
+        RuntimeConfig.model_validate({"model": tagger})
+    with pytest.raises(pydantic.ValidationError, match=r"needs model\.aggregation_strategy simple, first"):
+        RuntimeConfig.model_validate({"model": {**tagger, "aggregation_strategy": "none"}})
+    RuntimeConfig.model_validate({"model": {**tagger, "aggregation_strategy": "max"}})
+    with pytest.raises(ValueError, match=r"needs model\.aggregation_strategy simple, first, average or max"):
+        load(dirs["tagger"], "chunk")  # the task detected at load: refused there
+
+
+#: A text of names and places over 13 windows of the tagger's 32 tokens (about 430 tokens, under 512).
+TAGGED = " ".join(f"Mr. Okonkwo{i} flew from Kraków to New York on day {i}," for i in range(25))
+TAGGER_STRATEGIES = ("simple", "first", "average", "max")  # none: see the next test
+
+
+@pytest.fixture(scope="module")
+def stride_pipeline(dirs: dict[str, Path]) -> Any:
+    """transformers' own pipeline on the tagger, its window the runtime's (the tokenizer's length)."""
+    pipeline = transformers.pipeline("token-classification", model=str(dirs["tagger"]), device="cpu")
+    pipeline.tokenizer.model_max_length = WINDOW
+    return pipeline
+
+
+@pytest.mark.parametrize("strategy", TAGGER_STRATEGIES)
+def test_chunk_tags_the_windows_transformers_stride_tags(
+    dirs: dict[str, Path], stride_pipeline: Any, strategy: str
+) -> None:
+    model = load_model(
+        tiny_hf_config(
+            dirs["tagger"],
+            model={
+                "name": "tiny",
+                "source": str(dirs["tagger"]),
+                "max_sequence_length": WINDOW,
+                "overflow": "chunk",
+                "aggregation_strategy": "simple",
+            },
+        )
+    )
+    assert isinstance(model, TextModel)
+    model.max_batch_size = 4  # 13 windows run four at a time, each run padded to its own longest
+    inputs = {"text": texts(SHORT, TAGGED), "aggregation_strategy": texts(strategy)}
+    assert model.validate(inputs) == 2 and model.chunked_rows == 1
+    prepared = model.preprocess([inputs])
+    assert prepared.windows is not None and len(prepared.windows) > 10
+    out = model.execute(prepared)
+    got = [json.loads(row) for row in out["entities"]]
+    stride = int((WINDOW - 2) * 0.125)  # the runtime's overlap: an eighth of a window's content tokens
+    for text, entities in zip((SHORT, TAGGED), got, strict=True):
+        expected = stride_pipeline(text, stride=stride, aggregation_strategy=strategy)
+        assert [(e["word"], e["entity_group"], e["start"], e["end"]) for e in entities] == [
+            (e["word"], e["entity_group"], int(e["start"]), int(e["end"])) for e in expected
+        ]
+        np.testing.assert_allclose([e["score"] for e in entities], [e["score"] for e in expected], atol=1e-4)
+    # offsets index the whole text: entities reach its last window
+    assert got[1] and max(e["end"] for e in got[1]) > len(TAGGED) - 40
+    assert all(0 <= e["start"] < e["end"] <= len(TAGGED) for e in got[1])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(dirs["tagger"])
+    assert out[TOKEN_COUNTS].tolist() == [len(tokenizer(t)["input_ids"]) for t in (SHORT, TAGGED)]
+
+
+def test_chunk_tagging_refuses_what_it_cannot_merge(dirs: dict[str, Path]) -> None:
+    model = load_model(
+        tiny_hf_config(
+            dirs["tagger"],
+            model={
+                "name": "tiny",
+                "source": str(dirs["tagger"]),
+                "max_sequence_length": WINDOW,
+                "overflow": "chunk",
+                "aggregation_strategy": "first",
+            },
+        )
+    )
+    assert isinstance(model, TextModel)
+    none = texts("none")
+    refused = r"'aggregation_strategy': 'none' .* row 1 of 'text' \(\d+ tokens\)"
+    with pytest.raises(InputError, match=refused) as e:
+        model.validate({"text": texts(SHORT, TAGGED), "aggregation_strategy": none})
+    assert e.value.status == 400 and e.value.tensor == "aggregation_strategy" and model.chunked_rows == 0
+    assert model.validate({"text": texts(SHORT), "aggregation_strategy": none}) == 1  # one window: fine
+    with pytest.raises(InputError, match=r"'text': row 0 has \d+ tokens, over the limit of 512") as e:
+        model.validate({"text": texts(TAGGED * 2), "aggregation_strategy": none})
+    assert e.value.status == 413 and e.value.tensor == "text"
 
 
 async def test_the_batcher_counts_chunked_rows(dirs: dict[str, Path]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pydantic
 import pytest
 from kubeinfer.runtime.config import GateConfig, RuntimeConfig
+from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import load_model
 from kubeinfer.runtime.models.quantize import QuantizationBelowGate, check_gate
 
@@ -82,6 +83,14 @@ def test_an_embedder_under_the_bar_does_not_load_and_says_why(dirs: dict[str, Pa
     gate = {"min_cosine": 0.5, "min_agreement": 0.1, "texts_path": str(texts)}
     model = load_model(_gated(dirs["embedder"], gate, "bf16"))
     assert model.report()["quantization_cosine_mean_ratio"] >= 0.5
+    # it serves, its figures exported with the texts they were measured on (status.quantization's source)
+    metrics = RuntimeMetrics("m")
+    metrics.set_report(model.report(), model.measured_on)
+    text = metrics.exposition().decode()
+    assert 'kubeinfer_quantization_compared_texts{measured_on="gate texts",model="m"} 40.0' in text
+    # unquantized on torch nothing is measured (the figures are 1 by definition): no such series
+    plain = load_model(tiny_hf_config(dirs["embedder"]))
+    assert plain.measured_on is None and "quantization_compared_texts" not in plain.report()
 
 
 def test_a_cosine_bar_on_a_classifier_is_refused(dirs: dict[str, Path]) -> None:
