@@ -9,6 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler \
         bench-autoscaler-adversary bench-autoscaler-frontier bench-autoscaler-zero bench-peers bench-hostile bench-perf-analyzer \
+        bench-cold-start \
         clean images
 
 help: ## list the targets
@@ -101,6 +102,9 @@ bench-hostile: setup ## hostile request bodies: peak and retained RSS and livene
 bench-perf-analyzer: setup ## Triton's perf_analyzer on MiniLM and simple, REST and gRPC, concurrency 1-8: its server-side breakdown beside /metrics -> bench/results/perf_analyzer.json
 	$(PY) bench/perf_analyzer_bench.py $(BENCH_NOISY)
 
+bench-cold-start: images ## cold starts from zero on the local one-node cluster (root; MiniLM int8 on onnxruntime, a graph cache volume, the image present): each stage from the demand to the first answer, empty then warm cache -> bench/results/cold_start.json
+	$(PY) bench/cold_start.py $(BENCH_NOISY)
+
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
@@ -113,8 +117,8 @@ bench-autoscaler-frontier: setup ## kubeinfer vs its peers at every setting (HPA
 bench-autoscaler-zero: setup ## scale to zero on idle traces: kubeinfer with and without it, Knative's KPA and KEDA's http-add-on with theirs (activators, cold start 20 s) -> bench/results/autoscaler_zero.json
 	$(PY) bench/autoscaler_zero.py
 
-bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-autoscaler bench-autoscaler-adversary \
-       bench-autoscaler-frontier bench-autoscaler-zero bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
+bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-cold-start \
+       bench-autoscaler bench-autoscaler-adversary bench-autoscaler-frontier bench-autoscaler-zero bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
 
 clean: cluster-down ## remove the venv and build cache
 	rm -rf .venv .cache
