@@ -295,7 +295,15 @@ def test_the_options_and_their_defaults() -> None:
 
 # --- every benchmark that measures goes through it ------------------------------------------------
 
-MEASURING = ("runtime_bench", "frontend_bench", "operator_bench", "ipc_bench", "cache_bench", "hostile_bench")
+MEASURING = (
+    "runtime_bench",
+    "frontend_bench",
+    "operator_bench",
+    "ipc_bench",
+    "cache_bench",
+    "hostile_bench",
+    "cold_start",
+)
 SIMULATIONS = ("autoscaler_sim",)  # adversary and frontier run through autoscaler_sim.run_per_trace
 
 
