@@ -58,13 +58,24 @@ import yaml  # noqa: E402
 from hack import images  # noqa: E402
 from hack import node as nodes  # noqa: E402
 from hack.cluster import DEFAULT_BIN_DIR, ClusterError, ClusterInfo, check_binaries, leftovers, start, stop  # noqa: E402
+from hack.devtools.activator_proc import ActivatorProcess  # noqa: E402
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess  # noqa: E402
-from kubeinfer.contract.activator import DEMAND_ANNOTATION, ISVC_LABEL, demand_value  # noqa: E402
+from hack.podnetwork import NODE_IP  # noqa: E402
+from kubeinfer.contract.activator import (  # noqa: E402
+    ACTIVATOR_GRPC_PORT,
+    ACTIVATOR_PORT,
+    DEMAND_ANNOTATION,
+    ISVC_LABEL,
+    demand_value,
+)
 
 NAME = "minilm"
 NAMESPACE = "bench-cold-start"
 WORKDIR = ROOT / ".cache" / "bench-cold-start"
 PV_NAME = "bench-cold-start-graph-cache"
+#: The activator's Service (``KUBEINFER_ACTIVATOR_SERVICE``): its EndpointSlice lists the activator process
+#: on the node address (``--origin request``), or nothing (``--origin demand``).
+ACTIVATOR = "activator"
 CLAIM = "graph-cache"
 #: The runtime image's user (runtime/Dockerfile): owns the graph cache directory on the node.
 RUNTIME_UID = 65532
@@ -163,8 +174,18 @@ def manifests(cache_dir: Path, cpu: str, before_ready: str | None) -> list[dict[
     warmup: dict[str, Any] = {"enabled": True, "steps": 1}
     if before_ready is not None:
         warmup["beforeReady"] = before_ready
+    ports = [
+        {"name": "http", "port": ACTIVATOR_PORT, "protocol": "TCP"},
+        {"name": "grpc", "port": ACTIVATOR_GRPC_PORT, "protocol": "TCP"},
+    ]
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {  # no selector: its EndpointSlice is written here (the activator runs as a process on the node)
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": ACTIVATOR, "namespace": NAMESPACE},
+            "spec": {"ports": ports},
+        },
         {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
@@ -299,6 +320,18 @@ def probe(run: Run, stage: str, url: Callable[[], str | None], stop: threading.E
             time.sleep(PROBE_SECONDS)
 
 
+def held_request(run: Run, url: str | None) -> None:
+    """One request through the Service at zero, sent at ``run.t0``: the activator holds it, asks for a
+    replica and forwards it once one is Ready; its 200 is ``service_answer``."""
+    assert url is not None
+    with httpx.Client(timeout=RUN_TIMEOUT_SECONDS) as client:
+        try:
+            if client.post(url, json=REQUEST).status_code == 200:
+                run.mark("service_answer")
+        except httpx.HTTPError as exc:
+            say(f"  ! the held request: {type(exc).__name__}: {exc}")
+
+
 class Bench:
     """Holds what the benchmark started, so ``close`` stops it in reverse order."""
 
@@ -309,6 +342,7 @@ class Bench:
         self.api: Api | None = None
         self.cache_dir = WORKDIR / "graph-cache"
         self.service_url: str | None = None
+        self.activator: ActivatorProcess | None = None
 
     def close(self) -> None:
         while self.cleanups:
@@ -351,13 +385,19 @@ class Bench:
             info.kubeconfig,
             namespaces=[NAMESPACE],
             log_dir=WORKDIR,
-            extra_env={**TEST_ENV, "KUBEINFER_ACTIVATOR_ENABLED": "true"},
+            extra_env={
+                **TEST_ENV,
+                "KUBEINFER_ACTIVATOR_ENABLED": "true",
+                "KUBEINFER_ACTIVATOR_SERVICE": f"{NAMESPACE}/{ACTIVATOR}",
+            },
         )
         operator.__enter__()
         self.cleanups.append(("the operator", lambda: operator.__exit__(None, None, None)))
         operator.wait_ready()
         docs = manifests(self.cache_dir, self.args.cpu, self.args.before_ready)
         kubectl(info, "apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        if self.args.origin == "request":
+            self.start_activator(info)
         say(
             f"applied {NAMESPACE}/{NAME}: MiniLM int8-dynamic on onnxruntime, cpu {self.args.cpu}, "
             f"graph cache {self.cache_dir}"
@@ -366,6 +406,53 @@ class Bench:
             "the Service", lambda: self.api_get(f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}"), 120
         )
         self.service_url = f"http://{svc['spec']['clusterIP']}:8080/v2/models/{NAME}/infer"
+
+    def start_activator(self, info: ClusterInfo) -> None:
+        """The activator as a process on the node address, on the activator's ports (a Service at zero
+        sends there), its targets from the cluster; the EndpointSlice of its Service lists it Ready."""
+        activator = ActivatorProcess(
+            kubeconfig=info.kubeconfig,
+            args=[
+                "--host", NODE_IP, "--port", str(ACTIVATOR_PORT), "--grpc-port", str(ACTIVATOR_GRPC_PORT),
+                "--namespaces", NAMESPACE,
+            ],
+        )  # fmt: skip
+        activator.start()
+        self.cleanups.append(("the activator", activator.stop))
+        self.activator = activator
+        slice_ = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{ACTIVATOR}-node",
+                "namespace": NAMESPACE,
+                "labels": {
+                    "kubernetes.io/service-name": ACTIVATOR,
+                    "endpointslice.kubernetes.io/managed-by": "bench.kubeinfer.io",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
+            "ports": [
+                {"name": "http", "port": ACTIVATOR_PORT, "protocol": "TCP"},
+                {"name": "grpc", "port": ACTIVATOR_GRPC_PORT, "protocol": "TCP"},
+            ],
+        }
+        kubectl(info, "apply", "-f", "-", input=json.dumps(slice_))
+        say(f"the activator listens on {NODE_IP}:{ACTIVATOR_PORT} (its Service {NAMESPACE}/{ACTIVATOR})")
+
+    def routes_to_activator(self) -> bool:
+        """Whether the InferenceService's Service routes to the activator (no selector) and, with the
+        activator running, its ``<name>-activator`` EndpointSlice lists it."""
+        svc = self.api_get(f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}") or {}
+        if (svc.get("spec") or {}).get("selector"):
+            return False
+        if self.activator is None:
+            return True
+        found = self.api_get(
+            f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices/{NAME}-activator"
+        )
+        return any(NODE_IP in e.get("addresses", []) for e in (found or {}).get("endpoints") or [])
 
     def api_get(self, path: str) -> dict[str, Any] | None:
         assert self.api is not None
@@ -412,6 +499,8 @@ class Bench:
         self.api.merge_patch(
             f"{base}/status", {"status": {"scaledToZeroAt": utc_now()}}, fieldManager="kubeinfer-autoscaler"
         )
+        if self.activator is not None:  # as the autoscaler: the scale once the Service routes to it
+            self.wait("the Service routed to the activator", self.routes_to_activator, 60)
         self.api.merge_patch(
             f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}/scale",
             {"spec": {"replicas": 0}},
@@ -458,19 +547,23 @@ class Bench:
                 ),
                 daemon=True,
             ),
-            threading.Thread(
-                target=probe, args=(run, "service_answer", lambda: self.service_url, stop), daemon=True
-            ),
         ]
+        if self.args.origin == "demand":  # a request through the Service every 50 ms
+            threads.append(
+                threading.Thread(
+                    target=probe, args=(run, "service_answer", lambda: self.service_url, stop), daemon=True
+                )
+            )
         for t in threads:
             t.start()
         time.sleep(0.5)  # the watches are open
-        demand = utc_now()
+        isvc = f"/apis/kubeinfer.io/v1alpha1/namespaces/{NAMESPACE}/inferenceservices/{NAME}"
         run.t0 = time.monotonic()
-        self.api.merge_patch(
-            f"/apis/kubeinfer.io/v1alpha1/namespaces/{NAMESPACE}/inferenceservices/{NAME}",
-            {"metadata": {"annotations": {DEMAND_ANNOTATION: demand_value(dt.datetime.now(dt.UTC))}}},
-        )
+        if self.args.origin == "request":  # one request to the Service: held by the activator, its demand
+            threading.Thread(target=held_request, args=(run, self.service_url), daemon=True).start()
+        else:
+            demand = demand_value(dt.datetime.now(dt.UTC))
+            self.api.merge_patch(isvc, {"metadata": {"annotations": {DEMAND_ANNOTATION: demand}}})
         wanted = {"first_answer", "pod_ready", "service_answer"}
         try:
             self.wait(
@@ -495,9 +588,10 @@ class Bench:
         except TimeoutError:
             event = None
         stages = run.seconds()
+        annotations = ((self.api.get(isvc).get("metadata") or {}).get("annotations")) or {}
         result = {
             "run": label,
-            "demand": demand,
+            "demand": annotations.get(DEMAND_ANNOTATION),
             "pod": run.pod_name,
             "loadavg_at_demand": [round(x, 2) for x in load],
             "stages_s": {s: stages[s] for s in STAGES if s in stages},
@@ -584,6 +678,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="spec.warmup.beforeReady (unset: the default, first)",
     )
+    parser.add_argument(
+        "--origin",
+        choices=("request", "demand"),
+        default="request",
+        help="request: t = 0 is one request sent to the Service at zero, which the activator (a process on "
+        "the node) holds, asks a replica for and forwards; demand: t = 0 is the demand annotation written "
+        "as the activator would, and a request goes to the Service every 50 ms",
+    )
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of rest at zero before each wake")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_start.json"))
     quiet.add_arguments(parser)
@@ -623,7 +725,12 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup_before_ready": args.before_ready or "first (default)",
                 "graph_cache": "hostPath PersistentVolume on the node",
                 "image": "present in containerd (imagePullPolicy IfNotPresent)",
-                "origin": "t = 0: the demand annotation written (as the activator does for a held request)",
+                "origin": (
+                    "t = 0: one request sent to the Service at zero (the activator, a process on the node, "
+                    "holds it, writes the demand, forwards it to the first Ready replica)"
+                    if args.origin == "request"
+                    else "t = 0: the demand annotation written (as the activator does for a held request)"
+                ),
             },
             "stages": list(STAGES),
             "empty_cache": runs[0]["stages_s"],
