@@ -122,6 +122,7 @@ DELETED = "Deleted"
 AUTOSCALED = "Autoscaled"
 DRIFT_REVERTED = "DriftReverted"
 SCALED_FROM_ZERO = "ScaledFromZero"
+COLD_START = "ColdStart"
 
 # --- the registry ----------------------------------------------------------------------------------
 
@@ -512,6 +513,15 @@ EVENTS: tuple[EventReason, ...] = (
         "Normal",
         "a request waits at the activator (its demand annotation is newer than the scale to zero): "
         "replicas 0 → 1",
+    ),
+    EventReason(
+        COLD_START,
+        "Normal",
+        "the first replica after a scale from zero turned Ready: where its start went, from the pod's "
+        "timestamps, in seconds from the demand (e.g. `first replica Ready 9 s after the demand at T (pod "
+        "P): pod created 1 s, scheduled 1 s, sandbox ready 2 s, initialized 2 s, container started 2 s, "
+        "Ready 9 s`); the model's load and warmup inside it are the runtime's "
+        "`kubeinfer_cold_start_stage_seconds`",
     ),
 )
 

@@ -226,11 +226,24 @@ class BatchingConfig(_Strict):
 WarmupDim = Annotated[int, Field(ge=1, le=65536)]
 
 
+#: ``warmup.before_ready``: what runs before the runtime answers ready.
+WarmupBeforeReady = Literal["first", "all"]
+
+
 class WarmupConfig(_Strict):
-    """Warmup before readiness: every batch-size bucket up to max_batch_size, ``steps`` times."""
+    """Warmup: every batch-size bucket up to max_batch_size (times the sizes), ``steps`` times. Before
+    readiness, what a first request needs (one row, every size: ``before_ready`` first, the default);
+    the rest after, in the background, while no request is in flight. ``before_ready`` all: every
+    bucket before readiness."""
 
     enabled: bool = True
     steps: int = Field(default=1, ge=1, le=100)
+    before_ready: WarmupBeforeReady | None = Field(
+        default=None,
+        description="first (unset): readiness after the warmup batches of one row (every sequence length "
+        "or warmup.dims size), the larger batches warmed after, in the background, while no request is in "
+        "flight; all: readiness after every batch-size bucket.",
+    )
     dims: list[WarmupDim] | None = Field(
         default=None,
         min_length=1,
@@ -388,7 +401,8 @@ class RuntimeConfig(_Strict):
         data: dict[str, Any] = self.model_dump(mode="json")
         # (section, field) left out when unset: no per-level queue limits, the default share, no token
         # budget, no quality gate, the format's default engine, the task detected from the model
-        # directory, the task's default aggregation, overflow refused, one warmup size
+        # directory, the task's default aggregation, overflow refused, one warmup size, the first-request
+        # warmup
         unset = [
             ("batching", "priority_queue_sizes", not self.batching.priority_queue_sizes),
             ("batching", "priority_min_share", "priority_min_share" not in self.batching.model_fields_set),
@@ -399,6 +413,7 @@ class RuntimeConfig(_Strict):
                 for n in ("engine", "task", "aggregation_strategy", "overflow")
             ),
             ("warmup", "dims", self.warmup.dims is None),
+            ("warmup", "before_ready", self.warmup.before_ready is None),
             # one process, no authentication, the read timeouts' defaults
             *(
                 ("server", n, getattr(self.server, n) == ServerConfig.model_fields[n].default)

@@ -354,6 +354,8 @@ class DataPlane:
         self.shm = SharedMemoryRegistry()
         #: The response cache, or None when ``cache.enabled`` is off.
         self.cache = ResponseCache(cache.max_bytes) if cache is not None and cache.enabled else None
+        #: Infer requests received and not yet answered (read from other threads: the background warmup).
+        self.in_flight = 0
         self._declared: dict[str, str] = {}
 
     # ----- life cycle ------------------------------------------------------------------------------
@@ -489,6 +491,7 @@ class DataPlane:
         and the ``CancelledError`` propagates."""
         metrics = self.metrics
         metrics.inflight.inc()
+        self.in_flight += 1
         status = 500
         try:
             check_model(self.model_name, name, version)
@@ -510,6 +513,7 @@ class DataPlane:
             raise internal_error(exc) from exc
         finally:
             metrics.inflight.dec()
+            self.in_flight -= 1
             metrics.count_request(status, max(0.0, time.monotonic() - received))
 
     def _admit(self) -> Batcher:

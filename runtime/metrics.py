@@ -35,6 +35,9 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   batch service time s(b) = a + c*b fitted from the batches run (``service_time.ServiceTimeFit``, seeded
   at warmup), a in seconds and c in seconds per row; NaN until fitted. The autoscaler's SLO-capacity rule
   reads them.
+- ``kubeinfer_cold_start_stage_seconds{stage, graph_cache}`` histogram: each stage of this process's start
+  (``fetched``, ``loaded``, ``warmed``, ``first_answer``) observed once, in seconds since the process
+  started; ``graph_cache`` is ``hit``, ``miss`` or ``none`` (``kubeinfer.runtime.startup``).
 - ``kubeinfer_config_reload_errors_total`` counter: config-file changes rejected by the watcher.
 - ``kubeinfer_cache_hits_total``, ``kubeinfer_cache_misses_total``, ``kubeinfer_cache_evictions_total``
   counters and ``kubeinfer_cache_bytes``, ``kubeinfer_cache_entries`` gauges: the response cache
@@ -61,6 +64,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubeinfer.runtime.service_time import ServiceTimeFit
+from kubeinfer.runtime.startup import COLD_START_BUCKETS, ColdStart
 from kubeinfer.runtime.statistics import ModelStatistics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -340,6 +344,18 @@ class RuntimeMetrics:
             ["model", "frontend"],
             registry=r,
         )
+        cold_start = Histogram(
+            "kubeinfer_cold_start_stage_seconds",
+            "Each stage of this process's start (fetched, loaded, warmed, first_answer), seconds since the "
+            "process started; graph_cache: hit, miss or none.",
+            ["model", "stage", "graph_cache"],
+            buckets=COLD_START_BUCKETS,
+            registry=r,
+        )
+        #: The stages of this process's start (``kubeinfer.runtime.startup``), observed into the histogram.
+        self.cold_start = ColdStart(
+            lambda stage, cache, seconds: cold_start.labels(model, stage, cache).observe(seconds)
+        )
         #: Triton's statistics extension, fed by the same calls (``kubeinfer.runtime.statistics``).
         self.statistics = ModelStatistics()
         self.busy = BusyTracker(executors)
@@ -357,13 +373,16 @@ class RuntimeMetrics:
             ).labels(model).set_function(read)
 
     def count_request(self, code: int, seconds: float) -> None:
-        """Record one answered infer request: its status code and receipt-to-response seconds."""
+        """Record one answered infer request: its status code and receipt-to-response seconds (the first
+        200 of the process is the cold start's ``first_answer``)."""
         child = self._requests_by_code.get(code)
         if child is None:  # a code's child once: ``labels`` costs a lock and a tuple per call
             child = self._requests_by_code[code] = self._requests.labels(self.model, str(code))
         child.inc()
         self.request_duration.observe(seconds)
         self.statistics.request(code, seconds, time.time_ns() // 1_000_000)
+        if code == 200 and self.cold_start.awaiting_first_answer:
+            self.cold_start.first_answer()
 
     def observe_queue(self, seconds: float) -> None:
         """Record one request's queue time: enqueue to its batch's start on an executor, seconds."""

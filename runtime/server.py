@@ -30,11 +30,19 @@ from kubeinfer.runtime.fetch.progress import megabytes
 from kubeinfer.runtime.frontend_pool import DRAIN_LINGER_SECONDS, FrontEndPool
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.models import ServableModel, load_model
+from kubeinfer.runtime.models import REPORT_WARMUP_SECONDS, ServableModel, load_model
+from kubeinfer.runtime.models.base import WarmupPass, first_request_passes, run_warmup
 from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from kubeinfer.runtime.service_time import calibrate_model
+from kubeinfer.runtime.startup import (
+    STAGE_FETCHED,
+    STAGE_LOADED,
+    STAGE_WARMED,
+    WarmupStopped,
+    wait_quiet,
+)
 from kubeinfer.runtime.termination import write_termination_message
 
 log = logging.getLogger(__name__)
@@ -115,6 +123,8 @@ class RuntimeServer:
         self._grpc: Any = None
         self._pool: FrontEndPool | None = None
         self._signalled = False
+        #: The warmup passes left for after readiness (``_warm_first``, ``_warm_rest``).
+        self._warm_later: list[WarmupPass] = []
 
     # ----- life cycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -246,7 +256,8 @@ class RuntimeServer:
         self._close_http()
 
     async def _load(self) -> None:
-        """Load and warm up the model in daemon threads, then ``attach`` it (ready); on failure exit 1."""
+        """Load and warm up the model in daemon threads, then ``attach`` it (ready), then warm up the
+        rest in the background (``_warm_rest``); on failure exit 1."""
         try:
             model = await self._load_model()
             if self.draining:
@@ -257,12 +268,16 @@ class RuntimeServer:
                 log.error("config changed during the load: %s; using the settings it started with", exc)
                 self.metrics.config_reload_errors.inc()
                 self.attach(model, BatchSettings.from_config(self.cfg.batching))
+            cold = self.metrics.cold_start
+            cold.mark(STAGE_WARMED)
             log.info(
-                "ready: serving model %r at http://%s:%d/v2/models/%s",
+                "ready: serving model %r at http://%s:%d/v2/models/%s; cold start: %s since the process "
+                "started",
                 model.name,
                 self.host,
                 self.port,
                 model.name,
+                cold.summary(),
             )
         except asyncio.CancelledError:  # shutting down during the load
             raise
@@ -271,6 +286,9 @@ class RuntimeServer:
             write_termination_message(f"model load failed: {type(exc).__name__}: {exc}")
             self._failed = True
             self._close_http(force=True)
+            return
+        if self._warm_later:
+            await self._warm_rest(model, self._warm_later)
 
     def _fetch_report(self) -> FetchReport | None:
         """The fetch init container's report in the model directory (exported as gauges), or None."""
@@ -293,6 +311,8 @@ class RuntimeServer:
     async def _load_model(self) -> ServableModel:
         cfg = self.cfg
         fetched = self._fetch_report()
+        cold = self.metrics.cold_start
+        cold.mark(STAGE_FETCHED)
         t0 = time.monotonic()
         log.info(
             "loading model %r from %r (quantization %s)",
@@ -301,18 +321,14 @@ class RuntimeServer:
             cfg.quantization.mode,
         )
         model = await in_daemon_thread(load_model, cfg)
+        cold.graph_cache(model.graph_cache)
+        cold.mark(STAGE_LOADED)
         log.info("model loaded in %.1f s on %s", time.monotonic() - t0, model.device)
+        report = model.report()
         if cfg.warmup.enabled:
-            log.info(
-                "warming up: batch sizes 1..%d, %d step(s)", cfg.batching.max_batch_size, cfg.warmup.steps
-            )
-            seconds = await in_daemon_thread(model.warmup, cfg.batching.max_batch_size, cfg.warmup.steps)
-            log.info("warmup done in %.1f s", seconds)
-            fit = self.metrics.service_time
-            await in_daemon_thread(calibrate_model, model, cfg.batching.max_batch_size, fit)
+            report[REPORT_WARMUP_SECONDS] = await self._warm_first(model)
         else:
             model.max_batch_size = cfg.batching.max_batch_size
-        report = model.report()
         self.metrics.set_report(report, model.measured_on)
         log.info("startup: %s", startup_summary(report, fetched))
         try:
@@ -320,6 +336,65 @@ class RuntimeServer:
         except Exception as exc:
             log.warning("NVML unavailable (%s); device utilization is executor busy time", exc)
         return model
+
+    async def _warm_first(self, model: ServableModel) -> float:
+        """The warmup before readiness; returns its seconds. ``warmup.before_ready`` first (unset): the
+        passes of one row (``first_request_passes``), the others kept in ``_warm_later`` for after;
+        all, or a model that does not list its passes: the whole warmup and the service-time
+        calibration now."""
+        cfg = self.cfg
+        size, steps = cfg.batching.max_batch_size, cfg.warmup.steps
+        passes: list[WarmupPass] | None = None
+        if cfg.warmup.before_ready != "all":
+            try:
+                passes = model.warmup_passes(size)
+            except NotImplementedError:
+                passes = None
+        if passes is None:
+            log.info("warming up: batch sizes 1..%d, %d step(s)", size, steps)
+            seconds = await in_daemon_thread(model.warmup, size, steps)
+            log.info("warmup done in %.1f s", seconds)
+            await in_daemon_thread(calibrate_model, model, size, self.metrics.service_time)
+            return seconds
+        first, self._warm_later = first_request_passes(passes)
+        seconds = await in_daemon_thread(run_warmup, first, steps)
+        model.max_batch_size = size
+        log.info(
+            "warmup of what a first request needs done in %.2f s: batches of one row at %s, %d step(s); "
+            "%d larger batch(es) up to %d rows after ready, while no request is in flight",
+            seconds,
+            "every size" if len(first) > 1 else "one size",
+            steps,
+            len(self._warm_later),
+            size,
+        )
+        return seconds
+
+    async def _warm_rest(self, model: ServableModel, passes: list[WarmupPass]) -> None:
+        """After readiness, in a daemon thread: the rest of the warmup, each pass once no request has
+        been in flight for ``WARMUP_QUIET_SECONDS``, then the service-time calibration (the same wait
+        first). Stops at the drain; a pass the model refuses is logged, and ends it."""
+        plane = self.plane
+
+        def gate() -> None:
+            wait_quiet(lambda: plane.in_flight > 0, lambda: plane.closing)
+
+        def rest() -> float:
+            seconds = run_warmup(passes, self.cfg.warmup.steps, gate)
+            gate()
+            calibrate_model(model, self.cfg.batching.max_batch_size, self.metrics.service_time)
+            return seconds
+
+        try:
+            seconds = await in_daemon_thread(rest)
+        except WarmupStopped:
+            log.info("background warmup stopped: the runtime is shutting down")
+        except Exception as exc:
+            log.warning("background warmup stopped: %s: %s", type(exc).__name__, exc)
+        else:
+            log.info("background warmup done: %d batch(es) in %.1f s, waits included", len(passes), seconds)
+        finally:
+            self._warm_later = []
 
     def apply_batching(self, batching: BatchingConfig) -> None:
         """Apply a changed ``batching`` section (the config watcher's callback); while the model loads,

@@ -40,6 +40,7 @@ from kubeinfer.runtime.config import (
     Overflow,
     Quantization,
     Task,
+    WarmupBeforeReady,
 )
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
@@ -357,10 +358,18 @@ class BatchingSpec(_Spec):
 
 
 class WarmupSpec(_Spec):
-    """Warmup before readiness: every batch-size bucket up to maxBatchSize, ``steps`` times."""
+    """Warmup: every batch-size bucket up to maxBatchSize, ``steps`` times (before Ready: ``beforeReady``)."""
 
     enabled: bool = True
     steps: int = Field(default=1, ge=1, le=100)
+    before_ready: WarmupBeforeReady | None = Field(
+        default=None,
+        description="What warms up before the replica turns Ready. first (unset): the batches of one row "
+        "(every sequence length, or every warmup.dims size), what a first request needs; the larger "
+        "batches warm up after, in the background, while no request is in flight (a replica woken from "
+        "zero answers sooner). all: every batch-size bucket before Ready (a request never meets a cold "
+        "batch size).",
+    )
     dims: list[Annotated[int, Field(ge=1, le=65536)]] | None = Field(
         default=None,
         min_length=1,

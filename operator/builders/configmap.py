@@ -38,6 +38,17 @@ def _gate(gate: api.GateSpec) -> GateConfig:
     return GateConfig(min_cosine=gate.min_cosine, min_agreement=gate.min_agreement, texts_path=path)
 
 
+def _warmup_given(warmup: api.WarmupSpec) -> dict[str, Any]:
+    """The warmup settings set only when given (the sizes, what warms up before readiness): left unset,
+    runtime.yaml reads as it did before they existed."""
+    given: dict[str, Any] = {}
+    if warmup.dims is not None:
+        given["dims"] = list(warmup.dims)
+    if warmup.before_ready is not None:
+        given["before_ready"] = warmup.before_ready
+    return given
+
+
 def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
     """Render the spec into the runtime's :class:`~kubeinfer.runtime.config.RuntimeConfig`.
 
@@ -99,8 +110,7 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         warmup=WarmupConfig(
             enabled=spec.warmup.enabled,
             steps=spec.warmup.steps,
-            # set only when given: left unset, runtime.yaml reads as it did before the sizes existed
-            **({} if spec.warmup.dims is None else {"dims": list(spec.warmup.dims)}),
+            **_warmup_given(spec.warmup),
         ),
         server=ServerConfig(
             host="0.0.0.0",

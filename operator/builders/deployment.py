@@ -31,8 +31,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 #: Size of the memory-backed /dev/shm (torch DataLoader / tokenizer workers use shared memory).
 SHM_SIZE = "1Gi"
-#: Startup-probe period, seconds.
-STARTUP_PERIOD_SECONDS = 5
+#: Startup-probe period, seconds: the readiness a replica reaches waits for the next probe, so a period
+#: of 1 s adds at most 1 s to a cold start (5 s added 2.5 s on average to a replica woken from zero).
+#: The kubelet runs the readinessProbe as soon as the startupProbe succeeds.
+STARTUP_PERIOD_SECONDS = 1
 #: Seconds to allow for model load before warmup: bundled model vs. a model from a path/PVC.
 LOAD_BUDGET_SECONDS = {"default": 120, "other": 600}
 #: Seconds of warmup allowed per warmup step (every batch-size bucket once).

@@ -25,7 +25,7 @@ from kubeinfer.operator.builders.endpointslice import (
     ready_addresses,
     slice_grpc_port,
 )
-from kubeinfer.operator.reconcile import backoff, diagnosis, events, report
+from kubeinfer.operator.reconcile import backoff, coldstart, diagnosis, events, report
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.grpcports import GrpcPorts
@@ -46,6 +46,7 @@ from kubeinfer.operator.status import (
 )
 
 from kubeinfer.contract.activator import ACTIVATOR_GRPC_PORT
+from kubeinfer.contract.activator import ISVC_LABEL
 
 logger = logging.getLogger(__name__)
 
@@ -498,6 +499,31 @@ class Reconciler:
             self._events[key] = found  # the watch may not show our patch yet
             for type_, reason, message in found:
                 self._event_later(body, reason, message, type_)
+        before = written.before.get("conditions") or []
+        if coldstart.cold_start_due(before, written.patch["conditions"], body):
+            task = asyncio.get_running_loop().create_task(self._cold_start_event(body))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _cold_start_event(self, body: Mapping[str, Any]) -> None:
+        """Post the ``ColdStart`` Event of a woken service's first Ready replica (:mod:`.coldstart`): its
+        pods listed once, the first Ready one since the scale to zero read. Best effort: an API error is
+        logged."""
+        namespace, name = object_key(body)
+        try:
+            pods = await self.kube.list(k8s.POD.path(namespace), label_selector=f"{ISVC_LABEL}={name}")
+        except k8s.KubeError as exc:
+            logger.warning("cold start of %s/%s: listing its pods failed: %s", namespace, name, exc)
+            return
+        since = (body.get("status") or {}).get("scaledToZeroAt")
+        pod = coldstart.first_ready(pods, since if isinstance(since, str) else None)
+        stages = coldstart.pod_stages(pod, coldstart.woken_demand(body)) if pod is not None else None
+        if stages is None:
+            return
+        logger.info("reconcile %s/%s: %s", namespace, name, stages.message())
+        await self.kube.record_event(
+            api.object_reference(body), reason=conditions.COLD_START, message=stages.message()
+        )
 
     async def _write_api_error(self, body: Mapping[str, Any], failures: int, error: str) -> None:
         """Write ``Ready=False ApiServerError`` when :func:`backoff.api_error_state` says so (best

@@ -5,7 +5,9 @@ Life cycle, as the server drives it:
 1. ``load_model(cfg)`` (``kubeinfer.runtime.models``) builds a model once per process: weights
    loaded, quantized, compared with the unquantized model (see ``report()``).
 2. ``warmup(max_batch_size, steps)`` runs every batch-size bucket (1, 2, 4, ..., max) times the
-   model's sequence-length buckets before readiness; returns the seconds it took.
+   model's sequence-length buckets; returns the seconds it took. The server splits it
+   (``warmup_passes``, ``first_request_passes``): the passes of one row before readiness (what a first
+   request needs), the others after, in the background, while no request is in flight.
 3. Per request, on the event loop: ``validate(inputs)`` checks names, datatypes, shapes and limits
    and returns the request's row count, or raises ``InputError`` (``kubeinfer.runtime.errors``: HTTP 400
    or 413).
@@ -24,14 +26,17 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from kubeinfer.runtime.config import LimitsConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, NUMPY_TO_DATATYPE
 from kubeinfer.runtime.errors import InputError
+from kubeinfer.runtime.startup import GRAPH_CACHE_NONE
 
 # Keys of ``ServableModel.report()``; the server exports them as Prometheus gauges.
 #: Mean cosine similarity (ratio, -1..1) of the served model's embeddings to the unquantized ones.
@@ -98,6 +103,41 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return buckets
 
 
+@dataclass(frozen=True)
+class WarmupPass:
+    """One batch of a model's warmup: ``rows`` rows of ``size`` (a text model's sequence length in tokens,
+    a tensor model's variable dimensions; ``None``: it has none), and ``run``, which runs it once (raising
+    what the model raises, or a ``ValueError`` that names the setting to change)."""
+
+    rows: int
+    size: int | None
+    run: Callable[[], object]
+
+
+def first_request_passes(passes: Sequence[WarmupPass]) -> tuple[list[WarmupPass], list[WarmupPass]]:
+    """Split a warmup into what a first request needs and the rest: the passes of one row (every size:
+    a first request may be of any length, and every size of ``warmup.dims`` is checked before
+    readiness), then the others, cheapest (rows x size) first. Returns ``(first, rest)``."""
+    first = [p for p in passes if p.rows == 1]
+    rest = sorted((p for p in passes if p.rows != 1), key=lambda p: (p.rows * (p.size or 1), p.rows))
+    return first, rest
+
+
+def run_warmup(
+    passes: Sequence[WarmupPass], steps: int, before_each: Callable[[], None] | None = None
+) -> float:
+    """Run each pass ``steps`` times, in order, calling ``before_each()`` before each pass (the
+    background warmup waits there for the model to be idle; it may raise to stop). Returns the seconds
+    it took (the waits included)."""
+    started = time.perf_counter()
+    for warm in passes:
+        if before_each is not None:
+            before_each()
+        for _ in range(steps):
+            warm.run()
+    return time.perf_counter() - started
+
+
 class ServableModel(ABC):
     """A loaded model the runtime serves.
 
@@ -130,6 +170,9 @@ class ServableModel(ABC):
     #: Rows ``validate`` let through to be split into windows (``overflow: chunk``: an embedder, a tagger),
     #: counted since load (kubeinfer_chunked_rows_total).
     chunked_rows: int = 0
+    #: Whether the engine's compiled graphs came from the graph cache at load: ``hit``, ``miss`` or
+    #: ``none`` (``kubeinfer.runtime.startup``: the cold-start metric's ``graph_cache`` label).
+    graph_cache: str = GRAPH_CACHE_NONE
 
     @functools.cached_property
     def column_inputs(self) -> frozenset[str]:
@@ -272,6 +315,12 @@ class ServableModel(ABC):
     def warmup(self, max_batch_size: int, steps: int) -> float:
         """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` (always included) times the sequence
         length buckets, ``steps`` times each; set ``self.max_batch_size``; return seconds taken."""
+
+    def warmup_passes(self, max_batch_size: int) -> list[WarmupPass]:
+        """The batches ``warmup`` runs (every batch-size bucket up to ``max_batch_size`` at each size), one
+        ``WarmupPass`` each, for the server to split (``first_request_passes``). A model that does not
+        list them raises ``NotImplementedError``: the server then runs ``warmup`` whole before readiness."""
+        raise NotImplementedError(f"model '{self.name}' does not list its warmup passes")
 
     @abstractmethod
     def report(self) -> dict[str, float]:

@@ -62,6 +62,7 @@ export, under a name with a hash of the calibration texts and the truncation len
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -76,6 +77,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 from kubeinfer.runtime.models.onnx import PLATFORM, session_options
+from kubeinfer.runtime.startup import GRAPH_CACHE_HIT, GRAPH_CACHE_MISS
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -263,6 +265,12 @@ def _make(path: Path, make: Callable[[], object]) -> None:
         ) from exc
 
 
+def export_path(model_dir: Path, kind: GraphKind = EMBEDDING) -> Path:
+    """Where the fp32 graph of ``kind`` exported from ``model_dir`` is cached (``cache_dir``, named by
+    ``export_key``)."""
+    return cache_dir(model_dir) / f"{model_dir.name or 'model'}-{export_key(model_dir, kind.version)}.onnx"
+
+
 def onnx_session(
     model: Any, model_dir: Path, kind: GraphKind = EMBEDDING
 ) -> tuple[ort.InferenceSession, Path, bool]:
@@ -270,7 +278,7 @@ def onnx_session(
     the CPU, fp32), exporting it first unless the cache has it. Returns the session, the file and
     whether it was exported now."""
     names = tuple(n for n in INPUTS if n in model._forward_args)
-    path = cache_dir(model_dir) / f"{model_dir.name or 'model'}-{export_key(model_dir, kind.version)}.onnx"
+    path = export_path(model_dir, kind)
 
     def export() -> None:
         texts = ["kubeinfer exports this sentence", "and this one"]
@@ -392,27 +400,47 @@ def quantize_int8_static(path: Path, batches: Iterable[dict[str, np.ndarray]], k
     return target
 
 
+def served_path(
+    model: Any,
+    model_dir: Path,
+    quantization: str,
+    kind: GraphKind = EMBEDDING,
+    calibration: Sequence[str] = (),
+) -> Path:
+    """Where the graph ``use_onnxruntime`` serves for ``quantization`` is cached: the fp32 export
+    (``export_path``), or its int8-dynamic or int8-static graph (calibrated on ``calibration``, truncated
+    at ``model.truncate_at``)."""
+    fp32 = export_path(model_dir, kind)
+    if quantization == "int8-dynamic":
+        return int8_dynamic_path(fp32)
+    if quantization == "int8-static":
+        return int8_static_path(fp32, calibration_key(calibration, model.truncate_at))
+    return fp32
+
+
 def use_onnxruntime(
     model: Any,
     model_dir: Path,
     quantization: str = "none",
     kind: GraphKind = EMBEDDING,
     calibration: Sequence[str] = (),
-) -> None:
+) -> Path:
     """Switch ``model`` (a ``huggingface.TextModel`` on the CPU, fp32) to the ONNX Runtime engine: its
     exported graph of ``kind`` (exported now unless the cache has it), quantized as ``quantization``
     says (``int8-dynamic``; ``int8-static`` calibrated on the texts ``calibration``). Afterwards
-    ``model.session`` runs the forward pass (``run_graph``); the caller compares the switched model
-    with the torch one.
+    ``model.session`` runs the forward pass (``run_graph``) and ``model.graph_cache`` says whether the
+    served graph came from the cache (``hit``) or was made now (``miss``); the caller compares the
+    switched model with the torch one. Returns the served graph's file.
 
     Raises:
         QuantizationError: int8-static without calibration texts.
     """
     t0 = time.perf_counter()
-    session, path, exported = onnx_session(model, model_dir, kind)
+    session, path, made = onnx_session(model, model_dir, kind)
+    quantized = False
     if quantization == "int8-dynamic":
         fp32, path = path, int8_dynamic_path(path)
-        session, _ = _cached_session(path, lambda: quantize_int8_dynamic(fp32))
+        session, quantized = _cached_session(path, lambda: quantize_int8_dynamic(fp32))
     elif quantization == "int8-static":
         fp32, key = path, calibration_key(calibration, model.truncate_at)
         path = int8_static_path(fp32, key)
@@ -423,16 +451,114 @@ def use_onnxruntime(
             )
             return quantize_int8_static(fp32, batches, key)
 
-        session, _ = _cached_session(path, calibrated)
+        session, quantized = _cached_session(path, calibrated)
+    made = made or quantized
     model.session = session
     model.platform = PLATFORM
     model.engine = "onnxruntime"
+    model.graph_cache = GRAPH_CACHE_MISS if made else GRAPH_CACHE_HIT
     log.info(
         "engine onnxruntime: %s %s in %.2f s",
-        "exported to" if exported else "the cached export",
+        "made" if made else "the cached graph",
         path,
         time.perf_counter() - t0,
     )
+    return path
+
+
+#: Part of the key of a cached comparison: a change to what is compared, or how, compares again.
+COMPARISON_VERSION = "heldout-cosine-retrieval-v1"
+
+
+def cpu_flags(cpuinfo: str | None = None) -> str:
+    """The CPU's instruction-set flags (the first ``flags`` line of ``/proc/cpuinfo``, or of the text
+    ``cpuinfo``), sorted; ``""`` where there is none. ONNX Runtime picks its int8 kernels by them (AVX2,
+    AVX-512 VNNI, AMX), and their results may differ in the last bits."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            return " ".join(sorted(value.split()))
+    return ""
+
+
+def comparison_path(graph: Path, texts: Sequence[str], flags: str | None = None) -> Path:
+    """Where the comparison of the graph at ``graph`` with the torch fp32 model on ``texts`` is kept:
+    beside it, named by a hash of the texts, onnxruntime's version, the CPU's flags (``cpu_flags``, or
+    ``flags``) and ``COMPARISON_VERSION``. The graph's own name already hashes the model, torch's and
+    transformers' versions and the recipe."""
+    digest = hashlib.sha256(f"{COMPARISON_VERSION}\n{ort.__version__}\n".encode())
+    digest.update((cpu_flags() if flags is None else flags).encode())
+    digest.update(("\n" + "\n".join(texts)).encode("utf-8"))
+    return graph.with_name(f"{graph.stem}.compare-{digest.hexdigest()[:12]}.json")
+
+
+def read_comparison(path: Path, keys: Sequence[str]) -> dict[str, float] | None:
+    """The figures kept at ``path`` (``write_comparison``): every name of ``keys``, as floats; ``None``
+    when the file is not there, or does not hold them all (one line logged)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {k: float(data[k]) for k in keys}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning(
+            "the cached comparison %s does not read (%s: %s); comparing again", path, type(exc).__name__, exc
+        )
+        return None
+
+
+def write_comparison(path: Path, figures: dict[str, float]) -> None:
+    """Keep ``figures`` at ``path`` (under a temporary name, then renamed). Best effort: a cache that
+    cannot be written costs the next pod the comparison, not this one its start (one line logged)."""
+    partial = partial_path(path)
+    try:
+        partial.write_text(json.dumps(figures, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(partial, path)
+    except OSError as exc:
+        log.warning("cannot keep the comparison in %s (%s); the next start compares again", path, exc)
+        partial.unlink(missing_ok=True)
+
+
+def use_cached_onnxruntime(
+    model: Any, model_dir: Path, quantization: str, texts: Sequence[str], keys: Sequence[str]
+) -> dict[str, float] | None:
+    """Switch ``model`` (a ``huggingface.TextModel`` built without its torch module) to its served graph
+    (``served_path``) when the cache holds both the graph and its comparison with the torch model on
+    ``texts`` (``comparison_path``, figures ``keys``): then the torch model is neither loaded nor run.
+    Sets what ``use_onnxruntime`` sets, and the model's inputs to the graph's. Returns the figures, or
+    ``None`` when the cache lacks either (or the graph does not load): the caller loads the torch model
+    and ``use_onnxruntime``. Not for int8-static (its graph's name needs the calibration texts)."""
+    t0 = time.perf_counter()
+    path = served_path(model, model_dir, quantization)
+    if not path.is_file():
+        return None
+    figures = read_comparison(comparison_path(path, texts), keys)
+    if figures is None:
+        return None
+    try:
+        session = _cpu_session(path)
+    except Exception as exc:
+        log.warning(
+            "the cached graph %s does not load (%s); loading the torch model to make it again", path, exc
+        )
+        return None
+    model.session = session
+    model.platform = PLATFORM
+    model.engine = "onnxruntime"
+    model.graph_cache = GRAPH_CACHE_HIT
+    model._forward_args = {i.name for i in session.get_inputs()}
+    log.info(
+        "engine onnxruntime: the cached graph %s and its comparison with the torch model in %.2f s "
+        "(the torch model not loaded)",
+        path,
+        time.perf_counter() - t0,
+    )
+    return figures
 
 
 def run_graph(session: ort.InferenceSession, output: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -192,6 +192,7 @@ def head_logits(model: TextModel, prepared: TokenizedBatch) -> torch.Tensor:
         from kubeinfer.runtime.models.hf_onnx import LOGITS, run_graph
 
         return run_graph(model.session, LOGITS, prepared.tensors)
+    assert model.module is not None  # engine torch keeps its module
     with torch.inference_mode():
         out: torch.Tensor = model.module(**model._inputs_on_device(prepared)).logits
         return out.to("cpu", dtype=torch.float32)

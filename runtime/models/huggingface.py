@@ -41,7 +41,9 @@ from kubeinfer.runtime.models.base import (
     REPORT_WARMUP_SECONDS,
     TOKEN_COUNTS,
     ServableModel,
+    WarmupPass,
     batch_buckets,
+    run_warmup,
 )
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
 from kubeinfer.runtime.models.quantize import (
@@ -172,7 +174,7 @@ class TextModel(ServableModel):
         self,
         *,
         name: str,
-        module: nn.Module,
+        module: nn.Module | None,
         tokenizer: Any,
         device: torch.device,
         cfg: RuntimeConfig,
@@ -209,7 +211,9 @@ class TextModel(ServableModel):
         self.text_inputs = tuple(text_inputs)
         self.inputs = [TensorConfig(name=n, datatype="BYTES", shape=[-1]) for n in self.text_inputs]
         self.outputs: list[TensorConfig] = []
-        self._forward_args = _forward_arg_names(module)
+        #: The token tensors the model takes (its forward's arguments; without the torch module, every
+        #: one until the engine says: ``hf_onnx.use_cached_onnxruntime``).
+        self._forward_args = set(TOKEN_TENSORS) if module is None else _forward_arg_names(module)
         #: The engine: ``torch`` (``module``), or ``onnxruntime`` (``session``, its exported graph:
         #: ``hf_onnx.use_onnxruntime``).
         self.engine = "torch"
@@ -449,19 +453,32 @@ class TextModel(ServableModel):
             return self.tokenize([query] * rows, [text] * rows)
         return self.tokenize([" ".join(["a"] * (length - 2))] * rows)
 
+    def warmup_passes(self, max_batch_size: int) -> list[WarmupPass]:
+        """Every batch-size bucket (1, 2, 4, ..., max) x sequence bucket, in that order; each pass
+        tokenizes its batch on its first run."""
+
+        def warm(rows: int, length: int) -> WarmupPass:
+            prepared: TokenizedBatch | None = None
+
+            def run() -> object:
+                nonlocal prepared
+                if prepared is None:
+                    prepared = self._warmup_batch(rows, length)
+                return self.execute(prepared)
+
+            return WarmupPass(rows, length, run)
+
+        lengths = self.sequence_buckets()
+        return [warm(rows, length) for rows in batch_buckets(max_batch_size) for length in lengths]
+
     def warmup(self, max_batch_size: int, steps: int) -> float:
-        """Run every batch-size bucket (1, 2, 4, ..., max) x sequence bucket ``steps`` times.
+        """Run every batch-size bucket (1, 2, 4, ..., max) x sequence bucket ``steps`` times
+        (``warmup_passes``).
 
         Returns seconds taken; sets ``max_batch_size``.
         """
-        started = time.perf_counter()
-        for rows in batch_buckets(max_batch_size):
-            for length in self.sequence_buckets():
-                prepared = self._warmup_batch(rows, length)
-                for _ in range(steps):
-                    self.execute(prepared)
+        seconds = run_warmup(self.warmup_passes(max_batch_size), steps)
         self.max_batch_size = max_batch_size
-        seconds = time.perf_counter() - started
         self._report[REPORT_WARMUP_SECONDS] = seconds
         log.info(
             "warmup of %s: batch sizes up to %d x sequence lengths %s, %d step(s), %.2f s",
@@ -495,7 +512,7 @@ class TextEmbeddingModel(TextModel):
         self,
         *,
         name: str,
-        module: nn.Module,
+        module: nn.Module | None,
         tokenizer: Any,
         device: torch.device,
         cfg: RuntimeConfig,
@@ -596,6 +613,7 @@ class TextEmbeddingModel(TextModel):
             from kubeinfer.runtime.models.hf_onnx import OUTPUT, run_graph
 
             return run_graph(self.session, OUTPUT, prepared.tensors)
+        assert self.module is not None  # engine torch keeps its module
         inputs = self._inputs_on_device(prepared)
         hidden = self.module(**inputs).last_hidden_state.float()  # pool in fp32 (fp16/bf16 models too)
         mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -672,11 +690,15 @@ def _fast_batch_encoder(tokenizer: Any, max_length: int, strategy: str = "longes
     return encoder
 
 
+#: The token tensors a text model may take, in the encoders' order.
+TOKEN_TENSORS = ("input_ids", "attention_mask", "token_type_ids")
+
+
 def _forward_arg_names(module: nn.Module) -> set[str]:
     import inspect
 
     params = inspect.signature(module.forward).parameters
-    return {n for n in ("input_ids", "attention_mask", "token_type_ids") if n in params}
+    return {n for n in TOKEN_TENSORS if n in params}
 
 
 def _bytes_array(items: Sequence[bytes]) -> np.ndarray:
@@ -778,6 +800,7 @@ def _quantized(model: TextModel, qcfg: QuantizationConfig, device: torch.device)
             runner.module = prepared_module
             runner.run_texts(samples, batch_size=32)
 
+    assert model.module is not None  # quantized on engine torch, which keeps its module
     with torch.inference_mode():
         quantized: nn.Module = quantize_module(
             model.module, qcfg.mode, device=device, skip_modules=qcfg.skip_modules, calibrate=calibrate
@@ -805,6 +828,54 @@ def _check_onnxruntime(qcfg: QuantizationConfig, device: torch.device) -> None:
         )
 
 
+#: The figures of an embedder's comparison with its torch fp32 model (``report()`` keys), cached with an
+#: ONNX Runtime graph (``hf_onnx.comparison_path``).
+COMPARISON_FIGURES = (REPORT_COSINE_MEAN, REPORT_RETRIEVAL_AGREEMENT, REPORT_RETRIEVAL_AGREEMENT_ALL)
+
+
+def _switch_and_compare(
+    model: TextEmbeddingModel,
+    path: Path,
+    engine: str,
+    qcfg: QuantizationConfig,
+    sentences: Sequence[str],
+    *,
+    known: bool,
+) -> tuple[dict[str, float], float]:
+    """Quantize ``model`` (loaded fp32 from ``path``) as ``qcfg`` says, on ``engine`` torch or onnxruntime,
+    comparing it with the fp32 model on ``sentences`` (``known``: the held-out sentences, whose paraphrases
+    are the retrieval queries; else every text is a query). Returns the ``COMPARISON_FIGURES`` and the
+    seconds the comparison took; on onnxruntime the figures are kept beside the served graph for the next
+    start."""
+    compare_seconds = 0.0
+    reference: np.ndarray | None = None
+    if qcfg.mode != "none" or engine == "onnxruntime":  # compared with the torch fp32 model
+        t0 = time.perf_counter()
+        reference = model.embed_texts(sentences)
+        compare_seconds += time.perf_counter() - t0
+    served_graph: Path | None = None
+    if engine == "onnxruntime":  # the fp32 module is exported; the engine quantizes its graph
+        from kubeinfer.runtime.models.hf_onnx import use_onnxruntime
+
+        served_graph = use_onnxruntime(model, path, qcfg.mode, calibration=calibration_texts(qcfg))
+    else:
+        model.module = _quantized(model, qcfg, model.torch_device)
+    if reference is None:
+        return dict.fromkeys(COMPARISON_FIGURES, 1.0), compare_seconds
+    t0 = time.perf_counter()
+    served = model.embed_texts(sentences)
+    # the user's texts have no known paraphrases: each of them is a query
+    cosine, agreement = compare_embeddings(reference, served, heldout_queries(sentences) if known else None)
+    _, agreement_all = compare_embeddings(reference, served)
+    compare_seconds += time.perf_counter() - t0
+    figures = dict(zip(COMPARISON_FIGURES, (cosine, agreement, agreement_all), strict=True))
+    if served_graph is not None:
+        from kubeinfer.runtime.models.hf_onnx import comparison_path, write_comparison
+
+        write_comparison(comparison_path(served_graph, sentences), figures)
+    return figures, compare_seconds
+
+
 def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     """Load a Hugging Face encoder as a ``TextEmbeddingModel``, quantize it, compare it with fp32
     (``model.task`` text-embedding; the other tasks load in ``hf_tasks``).
@@ -815,6 +886,10 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
     Retrieval: each sentence that has a paraphrase in the set is a query; its nearest neighbour
     among all other held-out sentences (cosine) under the served model must be the one under fp32.
     The same over every sentence as a query is ``REPORT_RETRIEVAL_AGREEMENT_ALL``.
+
+    On engine onnxruntime the figures are kept beside the served graph (``hf_onnx.comparison_path``): a
+    start that finds both in the graph cache (``none``, ``int8-dynamic``) neither imports, loads nor runs
+    the torch model (``hf_onnx.use_cached_onnxruntime``), and the quality gate judges the kept figures.
 
     Raises:
         FileNotFoundError: no model directory / calibration file.
@@ -834,47 +909,41 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
 
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    module = transformers.AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
-    module = module.eval().to(device)
-    model = TextEmbeddingModel(
-        name=cfg.model.name,
-        module=module,
-        tokenizer=tokenizer,
-        device=device,
-        cfg=cfg,
-        dim=int(module.config.hidden_size),
-    )
-
-    report: dict[str, float] = {}
-    compare_seconds = 0.0
-    reference: np.ndarray | None = None
     sentences = heldout_sentences() if (texts := gate_texts(qcfg)) is None else texts
     engine = cfg.model.engine or "torch"
     if engine == "onnxruntime":
         _check_onnxruntime(qcfg, device)
-    if qcfg.mode != "none" or engine == "onnxruntime":  # compared with the torch fp32 model
-        t0 = time.perf_counter()
-        reference = model.embed_texts(sentences)
-        compare_seconds += time.perf_counter() - t0
+    model: TextEmbeddingModel | None = None
+    figures: dict[str, float] | None = None
+    if engine == "onnxruntime" and qcfg.mode != "int8-static":
+        # the graph and its comparison cached: the torch model is neither imported, loaded nor run
+        from kubeinfer.runtime.models.hf_onnx import use_cached_onnxruntime
 
-    if engine == "onnxruntime":  # the fp32 module is exported; the engine quantizes its graph
-        from kubeinfer.runtime.models.hf_onnx import use_onnxruntime
-
-        use_onnxruntime(model, path, qcfg.mode, calibration=calibration_texts(qcfg))
-    else:
-        model.module = _quantized(model, qcfg, device)
-
-    if reference is not None:
-        t0 = time.perf_counter()
-        served = model.embed_texts(sentences)
-        # the user's texts have no known paraphrases: each of them is a query
-        cosine, agreement = compare_embeddings(
-            reference, served, heldout_queries(sentences) if texts is None else None
+        hidden = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True).hidden_size
+        lean = TextEmbeddingModel(
+            name=cfg.model.name, module=None, tokenizer=tokenizer, device=device, cfg=cfg, dim=int(hidden)
         )
-        _, agreement_all = compare_embeddings(reference, served)
-        compare_seconds += time.perf_counter() - t0
-    else:
-        cosine, agreement, agreement_all = 1.0, 1.0, 1.0
+        figures = use_cached_onnxruntime(lean, path, qcfg.mode, sentences, COMPARISON_FIGURES)
+        model = lean if figures is not None else None
+    compare_seconds = 0.0
+    if model is None or figures is None:
+        module = transformers.AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
+        module = module.eval().to(device)
+        model = TextEmbeddingModel(
+            name=cfg.model.name,
+            module=module,
+            tokenizer=tokenizer,
+            device=device,
+            cfg=cfg,
+            dim=int(module.config.hidden_size),
+        )
+        figures, compare_seconds = _switch_and_compare(
+            model, path, engine, qcfg, sentences, known=texts is None
+        )
+    cosine = figures[REPORT_COSINE_MEAN]
+    agreement = figures[REPORT_RETRIEVAL_AGREEMENT]
+    agreement_all = figures[REPORT_RETRIEVAL_AGREEMENT_ALL]
+    report: dict[str, float] = dict(figures)
     if engine == "onnxruntime" and qcfg.mode == "none":
         from kubeinfer.runtime.models.hf_onnx import check_export
 
@@ -887,9 +956,6 @@ def load_huggingface(cfg: RuntimeConfig) -> TextEmbeddingModel:
         HELDOUT_SENTENCES if texts is None else GATE_TEXTS,
         measured=reference is not None,
     )
-    report[REPORT_COSINE_MEAN] = cosine
-    report[REPORT_RETRIEVAL_AGREEMENT] = agreement
-    report[REPORT_RETRIEVAL_AGREEMENT_ALL] = agreement_all
     report[REPORT_COMPARE_SECONDS] = compare_seconds
     report[REPORT_LOAD_SECONDS] = time.perf_counter() - started
     model._report.update(report)

@@ -15,14 +15,20 @@ own tensors) and ``execute``.
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from kubeinfer.runtime.config import TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES
-from kubeinfer.runtime.models.base import REPORT_WARMUP_SECONDS, ServableModel, batch_buckets
+from kubeinfer.runtime.models.base import (
+    REPORT_WARMUP_SECONDS,
+    ServableModel,
+    WarmupPass,
+    batch_buckets,
+    run_warmup,
+)
 
 #: Size of a variable (-1) non-batch dimension in warmup and example inputs.
 EXAMPLE_DIM = 8
@@ -142,40 +148,45 @@ class TensorModel(ServableModel):
         """Seeded random inputs of ``rows`` rows (``random_inputs``)."""
         return random_inputs(self.inputs, rows, seed)
 
+    def warmup_passes(self, max_batch_size: int) -> list[WarmupPass]:
+        """Batch sizes 1, 2, 4, ..., ``max_batch_size`` at each size of ``warmup_dims`` of the variable
+        non-batch dimensions (once when there is none), in that order. A pass the model refuses raises
+        ``ValueError`` naming ``warmup.dims``, the size and the input shapes (the engine's error is its
+        cause): a size its variable dimensions cannot take (a fixed or bounded dimension the model
+        declares dynamic, two that must agree)."""
+        variable = any(d == -1 for spec in self.inputs for d in spec.shape[1:])
+        return [
+            WarmupPass(rows, dim if variable else None, functools.partial(self._warm, rows, dim, variable))
+            for dim in (self.warmup_dims if variable else self.warmup_dims[:1])
+            for rows in batch_buckets(max_batch_size)
+        ]
+
+    def _warm(self, rows: int, dim: int, variable: bool) -> object:
+        inputs = random_inputs(self.inputs, rows, dim=dim)
+        try:
+            return self.execute(self.preprocess([inputs]))
+        except Exception as exc:
+            shapes = ", ".join(f"'{n}' {list(a.shape)}" for n, a in inputs.items())
+            hint = (
+                f"; if the model cannot take {dim} there, set warmup.dims to sizes every variable "
+                "(-1) dimension of the inputs can take (or fix the dimension in model.inputs)"
+                if variable
+                else ""
+            )
+            raise ValueError(
+                f"{f'warmup.dims size {dim}' if variable else 'warmup'}: the model refuses a warmup "
+                f"batch of {rows} row(s) with inputs {shapes}: {type(exc).__name__}: "
+                f"{str(exc).strip()[:500]}{hint}"
+            ) from exc
+
     def warmup(self, max_batch_size: int, steps: int) -> float:
-        """Run batch sizes 1, 2, 4, ..., ``max_batch_size`` ``steps`` times, at each size of
-        ``warmup_dims`` of the variable non-batch dimensions (once when there is none); return
-        seconds.
+        """Run ``warmup_passes`` ``steps`` times each; return seconds.
 
         Raises:
-            ValueError: the model refuses a warmup batch (a size its variable dimensions cannot take:
-                a fixed or bounded dimension the model declares dynamic, two that must agree), naming
-                ``warmup.dims``, the size and the input shapes; the engine's error is its cause.
+            ValueError: the model refuses a warmup batch (see ``warmup_passes``).
         """
-        started = time.perf_counter()
-        variable = any(d == -1 for spec in self.inputs for d in spec.shape[1:])
-        for dim in self.warmup_dims if variable else self.warmup_dims[:1]:
-            for rows in batch_buckets(max_batch_size):
-                inputs = random_inputs(self.inputs, rows, dim=dim)
-                try:
-                    prepared = self.preprocess([inputs])
-                    for _ in range(steps):
-                        self.execute(prepared)
-                except Exception as exc:
-                    shapes = ", ".join(f"'{n}' {list(a.shape)}" for n, a in inputs.items())
-                    hint = (
-                        f"; if the model cannot take {dim} there, set warmup.dims to sizes every variable "
-                        "(-1) dimension of the inputs can take (or fix the dimension in model.inputs)"
-                        if variable
-                        else ""
-                    )
-                    raise ValueError(
-                        f"{f'warmup.dims size {dim}' if variable else 'warmup'}: the model refuses a warmup "
-                        f"batch of {rows} row(s) with inputs {shapes}: {type(exc).__name__}: "
-                        f"{str(exc).strip()[:500]}{hint}"
-                    ) from exc
+        seconds = run_warmup(self.warmup_passes(max_batch_size), steps)
         self.max_batch_size = max_batch_size
-        seconds = time.perf_counter() - started
         self._report[REPORT_WARMUP_SECONDS] = seconds
         return seconds
 

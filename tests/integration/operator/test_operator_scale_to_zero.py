@@ -28,6 +28,7 @@ from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from kubeinfer.contract.activator import (
     DEMAND_ANNOTATION,
     ENDPOINTSLICE_MANAGED_BY,
+    ISVC_LABEL,
     demand_value,
     is_target_grpc_port,
 )
@@ -199,6 +200,46 @@ def test_a_demand_newer_than_the_scale_to_zero_brings_one_replica_back(
         message="Ready leaves ScaledToZero",
     )
     assert (waking["status"], waking["reason"]) == ("False", conditions.PROGRESSING)
+
+    # its first replica turns Ready: the ColdStart Event gives the pod's stages from the demand. No
+    # kubelet at this tier: the status the kubelet would write is written here, on the pod the
+    # Deployment made (the ReplicaSet controller counts it ready, the operator sees Serving turn true)
+    (pod,) = wait_until(
+        lambda: json.loads(
+            cluster.kubectl("get", "pods", "-n", ns, "-l", f"{ISVC_LABEL}={name}", "-o", "json").stdout
+        )["items"],
+        timeout=15,
+        message="the woken pod",
+    )
+    stamp = rfc3339.now()
+    kubelet_status = {
+        "phase": "Running",
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": stamp}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": "runtime",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "image": pod["spec"]["containers"][0]["image"],
+                "imageID": "",
+                "state": {"running": {"startedAt": stamp}},
+            }
+        ],
+    }
+    cluster.kubectl(
+        "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": kubelet_status}),
+    )  # fmt: skip
+    (cold,) = wait_until(
+        lambda: _events(cluster, ns, name, conditions.COLD_START), timeout=30, message="ColdStart Event"
+    )
+    assert cold["type"] == "Normal" and cold["message"].startswith("first replica Ready ")
+    assert f"(pod {pod['metadata']['name']}): pod created " in cold["message"], cold["message"]
+    assert "after the demand at" in cold["message"] and "container started" in cold["message"]
 
 
 def test_without_the_activator_min_replicas_zero_keeps_one_replica_and_says_why(

@@ -303,6 +303,7 @@ MEASURING = (
     "cache_bench",
     "hostile_bench",
     "token_budget",
+    "cold_start",
 )
 SIMULATIONS = ("autoscaler_sim",)  # adversary and frontier run through autoscaler_sim.run_per_trace
 

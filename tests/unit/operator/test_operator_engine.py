@@ -117,3 +117,19 @@ def test_warmup_dims_reach_the_runtime_and_the_startup_budget() -> None:
         pydantic.ValidationError, match=r"spec\.warmup\.dims applies to onnx, pt2 and torchscript"
     ):
         _isvc({"quantization": {"mode": "none"}, "warmup": {"dims": [16]}})
+
+
+def test_warmup_before_ready_reaches_the_runtime_and_unset_leaves_the_file_and_hash_as_they_were() -> None:
+    from kubeinfer.operator.builders.configmap import config_hash
+
+    def _text(isvc: api.InferenceService) -> str:
+        return str(build_configmap(isvc, 0.005)["data"]["runtime.yaml"])
+
+    plain = _isvc({})
+    first, every = (_isvc({"warmup": {"beforeReady": value}}) for value in ("first", "all"))
+    assert _runtime(plain).warmup.before_ready is None and "before_ready" not in _text(plain)
+    assert _runtime(every).warmup.before_ready == "all" and "before_ready: all" in _text(every)
+    # a setting is a pod-template change (the runtime reads it at start); unset keeps the old hash
+    assert len({config_hash(plain), config_hash(first), config_hash(every)}) == 3
+    with pytest.raises(pydantic.ValidationError, match="beforeReady"):
+        _isvc({"warmup": {"beforeReady": "some"}})

@@ -3,6 +3,7 @@ the torch model, served with the same tokenization, pooling, token counts and me
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from kubeinfer.runtime.dataplane import model_metadata_doc
 from kubeinfer.runtime.models import REPORT_COSINE_MEAN, REPORT_RETRIEVAL_AGREEMENT, hf_onnx, load_model
 from kubeinfer.runtime.models.base import TOKEN_COUNTS
 from kubeinfer.runtime.models.huggingface import read_calibration
-from kubeinfer.runtime.models.quantize import QuantizationError
+from kubeinfer.runtime.models.quantize import QuantizationBelowGate, QuantizationError
 
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 
@@ -228,3 +229,69 @@ def test_a_graph_that_cannot_be_written_is_refused_naming_the_file_and_the_cache
 
     with pytest.raises(ValueError, match=r"cannot write its graph .*m\.onnx .*KUBEINFER_CACHE_DIR"):
         hf_onnx._cached_session(tmp_path / "m.onnx", read_only)
+
+
+def test_a_start_that_finds_the_graph_and_its_comparison_cached_loads_no_torch_model(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+    from kubeinfer.runtime.models import REPORT_RETRIEVAL_AGREEMENT_ALL
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KUBEINFER_CACHE_DIR", str(cache))
+    model = {"name": "tiny", "source": str(tiny), "engine": "onnxruntime"}
+    cfg = tiny_hf_config(tiny, model=model, quantization={"mode": "int8-dynamic"})
+    first = load_model(cfg)
+    (kept,) = cache.glob("*.compare-*.json")
+    assert first.graph_cache == "miss" and kept.name.startswith(Path(first.session._model_path).stem)  # type: ignore[attr-defined]
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the torch model was loaded")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(transformers.AutoModel, "from_pretrained", refuse)
+        second = load_model(cfg)
+        assert second.graph_cache == "hit" and second.module is None  # type: ignore[attr-defined]
+        figures = (REPORT_COSINE_MEAN, REPORT_RETRIEVAL_AGREEMENT, REPORT_RETRIEVAL_AGREEMENT_ALL)
+        assert [second.report()[k] for k in figures] == [first.report()[k] for k in figures]
+        batch = [rows(TEXTS)]
+        want, got = first.execute(first.preprocess(batch)), second.execute(second.preprocess(batch))
+        np.testing.assert_array_equal(got["embedding"], want["embedding"])
+        np.testing.assert_array_equal(got[TOKEN_COUNTS], want[TOKEN_COUNTS])
+        assert model_metadata_doc(second) == model_metadata_doc(first)
+        # the quality gate judges the kept figures: a bar they do not reach refuses the cached start too
+        gated = tiny_hf_config(
+            tiny, model=model, quantization={"mode": "int8-dynamic", "gate": {"min_cosine": 1.0}}
+        )
+        with pytest.raises(QuantizationBelowGate, match="min_cosine"):
+            load_model(gated)
+        # other texts (a gate's own) are compared again: the torch model is needed
+        texts = tmp_path / "gate.txt"
+        texts.write_text("\n".join(f"gate text number {i}" for i in range(12)))
+        own = tiny_hf_config(
+            tiny, model=model, quantization={"mode": "int8-dynamic", "gate": {"texts_path": str(texts)}}
+        )
+        with pytest.raises(AssertionError, match="the torch model was loaded"):
+            load_model(own)
+    # a kept comparison that does not read is made again, and kept again
+    kept.write_text("{")
+    again = load_model(cfg)
+    assert again.module is not None and again.graph_cache == "hit"  # type: ignore[attr-defined]
+    assert again.report()[REPORT_COSINE_MEAN] == first.report()[REPORT_COSINE_MEAN]
+    assert json.loads(kept.read_text())[REPORT_COSINE_MEAN] == first.report()[REPORT_COSINE_MEAN]
+
+
+def test_a_comparison_is_kept_per_texts_onnxruntime_and_cpu(tmp_path: Path) -> None:
+    graph = tmp_path / "m-0123-int8dyn.onnx"
+    one = hf_onnx.comparison_path(graph, ["a", "b"], flags="avx2 fma")
+    assert one.parent == tmp_path and one.name.startswith("m-0123-int8dyn.compare-")
+    assert one == hf_onnx.comparison_path(graph, ["a", "b"], flags="avx2 fma")
+    assert one != hf_onnx.comparison_path(graph, ["a", "c"], flags="avx2 fma")
+    assert one != hf_onnx.comparison_path(graph, ["a", "b"], flags="avx2 avx512_vnni fma")
+    cpuinfo = "processor\t: 0\nflags\t\t: sse avx2 fma\nprocessor\t: 1\nflags\t\t: sse avx2 fma\n"
+    assert hf_onnx.cpu_flags(cpuinfo) == "avx2 fma sse" and hf_onnx.cpu_flags("") == ""
+    hf_onnx.write_comparison(one, {"x": 0.5, "y": 1.0})
+    assert hf_onnx.read_comparison(one, ["x", "y"]) == {"x": 0.5, "y": 1.0}
+    assert hf_onnx.read_comparison(one, ["x", "z"]) is None  # a figure missing: compared again
+    assert hf_onnx.read_comparison(tmp_path / "absent.json", ["x"]) is None
+    assert not list(tmp_path.glob("*.partial"))
