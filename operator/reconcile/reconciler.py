@@ -45,8 +45,7 @@ from kubeinfer.operator.status import (
     resource_version,
 )
 
-from kubeinfer.contract.activator import ACTIVATOR_GRPC_PORT
-from kubeinfer.contract.activator import ISVC_LABEL
+from kubeinfer.contract.activator import ACTIVATOR_GRPC_PORT, ISVC_LABEL
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from kubeinfer.activator import kubestate
 from kubeinfer.activator.cli import _KubePorts
 from kubeinfer.activator.gate import Gate
 from kubeinfer.activator.grpc_proxy import GrpcFront
-from kubeinfer.shared.hold import HoldLimits
 from kubeinfer.activator.kube import ISVCS, KINDS, SLICES, KubernetesTargets
 from kubeinfer.activator.targets import InMemoryTargets, TargetState
 from tritonclient.grpc import service_pb2
@@ -28,6 +27,7 @@ from kubeinfer.contract.activator import (
     SERVICE_NAME_LABEL,
     SLICE_MANAGED_BY_LABEL,
 )
+from kubeinfer.shared.hold import HoldLimits
 from tests.unit.activator.test_activator_kubestate import isvc
 
 
