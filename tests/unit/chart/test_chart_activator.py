@@ -297,3 +297,12 @@ def test_activator_service_account_of_the_user() -> None:
 def test_schema_refuses_bad_activator_values(arg: str) -> None:
     out = helm("template", "kubeinfer", str(CHART), "--set", arg, check=False)
     assert out.returncode != 0 and "activator" in out.stderr, out.stderr
+
+
+def test_no_pod_of_the_chart_gets_docker_link_variables() -> None:
+    """A Service named ``<release>-activator`` sets ``KUBEINFER_ACTIVATOR_PORT=tcp://IP:8080`` in every pod
+    of its namespace that takes service links, which the activator reads as its ``--port``: the chart's
+    pods take none."""
+    for docs in (render(), render("watchNamespaces={a}", namespace="infra")):
+        for dep in by_kind(docs, "Deployment"):
+            assert dep["spec"]["template"]["spec"]["enableServiceLinks"] is False, dep["metadata"]["name"]
