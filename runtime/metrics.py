@@ -9,7 +9,8 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   input time; the wait for the executor after it is queue time): queue and compute never overlap.
 - ``kubeinfer_compute_duration_seconds`` histogram: per batch, preprocess + execute wall time.
 - ``kubeinfer_batch_size`` histogram: rows per executed batch.
-- ``kubeinfer_requests_total{code}`` counter: infer responses by HTTP status code.
+- ``kubeinfer_requests_total{code}`` counter: infer responses by HTTP status code (``code="200"`` from the
+  start, at 0).
 - ``kubeinfer_queue_size`` gauge (requests waiting), ``kubeinfer_inflight_requests`` gauge (infer requests
   received and not yet answered).
 - ``kubeinfer_max_queue_delay_seconds``, ``kubeinfer_max_batch_size``, ``kubeinfer_max_queue_size`` gauges:
@@ -212,7 +213,9 @@ class RuntimeMetrics:
         self._requests = Counter(
             "kubeinfer_requests", "Infer responses by HTTP status code.", ["model", "code"], registry=r
         )
-        self._requests_by_code: dict[int, Any] = {}
+        # the 200 series exists from the start, at 0: a replica that has answered nothing yet shows a
+        # measured request rate of 0 (idle, so scale to zero can take it), not an absent one (unknown)
+        self._requests_by_code: dict[int, Any] = {200: self._requests.labels(model, "200")}
         self.queue_size = Gauge(
             "kubeinfer_queue_size", "Requests waiting in the queue.", labels, registry=r
         ).labels(model)

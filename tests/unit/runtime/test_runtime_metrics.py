@@ -10,6 +10,7 @@ import types
 import numpy as np
 import pytest
 from kubeinfer.runtime.metrics import DURATION_BUCKET_RATIO, DURATION_BUCKETS, BusyTracker, RuntimeMetrics
+from prometheus_client import generate_latest
 
 
 def histogram_quantile(q: float, bounds: list[float], cumulative: list[float]) -> float:
@@ -107,3 +108,10 @@ def test_cuda_device_uses_nvml_and_torch_reserved_memory(monkeypatch: pytest.Mon
     cpu = RuntimeMetrics("c")
     cpu.use_device("cpu")  # CPU: busy-time ratio, no accelerator memory series
     assert "kubeinfer_accelerator_memory_bytes{" not in cpu.exposition().decode()
+
+
+def test_the_success_count_is_exported_at_zero_before_any_request() -> None:
+    """The autoscaler reads ``sum(rate(kubeinfer_requests_total[w]))``: a replica that has answered nothing
+    must show 0 (idle: scale to zero may take it), not no series (MetricsMissing, forever)."""
+    text = generate_latest(RuntimeMetrics("m").registry).decode()
+    assert 'kubeinfer_requests_total{code="200",model="m"} 0.0' in text
