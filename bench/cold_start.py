@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -697,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench/cold_start.py runs a one-node cluster: it needs root", file=sys.stderr)
         return 2
+    # SIGTERM as Ctrl-C: the cleanups run (cluster, operator, activator), nothing is left behind
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     with quiet.quiet_run("cold_start", args, log=say) as quiet_run:
         bench = Bench(args)
         try:
