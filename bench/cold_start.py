@@ -4,9 +4,11 @@ one-node cluster, stage by stage, from the demand that wakes the service to its 
 
 What runs: the one-node cluster of ``hack/cluster.py`` (real kubelet and containerd, the runtime image
 already in containerd: nothing is pulled), the operator as a local process told that the activator is
-installed (``KUBEINFER_ACTIVATOR_ENABLED``), and one InferenceService: the bundled MiniLM, int8-dynamic on
-ONNX Runtime, ``autoscaling.minReplicas: 0``, a graph cache volume (``spec.server.graphCache``: a
-PersistentVolume on the node, hostPath) and the CPU of ``--cpu`` (the example's 500m by default).
+installed (``KUBEINFER_ACTIVATOR_ENABLED``; its Service, ``KUBEINFER_ACTIVATOR_SERVICE``, is a Service
+``activator`` of the bench's namespace whose EndpointSlice the bench writes), and one InferenceService:
+the bundled MiniLM, int8-dynamic on ONNX Runtime, ``autoscaling.minReplicas: 0``, a graph cache volume
+(``spec.server.graphCache``: a PersistentVolume on the node, hostPath) and the CPU of ``--cpu`` (the
+example's 500m by default).
 
 Each run takes the service to zero as the autoscaler does (``status.scaledToZeroAt``, then the scale
 subresource), waits until its pod is gone, then writes the demand annotation as the activator does for
@@ -18,13 +20,16 @@ first answer); the first 200 to an infer request sent to the pod's IP every 50 m
 one, the pod's Ready condition, and the first 200 through the Service's ClusterIP (kube-proxy). The first
 wake runs with the graph cache emptied (the runtime exports and quantizes the graph and compares it), the
 others with it warm; their medians are the figures. The ColdStart Event the operator posts for each run
-is kept beside.
+is kept beside. ``--origin request`` times the whole path instead: t = 0 is one request sent to the
+Service at zero, which routes it to the activator (``kubeinfer-activator``, a process on the node address
+on the activator's ports, its Service's EndpointSlice naming it Ready); the activator holds it, writes the
+demand itself and forwards it to the first Ready replica: its answer is ``service_answer``.
 
 Writes ``bench/results/cold_start.json`` (``--out``): every run, the medians, the command, the machine
 and its load (``bench/quiet.py``: the bench lock, and a 1-minute load average at most 0.5 before the
 cluster starts; the load at each wake is recorded too). Everything it starts is stopped at the end (also
-on Ctrl-C), and ``hack/cluster.py leftovers`` must find nothing. Needs root; about 6 to 10 minutes, the
-runtime image's import into containerd included when it changed.
+on Ctrl-C and SIGTERM), and ``hack/cluster.py leftovers`` must find nothing. Needs root; about 6 to 10
+minutes, the runtime image's import into containerd included when it changed.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -680,11 +686,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--origin",
-        choices=("request", "demand"),
-        default="request",
-        help="request: t = 0 is one request sent to the Service at zero, which the activator (a process on "
-        "the node) holds, asks a replica for and forwards; demand: t = 0 is the demand annotation written "
-        "as the activator would, and a request goes to the Service every 50 ms",
+        choices=("demand", "request"),
+        default="demand",
+        help="demand: t = 0 is the demand annotation written as the activator writes it, and a request goes "
+        "to the Service every 50 ms; request: t = 0 is one request sent to the Service at zero, which the "
+        "activator (a process on the node) holds, asks a replica for and forwards",
     )
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of rest at zero before each wake")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "cold_start.json"))
@@ -697,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench/cold_start.py runs a one-node cluster: it needs root", file=sys.stderr)
         return 2
+    # SIGTERM as Ctrl-C: the cleanups run (cluster, operator, activator), nothing is left behind
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     with quiet.quiet_run("cold_start", args, log=say) as quiet_run:
         bench = Bench(args)
         try:

@@ -288,7 +288,7 @@ class RuntimeServer:
             self._close_http(force=True)
             return
         if self._warm_later:
-            await self._warm_rest(model, self._warm_later)
+            await self._warm_rest(self._warm_later)
 
     def _fetch_report(self) -> FetchReport | None:
         """The fetch init container's report in the model directory (exported as gauges), or None."""
@@ -338,10 +338,10 @@ class RuntimeServer:
         return model
 
     async def _warm_first(self, model: ServableModel) -> float:
-        """The warmup before readiness; returns its seconds. ``warmup.before_ready`` first (unset): the
-        passes of one row (``first_request_passes``), the others kept in ``_warm_later`` for after;
-        all, or a model that does not list its passes: the whole warmup and the service-time
-        calibration now."""
+        """The warmup before readiness, then the service-time calibration (``calibrate_model``); returns
+        the warmup's seconds. ``warmup.before_ready`` first (unset): the passes of one row
+        (``first_request_passes``), the others kept in ``_warm_later`` for after; all, or a model that
+        does not list its passes: the whole warmup."""
         cfg = self.cfg
         size, steps = cfg.batching.max_batch_size, cfg.warmup.steps
         passes: list[WarmupPass] | None = None
@@ -359,6 +359,8 @@ class RuntimeServer:
         first, self._warm_later = first_request_passes(passes)
         seconds = await in_daemon_thread(run_warmup, first, steps)
         model.max_batch_size = size
+        # the service-time fit is exported from the moment the replica is ready (the autoscaler reads it)
+        await in_daemon_thread(calibrate_model, model, size, self.metrics.service_time)
         log.info(
             "warmup of what a first request needs done in %.2f s: batches of one row at %s, %d step(s); "
             "%d larger batch(es) up to %d rows after ready, while no request is in flight",
@@ -370,23 +372,17 @@ class RuntimeServer:
         )
         return seconds
 
-    async def _warm_rest(self, model: ServableModel, passes: list[WarmupPass]) -> None:
+    async def _warm_rest(self, passes: list[WarmupPass]) -> None:
         """After readiness, in a daemon thread: the rest of the warmup, each pass once no request has
-        been in flight for ``WARMUP_QUIET_SECONDS``, then the service-time calibration (the same wait
-        first). Stops at the drain; a pass the model refuses is logged, and ends it."""
+        been in flight for ``WARMUP_QUIET_SECONDS``. Stops at the drain; a pass the model refuses is
+        logged, and ends it."""
         plane = self.plane
 
         def gate() -> None:
             wait_quiet(lambda: plane.in_flight > 0, lambda: plane.closing)
 
-        def rest() -> float:
-            seconds = run_warmup(passes, self.cfg.warmup.steps, gate)
-            gate()
-            calibrate_model(model, self.cfg.batching.max_batch_size, self.metrics.service_time)
-            return seconds
-
         try:
-            seconds = await in_daemon_thread(rest)
+            seconds = await in_daemon_thread(run_warmup, passes, self.cfg.warmup.steps, gate)
         except WarmupStopped:
             log.info("background warmup stopped: the runtime is shutting down")
         except Exception as exc:

@@ -140,8 +140,18 @@ def test_metrics_carry_the_contract_names(runtime: RuntimeProcess) -> None:
         "kubeinfer_config_reload_errors_total",
         "kubeinfer_service_time_intercept_seconds",
         "kubeinfer_service_time_slope_seconds",
+        "kubeinfer_cold_start_stage_seconds_bucket",
     ):
         assert re.search(rf'^{name}{{.*model="minilm"', text, re.MULTILINE), name
+    # the process's start, each stage once: the first answer (the request above) after readiness
+    starts = dict(
+        re.findall(
+            r'^kubeinfer_cold_start_stage_seconds_sum\{[^}]*stage="(\w+)"\} (\S+)$', text, re.MULTILINE
+        )
+    )
+    assert list(starts) == ["fetched", "loaded", "warmed", "first_answer"], starts
+    assert 0.0 < float(starts["fetched"]) <= float(starts["loaded"]) <= float(starts["warmed"])
+    assert float(starts["warmed"]) <= float(starts["first_answer"])
     # CPU: no accelerator memory series (absent, not a misleading zero)
     assert not re.search(r"^kubeinfer_accelerator_memory_bytes\{", text, re.MULTILINE)
     assert 0.0 < metric(text, 'kubeinfer_device_utilization_ratio{model="minilm"}') <= 1.0

@@ -22,7 +22,7 @@ kubeinfer_warmup_seconds{model="minilm"} 0.14
 
 def test_defaults_fit_the_task() -> None:
     args = cold.parse_args([])
-    assert args.runs >= 3 and args.cpu == "500m" and args.before_ready is None and args.origin == "request"
+    assert args.runs >= 3 and args.cpu == "500m" and args.before_ready is None and args.origin == "demand"
     assert Path(args.out) == Path(cold.ROOT) / "bench" / "results" / "cold_start.json"
     assert args.noisy is False and args.settle_seconds == quiet.SETTLE_SECONDS
 

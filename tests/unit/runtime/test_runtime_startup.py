@@ -9,7 +9,9 @@ import functools
 import logging
 import re
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import pytest
 from kubeinfer.runtime import server as server_module
 from kubeinfer.runtime.config import RuntimeConfig
@@ -141,9 +143,14 @@ class PassesModel(FakeModel):
         self.sizes = sizes
         self.ready: Callable[[], bool] = lambda: False
         self.runs: list[tuple[int, int, bool]] = []
+        self.calibrated_ready: list[bool] = []
 
     def _run(self, rows: int, size: int) -> None:
         self.runs.append((rows, size, self.ready()))
+
+    def execute(self, prepared: Any) -> dict[str, np.ndarray]:  # the calibration's batches
+        self.calibrated_ready.append(self.ready())
+        return super().execute(prepared)
 
     def warmup_passes(self, max_batch_size: int) -> list[WarmupPass]:
         return [
@@ -181,7 +188,8 @@ async def test_ready_after_the_warmup_of_one_row_the_rest_after_then_the_service
         after = [(rows, size) for rows, size, ready in model.runs if ready]
         assert before == [(1, 8), (1, 16)]
         assert after == [(2, 8), (2, 16), (4, 8), (4, 16)]
-        assert model.batches == [1, 1, 1, 2, 2, 2, 4, 4, 4]  # the service time calibrated after the rest
+        # the service time is calibrated before readiness: a fit from the moment the replica is ready
+        assert model.batches == [1, 1, 1, 2, 2, 2, 4, 4, 4] and model.calibrated_ready == [False] * 9
         assert "4 larger batch(es) up to 4 rows after ready" in caplog.text
         assert "background warmup done: 4 batch(es)" in caplog.text
         marks = server.metrics.cold_start.marks
