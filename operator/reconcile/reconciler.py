@@ -31,7 +31,7 @@ from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.grpcports import GrpcPorts
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
 from kubeinfer.operator.reconcile.references import ReferencePolicy
-from kubeinfer.operator.reconcile.replicas import Wake, desired_replicas, wake
+from kubeinfer.operator.reconcile.replicas import Wake, desired_replicas, replica_floor, wake
 from kubeinfer.operator.reconcile.rollout import rollout_of
 from kubeinfer.operator.reconcile.routing import ready_replicas, routes_to_activator
 from kubeinfer.operator.status import (
@@ -300,6 +300,7 @@ class Reconciler:
         )
         # chosen and recorded with no await since the routing rule: see _grpc_port
         grpc_port = self._grpc_port(lookup, isvc) if to_activator else ACTIVATOR_GRPC_PORT
+        to_zero_in_force = replica_floor(isvc, activator=self.activator) == 0
         inputs = BuildInputs(
             batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
             replicas=desired_replicas(isvc, deployment, activator=self.activator, woken=woken is not None),
@@ -307,7 +308,8 @@ class Reconciler:
             default_deny=self.default_deny,
             activator_addresses=self.activator_addresses if to_activator else None,
             activator_grpc_port=grpc_port,
-            activator_peer=self.activator_peer if self.activator else None,
+            # only a service that may go to zero admits the activator (it forwards what reaches it)
+            activator_peer=self.activator_peer if to_zero_in_force else None,
         )
         built = {owned.kind: owned.build(isvc, inputs) for owned in OWNED}
         desired = [obj for obj in built.values() if obj is not None]

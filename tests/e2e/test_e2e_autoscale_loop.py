@@ -172,7 +172,9 @@ def test_autoscale_closes_the_loop(
         targets = wait_until(s.ready_targets, timeout=240, interval=1.0, message="one ready runtime pod")
         assert len(targets) == 1
         wait_until(lambda: s.scraped(targets[0]), timeout=60, interval=1.0, message=f"{targets[0]} scraped")
-        assert gauge(targets[0], "kubeinfer_max_queue_delay_seconds") == pytest.approx(0.4)
+        # the ConfigMap's 400 ms reached the pod (an idle service's timeout may have grown a step or two:
+        # a measured request rate of 0 is idle, and the policy acts on it)
+        assert gauge(targets[0], "kubeinfer_max_queue_delay_seconds") == pytest.approx(0.4, abs=0.02)
         url = s.url()
 
         _batch_timeout_falls(s, url, targets[0])  # 1.
