@@ -118,6 +118,9 @@ def operator_release(cluster: Cluster, node_prometheus: PrometheusServer) -> Ite
         "--set", f"prometheus.url={node_prometheus.url}",
         "--set", "autoscaleIntervalSeconds=5",
         "--set", "logFormat=plain",
+        # the node has 2 cores and the modules size their pods to fit them: the activator's two pods
+        # request little (the chart's 100m each left a model-sources replica Unschedulable)
+        "--set", "activator.resources.requests.cpu=10m",
         *FAST_READINESS,
         "--wait", "--timeout=300s",
         timeout=330,
