@@ -45,6 +45,9 @@ def _configure_logging(settings: Settings) -> None:
     logging.getLogger("urllib3.connectionpool").addFilter(_errors_only)
     if root.level > logging.DEBUG:  # kopf logs every handler run at INFO: keep only its warnings
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        # kopf's health endpoint is aiohttp's: one access line per kubelet probe (two every 2 s) would
+        # bury the operator's own lines.
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
