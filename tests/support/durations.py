@@ -7,7 +7,9 @@ A tier is the first folder under ``tests/`` of a test's path. For each tier the 
   the other, in path order, so the walls add up to the run's time less collection);
 - ``tests``: the number of tests that ran, with their outcomes;
 - ``setup``/``call``/``teardown``: seconds summed over its tests per phase (session- and module-scoped
-  fixtures are paid in the setup of the first test that uses them and the teardown of the last).
+  fixtures are paid in the setup of the first test that uses them and the teardown of the last);
+- its ``SLOWEST_MODULES`` slowest test files, each with the seconds of its tests' three phases: where
+  to look first when the tier is over its budget.
 
 One line per tier, then the budget the tier has (``TIER_BUDGET_SECONDS``) and whether the wall is
 within it; nothing fails on it: the budget is watched by people and CI's limit, not by a flaky test.
@@ -27,6 +29,8 @@ import pytest
 TIER_BUDGET_SECONDS: dict[str, float] = {"unit": 180.0, "integration": 720.0, "e2e": 720.0}
 #: Seconds the whole of ``make test`` may take on that machine.
 SUITE_BUDGET_SECONDS = 1800.0
+#: How many of a tier's slowest test files its summary names.
+SLOWEST_MODULES = 5
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Tier:
     last_finish: float | None = None
     phases: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
+    modules: Counter[str] = field(default_factory=Counter)
 
     @property
     def wall(self) -> float:
@@ -74,6 +79,9 @@ def format_summary(tiers: dict[str, Tier], total_seconds: float) -> list[str]:
             f"setup {t.phases['setup']:.0f} s, call {t.phases['call']:.0f} s, "
             f"teardown {t.phases['teardown']:.0f} s"
         )
+        slowest = t.modules.most_common(SLOWEST_MODULES)
+        if slowest:
+            lines.append("  slowest files: " + ", ".join(f"{m} {sec:.0f} s" for m, sec in slowest))
     verdict = "within" if total_seconds <= SUITE_BUDGET_SECONDS else "OVER"
     lines.append(f"all tiers: {total_seconds:.0f} s (budget {SUITE_BUDGET_SECONDS:.0f} s: {verdict})")
     return lines
@@ -99,6 +107,7 @@ class TierDurations:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         t = self._tier(report.nodeid)
         t.phases[report.when] += report.duration
+        t.modules[report.nodeid.split("::", 1)[0]] += report.duration
         t.last_finish = time.monotonic()
         # One outcome per test: a failed setup or teardown counts as "error", else the call's outcome.
         if report.when == "call" or (report.when == "setup" and not report.passed):

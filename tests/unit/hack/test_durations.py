@@ -28,6 +28,7 @@ def test_summary_gives_wall_phases_outcomes_and_the_budget_verdict() -> None:
     unit = Tier(first_start=10.0, last_finish=70.0)
     unit.phases.update({"setup": 5.0, "call": 50.0, "teardown": 1.0})
     unit.outcomes.update({"passed": 99, "skipped": 1})
+    unit.modules.update({f"tests/unit/test_{i}.py": float(i) for i in range(7)})
     e2e = Tier(first_start=70.0, last_finish=70.0 + 800.0)
     e2e.phases.update({"setup": 300.0, "call": 480.0, "teardown": 20.0})
     e2e.outcomes.update({"passed": 3, "failed": 1})
@@ -35,6 +36,8 @@ def test_summary_gives_wall_phases_outcomes_and_the_budget_verdict() -> None:
     assert lines == [
         "tier unit: 60 s wall (budget 180 s: within); 100 tests (99 passed, 1 skipped); "
         "setup 5 s, call 50 s, teardown 1 s",
+        "  slowest files: tests/unit/test_6.py 6 s, tests/unit/test_5.py 5 s, tests/unit/test_4.py 4 s, "
+        "tests/unit/test_3.py 3 s, tests/unit/test_2.py 2 s",
         "tier e2e: 800 s wall (budget 720 s: OVER); 4 tests (1 failed, 3 passed); "
         "setup 300 s, call 480 s, teardown 20 s",
         f"all tiers: {SUITE_BUDGET_SECONDS + 1:.0f} s (budget {SUITE_BUDGET_SECONDS:.0f} s: OVER)",
@@ -70,6 +73,7 @@ def test_a_run_prints_each_tier_with_its_outcomes(pytester: pytest.Pytester) -> 
             "tier unit: * s wall (budget 180 s: within); 3 tests (1 failed, 1 passed, 1 skipped); *",
             "tier integration: * s wall (budget 720 s: within); 2 tests (1 error, 1 passed); "
             "setup * s, call * s, teardown * s",
+            "  slowest files: tests/integration/test_b.py * s",
             "all tiers: * s (budget 1800 s: within)",
         ]
     )
