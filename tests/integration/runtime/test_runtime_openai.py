@@ -130,25 +130,32 @@ def test_errors_come_in_openais_shape_and_are_counted(runtime: RuntimeProcess) -
 
 
 def test_v2_and_openai_requests_batch_together(runtime: RuntimeProcess) -> None:
-    before = stats(runtime)
-    sizes_before = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}  # type: ignore[union-attr,index]
     client = openai.OpenAI(base_url=f"{runtime.url}/v1", api_key="unused", max_retries=0)
     v2 = httpclient.InferenceServerClient(runtime.address, concurrency=2)  # two requests at once
     inp = httpclient.InferInput("text", [1], "BYTES")
     inp.set_data_from_numpy(np.array([b"from v2"], dtype=object))
-    # within one 0.3 s queue delay: two OpenAI texts and two v2 rows fill one batch of 4 rows
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        futures = [
-            pool.submit(client.embeddings.create, model="tiny", input=["from openai", "and again"]),
-            pool.submit(v2.infer, "tiny", [inp]),
-            pool.submit(v2.infer, "tiny", [inp]),
-        ]
-        for f in futures:
-            f.result(timeout=30)
-    after = stats(runtime)
-    sizes_after = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}  # type: ignore[union-attr,index]
-    assert sizes_after.get(4, 0) == sizes_before.get(4, 0) + 1, (sizes_before, sizes_after)
-    assert after["inference_count"] == before["inference_count"] + 4  # type: ignore[operator]
+    tries = []
+    # Two OpenAI texts and two v2 rows sent at once fill one batch of 4 rows when they all arrive within
+    # the 0.3 s queue delay; a busy machine can start one client late, so up to three tries. Only rows
+    # of both protocols together make a batch of 4 (the OpenAI request has 2 rows, each v2 request 1).
+    for _ in range(3):
+        before = stats(runtime)
+        sizes_before = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}  # type: ignore[union-attr,index]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            futures = [
+                pool.submit(client.embeddings.create, model="tiny", input=["from openai", "and again"]),
+                pool.submit(v2.infer, "tiny", [inp]),
+                pool.submit(v2.infer, "tiny", [inp]),
+            ]
+            for f in futures:
+                f.result(timeout=30)
+        after = stats(runtime)
+        sizes_after = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}  # type: ignore[union-attr,index]
+        assert after["inference_count"] == before["inference_count"] + 4  # type: ignore[operator]
+        tries.append((sizes_before, sizes_after))
+        if sizes_after.get(4, 0) == sizes_before.get(4, 0) + 1:
+            return
+    raise AssertionError(f"no batch of 4 rows in 3 tries (batch sizes before, after): {tries}")
 
 
 def test_langchains_openai_embeddings_class_works_unchanged(runtime: RuntimeProcess) -> None:
