@@ -3,7 +3,7 @@ while its first replica starts, and no request is lost.
 
 The model is Triton's ``simple`` add/sub as ONNX (a tiny graph: a cold start here is the runtime's and
 the kubelet's, not a model's load), served from a file server on the node. The service has
-``minReplicas: 0`` with a 10 s idle window; the session's operator decides every 5 s. Each case waits for
+``minReplicas: 0`` with a 2 s idle window on 5 s signal windows; the session's operator decides every 5 s. Each case waits for
 the service to reach zero (Deployment at 0 replicas, its pods gone, the Service without a selector and the
 operator's EndpointSlice listing the activator's pods), then sends its requests through the Service's
 ClusterIP as a client of the cluster would:
@@ -58,8 +58,8 @@ STUCK = "stuck"
 ELEMENTS = 16
 #: Seconds a client waits for an answer: past a cold start's worst case on this node.
 CLIENT_TIMEOUT_S = 120.0
-#: How long to wait for the service to reach zero: the 10 s window of the signals, the 10 s idle
-#: window, a 5 s tick and the pod's termination.
+#: How long to wait for the service to reach zero: the 5 s window of the signals, the 2 s idle
+#: window, a 5 s tick and the pod's termination (about 15 s in all on this node), with a wide margin.
 TO_ZERO_S = 150.0
 
 
@@ -89,8 +89,10 @@ def _isvc(name: str, url: str, sha256: str, *, cpu: str = "250m", cold_start: st
                 "enabled": True,
                 "minReplicas": 0,
                 "maxReplicas": 1,
-                "window": "10s",
-                "scaleToZero": {"idleAfter": "10s", "coldStartTimeout": cold_start},
+                # Short windows: each case waits for zero, and the rate over the window reads 0 only
+                # one window after the last request.
+                "window": "5s",
+                "scaleToZero": {"idleAfter": "2s", "coldStartTimeout": cold_start},
             },
         },
     }
