@@ -56,6 +56,18 @@ _POOL_GPUS_MESSAGE = (
 )
 
 
+#: The guards of an InferenceService's own pods that a pool does not apply yet: a pooled one that set
+#: them would be served unguarded, so it is refused instead.
+_POOL_UNGUARDED = ("auth", "allowFrom")
+
+
+def _pool_unguarded_message(field: str) -> str:
+    return (
+        f"spec.server.{field} is not applied by a pool yet (its model would be served without it): leave it "
+        "out of an InferenceService with spec.pool"
+    )
+
+
 def _pool_message(field: str) -> str:
     what = " (scale to zero included)" if field == "autoscaling" else ""
     return f"spec.{field} is decided by the pool{what}: leave it out of an InferenceService with spec.pool"
@@ -89,6 +101,15 @@ class InferenceServiceSpec(_Spec):
                         "FieldValueForbidden",
                     )
                     for field, default in _pool_decides()
+                ),
+                *(
+                    _cel(
+                        f"!has(self.pool) || !has(self.server.{field})",
+                        _pool_unguarded_message(field),
+                        f".server.{field}",
+                        "FieldValueForbidden",
+                    )
+                    for field in _POOL_UNGUARDED
                 ),
                 _cel(
                     "!has(self.pool) || self.resources.gpus <= 1",
@@ -147,18 +168,7 @@ class InferenceServiceSpec(_Spec):
     def _rules(self) -> InferenceServiceSpec:
         _check_table("", self)
         if self.pool is not None:
-            for name, default in _pool_decides():
-                value = getattr(self, name)
-                if name == "resources":
-                    value = _pooled_resources(value)
-                elif name == "autoscaling":
-                    value = value.model_dump(by_alias=True, mode="json")
-                if value != default:
-                    raise ValueError(_pool_message(name))
-            if self.resources.gpus > 1:
-                raise ValueError(_POOL_GPUS_MESSAGE)
-            if self.model.uri != BUNDLED_MODEL and not self.model.uri.startswith("/"):
-                raise ValueError(_POOL_MODEL_URI_MESSAGE)
+            self._pooled_rules()
         if self.resources.gpu_product is not None and self.resources.gpus == 0:
             raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
         if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):
@@ -166,6 +176,25 @@ class InferenceServiceSpec(_Spec):
                 f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from the Secret"
             )
         return self
+
+    def _pooled_rules(self) -> None:
+        """The rules of a pooled InferenceService (the CEL rules' mirrors). Raises ``ValueError``."""
+        for name, default in _pool_decides():
+            value = getattr(self, name)
+            if name == "resources":
+                value = _pooled_resources(value)
+            elif name == "autoscaling":
+                value = value.model_dump(by_alias=True, mode="json")
+            if value != default:
+                raise ValueError(_pool_message(name))
+        if self.resources.gpus > 1:
+            raise ValueError(_POOL_GPUS_MESSAGE)
+        if self.server.auth is not None:
+            raise ValueError(_pool_unguarded_message("auth"))
+        if self.server.allow_from is not None:
+            raise ValueError(_pool_unguarded_message("allowFrom"))
+        if self.model.uri != BUNDLED_MODEL and not self.model.uri.startswith("/"):
+            raise ValueError(_POOL_MODEL_URI_MESSAGE)
 
     @classmethod
     def from_k8s(cls, spec: Any) -> InferenceServiceSpec:

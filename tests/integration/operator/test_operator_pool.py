@@ -142,6 +142,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "spec.autoscaling",
     ),
     ("pooled-fetched-model", _pooled("fetched", "small", model={"uri": "hf://org/model"}), "spec.model.uri"),
+    (
+        "pooled-auth",
+        _pooled("auth", "small", server={"auth": {"bearerTokenSecretRef": {"name": "s", "key": "k"}}}),
+        "spec.server.auth",
+    ),
     ("pool-budget-over-memory", _pool("pool", memoryBudget="5Gi"), "spec.memoryBudget"),
     ("pool-zero-replicas", _pool("pool", replicas=0), "spec.replicas"),
 ]

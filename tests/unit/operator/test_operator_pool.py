@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubeinfer.operator import api, conditions
 from kubeinfer.operator.builders import (
     build_pool_configmap,
@@ -211,3 +212,20 @@ def test_pool_status() -> None:
     assert planner.is_pool_deployment(_deployment(1), "small") and not planner.is_pool_deployment(
         _deployment(1, pool=None), "small"
     )
+
+
+def test_the_example_pool_renders() -> None:
+    docs = list(
+        yaml.safe_load_all((Path(__file__).resolve().parents[3] / "examples" / "pool.yaml").read_text())
+    )
+    (pool_body,) = [d for d in docs if d["kind"] == api.POOL_KIND]
+    pool_body["metadata"].update(namespace="ml", uid="u")
+    bodies = [{**d, "metadata": {**d["metadata"], "namespace": "ml"}} for d in docs if d["kind"] == api.KIND]
+    pool = api.ModelPool.from_body(pool_body)
+    members = planner.pool_members(pool.name, "ml", bodies)
+    assert members.served_names() == ["minilm-a", "minilm-b"] and not members.taken
+    assert sorted(build_pool_configmap(pool, members.models)["data"]) == ["minilm-a.yaml", "minilm-b.yaml"]
+    (container,) = build_pool_deployment(pool, planner.pinned_in_force(pool, members))["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert container["args"][-2:] == ["--pin", "minilm-a"]

@@ -55,6 +55,9 @@ def test_pool_needs_a_budget() -> None:
         ({"autoscaling": {"enabled": True}}, "spec.autoscaling"),
         ({"autoscaling": {"enabled": True, "minReplicas": 0}}, "spec.autoscaling"),
         ({"model": {"uri": "s3://bucket/model/"}}, "spec.model.uri"),
+        # guards of an InferenceService's own pods a pool does not apply yet: refused, never served unguarded
+        ({"server": {"auth": {"bearerTokenSecretRef": {"name": "s", "key": "k"}}}}, "spec.server.auth"),
+        ({"server": {"allowFrom": [{"podSelector": {"matchLabels": {"a": "b"}}}]}}, "spec.server.allowFrom"),
     ],
 )
 def test_pooled_isvc_refuses_what_the_pool_decides(spec: dict[str, Any], field: str) -> None:
@@ -88,7 +91,15 @@ def test_crd_rules_of_a_pooled_isvc_name_each_field() -> None:
     ]
     pooled = {m: r for m, r in _rules(spec).items() if "has(self.pool)" in r["rule"]}
     paths = sorted(r["fieldPath"] for r in pooled.values())
-    assert paths == [".autoscaling", ".model.uri", ".replicas", ".resources", ".resources.gpus"]
+    assert paths == [
+        ".autoscaling",
+        ".model.uri",
+        ".replicas",
+        ".resources",
+        ".resources.gpus",
+        ".server.allowFrom",
+        ".server.auth",
+    ]
     for message, rule in pooled.items():
         assert message.startswith("spec" + rule["fieldPath"]), message
         assert rule["rule"].startswith("!has(self.pool) || ")
