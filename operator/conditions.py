@@ -77,6 +77,12 @@ API_SERVER_ERROR = "ApiServerError"
 MINIMUM_REPLICAS_AVAILABLE = "MinimumReplicasAvailable"
 #: Ready=True from a Deployment's ``Available`` condition that gives no reason of its own.
 ROLLOUT_COMPLETE = "RolloutComplete"
+#: Ready of a pooled InferenceService (``spec.pool``) and of a ModelPool itself.
+POOL_NOT_FOUND = "PoolNotFound"
+POOL_NOT_READY = "PoolNotReady"
+POOL_READY = "PoolReady"
+MODEL_NAME_TAKEN = "ModelNameTaken"
+POOL_NAME_TAKEN = "PoolNameTaken"
 
 # --- reasons of ScaleToZero ------------------------------------------------------------------------
 
@@ -373,6 +379,44 @@ REASONS: tuple[Reason, ...] = (
         "the service is healthy at zero replicas (`autoscaling.minReplicas: 0`): it had no requests for "
         "its idle window (`scaleToZero.idleAfter`); a request held by the activator brings a replica back. "
         "kstatus, Flux and Argo CD read it as current / Healthy",
+    ),
+    # Ready of a pooled InferenceService (spec.pool), and of a ModelPool
+    Reason(
+        POOL_NOT_FOUND,
+        CONDITION_READY,
+        "False",
+        "`spec.pool` names a ModelPool that does not exist in the namespace; the message names it. Its "
+        "Service is applied (selecting the pool's pods, none yet)",
+        "create the ModelPool (`kubectl get kpool`), or fix `spec.pool`",
+    ),
+    _fault(
+        MODEL_NAME_TAKEN,
+        "another InferenceService of the same pool serves a model of the same name (the first by name "
+        "keeps it); this one is left out of the pool's model repository. The message names the other",
+        "give one of them another `spec.model.name`",
+    ),
+    _fault(
+        POOL_NAME_TAKEN,
+        "on a ModelPool: a Deployment of the pool's name exists and is not the pool's (an "
+        "InferenceService's); nothing of the pool was applied",
+        "rename the pool (and the `spec.pool` of its InferenceServices)",
+    ),
+    Reason(
+        POOL_NOT_READY,
+        CONDITION_READY,
+        "False",
+        "on a ModelPool and on the InferenceServices naming it: the pool's Deployment has no ready "
+        "replica yet (the message gives the counts)",
+        "wait; if it lasts, `kubectl get pods -l kubeinfer.io/pool=POOL` and the runtime's log",
+        expected=True,
+    ),
+    Reason(
+        POOL_READY,
+        CONDITION_READY,
+        "True",
+        "on a ModelPool: every replica ready; on an InferenceService naming it: the pool has a ready "
+        "replica and serves the model (loaded on its first request; per-model load status is not "
+        "reported yet)",
     ),
     # Serving
     Reason(

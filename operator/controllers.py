@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubeinfer.operator import k8s, metrics
@@ -20,6 +20,7 @@ from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.builders import activator_peer, scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
+from kubeinfer.operator.reconcile.pool_reconciler import PoolReconciler
 from kubeinfer.operator.reconcile.reconciler import Lookup, Reconciler
 from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.settings import Settings
@@ -74,6 +75,10 @@ class Controllers:
     kube: k8s.Kube
     reconciler: Reconciler
     autoscaler: loop.Autoscaler
+    pools: PoolReconciler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pools = PoolReconciler(self.kube, clock=self.reconciler.clock)
 
     @classmethod
     def create(cls, kube: k8s.Kube, settings: Settings, server_version: str | None = None) -> Controllers:
@@ -150,6 +155,44 @@ class Controllers:
             return
         metrics.INFERENCE_SERVICES.observe(body)
         await self.reconciler.reconcile(body, lookup)
+
+    async def pool_event(
+        self,
+        event_type: str | None,
+        body: Mapping[str, Any],
+        isvcs: Iterable[Mapping[str, Any]],
+        lookup: Lookup,
+    ) -> None:
+        """A ModelPool watch event (``None``: the initial listing), or an event of its Deployment or pods:
+        reconcile the pool (``DELETED``: forget it), then the InferenceServices naming it that the
+        reconciler knows, whose Ready follows the pool's (found, ready)."""
+        namespace, name = object_key(body)
+        isvcs = list(isvcs)
+        if event_type == "DELETED":
+            self.pools.forget(namespace, name)
+        else:
+            await self.pools.reconcile(body, isvcs, lookup)
+        pooled = [
+            b
+            for b in isvcs
+            if (b.get("metadata") or {}).get("namespace") == namespace
+            and (b.get("spec") or {}).get("pool") == name
+        ]
+        await asyncio.gather(*(self.reconciler.reconcile(b, lookup) for b in pooled))
+
+    async def pools_of_namespace(
+        self,
+        namespace: str,
+        pools: Iterable[Mapping[str, Any]],
+        isvcs: Iterable[Mapping[str, Any]],
+        lookup: Lookup,
+    ) -> None:
+        """Reconcile every ModelPool of ``pools`` in ``namespace`` (after an InferenceService of that
+        namespace changed: one joining, leaving or changing a pool re-renders its ConfigMap)."""
+        isvcs = list(isvcs)
+        for body in pools:
+            if (body.get("metadata") or {}).get("namespace") == namespace:
+                await self.pools.reconcile(body, isvcs, lookup)
 
     async def owned_event(
         self,

@@ -37,6 +37,7 @@ from kubeinfer.contract.activator import (
     SLICE_MANAGED_BY_LABEL,
     is_target_grpc_port,
 )
+from kubeinfer.contract.pool import POOL_LABEL
 
 #: The label selecting the objects (and pods) the operator owns.
 OWNED_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
@@ -52,11 +53,18 @@ ACTIVATOR_INDEX = "kubeinfer_activator_slices"
 GRPC_PORTS_INDEX = "kubeinfer_activator_grpc_ports"
 
 
+#: The kopf index (handler id) of the ModelPools: (namespace, name) -> the pool as watched.
+POOLS_INDEX = "kubeinfer_pools"
+#: The kopf index (handler id) of the InferenceServices: (namespace, name) -> as watched.
+ISVCS_INDEX = "kubeinfer_isvcs"
+
+
 def _lookup(kwargs: Mapping[str, Any]) -> Lookup:
-    """A :data:`Lookup` over the kopf indexes passed to a handler as keyword arguments."""
+    """A :data:`Lookup` over the kopf indexes passed to a handler as keyword arguments (the owned kinds,
+    and ``ModelPool``)."""
 
     def lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
-        index = kwargs[BY_KIND[kind].index]
+        index = kwargs[POOLS_INDEX if kind == api.POOL_KIND else BY_KIND[kind].index]
         store = index.get((namespace, name))
         for value in store or ():
             found: Mapping[str, Any] = value
@@ -69,8 +77,24 @@ def _lookup(kwargs: Mapping[str, Any]) -> Lookup:
 def _owner_body(kwargs: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str]) -> Any:
     """The InferenceService (from the kopf index) that an object labelled ``labels`` belongs to."""
     owner = labels.get(ISVC_LABEL)
-    store = kwargs["kubeinfer_isvcs"].get((namespace, owner)) if owner else None
+    store = kwargs[ISVCS_INDEX].get((namespace, owner)) if owner else None
     return next(iter(store or ()), None)
+
+
+def _bodies(kwargs: Mapping[str, Any], index: str) -> list[Mapping[str, Any]]:
+    """Every object of the kopf index ``index`` (``POOLS_INDEX``, ``ISVCS_INDEX``)."""
+    return [body for store in kwargs[index].values() for body in store]
+
+
+async def _pool_of(
+    memo: Any, kwargs: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str]
+) -> None:
+    """An object labelled with a pool's name (its Deployment, its pods) changed: reconcile that pool."""
+    pool = labels.get(POOL_LABEL)
+    store = kwargs[POOLS_INDEX].get((namespace, pool)) if pool else None
+    body = next(iter(store or ()), None)
+    if body is not None:
+        await _controllers(memo).pool_event("MODIFIED", body, _bodies(kwargs, ISVCS_INDEX), _lookup(kwargs))
 
 
 def _controllers(memo: Any) -> Controllers:
@@ -125,8 +149,39 @@ def _index_owned(namespace: str | None, name: str, body: kopf.Body, **_: Any) ->
 async def isvc_event(
     type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """Any event of an InferenceService (including the initial listing)."""
-    await (await _synced(memo, kwargs)).isvc_event(type, dict(body), _lookup(kwargs))
+    """Any event of an InferenceService (including the initial listing); then the ModelPools of its
+    namespace (it may have joined, changed or left one)."""
+    controllers = await _synced(memo, kwargs)
+    await controllers.isvc_event(type, dict(body), _lookup(kwargs))
+    await _namespace_pools(
+        controllers, kwargs, namespace, gone=(namespace, name) if type == "DELETED" else None
+    )
+
+
+async def _namespace_pools(
+    controllers: Controllers,
+    kwargs: Mapping[str, Any],
+    namespace: str | None,
+    gone: tuple[Any, Any] | None = None,
+) -> None:
+    """Reconcile the ModelPools of ``namespace`` over the InferenceServices indexed (without ``gone``, a
+    deleted one the index may still hold)."""
+    pools = _bodies(kwargs, POOLS_INDEX)
+    if not pools:
+        return
+    isvcs = [b for key, store in kwargs[ISVCS_INDEX].items() if key != gone for b in store]
+    await controllers.pools_of_namespace(str(namespace), pools, isvcs, _lookup(kwargs))
+
+
+def kubeinfer_pools(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """ModelPools by (namespace, name)."""
+    return {(namespace, name): dict(body)}
+
+
+async def pool_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Any event of a ModelPool (including the initial listing)."""
+    controllers = await _synced(memo, kwargs)
+    await controllers.pool_event(type, dict(body), _bodies(kwargs, ISVCS_INDEX), _lookup(kwargs))
 
 
 async def owned_event(
@@ -137,7 +192,11 @@ async def owned_event(
     param: Any = None,
     **kwargs: Any,
 ) -> None:
-    """An owned object of kind ``param`` changed (status, hand edit, deletion)."""
+    """An owned object of kind ``param`` changed (status, hand edit, deletion); a ModelPool's: the pool."""
+    if POOL_LABEL in labels:
+        if type not in (None, "ADDED"):
+            await _pool_of(memo, kwargs, namespace, labels)
+        return
     owner = _owner_body(kwargs, namespace, labels)
     await (await _synced(memo, kwargs)).owned_event(
         type, str(param), str(namespace), str(kwargs.get("name")), owner, _lookup(kwargs)
@@ -147,15 +206,20 @@ async def owned_event(
 async def pod_event(
     type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """A runtime pod changed (scheduled or not, pulling, crashed, ready)."""
+    """A runtime pod changed (scheduled or not, pulling, crashed, ready); a ModelPool's: the pool."""
+    if POOL_LABEL in labels:
+        return  # the pool's Deployment's status follows its pods' readiness
     owner = _owner_body(kwargs, namespace, labels)
     await (await _synced(memo, kwargs)).pod_event(type, owner, _lookup(kwargs))
 
 
 async def resync(body: kopf.Body, namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     """Periodic level-based resync, while the InferenceService is still in the index."""
-    indexed = bool(kwargs["kubeinfer_isvcs"].get((namespace, name)))
-    await (await _synced(memo, kwargs)).resync(dict(body), _lookup(kwargs), indexed=indexed)
+    indexed = bool(kwargs[ISVCS_INDEX].get((namespace, name)))
+    controllers = await _synced(memo, kwargs)
+    await controllers.resync(dict(body), _lookup(kwargs), indexed=indexed)
+    if indexed:
+        await _namespace_pools(controllers, kwargs, namespace)
 
 
 async def autoscale(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
@@ -247,6 +311,8 @@ def register(settings: Settings, registry: kopf.OperatorRegistry | None = None) 
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.index(api.GROUP, api.VERSION, api.PLURAL, registry=registry)(kubeinfer_isvcs)
     kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)(isvc_event)
+    kopf.index(api.GROUP, api.VERSION, api.POOL_PLURAL, id=POOLS_INDEX, registry=registry)(kubeinfer_pools)
+    kopf.on.event(api.GROUP, api.VERSION, api.POOL_PLURAL, registry=registry)(pool_event)
     for owned in OWNED:
         _register_owned(owned, registry)
     if settings.activator_enabled:

@@ -37,6 +37,9 @@ from kubernetes_asyncio import config as kconfig
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from kubeinfer.contract.activator import API_VERSION
+from kubeinfer.contract.pool import POOL_KIND, POOL_PLURAL
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -75,6 +78,8 @@ EVENT = Resource("v1", "Event", "events")
 POD = Resource("v1", "Pod", "pods")
 REPLICASET = Resource("apps/v1", "ReplicaSet", "replicasets")
 ENDPOINT_SLICE = Resource("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")
+#: The ModelPool (its status is patched; its kind's names are ``kubeinfer.contract.pool``'s).
+MODEL_POOL = Resource(API_VERSION, POOL_KIND, POOL_PLURAL)
 
 #: Every resource the operator handles, by ``(apiVersion, kind)``.
 _PLURALS: dict[tuple[str, str], str] = {

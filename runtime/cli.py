@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model-repository",
         metavar="DIR",
-        help="serve every model of DIR (DIR/<model>/runtime.yaml), loaded on demand (repository.path)",
+        help="serve every model of DIR (DIR/<model>/runtime.yaml or DIR/<model>.yaml), loaded on demand "
+        "(repository.path)",
     )
     serve.add_argument(
         "--memory-budget",

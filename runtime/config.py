@@ -334,7 +334,8 @@ class RepositoryConfig(_Strict):
     path: str = Field(
         min_length=1,
         description="The model repository: a directory of model directories, each '<name>/runtime.yaml' "
-        "(this file's schema; its model.source relative to that directory) and the model's files.",
+        "(this file's schema; its model.source relative to that directory) and the model's files, and "
+        "of '<name>.yaml' files (the same schema; model.source relative to the repository).",
     )
     memory_budget_bytes: int = Field(
         default=8 * 1024**3,

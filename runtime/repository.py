@@ -1,11 +1,19 @@
 """The model repository mode: one runtime serves every model of a directory, each loaded model in its
 own OS process, loaded on its first request and evicted least recently used under a memory budget.
 
-Layout (Triton's model repository, one file per model instead of ``config.pbtxt``)::
+Layout (Triton's model repository, one file per model instead of ``config.pbtxt``), two forms side by
+side in one directory::
 
     <repository.path>/
       <model>/runtime.yaml    # RuntimeConfig (kubeinfer.runtime.config), its model.source relative
       <model>/...             # to this directory; the directory's name is the model's name
+      <model>.yaml            # flat: RuntimeConfig, its model.source relative to <repository.path>;
+                              # the file's name without .yaml is the model's name
+
+The flat form is a ModelPool's ConfigMap mounted whole (``kubeinfer.contract.pool``): a name starting
+with ``.`` is never a model (the kubelet's ``..data`` link and timestamped directories), and a model
+with both forms is its directory's. A model appearing later (a file the kubelet added) is found by the
+next scan: on a request for a model not known yet, and on every repository index.
 
 ``ModelRepository`` is the data plane the transports (REST, gRPC) call in this mode (``dataplane.Plane``)
 and the repository extension's (``dataplane.Repository``):
@@ -67,6 +75,7 @@ from kubeinfer.runtime.residency import Resident, plan_evictions
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from kubeinfer.contract.pool import model_of_file
 from kubeinfer.shared.hold import Hold, HoldError, HoldLimits, HoldTimeout, Overflow, retry_after_header
 from kubeinfer.shared.hold import seconds_from_us as seconds_from_us
 
@@ -104,20 +113,20 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def model_config(directory: Path) -> RuntimeConfig:
-    """The configuration of the model in ``directory``: its ``runtime.yaml``, named after the directory,
-    a relative ``model.source`` resolved against the directory, no port of its own. Raises
-    ``LoadError`` naming the file and the field."""
-    path = directory / CONFIG_FILE
+def model_config(path: Path, name: str) -> RuntimeConfig:
+    """The configuration of the model ``name`` in the file ``path`` (``<dir>/<name>/runtime.yaml``, or
+    ``<dir>/<name>.yaml`` in the flat layout): a relative ``model.source`` resolved against the file's
+    directory, no port of its own. Raises ``LoadError`` naming the file and the field."""
+    directory = path.parent
     try:
         cfg = RuntimeConfig.load(path)
     except OSError as exc:
         raise LoadError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:  # pydantic.ValidationError is one
         raise LoadError(f"{path}: {one_line(str(exc))}") from None
-    name = directory.name
     if "name" in cfg.model.model_fields_set and cfg.model.name != name:
-        raise LoadError(f"{path}: model.name {cfg.model.name!r} is not the directory's name {name!r}")
+        what = "directory's" if path.name == CONFIG_FILE and directory.name == name else "file's"
+        raise LoadError(f"{path}: model.name {cfg.model.name!r} is not the {what} name {name!r}")
     data = cfg.model_dump()
     data["model"]["name"] = name
     source = data["model"]["source"]
@@ -168,7 +177,8 @@ class _Model:
     """One model of the repository and its process, if loaded."""
 
     name: str
-    directory: Path
+    #: its configuration file (``<name>/runtime.yaml`` or ``<name>.yaml``)
+    path: Path
     state: str = UNAVAILABLE
     reason: str = ""
     proc: subprocess.Popen[bytes] | None = None
@@ -245,12 +255,18 @@ class ModelRepository:
         )
 
     def scan(self) -> list[str]:
-        """Add the model directories found since the last scan (a directory with ``runtime.yaml``);
-        returns every model's name, sorted. A removed directory's model stays until it is unloaded."""
+        """Add the models found since the last scan (a directory with ``runtime.yaml``, then a
+        ``<name>.yaml`` file: see the module's docstring); returns every model's name, sorted. A removed
+        model stays until it is unloaded (loading it again then fails, naming its missing file)."""
         with contextlib.suppress(OSError):
-            for entry in self.root.iterdir():
+            entries = sorted(e for e in self.root.iterdir() if not e.name.startswith("."))
+            for entry in entries:
                 if entry.name not in self._models and (entry / CONFIG_FILE).is_file():
-                    self._models[entry.name] = _Model(entry.name, entry)
+                    self._models[entry.name] = _Model(entry.name, entry / CONFIG_FILE)
+            for entry in entries:
+                name = model_of_file(entry.name)
+                if name is not None and name not in self._models and entry.is_file():
+                    self._models[name] = _Model(name, entry)
         return sorted(self._models)
 
     async def close(self) -> None:
@@ -319,7 +335,7 @@ class ModelRepository:
     async def _start_process(self, model: _Model) -> None:
         """Start ``model``'s process and wait until it is ready. Raises ``LoadError`` (the process's
         termination message, its exit code, or the timeout), with no process left behind."""
-        cfg = model_config(model.directory)
+        cfg = model_config(model.path, model.name)
         address = f"ipc://@kubeinfer-{os.getpid()}-{model.name}-{secrets.token_hex(4)}"
         termination = self._workdir / f"{model.name}.termination"
         termination.write_text("")  # written only when it exists (``termination.write_termination_message``)
@@ -446,7 +462,7 @@ class ModelRepository:
 
     # ----- requests --------------------------------------------------------------------------------
     def _model(self, name: str, version: str | None) -> _Model:
-        """The model ``name`` (scanning again for a new directory). Raises ``HTTPError`` 404."""
+        """The model ``name`` (scanning again for a new one). Raises ``HTTPError`` 404."""
         model = self._models.get(name)
         if model is None and name in self.scan():
             model = self._models[name]

@@ -11,4 +11,6 @@ dispatch) from that data and never writes it a second time.
   come.
 - ``activator``: what the operator and the activator agree on: the InferenceService's API names, the pod
   label, the pods' ports, the demand annotation, and who writes which scale-to-zero transition.
+- ``pool``: what the operator and the runtime agree on for a model pool: its API names, the label of its
+  pods, the model repository's flat layout (``<model>.yaml``) and where it is mounted.
 """

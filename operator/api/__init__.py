@@ -18,6 +18,8 @@ and :func:`parse_duration` converts them to float seconds.
 
 One module per concept; each imports only those below it (an import-linter contract):
 
+- ``pool``: the ModelPool resource (:class:`ModelPool`: spec, status, the names derived from it), beside
+  ``resource``;
 - ``resource``: field managers (the group, version, kind and plural are ``kubeinfer.contract.activator``'s,
   re-exported here, like the runtime's ports); :class:`InferenceService`, the names derived from it;
 - ``spec`` (:class:`InferenceServiceSpec`) | ``status`` (:class:`InferenceServiceStatus`);
@@ -66,6 +68,15 @@ from kubeinfer.operator.api.model import (
     TensorSpec,
     WarmupSpec,
 )
+from kubeinfer.operator.api.pool import (
+    MODEL_NAME_PATTERN,
+    ModelPool,
+    ModelPoolSpec,
+    ModelPoolStatus,
+    PoolRuntimeSpec,
+    pool_configmap_name,
+    pool_reference,
+)
 from kubeinfer.operator.api.resource import (
     AUTOSCALER_FIELD_MANAGER,
     FIELD_MANAGER,
@@ -103,7 +114,7 @@ from kubeinfer.operator.api.sources import (
     parse_pvc_uri,
     uri_scheme,
 )
-from kubeinfer.operator.api.spec import MAX_DEFAULT_HTTP_WORKERS, InferenceServiceSpec
+from kubeinfer.operator.api.spec import MAX_DEFAULT_HTTP_WORKERS, POOL_NAME_PATTERN, InferenceServiceSpec
 from kubeinfer.operator.api.status import (
     AutoscalerDecisionStatus,
     Condition,
@@ -124,6 +135,7 @@ from kubeinfer.contract.activator import (
     VERSION,
 )
 from kubeinfer.contract.durations import DURATION_PATTERN, parse_duration
+from kubeinfer.contract.pool import POOL_KIND, POOL_PLURAL, POOL_SHORT_NAMES, POOL_SINGULAR
 
 __all__ = [
     "API_VERSION",
@@ -145,8 +157,14 @@ __all__ = [
     "LABEL_VALUE_PATTERN",
     "MAX_DEFAULT_HTTP_WORKERS",
     "MIN_CACHE_BYTES",
+    "MODEL_NAME_PATTERN",
     "MODEL_URI_PATTERN",
     "PLURAL",
+    "POOL_KIND",
+    "POOL_NAME_PATTERN",
+    "POOL_PLURAL",
+    "POOL_SHORT_NAMES",
+    "POOL_SINGULAR",
     "QUANTITY_PATTERN",
     "RUNTIME_GRPC_PORT",
     "RUNTIME_PORT",
@@ -180,11 +198,15 @@ __all__ = [
     "LabelKey",
     "LabelSelectorRequirement",
     "LabelValue",
+    "ModelPool",
+    "ModelPoolSpec",
+    "ModelPoolStatus",
     "ModelSpec",
     "NamespaceSelector",
     "NetworkPeer",
     "ObservedSignals",
     "PodSelector",
+    "PoolRuntimeSpec",
     "PromQueries",
     "Quantity",
     "QuantizationSpec",
@@ -207,6 +229,8 @@ __all__ = [
     "oci_reference",
     "parse_duration",
     "parse_pvc_uri",
+    "pool_configmap_name",
+    "pool_reference",
     "service_url",
     "uri_scheme",
 ]

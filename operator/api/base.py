@@ -88,3 +88,31 @@ def _check_table(where: str, obj: object) -> None:
         ValueError: the first rule ``obj`` breaks, its message as the CRD's.
     """
     table.check(FORMAT_RULES_SIDE, where, obj)
+
+
+def _cel_literal(value: object) -> str:
+    """``value`` (a JSON scalar: bool, int, float, str) as a CEL literal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    raise TypeError(f"no CEL literal for {value!r}")
+
+
+def _cel_at_default(path: str, default: object) -> str:
+    """A CEL expression true when the field at ``path`` (``self.resources``) is absent or holds
+    ``default``, its default value as JSON (a model's ``model_dump(by_alias=True, mode="json")``): a
+    mapping field by field, ``None`` absent, an empty list or map empty, a scalar equal. Written so that
+    it holds whether or not the API server filled in the schema's defaults."""
+    if default is None:
+        return f"!has({path})"
+    if isinstance(default, dict) and default:
+        fields = " && ".join(_cel_at_default(f"{path}.{k}", v) for k, v in default.items())
+        return f"(!has({path}) || ({fields}))"
+    if isinstance(default, dict | list):
+        if default:
+            raise ValueError(f"{path}: a non-empty list default cannot be compared in CEL")
+        return f"(!has({path}) || {path}.size() == 0)"
+    return f"(!has({path}) || {path} == {_cel_literal(default)})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator.api.autoscaling import AutoscalingSpec
-from kubeinfer.operator.api.base import _cel, _check_table, _Spec, _table_rules
+from kubeinfer.operator.api.base import _cel, _cel_at_default, _check_table, _Spec, _table_rules
 from kubeinfer.operator.api.formats import DNS_SUBDOMAIN_PATTERN, cpu_cores, parse_duration
 from kubeinfer.operator.api.model import (
     DEFAULT_MODEL_NAME,
@@ -27,6 +27,58 @@ from pydantic import ConfigDict, Field, model_validator
 #: Largest default of ``server.httpWorkers`` (``InferenceServiceSpec.http_workers_in_force``).
 MAX_DEFAULT_HTTP_WORKERS = 8
 
+#: A ModelPool's name (``spec.pool``): a DNS label (it names the pool's Deployment and labels its pods).
+POOL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _pool_decides() -> list[tuple[str, Any]]:
+    """The fields of ``spec`` a ModelPool decides for the InferenceServices on it, with their defaults as
+    JSON: a pooled InferenceService must leave them out (or at their defaults)."""
+    return [
+        ("resources", _pooled_resources(ResourcesSpec())),
+        ("replicas", 1),
+        ("autoscaling", AutoscalingSpec().model_dump(by_alias=True, mode="json")),
+    ]
+
+
+def _pooled_resources(resources: ResourcesSpec) -> dict[str, Any]:
+    """``resources`` as JSON without ``gpus``: a pooled InferenceService may say ``gpus: 0`` (its model
+    runs on the CPU, which the format rules ask of an onnxruntime model) but no more than 1."""
+    data: dict[str, Any] = resources.model_dump(by_alias=True, mode="json")
+    del data["gpus"]
+    return data
+
+
+#: A pooled InferenceService's ``resources.gpus``: 0 (its model on the CPU) or 1 (the default).
+_POOL_GPUS_MESSAGE = (
+    "spec.resources.gpus of an InferenceService with spec.pool may only be 0 (its model on the CPU) or 1: "
+    "the pool's resources decide the pod's GPUs"
+)
+
+
+#: The guards of an InferenceService's own pods that a pool does not apply yet: a pooled one that set
+#: them would be served unguarded, so it is refused instead.
+_POOL_UNGUARDED = ("auth", "allowFrom")
+
+
+def _pool_unguarded_message(field: str) -> str:
+    return (
+        f"spec.server.{field} is not applied by a pool yet (its model would be served without it): leave it "
+        "out of an InferenceService with spec.pool"
+    )
+
+
+def _pool_message(field: str) -> str:
+    what = " (scale to zero included)" if field == "autoscaling" else ""
+    return f"spec.{field} is decided by the pool{what}: leave it out of an InferenceService with spec.pool"
+
+
+#: What a pooled InferenceService's model may be in this release: what the pool's image holds.
+_POOL_MODEL_URI_MESSAGE = (
+    "spec.model.uri of an InferenceService with spec.pool must be 'default' or an absolute path in the "
+    "pool's image (the pool mounts and fetches no model source yet)"
+)
+
 
 class InferenceServiceSpec(_Spec):
     """``InferenceService.spec``."""
@@ -40,6 +92,36 @@ class InferenceServiceSpec(_Spec):
                     "spec.resources.gpuProduct requires spec.resources.gpus > 0",
                     ".resources.gpuProduct",
                     "FieldValueInvalid",
+                ),
+                *(
+                    _cel(
+                        f"!has(self.pool) || {_cel_at_default(f'self.{field}', default)}",
+                        _pool_message(field),
+                        f".{field}",
+                        "FieldValueForbidden",
+                    )
+                    for field, default in _pool_decides()
+                ),
+                *(
+                    _cel(
+                        f"!has(self.pool) || !has(self.server.{field})",
+                        _pool_unguarded_message(field),
+                        f".server.{field}",
+                        "FieldValueForbidden",
+                    )
+                    for field in _POOL_UNGUARDED
+                ),
+                _cel(
+                    "!has(self.pool) || self.resources.gpus <= 1",
+                    _POOL_GPUS_MESSAGE,
+                    ".resources.gpus",
+                    "FieldValueForbidden",
+                ),
+                _cel(
+                    "!has(self.pool) || self.model.uri == 'default' || self.model.uri.startsWith('/')",
+                    _POOL_MODEL_URI_MESSAGE,
+                    ".model.uri",
+                    "FieldValueForbidden",
                 ),
                 _cel(
                     "!has(self.server.auth) || !has(self.runtime.env) || "
@@ -72,9 +154,21 @@ class InferenceServiceSpec(_Spec):
         "no token in the pods (automountServiceAccountToken false).",
     )
 
+    pool: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=POOL_NAME_PATTERN,
+        description="A ModelPool of this namespace serving this model: the pool's pods serve it (loaded on "
+        "its first request, evicted least recently used under the pool's memory budget) behind this "
+        "InferenceService's own Service; no Deployment of its own. resources, replicas and autoscaling are "
+        "the pool's and must be left out.",
+    )
+
     @model_validator(mode="after")
     def _rules(self) -> InferenceServiceSpec:
         _check_table("", self)
+        if self.pool is not None:
+            self._pooled_rules()
         if self.resources.gpu_product is not None and self.resources.gpus == 0:
             raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
         if self.server.auth is not None and any(e.name == BEARER_TOKEN_ENV for e in self.runtime.env):
@@ -82,6 +176,25 @@ class InferenceServiceSpec(_Spec):
                 f"spec.runtime.env must not set {BEARER_TOKEN_ENV}: spec.server.auth fills it from the Secret"
             )
         return self
+
+    def _pooled_rules(self) -> None:
+        """The rules of a pooled InferenceService (the CEL rules' mirrors). Raises ``ValueError``."""
+        for name, default in _pool_decides():
+            value = getattr(self, name)
+            if name == "resources":
+                value = _pooled_resources(value)
+            elif name == "autoscaling":
+                value = value.model_dump(by_alias=True, mode="json")
+            if value != default:
+                raise ValueError(_pool_message(name))
+        if self.resources.gpus > 1:
+            raise ValueError(_POOL_GPUS_MESSAGE)
+        if self.server.auth is not None:
+            raise ValueError(_pool_unguarded_message("auth"))
+        if self.server.allow_from is not None:
+            raise ValueError(_pool_unguarded_message("allowFrom"))
+        if self.model.uri != BUNDLED_MODEL and not self.model.uri.startswith("/"):
+            raise ValueError(_POOL_MODEL_URI_MESSAGE)
 
     @classmethod
     def from_k8s(cls, spec: Any) -> InferenceServiceSpec:

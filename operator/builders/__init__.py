@@ -1,4 +1,4 @@
-"""Pure builders of the objects an InferenceService owns (no I/O, no clock, no randomness)."""
+"""Pure builders of the objects an InferenceService or a ModelPool owns (no I/O, no clock, no randomness)."""
 
 from kubeinfer.operator.builders.configmap import build_configmap, config_hash, runtime_config
 from kubeinfer.operator.builders.deployment import build_deployment
@@ -10,6 +10,7 @@ from kubeinfer.operator.builders.endpointslice import (
 )
 from kubeinfer.operator.builders.networkpolicy import activator_peer, build_networkpolicy, scraper_peer
 from kubeinfer.operator.builders.pdb import build_pdb, wants_pdb
+from kubeinfer.operator.builders.pool import build_pool_configmap, build_pool_deployment, pool_labels
 from kubeinfer.operator.builders.service import build_service
 
 __all__ = [
@@ -20,8 +21,11 @@ __all__ = [
     "build_deployment",
     "build_networkpolicy",
     "build_pdb",
+    "build_pool_configmap",
+    "build_pool_deployment",
     "build_service",
     "config_hash",
+    "pool_labels",
     "ready_addresses",
     "runtime_config",
     "scraper_peer",

@@ -9,6 +9,7 @@ from typing import Any
 from kubeinfer.operator import api
 
 from kubeinfer.contract.activator import ISVC_LABEL
+from kubeinfer.contract.pool import POOL_LABEL
 
 #: Where a ``pvc://<claim>/<path>`` claim is mounted (read-only) in the runtime container.
 PVC_MOUNT_ROOT = "/mnt/pvc"
@@ -18,6 +19,17 @@ APPLIED_HASH_ANNOTATION = "kubeinfer.io/applied-hash"
 CONFIG_HASH_ANNOTATION = "kubeinfer.io/config-hash"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubeinfer"
+
+
+def pool_selector_labels(pool: str) -> dict[str, str]:
+    """The labels that select the pods of the ModelPool ``pool`` (its Deployment's selector, and the
+    Service of every InferenceService on it). No :data:`ISVC_LABEL`: no InferenceService's own selector
+    (nor the activator, nor the autoscaler's queries) takes a pool's pods for its own."""
+    return {
+        "app.kubernetes.io/name": "kubeinfer-runtime",
+        "app.kubernetes.io/instance": pool,
+        POOL_LABEL: pool,
+    }
 
 
 def selector_labels(isvc: api.InferenceService) -> dict[str, str]:

@@ -138,53 +138,44 @@ def _volumes(
     return volumes + sources.volumes, mounts + sources.mounts
 
 
-def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    spec = isvc.spec
-    res = spec.resources
+def container_resources(res: api.ResourcesSpec) -> dict[str, Any]:
+    """The runtime container's ``resources``: CPU and memory as request and limit, ``nvidia.com/gpu``
+    when ``gpus > 0``."""
     requests: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
     limits: dict[str, str] = {"cpu": res.cpu, "memory": res.memory}
     if res.gpus > 0:
         requests[GPU_RESOURCE] = str(res.gpus)
         limits[GPU_RESOURCE] = str(res.gpus)
-    env: list[dict[str, Any]] = [
-        {"name": "HF_HUB_OFFLINE", "value": "1"},
-        {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
-    ]
-    auth = spec.server.auth
-    if auth is not None:
-        # the token reaches the runtime from the Secret through the kubelet: the operator never reads it
-        ref = auth.bearer_token_secret_ref
-        env.append(
-            {
-                "name": api.BEARER_TOKEN_ENV,
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": False}},
-            }
-        )
-    if spec.server.graph_cache is not None:
-        env.append({"name": GRAPH_CACHE_ENV, "value": GRAPH_CACHE_DIR})
-    for var in spec.runtime.env:
-        env.append(var.model_dump(by_alias=True, exclude_none=True))
-    startup_failures = math.ceil(startup_budget_seconds(isvc) / STARTUP_PERIOD_SECONDS)
-    container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": spec.runtime.image,
-        "command": ["kubeinfer-runtime"],
-        "args": ["serve", "--config", DEFAULT_CONFIG_PATH, *spec.runtime.args],
-        "ports": [
-            {"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"},
-            {"name": GRPC_PORT_NAME, "containerPort": spec.server.grpc_port, "protocol": "TCP"},
-        ],
-        "env": env,
-        "resources": {"requests": requests, "limits": limits},
-        "securityContext": CONTAINER_SECURITY_CONTEXT,
-        "volumeMounts": mounts,
-        # The runtime writes its own one-line fatal error to /dev/termination-log (lastState.terminated.
-        # message, read by the diagnosis); File: a log tail never becomes the message (nor the status).
-        "terminationMessagePolicy": "File",
+    return {"requests": requests, "limits": limits}
+
+
+def placement(res: api.ResourcesSpec) -> dict[str, Any]:
+    """The pod spec's ``tolerations`` and ``nodeSelector`` (each left out when empty): the
+    ``nvidia.com/gpu`` NoSchedule toleration and, with ``gpuProduct``, a node selector on
+    ``nvidia.com/gpu.product`` when ``gpus > 0``, then the spec's own."""
+    tolerations: list[dict[str, Any]] = []
+    node_selector: dict[str, str] = dict(res.node_selector)
+    if res.gpus > 0:
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+        if res.gpu_product:
+            node_selector[GPU_PRODUCT_LABEL] = res.gpu_product
+    tolerations.extend(t.model_dump(by_alias=True, exclude_none=True) for t in res.tolerations)
+    out: dict[str, Any] = {}
+    if tolerations:
+        out["tolerations"] = tolerations
+    if node_selector:
+        out["nodeSelector"] = node_selector
+    return out
+
+
+def probes(startup_seconds: int) -> dict[str, Any]:
+    """The runtime container's probes: a startupProbe on ``/v2/health/ready`` allowing
+    ``startup_seconds``, then readiness on ``/v2/health/ready`` and liveness on ``/v2/health/live``."""
+    return {
         "startupProbe": {
             "httpGet": {"path": "/v2/health/ready", "port": PORT_NAME},
             "periodSeconds": STARTUP_PERIOD_SECONDS,
-            "failureThreshold": startup_failures,
+            "failureThreshold": math.ceil(startup_seconds / STARTUP_PERIOD_SECONDS),
             "timeoutSeconds": 2,
         },
         "readinessProbe": {
@@ -199,6 +190,61 @@ def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict
             "failureThreshold": 3,
             "timeoutSeconds": 5,
         },
+    }
+
+
+#: The runtime container's environment in every pod: no download from the Hugging Face Hub at run time.
+OFFLINE_ENV: tuple[dict[str, str], ...] = (
+    {"name": "HF_HUB_OFFLINE", "value": "1"},
+    {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+)
+#: The pod template's annotations that have Prometheus scrape the runtime's ``/metrics``.
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(api.RUNTIME_PORT),
+    "prometheus.io/path": "/metrics",
+}
+#: The Deployment's update strategy: serving capacity never drops during a rollout.
+ROLLING_UPDATE: dict[str, Any] = {
+    "type": "RollingUpdate",
+    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+}
+
+
+def _container(isvc: api.InferenceService, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = isvc.spec
+    env: list[dict[str, Any]] = [dict(e) for e in OFFLINE_ENV]
+    auth = spec.server.auth
+    if auth is not None:
+        # the token reaches the runtime from the Secret through the kubelet: the operator never reads it
+        ref = auth.bearer_token_secret_ref
+        env.append(
+            {
+                "name": api.BEARER_TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key, "optional": False}},
+            }
+        )
+    if spec.server.graph_cache is not None:
+        env.append({"name": GRAPH_CACHE_ENV, "value": GRAPH_CACHE_DIR})
+    for var in spec.runtime.env:
+        env.append(var.model_dump(by_alias=True, exclude_none=True))
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.runtime.image,
+        "command": ["kubeinfer-runtime"],
+        "args": ["serve", "--config", DEFAULT_CONFIG_PATH, *spec.runtime.args],
+        "ports": [
+            {"name": PORT_NAME, "containerPort": api.RUNTIME_PORT, "protocol": "TCP"},
+            {"name": GRPC_PORT_NAME, "containerPort": spec.server.grpc_port, "protocol": "TCP"},
+        ],
+        "env": env,
+        "resources": container_resources(spec.resources),
+        "securityContext": CONTAINER_SECURITY_CONTEXT,
+        "volumeMounts": mounts,
+        # The runtime writes its own one-line fatal error to /dev/termination-log (lastState.terminated.
+        # message, read by the diagnosis); File: a log tail never becomes the message (nor the status).
+        "terminationMessagePolicy": "File",
+        **probes(startup_budget_seconds(isvc)),
     }
     if spec.runtime.image_pull_policy is not None:
         container["imagePullPolicy"] = spec.runtime.image_pull_policy
@@ -233,13 +279,6 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
     spec = isvc.spec
     sources = source_parts(spec, CONTAINER_SECURITY_CONTEXT, TMP_MOUNT)
     volumes, mounts = _volumes(isvc, sources)
-    tolerations: list[dict[str, Any]] = []
-    node_selector: dict[str, str] = dict(spec.resources.node_selector)
-    if spec.resources.gpus > 0:
-        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
-        if spec.resources.gpu_product:
-            node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu_product
-    tolerations.extend(t.model_dump(by_alias=True, exclude_none=True) for t in spec.resources.tolerations)
     pod_spec: dict[str, Any] = {
         "containers": [_container(isvc, mounts)],
         "volumes": volumes,
@@ -254,20 +293,15 @@ def build_deployment(isvc: api.InferenceService, *, replicas: int | None) -> dic
         pod_spec["serviceAccountName"] = spec.service_account_name
     else:
         pod_spec["automountServiceAccountToken"] = False
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
+    pod_spec.update(placement(spec.resources))
     dep_spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(isvc)},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "strategy": ROLLING_UPDATE,
         "template": {
             "metadata": {
                 "labels": labels(isvc),
                 "annotations": {
-                    "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(api.RUNTIME_PORT),
-                    "prometheus.io/path": "/metrics",
+                    **SCRAPE_ANNOTATIONS,
                     CONFIG_HASH_ANNOTATION: config_hash(isvc),
                 },
             },

@@ -7,6 +7,7 @@ from typing import Any
 from kubeinfer.operator import api
 from kubeinfer.operator.builders.common import (
     metadata,
+    pool_selector_labels,
     selector_labels,
     with_applied_hash,
 )
@@ -21,10 +22,14 @@ def build_service(isvc: api.InferenceService, *, selector: bool = True) -> dict[
 
     ``selector=False`` (the service routes to the activator): no ``spec.selector``, so that server-side
     apply drops the one the operator set and the EndpointSlice controller leaves the Service's endpoints
-    to the operator's activator EndpointSlice (``builders.endpointslice``)."""
+    to the operator's activator EndpointSlice (``builders.endpointslice``).
+
+    A pooled InferenceService (``spec.pool``) selects its pool's pods (:func:`pool_selector_labels`):
+    ``NAME.ns.svc:8080/v2/models/MODEL/infer`` reaches the pool, which loads the model on demand."""
     spec: dict[str, Any] = {"type": "ClusterIP"}
     if selector:
-        spec["selector"] = selector_labels(isvc)
+        pool = isvc.spec.pool
+        spec["selector"] = pool_selector_labels(pool) if pool is not None else selector_labels(isvc)
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Service",

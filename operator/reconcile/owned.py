@@ -70,12 +70,25 @@ def _same_name(name: str) -> str:
     return name
 
 
+#: Why a pooled InferenceService has no object of a kind (the deletion's Event).
+_POOLED = "served by a ModelPool"
+
+
+def _own(
+    build: Callable[[api.InferenceService, BuildInputs], dict[str, Any] | None],
+) -> Callable[[api.InferenceService, BuildInputs], dict[str, Any] | None]:
+    """``build`` for an InferenceService with pods of its own; nothing for a pooled one (``spec.pool``):
+    the pool's Deployment and ConfigMap serve it (``builders.pool``), and its pods are the pool's."""
+    return lambda isvc, inputs: None if isvc.spec.pool is not None else build(isvc, inputs)
+
+
 OWNED: tuple[OwnedKind, ...] = (
     OwnedKind(
         k8s.CONFIGMAP,
         "kubeinfer_configmaps",
         api.configmap_name,
-        lambda isvc, inputs: build_configmap(isvc, inputs.batch_timeout_seconds),
+        _own(lambda isvc, inputs: build_configmap(isvc, inputs.batch_timeout_seconds)),
+        _POOLED,
     ),
     OwnedKind(
         k8s.SERVICE,
@@ -98,21 +111,24 @@ OWNED: tuple[OwnedKind, ...] = (
         k8s.DEPLOYMENT,
         "kubeinfer_deployments",
         _same_name,
-        lambda isvc, inputs: build_deployment(isvc, replicas=inputs.replicas),
+        _own(lambda isvc, inputs: build_deployment(isvc, replicas=inputs.replicas)),
+        _POOLED,
     ),
     OwnedKind(
         k8s.POD_DISRUPTION_BUDGET,
         "kubeinfer_pdbs",
         _same_name,
-        lambda isvc, _: build_pdb(isvc),
+        _own(lambda isvc, _: build_pdb(isvc)),
         "one replica",
     ),
     OwnedKind(
         k8s.NETWORK_POLICY,
         "kubeinfer_networkpolicies",
         _same_name,
-        lambda isvc, inputs: build_networkpolicy(
-            isvc, inputs.scrapers, inputs.default_deny, inputs.activator_peer
+        _own(
+            lambda isvc, inputs: build_networkpolicy(
+                isvc, inputs.scrapers, inputs.default_deny, inputs.activator_peer
+            )
         ),
         "spec.server.allowFrom unset",
     ),

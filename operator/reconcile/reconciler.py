@@ -25,7 +25,7 @@ from kubeinfer.operator.builders.endpointslice import (
     ready_addresses,
     slice_grpc_port,
 )
-from kubeinfer.operator.reconcile import backoff, coldstart, diagnosis, events, report
+from kubeinfer.operator.reconcile import backoff, coldstart, diagnosis, events, pool, report
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.grpcports import GrpcPorts
@@ -338,6 +338,9 @@ class Reconciler:
             self._event_later(body, conditions.CREATED, "created " + ", ".join(created))
         for kind in (k for k, obj in built.items() if obj is None and k != k8s.ENDPOINT_SLICE.kind):
             await self._delete_unwanted(body, lookup, kind)
+        if isvc.spec.pool is not None:
+            await self._write_pooled_status(body, lookup, isvc, current_status)
+            return
         routed = await self._route(body, lookup, isvc, ready_replicas(seen) > 0, to_activator, failed)
 
         error = errors[-1] if errors else None
@@ -346,6 +349,26 @@ class Reconciler:
             isvc, deployment, state, current_status, self.clock(), activator=self.activator, routed=routed
         )
         await self._write_status(body, desired_status, note=state.note)
+
+    async def _write_pooled_status(
+        self,
+        body: Mapping[str, Any],
+        lookup: Lookup,
+        isvc: api.InferenceService,
+        current_status: Mapping[str, Any],
+    ) -> None:
+        """The status of an InferenceService on a pool (``spec.pool``): Ready from the ModelPool (as
+        watched: absent, its Deployment's ready replicas) and from whether another InferenceService of the
+        pool took its served model name (among those this reconciler knows, :attr:`bodies`)."""
+        namespace, pool_name = isvc.namespace, str(isvc.spec.pool)
+        taken = pool.pool_members(pool_name, namespace, self.bodies.values()).taken.get(isvc.name)
+        ready = pool.pooled_ready(
+            isvc,
+            lookup(api.POOL_KIND, namespace, pool_name),
+            lookup(k8s.DEPLOYMENT.kind, namespace, pool_name),
+            taken,
+        )
+        await self._write_status(body, pool.pooled_status(isvc, ready, current_status, self.clock()))
 
     def _grpc_port(self, lookup: Lookup, isvc: api.InferenceService) -> int:
         """The gRPC port of the activator EndpointSlice of ``isvc``, which routes to the activator: its
@@ -637,8 +660,11 @@ class Reconciler:
         namespace = str(meta["namespace"])
         owned = BY_KIND[kind]
         name = owned.name_of(str(meta["name"]))
-        if self._current(lookup, kind, namespace, name) is None:
+        current = self._current(lookup, kind, namespace, name)
+        if current is None:
             return
+        if ((current.get("metadata") or {}).get("labels") or {}).get(ISVC_LABEL) != meta["name"]:
+            return  # not this InferenceService's (a ModelPool's Deployment of the same name)
         if await self.kube.delete(owned.resource.path(namespace, name)):
             self._event_later(body, conditions.DELETED, f"deleted {kind} {name} ({owned.unwanted})")
         self._applied.pop((kind, namespace, name), None)

@@ -13,9 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def crds(cluster: Cluster) -> None:
-    """The InferenceService and kopf peering CRDs, applied from crds/ and Established."""
+    """The InferenceService, ModelPool and kopf peering CRDs, applied from crds/ and Established."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    for name in ("inferenceservices.kubeinfer.io", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
+    for name in (
+        "inferenceservices.kubeinfer.io",
+        "modelpools.kubeinfer.io",
+        "kopfpeerings.kopf.dev",
+        "clusterkopfpeerings.kopf.dev",
+    ):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
     # discovery of the new kind by kubectl (cached) can lag the CRD by a moment
     wait_until(

@@ -20,7 +20,13 @@ from hack.devtools.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, 
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+#: The examples of one InferenceService each (examples/pool.yaml, a ModelPool and its models, has its own
+#: tests: tests/unit/operator/test_operator_pool.py).
+EXAMPLES = [
+    p
+    for p in sorted((ROOT / "examples").glob("*.yaml"))
+    if [d.get("kind") for d in yaml.safe_load_all(p.read_text())] == ["InferenceService"]
+]
 WATCHED = {"deployments", "services", "configmaps", "poddisruptionbudgets", "inferenceservices", "events"}
 
 

@@ -23,7 +23,10 @@ def test_the_tables_name_every_reason() -> None:
     for event in conditions.EVENTS:
         assert f"| {event.type} | `{event.name}` |" in tables, event.name
     assert "| False `ImagePullBackOff`, `InvalidImageName` |" in tables  # one row per shared meaning
-    assert "Every False reason except `Creating`, `Progressing` and `ApiServerError` also sets" in tables
+    assert (
+        "Every False reason except `Creating`, `Progressing`, `ApiServerError`, `PoolNotFound` and "
+        "`PoolNotReady` also sets" in tables
+    )
 
 
 def test_a_stale_table_is_seen() -> None:

@@ -25,7 +25,13 @@ from kubeinfer.runtime.config import RuntimeConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).parent / "golden"
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+#: The examples of one InferenceService each (examples/pool.yaml, a ModelPool and its models, has its own
+#: tests: tests/unit/operator/test_operator_pool.py).
+EXAMPLES = [
+    p
+    for p in sorted((ROOT / "examples").glob("*.yaml"))
+    if [d.get("kind") for d in yaml.safe_load_all(p.read_text())] == ["InferenceService"]
+]
 UPDATE = os.environ.get("KUBEINFER_UPDATE_GOLDEN") == "1"
 #: The operator's Prometheus as the golden NetworkPolicies admit it (settings: prometheus_namespace).
 SCRAPERS = (scraper_peer("monitoring", {"app.kubernetes.io/name": "prometheus"}),)

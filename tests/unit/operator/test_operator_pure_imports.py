@@ -18,6 +18,7 @@ PURE = (
     "kubeinfer.operator.reconcile.diagnosis",
     "kubeinfer.operator.reconcile.events",
     "kubeinfer.operator.reconcile.report",
+    "kubeinfer.operator.reconcile.pool",
     "kubeinfer.operator.autoscale.policy",
 )
 #: What none of them may load.

@@ -1,0 +1,185 @@
+"""A ModelPool and two pooled InferenceServices against a real API server (no kubelet: no pod runs): the
+operator applies the pool's Deployment and its one ConfigMap with both models, each InferenceService
+gets its Service selecting the pool's pods and no Deployment of its own; a model leaving changes the
+ConfigMap and not the Deployment; the API server refuses a pooled InferenceService's resources, naming
+the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from kubeinfer.operator import api, conditions
+
+from hack.devtools.operator_proc import OperatorProcess
+from kubeinfer.contract.pool import POOL_LABEL, REPOSITORY_DIR
+from tests.support.cluster import Cluster, wait_until
+
+
+def _get(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(r.stdout)
+    return obj
+
+
+def _pool(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.POOL_KIND,
+        "metadata": {"name": name},
+        "spec": {"memoryBudget": "2Gi", "resources": {"gpus": 0, "cpu": "1", "memory": "4Gi"}, **spec},
+    }
+
+
+def _pooled(name: str, pool: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {"pool": pool, "model": {"uri": f"/models/{name}", "format": "onnx"}, **spec},
+    }
+
+
+def _ready(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any]:
+    obj = _get(cluster, ns, kind, name) or {}
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == "Ready"), {})
+
+
+def test_pool_serves_its_models_through_their_own_services(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = op_namespace
+    cluster.apply(_pool("small", pinned=["alpha"]), "-n", ns)
+    cluster.apply(_pooled("alpha", "small"), "-n", ns)
+    cluster.apply(_pooled("beta", "small"), "-n", ns)
+
+    def both_models() -> dict[str, Any] | None:
+        cm = _get(cluster, ns, "configmap", "small-repository")
+        return cm if cm and sorted(cm.get("data") or {}) == ["alpha.yaml", "beta.yaml"] else None
+
+    cm = wait_until(both_models, timeout=30, message="the pool's ConfigMap with both models")
+    assert "source: /models/beta" in cm["data"]["beta.yaml"]
+    dep = wait_until(lambda: _get(cluster, ns, "deployment", "small"), timeout=30, message="Deployment small")
+    assert dep["metadata"]["ownerReferences"][0]["kind"] == api.POOL_KIND
+    pod = dep["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["args"][:3] == ["serve", "--model-repository", REPOSITORY_DIR]
+    assert container["args"][-2:] == ["--pin", "alpha"]
+    (models,) = [v for v in pod["spec"]["volumes"] if v["name"] == "models"]
+    assert models["configMap"]["name"] == "small-repository" and "items" not in models["configMap"]
+    selector = dep["spec"]["selector"]["matchLabels"]
+    assert selector[POOL_LABEL] == "small"
+
+    for name in ("alpha", "beta"):
+        svc = wait_until(
+            lambda n=name: _get(cluster, ns, "service", n), timeout=30, message=f"Service {name}"
+        )
+        assert svc["spec"]["selector"] == selector
+        assert [p["port"] for p in svc["spec"]["ports"]] == [8080, 8081]
+        assert _get(cluster, ns, "deployment", name) is None
+        assert _get(cluster, ns, "configmap", f"{name}-runtime") is None
+        # no kubelet here: the pool has no ready replica, and its models say so
+        ready = wait_until(
+            lambda n=name: (
+                _ready(cluster, ns, "kisvc", n).get("reason") == conditions.POOL_NOT_READY
+                and _ready(cluster, ns, "kisvc", n)
+            ),
+            timeout=30,
+            message=f"{name} Ready=False PoolNotReady",
+        )
+        assert ready["message"] == "ModelPool small: 0/1 replicas ready"
+    status = wait_until(
+        lambda: (
+            ((_get(cluster, ns, "kpool", "small") or {}).get("status") or {}).get("models") == 2
+            and _get(cluster, ns, "kpool", "small")
+        ),
+        timeout=30,
+        message="the pool's status counts 2 models",
+    )["status"]
+    assert (
+        status["observedGeneration"] == 1 and status["conditions"][0]["reason"] == conditions.POOL_NOT_READY
+    )
+
+    # a model leaving changes the ConfigMap only: the Deployment (its pod template) is not written again
+    generation = dep["metadata"]["generation"]
+    cluster.kubectl("delete", "kisvc", "beta", "-n", ns, "--wait=false")
+    wait_until(
+        lambda: (
+            sorted((_get(cluster, ns, "configmap", "small-repository") or {}).get("data") or {})
+            == ["alpha.yaml"]
+        ),
+        timeout=30,
+        message="beta.yaml gone from the pool's ConfigMap",
+    )
+    assert (_get(cluster, ns, "deployment", "small") or {})["metadata"]["generation"] == generation
+
+    # an InferenceService naming a pool that does not exist says so, naming it
+    cluster.apply(_pooled("gamma", "nowhere"), "-n", ns)
+    missing = wait_until(
+        lambda: (
+            _ready(cluster, ns, "kisvc", "gamma").get("reason") == conditions.POOL_NOT_FOUND
+            and _ready(cluster, ns, "kisvc", "gamma")
+        ),
+        timeout=30,
+        message="gamma Ready=False PoolNotFound",
+    )
+    assert "ModelPool nowhere" in missing["message"]
+    assert (_get(cluster, ns, "service", "gamma") or {})["spec"]["selector"][POOL_LABEL] == "nowhere"
+
+
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("pooled-resources", _pooled("res", "small", resources={"cpu": "4"}), "spec.resources"),
+    ("pooled-gpus", _pooled("gpus", "small", resources={"gpus": 2}), "spec.resources.gpus"),
+    ("pooled-replicas", _pooled("reps", "small", replicas=3), "spec.replicas"),
+    (
+        "pooled-scale-to-zero",
+        _pooled("zero", "small", autoscaling={"enabled": True, "minReplicas": 0}),
+        "spec.autoscaling",
+    ),
+    ("pooled-fetched-model", _pooled("fetched", "small", model={"uri": "hf://org/model"}), "spec.model.uri"),
+    (
+        "pooled-auth",
+        _pooled("auth", "small", server={"auth": {"bearerTokenSecretRef": {"name": "s", "key": "k"}}}),
+        "spec.server.auth",
+    ),
+    ("pool-budget-over-memory", _pool("pool", memoryBudget="5Gi"), "spec.memoryBudget"),
+    ("pool-zero-replicas", _pool("pool", replicas=0), "spec.replicas"),
+]
+
+
+@pytest.mark.parametrize("manifest, field", [(m, f) for _, m, f in REFUSED], ids=[i for i, _, _ in REFUSED])
+def test_the_api_server_refuses_naming_the_field(
+    cluster: Cluster, op_namespace: str, manifest: dict[str, Any], field: str
+) -> None:
+    result = cluster.kubectl(
+        "apply",
+        "--dry-run=server",
+        "-n",
+        op_namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(manifest),
+        check=False,
+    )
+    assert result.returncode != 0, f"accepted: {manifest}"
+    assert field in result.stderr, result.stderr
+
+
+def test_a_pooled_isvc_with_defaults_written_out_is_accepted(cluster: Cluster, op_namespace: str) -> None:
+    manifest = _pooled("ok", "small", resources={"gpus": 0, "cpu": "2", "memory": "8Gi"}, replicas=1)
+    result = cluster.kubectl(
+        "apply",
+        "--dry-run=server",
+        "-n",
+        op_namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(manifest),
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
