@@ -3,10 +3,10 @@ while its first replica starts, and no request is lost.
 
 The model is Triton's ``simple`` add/sub as ONNX (a tiny graph: a cold start here is the runtime's and
 the kubelet's, not a model's load), served from a file server on the node. The service has
-``minReplicas: 0`` with a 2 s idle window on 5 s signal windows; the session's operator decides every 5 s. Each case waits for
-the service to reach zero (Deployment at 0 replicas, its pods gone, the Service without a selector and the
-operator's EndpointSlice listing the activator's pods), then sends its requests through the Service's
-ClusterIP as a client of the cluster would:
+``minReplicas: 0`` with a 2 s idle window on 5 s signal windows; the session's operator decides every
+5 s. Each case waits for the service to reach zero (Deployment at 0 replicas, its pods gone, the Service
+without a selector and the operator's EndpointSlice listing the activator's pods), then sends its
+requests through the Service's ClusterIP as a client of the cluster would:
 
 1. 0 -> 1 with 1 REST request, 10 gRPC calls, then 100 requests (50 REST, 50 gRPC) held together (the
    activator's per-service bound): every one answered with the right sums, none refused;
