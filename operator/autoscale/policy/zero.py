@@ -32,8 +32,15 @@ def idle(obs: Observation) -> bool:
 
 def idle_since(t: Tick) -> float | None:
     """The start of the idle run ``t`` is part of (``t.now`` when it starts here), or None when ``t``
-    is not idle or scale to zero is off (the state then carries nothing)."""
-    if t.policy.idle_after_seconds is None or not idle(t.obs):
+    is not idle, a replica is still starting, or scale to zero is off (the state then carries nothing).
+
+    A tick with a replica starting (``Tick.starting``: fewer ready than asked for) is not idle: a
+    service woken from zero reads idle on its last pod's series until its new pod serves the requests
+    the activator holds for it, and going back to zero then would leave them waiting for a replica
+    nobody asks for any more (the activator's demand is older than the new scale to zero). The cost: a
+    replica that never turns ready (unschedulable, crash-looping) keeps its service from zero, its
+    ``Ready=False`` condition saying why."""
+    if t.policy.idle_after_seconds is None or not idle(t.obs) or t.starting > 0:
         return None
     return t.state.idle_since if t.state.idle_since is not None else t.now
 

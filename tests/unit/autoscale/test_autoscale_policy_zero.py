@@ -88,3 +88,16 @@ def test_a_restarted_operator_waits_a_whole_window() -> None:
 def test_the_idle_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="idle_after_seconds must be > 0"):
         Policy(idle_after_seconds=0.0)
+
+
+def test_a_replica_still_starting_is_not_idle() -> None:
+    """Woken from zero (1 replica asked, none ready yet), the stale series of its last pod read idle:
+    no idle run starts until the replica is ready, so the requests held for it are not stranded."""
+    state, decisions = SETTLED, []
+    for i in range(40):
+        ready = 0 if i < 30 else 1  # the new pod turns ready on tick 30
+        decision = decide(IDLE, Current(1, 0.005, ready_replicas=ready), ZERO, state, i * TICK)
+        decisions.append(decision)
+        state = decision.state
+    assert all(d.replicas == 1 for d in decisions), [d.reason for d in decisions if d.replicas != 1]
+    assert state.idle_since == 30 * TICK  # the run starts once the replica is ready
