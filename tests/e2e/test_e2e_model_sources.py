@@ -389,9 +389,18 @@ def test_every_scheme_fetches_its_model_turns_ready_and_serves(
     for obj in isvcs:
         wait_isvc(cluster, ns, obj["metadata"]["name"], "True", timeout=420)
 
-    for name in ("from-s3", "from-http", "from-https", "from-oci", "from-pvc"):
-        _add_sub(_service_url(cluster, ns, name))
-    _reranks(_service_url(cluster, ns, "from-hf"))
+    try:
+        for name in ("from-s3", "from-http", "from-https", "from-oci", "from-pvc"):
+            _add_sub(_service_url(cluster, ns, name))
+        _reranks(_service_url(cluster, ns, "from-hf"))
+    except Exception:
+        # what the Services led to: the pods (restarts, last state) and the endpoints
+        print(cluster.kubectl("get", "pods,endpointslices", "-n", ns, "-o", "wide", check=False).stdout)
+        for pod in cluster.get_json("pods", "-n", ns)["items"]:
+            for c in pod.get("status", {}).get("containerStatuses") or []:
+                if c.get("restartCount") or not c.get("ready"):
+                    print(pod["metadata"]["name"], c.get("restartCount"), c.get("lastState"), c.get("state"))
+        raise
     _triton_examples(cluster, ns, "from-oci")
 
     # the fetch ran as the init container and said what it fetched; the Ready Event tells it too
