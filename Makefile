@@ -23,20 +23,21 @@ PYTEST_DURATIONS := --durations=30 --durations-min=1
 
 # The unit and integration tiers on two workers, a test file per worker at a time (module fixtures stay
 # whole): their tests wait on processes and servers as much as they compute, so two take about 60 % of
-# one's wall time on 2 cores. The e2e tier alone after them: one node cluster per machine, and its
-# timing-sensitive cases (the autoscaler's loop on the node) want the CPU to themselves.
+# one's wall time on 2 cores. One pytest per tier, so that each tier's time is its own. The e2e tier
+# alone after them: one node cluster per machine, and its timing-sensitive cases (the autoscaler's
+# loop on the node) want the CPU to themselves. Every tier runs even if one before it failed.
 PYTEST_WORKERS := -n 2 --dist loadfile
 
-test: images ## setup and images, then the unit and integration tests (two workers), then the end-to-end (real node) tests; prints the 30 slowest and each tier's time
-	@$(PY) -m pytest $(PYTEST_DURATIONS) $(PYTEST_WORKERS) tests/unit tests/integration; a=$$?; \
-	  $(PY) -m pytest $(PYTEST_DURATIONS) tests/e2e; b=$$?; \
-	  for rc in $$a $$b; do \
-	    if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; \
-	    if [ $$rc -ne 0 ]; then exit $$rc; fi; \
-	  done
+test: images ## setup and images, then the unit and integration tests (two workers each), then the end-to-end (real node) tests; prints the 30 slowest and each tier's time
+	@rc=0; \
+	  for tier in "$(PYTEST_WORKERS) tests/unit" "$(PYTEST_WORKERS) tests/integration" "tests/e2e"; do \
+	    $(PY) -m pytest $(PYTEST_DURATIONS) $$tier; r=$$?; \
+	    if [ $$r -eq 5 ]; then echo "pytest collected no tests ($$tier): failing" >&2; r=1; fi; \
+	    if [ $$rc -eq 0 ]; then rc=$$r; fi; \
+	  done; exit $$rc
 
-test-unit: ## unit tests only (no setup of the control plane)
-	@$(PY) -m pytest $(PYTEST_DURATIONS) tests/unit
+test-unit: ## unit tests only (no setup of the control plane; two workers)
+	@$(PY) -m pytest $(PYTEST_DURATIONS) $(PYTEST_WORKERS) tests/unit
 
 test-integration: setup ## integration tests only (two workers)
 	@$(PY) -m pytest $(PYTEST_DURATIONS) $(PYTEST_WORKERS) tests/integration
