@@ -11,6 +11,8 @@ package: its modules import them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubeinfer.operator.api.formats import DURATION_PATTERN
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
@@ -116,3 +118,16 @@ def _cel_at_default(path: str, default: object) -> str:
             raise ValueError(f"{path}: a non-empty list default cannot be compared in CEL")
         return f"(!has({path}) || {path}.size() == 0)"
     return f"(!has({path}) || {path} == {_cel_literal(default)})"
+
+
+def _identity(body: Any) -> dict[str, Any]:
+    """The identity of a custom-resource mapping: ``name``, ``namespace`` (``default`` when absent),
+    ``uid`` (``""``) and ``generation`` (0), for a resource model's constructor. Raises ``KeyError``
+    without ``metadata.name``."""
+    meta = body.get("metadata") or {}
+    return {
+        "name": meta["name"],
+        "namespace": meta.get("namespace") or "default",
+        "uid": meta.get("uid") or "",
+        "generation": int(meta.get("generation") or 0),
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from kubeinfer.operator.api.base import _cel, _Spec, _Status
+from kubeinfer.operator.api.base import _cel, _identity, _Spec, _Status
 from kubeinfer.operator.api.formats import Quantity, cpu_cores
 from kubeinfer.operator.api.status import Condition
 from kubeinfer.operator.api.workload import DEFAULT_IMAGE, ResourcesSpec
@@ -133,12 +133,8 @@ class ModelPool(BaseModel):
         Raises:
             pydantic.ValidationError: the spec breaks a rule (the message names the field).
         """
-        meta = body.get("metadata") or {}
         return cls(
-            name=meta["name"],
-            namespace=meta.get("namespace") or "default",
-            uid=meta.get("uid") or "",
-            generation=int(meta.get("generation") or 0),
+            **_identity(body),
             spec=ModelPoolSpec.from_k8s(body.get("spec")),
             status=ModelPoolStatus.from_k8s(body.get("status")),
         )

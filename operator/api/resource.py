@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kubeinfer.operator.api.base import _identity
 from kubeinfer.operator.api.spec import InferenceServiceSpec
 from kubeinfer.operator.api.status import InferenceServiceStatus
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,12 +68,8 @@ class InferenceService(BaseModel):
         Raises:
             pydantic.ValidationError: the spec breaks a rule (the message names the field).
         """
-        meta = body.get("metadata") or {}
         return cls(
-            name=meta["name"],
-            namespace=meta.get("namespace") or "default",
-            uid=meta.get("uid") or "",
-            generation=int(meta.get("generation") or 0),
+            **_identity(body),
             spec=InferenceServiceSpec.from_k8s(body.get("spec")),
             status=InferenceServiceStatus.from_k8s(body.get("status")),
         )

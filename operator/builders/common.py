@@ -55,26 +55,35 @@ def selector_string(isvc: api.InferenceService) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(isvc).items()))
 
 
-def owner_reference(isvc: api.InferenceService) -> dict[str, Any]:
-    """The controller owner reference to the InferenceService (garbage collection on delete)."""
+def controller_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
+    """The controller owner reference to the kubeinfer.io object ``kind``/``name`` (garbage collection
+    on its delete)."""
     return {
         "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "name": isvc.name,
-        "uid": isvc.uid,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
 
 
+def owner_reference(isvc: api.InferenceService) -> dict[str, Any]:
+    """The controller owner reference to the InferenceService (garbage collection on delete)."""
+    return controller_reference(api.KIND, isvc.name, isvc.uid)
+
+
+def owned_metadata(
+    name: str, namespace: str, object_labels: dict[str, str], owner: dict[str, Any]
+) -> dict[str, Any]:
+    """``metadata`` of an object the operator owns: its name, namespace, labels and one controller
+    owner reference (``controller_reference``)."""
+    return {"name": name, "namespace": namespace, "labels": object_labels, "ownerReferences": [owner]}
+
+
 def metadata(isvc: api.InferenceService, name: str) -> dict[str, Any]:
     """``metadata`` of an owned object."""
-    return {
-        "name": name,
-        "namespace": isvc.namespace,
-        "labels": labels(isvc),
-        "ownerReferences": [owner_reference(isvc)],
-    }
+    return owned_metadata(name, isvc.namespace, labels(isvc), owner_reference(isvc))
 
 
 def stable_hash(obj: Any) -> str:

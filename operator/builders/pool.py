@@ -17,6 +17,8 @@ from kubeinfer.operator import api
 from kubeinfer.operator.builders.common import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    controller_reference,
+    owned_metadata,
     pool_selector_labels,
     with_applied_hash,
 )
@@ -57,23 +59,11 @@ def pool_labels(pool: api.ModelPool) -> dict[str, str]:
 
 def pool_owner_reference(pool: api.ModelPool) -> dict[str, Any]:
     """The controller owner reference to the ModelPool (garbage collection on delete)."""
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.POOL_KIND,
-        "name": pool.name,
-        "uid": pool.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return controller_reference(api.POOL_KIND, pool.name, pool.uid)
 
 
 def _metadata(pool: api.ModelPool, name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": pool.namespace,
-        "labels": pool_labels(pool),
-        "ownerReferences": [pool_owner_reference(pool)],
-    }
+    return owned_metadata(name, pool.namespace, pool_labels(pool), pool_owner_reference(pool))
 
 
 def build_pool_configmap(pool: api.ModelPool, models: Sequence[api.InferenceService]) -> dict[str, Any]:
