@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,22 @@ def runtime_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, 
     """The runtime pods of InferenceService ``name`` (not terminating)."""
     items = cluster.get_json("pods", "-n", namespace, "-l", f"kubeinfer.io/inferenceservice={name}")["items"]
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def accepting(address: str, timeout: float = 60.0) -> str:
+    """``address`` (``IP:port``, a Service's ClusterIP) once a TCP connection to it is accepted;
+    raises ``TimeoutError`` after ``timeout`` seconds. A Service's endpoints reach kube-proxy's rules a
+    moment after its pods turn Ready (the EndpointSlice, then kube-proxy's next sync; until then a
+    connection is refused), so a test that calls through the ClusterIP right after the
+    InferenceService is Ready waits for this first, as a client with a retry would."""
+    host, port = address.rsplit(":", 1)
+
+    def accepts() -> bool:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2.0):
+                return True
+        except OSError:
+            return False
+
+    wait_until(accepts, timeout=timeout, interval=0.5, message=f"{address} accepting connections")
+    return address

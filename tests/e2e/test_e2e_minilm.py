@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from kubeinfer.operator.api import DEFAULT_IMAGE
 
 from hack.devtools.prom import PrometheusServer
-from tests.e2e.conftest import isvc_condition, runtime_pods, wait_isvc
+from tests.e2e.conftest import accepting, isvc_condition, runtime_pods, wait_isvc
 from tests.support.cluster import Cluster, wait_until
 from tests.support.perf_analyzer import check_report, command, perf_analyzer, run
 
@@ -65,7 +65,7 @@ def _ts(s: str) -> float:
 def _cluster_ip(cluster: Cluster, ns: str) -> str:
     svc = cluster.get_json("service", NAME, "-n", ns)
     port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
-    return f"{svc['spec']['clusterIP']}:{port}"
+    return accepting(f"{svc['spec']['clusterIP']}:{port}")
 
 
 def _embed(url: str, texts: list[str]) -> np.ndarray:

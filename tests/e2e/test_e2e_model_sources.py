@@ -41,7 +41,14 @@ import tritonclient.http as httpclient
 
 from hack.devtools.runtime_tiny import simple_onnx, tiny_hf_cross_encoder
 from hack.podnetwork import NODE_IP
-from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, isvc_condition, runtime_pods, wait_isvc
+from tests.e2e.conftest import (
+    OPERATOR_NAMESPACE,
+    OPERATOR_PODS,
+    accepting,
+    isvc_condition,
+    runtime_pods,
+    wait_isvc,
+)
 from tests.support.cluster import Cluster, wait_until
 from tests.support.hfhub import LocalHub
 from tests.support.registry import Registry, push_model_image
@@ -192,7 +199,7 @@ def _secret(name: str, data: dict[str, str], type_: str = "Opaque") -> dict[str,
 def _service_url(cluster: Cluster, ns: str, name: str) -> str:
     svc = cluster.get_json("service", name, "-n", ns)
     port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
-    return f"{svc['spec']['clusterIP']}:{port}"
+    return accepting(f"{svc['spec']['clusterIP']}:{port}")
 
 
 def _add_sub(url: str) -> None:
