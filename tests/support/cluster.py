@@ -296,3 +296,13 @@ def _write_kubeconfig(path: Path, doc: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def get_object(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
+    """``kind``/``name`` in namespace ``ns`` as ``kubectl get -o json`` gives it, ``None`` when it
+    cannot be read (absent, or the API refused)."""
+    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+    if r.returncode != 0:
+        return None
+    obj: dict[str, Any] = json.loads(r.stdout)
+    return obj

@@ -21,7 +21,7 @@ from kubeinfer.operator import api
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from tests.integration.operator.test_operator_validation import BASE, _merge
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, get_object, wait_until
 
 PEERS: list[dict[str, Any]] = [
     {"podSelector": {"matchLabels": {"app": "frontend"}}},
@@ -55,14 +55,6 @@ def operator(
         print(proc.log()[-5000:])
 
 
-def _get(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
-    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
-    if r.returncode != 0:
-        return None
-    obj: dict[str, Any] = json.loads(r.stdout)
-    return obj
-
-
 def _manifest(name: str, **server: Any) -> dict[str, Any]:
     return {
         "apiVersion": api.API_VERSION,
@@ -86,7 +78,9 @@ def _secret(cluster: Cluster, ns: str, name: str, token: str) -> None:
 
 
 def _policy(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    return wait_until(lambda: _get(cluster, ns, "networkpolicy", name), timeout=30, message="NetworkPolicy")
+    return wait_until(
+        lambda: get_object(cluster, ns, "networkpolicy", name), timeout=30, message="NetworkPolicy"
+    )
 
 
 def _events(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
@@ -105,10 +99,12 @@ def test_auth_and_allow_from_become_a_secret_ref_and_a_policy_and_the_token_is_n
     cluster.apply(
         _manifest(name, auth={"bearerTokenSecretRef": {"name": "guarded-token"}}, allowFrom=PEERS), "-n", ns
     )
-    isvc = wait_until(lambda: _get(cluster, ns, "kisvc", name), timeout=10, message="isvc")
-    dep = wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message="Deployment")
+    isvc = wait_until(lambda: get_object(cluster, ns, "kisvc", name), timeout=10, message="isvc")
+    dep = wait_until(lambda: get_object(cluster, ns, "deployment", name), timeout=30, message="Deployment")
     cm = wait_until(
-        lambda: _get(cluster, ns, "configmap", api.configmap_name(name)), timeout=30, message="ConfigMap"
+        lambda: get_object(cluster, ns, "configmap", api.configmap_name(name)),
+        timeout=30,
+        message="ConfigMap",
     )
     policy = _policy(cluster, ns, name)
 
@@ -148,7 +144,7 @@ def test_auth_and_allow_from_become_a_secret_ref_and_a_policy_and_the_token_is_n
         message="the Created Event names the NetworkPolicy",
     )
     wait_until(
-        lambda: ((_get(cluster, ns, "kisvc", name) or {}).get("status") or {}).get("url"),
+        lambda: ((get_object(cluster, ns, "kisvc", name) or {}).get("status") or {}).get("url"),
         timeout=30,
         message="status written",
     )
@@ -156,11 +152,11 @@ def test_auth_and_allow_from_become_a_secret_ref_and_a_policy_and_the_token_is_n
     # the token, as given and as the API stores it, in nothing the operator wrote, logged or requested
     encoded = base64.b64encode(token.encode()).decode()
     written = {
-        "InferenceService (status)": _get(cluster, ns, "kisvc", name),
-        "Deployment": _get(cluster, ns, "deployment", name),
-        "ConfigMap": _get(cluster, ns, "configmap", api.configmap_name(name)),
-        "NetworkPolicy": _get(cluster, ns, "networkpolicy", name),
-        "Service": _get(cluster, ns, "service", name),
+        "InferenceService (status)": get_object(cluster, ns, "kisvc", name),
+        "Deployment": get_object(cluster, ns, "deployment", name),
+        "ConfigMap": get_object(cluster, ns, "configmap", api.configmap_name(name)),
+        "NetworkPolicy": get_object(cluster, ns, "networkpolicy", name),
+        "Service": get_object(cluster, ns, "service", name),
         "Events": _events(cluster, ns, name),
     }
     for what, obj in written.items():
@@ -189,7 +185,9 @@ def test_networkpolicy_follows_allow_from_and_goes_with_the_inferenceservice(
     cluster.apply(_manifest(name, allowFrom=PEERS), "-n", ns)
     updated = wait_until(
         lambda: (
-            (p := _get(cluster, ns, "networkpolicy", name)) and p["spec"]["ingress"][0]["from"] == PEERS and p
+            (p := get_object(cluster, ns, "networkpolicy", name))
+            and p["spec"]["ingress"][0]["from"] == PEERS
+            and p
         ),
         timeout=30,
         message="NetworkPolicy updated",
@@ -201,7 +199,8 @@ def test_networkpolicy_follows_allow_from_and_goes_with_the_inferenceservice(
     cluster.kubectl("patch", "networkpolicy", name, "-n", ns, "--type=merge", "-p", everyone)
     wait_until(
         lambda: (
-            (p := _get(cluster, ns, "networkpolicy", name)) and p["spec"]["ingress"][0].get("from") == PEERS
+            (p := get_object(cluster, ns, "networkpolicy", name))
+            and p["spec"]["ingress"][0].get("from") == PEERS
         ),
         timeout=30,
         message="hand-edited NetworkPolicy put back",
@@ -219,7 +218,9 @@ def test_networkpolicy_follows_allow_from_and_goes_with_the_inferenceservice(
         json.dumps({"spec": {"server": {"allowFrom": None}}}),
     )
     wait_until(
-        lambda: _get(cluster, ns, "networkpolicy", name) is None, timeout=30, message="NetworkPolicy deleted"
+        lambda: get_object(cluster, ns, "networkpolicy", name) is None,
+        timeout=30,
+        message="NetworkPolicy deleted",
     )
     wait_until(
         lambda: any(
@@ -230,7 +231,7 @@ def test_networkpolicy_follows_allow_from_and_goes_with_the_inferenceservice(
         timeout=30,
         message="the Deleted Event",
     )
-    assert _get(cluster, ns, "deployment", name) is not None  # nothing else went
+    assert get_object(cluster, ns, "deployment", name) is not None  # nothing else went
 
     # allowFrom back: a new policy; the InferenceService deleted: the policy goes with it
     cluster.apply(_manifest(name, allowFrom=PEERS[1:]), "-n", ns)
@@ -238,7 +239,7 @@ def test_networkpolicy_follows_allow_from_and_goes_with_the_inferenceservice(
     assert again["metadata"]["uid"] != uid and again["spec"]["ingress"][0]["from"] == PEERS[1:]
     cluster.kubectl("delete", "kisvc", name, "-n", ns, "--timeout=60s")
     wait_until(
-        lambda: _get(cluster, ns, "networkpolicy", name) is None,
+        lambda: get_object(cluster, ns, "networkpolicy", name) is None,
         timeout=60,
         message="NetworkPolicy garbage-collected with its owner",
     )

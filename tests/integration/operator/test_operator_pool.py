@@ -6,7 +6,6 @@ the field."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -15,15 +14,7 @@ from kubeinfer.operator import api, conditions
 
 from hack.devtools.operator_proc import OperatorProcess
 from kubeinfer.contract.pool import POOL_LABEL, REPOSITORY_DIR
-from tests.support.cluster import Cluster, wait_until
-
-
-def _get(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
-    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
-    if r.returncode != 0:
-        return None
-    obj: dict[str, Any] = json.loads(r.stdout)
-    return obj
+from tests.support.cluster import Cluster, get_object, wait_until
 
 
 def _pool(name: str, **spec: Any) -> dict[str, Any]:
@@ -45,7 +36,7 @@ def _pooled(name: str, pool: str, **spec: Any) -> dict[str, Any]:
 
 
 def _ready(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any]:
-    obj = _get(cluster, ns, kind, name) or {}
+    obj = get_object(cluster, ns, kind, name) or {}
     conds = (obj.get("status") or {}).get("conditions") or []
     return next((c for c in conds if c["type"] == "Ready"), {})
 
@@ -59,12 +50,14 @@ def test_pool_serves_its_models_through_their_own_services(
     cluster.apply(_pooled("beta", "small"), "-n", ns)
 
     def both_models() -> dict[str, Any] | None:
-        cm = _get(cluster, ns, "configmap", "small-repository")
+        cm = get_object(cluster, ns, "configmap", "small-repository")
         return cm if cm and sorted(cm.get("data") or {}) == ["alpha.yaml", "beta.yaml"] else None
 
     cm = wait_until(both_models, timeout=30, message="the pool's ConfigMap with both models")
     assert "source: /models/beta" in cm["data"]["beta.yaml"]
-    dep = wait_until(lambda: _get(cluster, ns, "deployment", "small"), timeout=30, message="Deployment small")
+    dep = wait_until(
+        lambda: get_object(cluster, ns, "deployment", "small"), timeout=30, message="Deployment small"
+    )
     assert dep["metadata"]["ownerReferences"][0]["kind"] == api.POOL_KIND
     pod = dep["spec"]["template"]
     (container,) = pod["spec"]["containers"]
@@ -77,12 +70,12 @@ def test_pool_serves_its_models_through_their_own_services(
 
     for name in ("alpha", "beta"):
         svc = wait_until(
-            lambda n=name: _get(cluster, ns, "service", n), timeout=30, message=f"Service {name}"
+            lambda n=name: get_object(cluster, ns, "service", n), timeout=30, message=f"Service {name}"
         )
         assert svc["spec"]["selector"] == selector
         assert [p["port"] for p in svc["spec"]["ports"]] == [8080, 8081]
-        assert _get(cluster, ns, "deployment", name) is None
-        assert _get(cluster, ns, "configmap", f"{name}-runtime") is None
+        assert get_object(cluster, ns, "deployment", name) is None
+        assert get_object(cluster, ns, "configmap", f"{name}-runtime") is None
         # no kubelet here: the pool has no ready replica, and its models say so
         ready = wait_until(
             lambda n=name: (
@@ -95,8 +88,8 @@ def test_pool_serves_its_models_through_their_own_services(
         assert ready["message"] == "ModelPool small: 0/1 replicas ready"
     status = wait_until(
         lambda: (
-            ((_get(cluster, ns, "kpool", "small") or {}).get("status") or {}).get("models") == 2
-            and _get(cluster, ns, "kpool", "small")
+            ((get_object(cluster, ns, "kpool", "small") or {}).get("status") or {}).get("models") == 2
+            and get_object(cluster, ns, "kpool", "small")
         ),
         timeout=30,
         message="the pool's status counts 2 models",
@@ -110,13 +103,13 @@ def test_pool_serves_its_models_through_their_own_services(
     cluster.kubectl("delete", "kisvc", "beta", "-n", ns, "--wait=false")
     wait_until(
         lambda: (
-            sorted((_get(cluster, ns, "configmap", "small-repository") or {}).get("data") or {})
+            sorted((get_object(cluster, ns, "configmap", "small-repository") or {}).get("data") or {})
             == ["alpha.yaml"]
         ),
         timeout=30,
         message="beta.yaml gone from the pool's ConfigMap",
     )
-    assert (_get(cluster, ns, "deployment", "small") or {})["metadata"]["generation"] == generation
+    assert (get_object(cluster, ns, "deployment", "small") or {})["metadata"]["generation"] == generation
 
     # an InferenceService naming a pool that does not exist says so, naming it
     cluster.apply(_pooled("gamma", "nowhere"), "-n", ns)
@@ -129,7 +122,7 @@ def test_pool_serves_its_models_through_their_own_services(
         message="gamma Ready=False PoolNotFound",
     )
     assert "ModelPool nowhere" in missing["message"]
-    assert (_get(cluster, ns, "service", "gamma") or {})["spec"]["selector"][POOL_LABEL] == "nowhere"
+    assert (get_object(cluster, ns, "service", "gamma") or {})["spec"]["selector"][POOL_LABEL] == "nowhere"
 
 
 REFUSED: list[tuple[str, dict[str, Any], str]] = [

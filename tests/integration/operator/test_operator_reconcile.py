@@ -17,7 +17,7 @@ from kubeinfer.operator.reconcile import diff, replicas
 from kubeinfer.runtime.config import RuntimeConfig
 
 from hack.devtools.operator_proc import TEST_ENV, WRITE_VERBS, OperatorProcess, api_write_series, series_diff
-from tests.support.cluster import Cluster, wait_until
+from tests.support.cluster import Cluster, get_object, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 #: The examples of one InferenceService each (examples/pool.yaml, a ModelPool and its models, has its own
@@ -28,14 +28,6 @@ EXAMPLES = [
     if [d.get("kind") for d in yaml.safe_load_all(p.read_text())] == ["InferenceService"]
 ]
 WATCHED = {"deployments", "services", "configmaps", "poddisruptionbudgets", "inferenceservices", "events"}
-
-
-def _get(cluster: Cluster, ns: str, kind: str, name: str) -> dict[str, Any] | None:
-    r = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
-    if r.returncode != 0:
-        return None
-    obj: dict[str, Any] = json.loads(r.stdout)
-    return obj
 
 
 def _isvc_manifest(name: str, **spec: Any) -> dict[str, Any]:
@@ -51,11 +43,13 @@ def _isvc_manifest(name: str, **spec: Any) -> dict[str, Any]:
 def _create(cluster: Cluster, ns: str, manifest: dict[str, Any]) -> dict[str, Any]:
     cluster.apply(manifest, "-n", ns)
     name = manifest["metadata"]["name"]
-    return wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message=f"Deployment {name}")
+    return wait_until(
+        lambda: get_object(cluster, ns, "deployment", name), timeout=30, message=f"Deployment {name}"
+    )
 
 
 def _ready(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
-    isvc = _get(cluster, ns, "kisvc", name) or {}
+    isvc = get_object(cluster, ns, "kisvc", name) or {}
     conds = (isvc.get("status") or {}).get("conditions") or []
     return next((c for c in conds if c["type"] == "Ready"), None)
 
@@ -104,13 +98,13 @@ def test_example_produces_expected_objects(
             ns,
         )
     _create(cluster, ns, manifest)
-    body = wait_until(lambda: _get(cluster, ns, "kisvc", name), timeout=10, message="isvc")
+    body = wait_until(lambda: get_object(cluster, ns, "kisvc", name), timeout=10, message="isvc")
     isvc = api.InferenceService.from_body(body)
-    svc = wait_until(lambda: _get(cluster, ns, "service", name), timeout=30, message="Service")
+    svc = wait_until(lambda: get_object(cluster, ns, "service", name), timeout=30, message="Service")
     cm = wait_until(
-        lambda: _get(cluster, ns, "configmap", api.configmap_name(name)), timeout=30, message="CM"
+        lambda: get_object(cluster, ns, "configmap", api.configmap_name(name)), timeout=30, message="CM"
     )
-    dep = wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message="Deployment")
+    dep = wait_until(lambda: get_object(cluster, ns, "deployment", name), timeout=30, message="Deployment")
 
     expected_dep = build_deployment(isvc, replicas=replicas.desired_replicas(isvc, None))
     assert diff.is_subset(expected_dep["spec"]["template"], dep["spec"]["template"])
@@ -121,12 +115,12 @@ def test_example_produces_expected_objects(
     expected_cfg = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
     assert cfg == RuntimeConfig.from_yaml(expected_cfg)
     if build_pdb(isvc) is not None:
-        wait_until(lambda: _get(cluster, ns, "pdb", name), timeout=30, message="PodDisruptionBudget")
+        wait_until(lambda: get_object(cluster, ns, "pdb", name), timeout=30, message="PodDisruptionBudget")
     # status: URL, selector, batch timeout in force, observed generation
     status = wait_until(
         lambda: (
-            (_get(cluster, ns, "kisvc", name) or {}).get("status", {}).get("url")
-            and _get(cluster, ns, "kisvc", name)["status"]
+            (get_object(cluster, ns, "kisvc", name) or {}).get("status", {}).get("url")
+            and get_object(cluster, ns, "kisvc", name)["status"]
         ),
         timeout=30,
         message="status",
@@ -141,8 +135,8 @@ def test_batching_edit_changes_configmap_only_model_edit_rolls(
 ) -> None:
     ns, name = op_namespace, "edit"
     _create(cluster, ns, _isvc_manifest(name, batching={"maxBatchSize": 32, "maxQueueDelay": "5ms"}))
-    wait_until(lambda: _get(cluster, ns, "configmap", "edit-runtime"), timeout=30, message="CM")
-    dep_before = _get(cluster, ns, "deployment", name)
+    wait_until(lambda: get_object(cluster, ns, "configmap", "edit-runtime"), timeout=30, message="CM")
+    dep_before = get_object(cluster, ns, "deployment", name)
     assert dep_before is not None
     cluster.kubectl(
         "patch",
@@ -156,13 +150,13 @@ def test_batching_edit_changes_configmap_only_model_edit_rolls(
     )
 
     def cm_updated() -> bool:
-        cm = _get(cluster, ns, "configmap", "edit-runtime") or {}
+        cm = get_object(cluster, ns, "configmap", "edit-runtime") or {}
         cfg = RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"])
         return cfg.batching.max_batch_size == 16 and abs(cfg.batching.max_queue_delay_seconds - 0.009) < 1e-9
 
     wait_until(cm_updated, timeout=30, message="ConfigMap with the new batching")
     time.sleep(1.0)
-    dep_after = _get(cluster, ns, "deployment", name)
+    dep_after = get_object(cluster, ns, "deployment", name)
     assert dep_after is not None
     assert dep_after["metadata"]["generation"] == dep_before["metadata"]["generation"]
     assert dep_after["spec"]["template"] == dep_before["spec"]["template"]
@@ -172,7 +166,7 @@ def test_batching_edit_changes_configmap_only_model_edit_rolls(
     )
     rolled = wait_until(
         lambda: (
-            (d := _get(cluster, ns, "deployment", name))
+            (d := get_object(cluster, ns, "deployment", name))
             and d["metadata"]["generation"] > dep_before["metadata"]["generation"]
             and d
         ),
@@ -239,17 +233,17 @@ def test_hand_edit_is_reverted(cluster: Cluster, op_namespace: str, operator: Op
     ns, name = op_namespace, "drift"
     dep = _create(cluster, ns, _isvc_manifest(name))
     image = dep["spec"]["template"]["spec"]["containers"][0]["image"]
-    wait_until(lambda: _get(cluster, ns, "configmap", f"{name}-runtime"), timeout=30, message="CM")
+    wait_until(lambda: get_object(cluster, ns, "configmap", f"{name}-runtime"), timeout=30, message="CM")
     cluster.kubectl("set", "image", f"deployment/{name}", "runtime=evil:1", "-n", ns)
     wait_until(
         lambda: (
-            _get(cluster, ns, "deployment", name)["spec"]["template"]["spec"]["containers"][0]["image"]
+            get_object(cluster, ns, "deployment", name)["spec"]["template"]["spec"]["containers"][0]["image"]
             == image
         ),
         timeout=30,
         message="image put back",
     )
-    cm = _get(cluster, ns, "configmap", f"{name}-runtime")
+    cm = get_object(cluster, ns, "configmap", f"{name}-runtime")
     assert cm is not None
     original = cm["data"]["runtime.yaml"]
     cluster.kubectl(
@@ -263,16 +257,17 @@ def test_hand_edit_is_reverted(cluster: Cluster, op_namespace: str, operator: Op
         '{"data":{"runtime.yaml":"x: 1"}}',
     )
     wait_until(
-        lambda: _get(cluster, ns, "configmap", f"{name}-runtime")["data"]["runtime.yaml"] == original,
+        lambda: get_object(cluster, ns, "configmap", f"{name}-runtime")["data"]["runtime.yaml"] == original,
         timeout=30,
         message="ConfigMap put back",
     )
-    svc = _get(cluster, ns, "service", name)
+    svc = get_object(cluster, ns, "service", name)
     assert svc is not None
     cluster.kubectl("delete", "service", name, "-n", ns)
     wait_until(
         lambda: (
-            (new := _get(cluster, ns, "service", name)) and new["metadata"]["uid"] != svc["metadata"]["uid"]
+            (new := get_object(cluster, ns, "service", name))
+            and new["metadata"]["uid"] != svc["metadata"]["uid"]
         ),
         timeout=30,
         message="Service created again",
@@ -284,7 +279,7 @@ def test_delete_garbage_collects_owned_objects_only(
 ) -> None:
     ns, name = op_namespace, "gc"
     _create(cluster, ns, _isvc_manifest(name, replicas=2))
-    wait_until(lambda: _get(cluster, ns, "pdb", name), timeout=30, message="PDB")
+    wait_until(lambda: get_object(cluster, ns, "pdb", name), timeout=30, message="PDB")
     cluster.kubectl("create", "deployment", "bystander", "--image=registry.invalid/x:1", "-n", ns)
     cluster.kubectl("delete", "kisvc", name, "-n", ns, "--timeout=60s")
     for kind, obj in (
@@ -294,9 +289,11 @@ def test_delete_garbage_collects_owned_objects_only(
         ("pdb", name),
     ):
         wait_until(
-            lambda k=kind, o=obj: _get(cluster, ns, k, o) is None, timeout=60, message=f"{kind} {obj} gone"
+            lambda k=kind, o=obj: get_object(cluster, ns, k, o) is None,
+            timeout=60,
+            message=f"{kind} {obj} gone",
         )
-    assert _get(cluster, ns, "deployment", "bystander") is not None
+    assert get_object(cluster, ns, "deployment", "bystander") is not None
 
 
 def test_steady_state_resync_makes_zero_writes(
@@ -381,7 +378,7 @@ def test_kubectl_scale_sets_replicas_when_autoscaling_is_off(
     _create(cluster, ns, _isvc_manifest(name))
     cluster.kubectl("scale", f"kisvc/{name}", "--replicas=3", "-n", ns)
     wait_until(
-        lambda: _get(cluster, ns, "deployment", name)["spec"]["replicas"] == 3,
+        lambda: get_object(cluster, ns, "deployment", name)["spec"]["replicas"] == 3,
         timeout=30,
         message="Deployment scaled to 3",
     )
@@ -435,7 +432,7 @@ def test_two_operators_only_one_acts_and_the_other_takes_over(
     }
     with OperatorProcess(cluster.kubeconfig, priority=200, name="high", **copy.deepcopy(common)) as high:
         high.wait_ready()
-        wait_until(lambda: _get(cluster, ns, "kopfpeering", peering), timeout=30, message="KopfPeering")
+        wait_until(lambda: get_object(cluster, ns, "kopfpeering", peering), timeout=30, message="KopfPeering")
         time.sleep(2.0)
         with OperatorProcess(cluster.kubeconfig, priority=100, name="low", **copy.deepcopy(common)) as low:
             low.wait_ready()
