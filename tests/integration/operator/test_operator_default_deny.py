@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
-from tests.integration.operator.test_operator_access import PEERS, _get, _manifest, _policy
-from tests.support.cluster import Cluster, wait_until
+from tests.integration.operator.test_operator_access import PEERS, _manifest, _policy
+from tests.support.cluster import Cluster, get_object, wait_until
 
 SCRAPER = {
     "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
@@ -51,8 +51,8 @@ def test_default_deny_gives_a_policy_without_allow_from(
 ) -> None:
     ns, name = op_namespace, "closed"
     cluster.apply(_manifest(name), "-n", ns)
-    isvc = wait_until(lambda: _get(cluster, ns, "kisvc", name), timeout=10, message="isvc")
-    dep = wait_until(lambda: _get(cluster, ns, "deployment", name), timeout=30, message="Deployment")
+    isvc = wait_until(lambda: get_object(cluster, ns, "kisvc", name), timeout=10, message="isvc")
+    dep = wait_until(lambda: get_object(cluster, ns, "deployment", name), timeout=30, message="Deployment")
     policy = _policy(cluster, ns, name)
     (ref,) = policy["metadata"]["ownerReferences"]
     assert (ref["kind"], ref["uid"], ref["controller"]) == ("InferenceService", isvc["metadata"]["uid"], True)
@@ -68,7 +68,7 @@ def test_default_deny_gives_a_policy_without_allow_from(
     cluster.apply(_manifest(name, allowFrom=PEERS), "-n", ns)
     wait_until(
         lambda: (
-            (_get(cluster, ns, "networkpolicy", name) or {}).get("spec", {}).get("ingress")
+            (get_object(cluster, ns, "networkpolicy", name) or {}).get("spec", {}).get("ingress")
             == [
                 {
                     "from": PEERS,
@@ -85,7 +85,9 @@ def test_default_deny_gives_a_policy_without_allow_from(
     patch = json.dumps({"spec": {"server": {"allowFrom": None}}})
     cluster.kubectl("patch", "kisvc", name, "-n", ns, "--type=merge", "-p", patch)
     back = wait_until(
-        lambda: (p := _get(cluster, ns, "networkpolicy", name)) and p["spec"]["ingress"] == [SCRAPER] and p,
+        lambda: (
+            (p := get_object(cluster, ns, "networkpolicy", name)) and p["spec"]["ingress"] == [SCRAPER] and p
+        ),
         timeout=30,
         message="scraper-only policy again",
     )

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
-from tests.integration.operator.test_operator_reconcile import _get, _isvc_manifest, _ready
-from tests.support.cluster import Cluster, wait_until
+from tests.integration.operator.test_operator_reconcile import _isvc_manifest, _ready
+from tests.support.cluster import Cluster, get_object, wait_until
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_sigkill_mid_reconcile_then_restart_converges(cluster: Cluster, ns: str,
             cluster.apply(_isvc_manifest(n), "-n", ns)
         # kill as soon as it has started writing: some services half-done
         wait_until(
-            lambda: _get(cluster, ns, "configmap", f"{names[0]}-runtime"), timeout=30, message="a write"
+            lambda: get_object(cluster, ns, "configmap", f"{names[0]}-runtime"), timeout=30, message="a write"
         )
         assert first.proc is not None
         first.proc.kill()
@@ -51,7 +51,9 @@ def test_sigkill_mid_reconcile_then_restart_converges(cluster: Cluster, ns: str,
         second.wait_ready()
         for n in names:
             for kind, obj in (("deployment", n), ("service", n), ("configmap", f"{n}-runtime")):
-                wait_until(lambda k=kind, o=obj: _get(cluster, ns, k, o), timeout=30, message=f"{kind} {obj}")
+                wait_until(
+                    lambda k=kind, o=obj: get_object(cluster, ns, k, o), timeout=30, message=f"{kind} {obj}"
+                )
             cond = wait_until(lambda n=n: _ready(cluster, ns, n), timeout=30, message=f"Ready of {n}")
             assert cond["status"] == "False" and cond["reason"] not in ("ReconcileFailed", "InvalidSpec"), (
                 cond
@@ -66,24 +68,26 @@ def test_delete_while_operator_down_is_finalized_on_restart(
     with _operator(cluster, ns, tmp_path, "before") as before:
         before.wait_ready()
         cluster.apply(_isvc_manifest("gone"), "-n", ns)
-        wait_until(lambda: _get(cluster, ns, "deployment", "gone"), timeout=30, message="Deployment gone")
         wait_until(
-            lambda: (_get(cluster, ns, "kisvc", "gone") or {}).get("metadata", {}).get("finalizers"),
+            lambda: get_object(cluster, ns, "deployment", "gone"), timeout=30, message="Deployment gone"
+        )
+        wait_until(
+            lambda: (get_object(cluster, ns, "kisvc", "gone") or {}).get("metadata", {}).get("finalizers"),
             timeout=30,
             message="kopf's finalizer (for the resync timer)",
         )
     cluster.kubectl("delete", "kisvc", "gone", "-n", ns, "--wait=false")
     time.sleep(1.0)
-    held = _get(cluster, ns, "kisvc", "gone")
+    held = get_object(cluster, ns, "kisvc", "gone")
     assert held is not None and held["metadata"].get("deletionTimestamp"), "no finalizer held the delete"
-    dep_uid = (_get(cluster, ns, "deployment", "gone") or {})["metadata"]["uid"]
+    dep_uid = (get_object(cluster, ns, "deployment", "gone") or {})["metadata"]["uid"]
     with _operator(cluster, ns, tmp_path, "after") as after:
         after.wait_ready()
-        wait_until(lambda: _get(cluster, ns, "kisvc", "gone") is None, timeout=30, message="finalized")
+        wait_until(lambda: get_object(cluster, ns, "kisvc", "gone") is None, timeout=30, message="finalized")
         time.sleep(3.0)  # a resync period: nothing must re-create or re-own the children
         # what is left is the garbage collector's (its discovery of a new kind can take ~30 s here; the
         # operator team's GC test waits for it): the same Deployment, owned by the deleted service
-        dep = _get(cluster, ns, "deployment", "gone")
+        dep = get_object(cluster, ns, "deployment", "gone")
         if dep is not None:
             assert dep["metadata"]["uid"] == dep_uid, "the restarted operator re-created the Deployment"
             assert [o["uid"] for o in dep["metadata"]["ownerReferences"]] == [held["metadata"]["uid"]]

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
-from tests.integration.operator.test_operator_reconcile import _create, _get, _isvc_manifest, _ready
-from tests.support.cluster import Cluster, wait_until
+from tests.integration.operator.test_operator_reconcile import _create, _isvc_manifest, _ready
+from tests.support.cluster import Cluster, get_object, wait_until
 
 #: The operator of this module allows Secrets named model-* only.
 POLICY = {"KUBEINFER_SECRET_REFERENCES_ALLOWED": "model-*"}
@@ -160,7 +160,7 @@ def test_a_failing_fetch_is_model_fetch_failed_through_the_back_off(
         seen = _ready(cluster, ns, name) or {}
         assert (seen.get("reason"), seen.get("message")) == ("ModelFetchFailed", first["message"]), state
         assert seen["lastTransitionTime"] == first["lastTransitionTime"]
-    isvc = _get(cluster, ns, "kisvc", name) or {}
+    isvc = get_object(cluster, ns, "kisvc", name) or {}
     conditions = {c["type"]: c for c in isvc["status"]["conditions"]}
     assert conditions["Stalled"]["status"] == "True" and "Reconciling" not in conditions
     assert wait_until(lambda: _warnings(cluster, ns, name) or None, timeout=10) == ["ModelFetchFailed"]
@@ -192,7 +192,7 @@ def test_a_secret_outside_the_policy_is_refused_and_nothing_is_applied(
     assert cond["status"] == "False"
     assert 'spec.runtime.env[0].valueFrom.secretKeyRef.name: Secret "db-password"' in cond["message"]
     for kind in ("deployment", "configmap", "service"):
-        assert _get(cluster, ns, kind, name if kind != "configmap" else f"{name}-runtime") is None, kind
+        assert get_object(cluster, ns, kind, name if kind != "configmap" else f"{name}-runtime") is None, kind
     assert "SecretNotAllowed" in wait_until(lambda: _warnings(cluster, ns, name) or None, timeout=10)
     # a name the policy allows: applied as usual
     allowed = [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "model-db", "key": "password"}}}]
@@ -225,7 +225,9 @@ def test_an_oci_model_where_image_volumes_are_off_is_refused_and_nothing_is_appl
         assert cond["status"] == "False" and "imageVolumes: false" in cond["message"]
         assert cond["message"].startswith("spec.model.uri: oci:// models are mounted as image volumes")
         for kind in ("deployment", "configmap", "service"):
-            assert _get(cluster, ns, kind, name if kind != "configmap" else f"{name}-runtime") is None, kind
+            assert (
+                get_object(cluster, ns, kind, name if kind != "configmap" else f"{name}-runtime") is None
+            ), kind
         assert "ImageVolumeUnsupported" in wait_until(
             lambda: _warnings(cluster, ns, name) or None, timeout=10
         )
