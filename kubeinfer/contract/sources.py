@@ -5,9 +5,10 @@ The operator derives the CRD's ``pattern`` of ``spec.model.uri`` (:func:`model_u
 ``spec.quantization.calibration.uri`` (:func:`data_uri_pattern`), the CEL and pydantic rules saying
 which setting (``sha256``, ``s3``, ...) a scheme takes (:func:`schemes_taking`, :func:`cel_scheme_test`),
 whether a fetch init container runs (:attr:`SourceScheme.fetched`) and its credential variables
-(:attr:`SourceScheme.credentials`). The runtime derives its list of schemes, the parse of a URI
-(:attr:`SourceScheme.parser`) and the fetch dispatch (:attr:`SourceScheme.backend`, or why a mounted
-source is not fetched: :attr:`SourceScheme.mounted`).
+(:attr:`SourceScheme.credentials`), which schemes a ModelPool's pods mount for their models
+(:attr:`SourceScheme.pooled`, :func:`pooled_schemes`). The runtime derives its list of schemes, the
+parse of a URI (:attr:`SourceScheme.parser`) and the fetch dispatch (:attr:`SourceScheme.backend`, or
+why a mounted source is not fetched: :attr:`SourceScheme.mounted`).
 
 Pure: standard library only, nothing of the operator or the runtime. The parser and the backend are
 import paths (``"module:function"``) that the runtime imports when it uses them.
@@ -70,11 +71,14 @@ class SourceScheme:
       ``(uri, scheme, rest) -> Source`` raising ``ValueError``; default :data:`GENERIC_PARSER`.
     - ``backend``: the runtime's fetch of a parsed source, an import path of a function
       ``(source, Context) -> Fetched``; ``""`` for a mounted scheme.
+    - ``pooled``: a ModelPool's pods mount a source of the scheme for the models on the pool (a mounted
+      scheme whose volume the pool's models share, e.g. a claim mounted once for all the models on it),
+      so a pooled InferenceService may name it; only a mounted scheme.
 
     Raises:
         ValueError: a field out of its form (a bad name, a grammar Python cannot compile, an unknown
             setting, a row both or neither fetched and mounted, ``fetch`` not exactly on the fetched,
-            an import path that is not ``module:attribute``).
+            an import path that is not ``module:attribute``, a fetched row pooled).
     """
 
     name: str
@@ -85,6 +89,7 @@ class SourceScheme:
     credentials: tuple[Credential, ...] = ()
     parser: str = GENERIC_PARSER
     backend: str = ""
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -101,6 +106,8 @@ class SourceScheme:
             raise ValueError(f"scheme {self.name!r}: either a backend (fetched) or how it is mounted")
         if ("fetch" in self.settings) != self.fetched:
             raise ValueError(f"scheme {self.name!r}: takes the fetch setting exactly when fetched")
+        if self.pooled and self.fetched:
+            raise ValueError(f"scheme {self.name!r}: only a mounted scheme is pooled (a pool fetches none)")
         for path in (self.parser, self.backend):
             if path and not _IMPORT_PATH.match(path):
                 raise ValueError(f"scheme {self.name!r}: {path!r} is not an import path module:attribute")
@@ -173,6 +180,12 @@ def fetched_schemes() -> tuple[str, ...]:
 def mounted_schemes() -> tuple[str, ...]:
     """The names of the schemes mounted into the pod (not fetched), in the registry's order."""
     return tuple(r.name for r in _REGISTRY.values() if not r.fetched)
+
+
+def pooled_schemes() -> tuple[str, ...]:
+    """The names of the schemes a ModelPool's pods mount for their models (:attr:`SourceScheme.pooled`),
+    in the registry's order."""
+    return tuple(r.name for r in _REGISTRY.values() if r.pooled)
 
 
 def schemes_taking(setting: str, *, data: bool = False) -> tuple[str, ...]:
@@ -274,6 +287,8 @@ register(
         data_pattern=r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+",
         mounted="a PersistentVolumeClaim, mounted by the operator",
         parser="kubeinfer.runtime.fetch.source:parse_pvc",
+        # a pool's pods mount each claim its models name, read-only, where an InferenceService's own do
+        pooled=True,
     )
 )
 register(

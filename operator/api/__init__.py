@@ -110,8 +110,11 @@ from kubeinfer.operator.api.sources import (
     HuggingFaceSpec,
     S3Spec,
     is_fetched,
+    is_pooled_uri,
     oci_reference,
     parse_pvc_uri,
+    pooled_uri_cel,
+    pooled_uri_message,
     uri_scheme,
 )
 from kubeinfer.operator.api.spec import MAX_DEFAULT_HTTP_WORKERS, POOL_NAME_PATTERN, InferenceServiceSpec
@@ -225,12 +228,15 @@ __all__ = [
     "cpu_cores",
     "format_duration",
     "is_fetched",
+    "is_pooled_uri",
     "object_reference",
     "oci_reference",
     "parse_duration",
     "parse_pvc_uri",
     "pool_configmap_name",
     "pool_reference",
+    "pooled_uri_cel",
+    "pooled_uri_message",
     "service_url",
     "uri_scheme",
 ]

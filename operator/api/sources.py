@@ -84,6 +84,39 @@ def oci_reference(uri: str) -> str | None:
     return uri.removeprefix("oci://") if uri_scheme(uri) == "oci" else None
 
 
+def is_pooled_uri(uri: str) -> bool:
+    """Whether a pooled InferenceService may have ``uri`` as its ``spec.model.uri``: ``default``, an
+    absolute path in the pool's image, or a URI of a scheme the pool's pods mount (the registry's pooled
+    rows: ``pvc://``). The pydantic side of :func:`pooled_uri_cel`."""
+    if uri == contract.BUNDLED or uri.startswith("/"):
+        return True
+    row = contract.scheme_of(uri)
+    return row is not None and row.pooled
+
+
+def pooled_uri_cel(value: str = "self.model.uri") -> str:
+    """CEL true when the string ``value`` is a model URI a pool serves (:func:`is_pooled_uri`)."""
+    tests = [f"{value} == '{contract.BUNDLED}'", f"{value}.startsWith('/')"]
+    if contract.pooled_schemes():
+        tests.append(contract.cel_scheme_test(contract.pooled_schemes(), value))
+    return " || ".join(tests)
+
+
+def pooled_uri_message(field: str = "spec.model.uri") -> str:
+    """The refusal of a model URI a pool does not serve at ``field``, naming the schemes it does (the
+    registry's pooled rows) and those it does not (every other row)."""
+    pooled = contract.pooled_schemes()
+    others = tuple(r.name for r in contract.schemes() if not r.pooled)
+    image = "an absolute path in the pool's image"
+    allowed = (
+        f"'{contract.BUNDLED}', {image} or a {_scheme_words(pooled)} URI (mounted by the pool's pods)"
+        if pooled
+        else f"'{contract.BUNDLED}' or {image}"
+    )
+    refused = f": a pool does not fetch or mount {_scheme_words(others)} models yet" if others else ""
+    return f"{field} of an InferenceService with spec.pool must be {allowed}{refused}"
+
+
 class S3Spec(_Spec):
     """How to reach an ``s3://`` source (an S3-compatible store: AWS S3, MinIO, ...)."""
 

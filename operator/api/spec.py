@@ -19,7 +19,12 @@ from kubeinfer.operator.api.model import (
     WarmupSpec,
 )
 from kubeinfer.operator.api.server import BEARER_TOKEN_ENV, ServerSpec
-from kubeinfer.operator.api.sources import parse_pvc_uri
+from kubeinfer.operator.api.sources import (
+    is_pooled_uri,
+    parse_pvc_uri,
+    pooled_uri_cel,
+    pooled_uri_message,
+)
 from kubeinfer.operator.api.workload import ResourcesSpec, RuntimeSpec
 from kubeinfer.runtime.config import BUNDLED_MODEL
 from pydantic import ConfigDict, Field, model_validator
@@ -73,11 +78,9 @@ def _pool_message(field: str) -> str:
     return f"spec.{field} is decided by the pool{what}: leave it out of an InferenceService with spec.pool"
 
 
-#: What a pooled InferenceService's model may be in this release: what the pool's image holds.
-_POOL_MODEL_URI_MESSAGE = (
-    "spec.model.uri of an InferenceService with spec.pool must be 'default' or an absolute path in the "
-    "pool's image (the pool mounts and fetches no model source yet)"
-)
+#: What a pooled InferenceService's model may be in this release: what the pool's image holds or its pods
+#: mount (the registry's pooled schemes).
+_POOL_MODEL_URI_MESSAGE = pooled_uri_message()
 
 
 class InferenceServiceSpec(_Spec):
@@ -118,7 +121,7 @@ class InferenceServiceSpec(_Spec):
                     "FieldValueForbidden",
                 ),
                 _cel(
-                    "!has(self.pool) || self.model.uri == 'default' || self.model.uri.startsWith('/')",
+                    f"!has(self.pool) || {pooled_uri_cel()}",
                     _POOL_MODEL_URI_MESSAGE,
                     ".model.uri",
                     "FieldValueForbidden",
@@ -193,7 +196,7 @@ class InferenceServiceSpec(_Spec):
             raise ValueError(_pool_unguarded_message("auth"))
         if self.server.allow_from is not None:
             raise ValueError(_pool_unguarded_message("allowFrom"))
-        if self.model.uri != BUNDLED_MODEL and not self.model.uri.startswith("/"):
+        if not is_pooled_uri(self.model.uri):
             raise ValueError(_POOL_MODEL_URI_MESSAGE)
 
     @classmethod

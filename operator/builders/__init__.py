@@ -10,7 +10,12 @@ from kubeinfer.operator.builders.endpointslice import (
 )
 from kubeinfer.operator.builders.networkpolicy import activator_peer, build_networkpolicy, scraper_peer
 from kubeinfer.operator.builders.pdb import build_pdb, wants_pdb
-from kubeinfer.operator.builders.pool import build_pool_configmap, build_pool_deployment, pool_labels
+from kubeinfer.operator.builders.pool import (
+    build_pool_configmap,
+    build_pool_deployment,
+    pool_claims,
+    pool_labels,
+)
 from kubeinfer.operator.builders.service import build_service
 
 __all__ = [
@@ -25,6 +30,7 @@ __all__ = [
     "build_pool_deployment",
     "build_service",
     "config_hash",
+    "pool_claims",
     "pool_labels",
     "ready_addresses",
     "runtime_config",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from kubeinfer.operator import api
@@ -132,10 +133,24 @@ def _volumes(
     if cache is not None:
         volumes.append({"name": "graph-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}})
         mounts.append({"name": "graph-cache", "mountPath": GRAPH_CACHE_DIR})
-    for i, claim in enumerate(isvc.spec.pvc_claims()):
-        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": f"pvc-{i}", "mountPath": f"{PVC_MOUNT_ROOT}/{claim}", "readOnly": True})
-    return volumes + sources.volumes, mounts + sources.mounts
+    claims, claim_mounts = claim_volumes(isvc.spec.pvc_claims())
+    return volumes + claims + sources.volumes, mounts + claim_mounts + sources.mounts
+
+
+def claim_volumes(claims: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the runtime container's mounts of the PersistentVolumeClaims ``claims``
+    (names, in the order given: sorted, for a stable template), each read-only at
+    ``PVC_MOUNT_ROOT/<claim>`` (where ``common.container_path`` puts a ``pvc://<claim>/<path>``), as
+    volumes ``pvc-0``, ``pvc-1``, ... (a claim's name may be too long to name a volume after it)."""
+    volumes = [
+        {"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        for i, claim in enumerate(claims)
+    ]
+    mounts = [
+        {"name": f"pvc-{i}", "mountPath": f"{PVC_MOUNT_ROOT}/{claim}", "readOnly": True}
+        for i, claim in enumerate(claims)
+    ]
+    return volumes, mounts
 
 
 def container_resources(res: api.ResourcesSpec) -> dict[str, Any]:

@@ -6,6 +6,11 @@ joining or leaving the pool changes the ConfigMap only, never the pod template: 
 refreshes the mounted files (within about a minute) and the runtime finds a new model on its first
 request. A pooled InferenceService owns no Deployment: its Service selects the pool's pods
 (``builders.service``).
+
+The PersistentVolumeClaims the pool's models name (``pvc://<claim>/<path>``) are volumes of the pod
+template, mounted read-only where an InferenceService's own pod mounts them: a claim named for the first
+time (or no longer named by any model) changes the template, one rollout of the pool; a model joining on
+a claim already mounted changes the ConfigMap only.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from kubeinfer.operator.builders.deployment import (
     SHM_SIZE,
     TMP_MOUNT,
     TMP_SIZE,
+    claim_volumes,
     container_resources,
     placement,
     probes,
@@ -92,6 +98,12 @@ def build_pool_configmap(pool: api.ModelPool, models: Sequence[api.InferenceServ
     return applied
 
 
+def pool_claims(models: Sequence[api.InferenceService]) -> list[str]:
+    """The PersistentVolumeClaims the pool's pods mount: every claim the ``models`` name
+    (``spec.pvc_claims()``: model and calibration URIs), each once, sorted (a stable pod template)."""
+    return sorted({claim for isvc in models for claim in isvc.spec.pvc_claims()})
+
+
 def pool_args(pool: api.ModelPool, pinned: Sequence[str]) -> list[str]:
     """The runtime's arguments: ``serve`` in its model repository mode over the mounted ConfigMap, the
     pool's memory budget in bytes, each of ``pinned`` (the pool's pinned models that it serves)."""
@@ -107,10 +119,14 @@ def pool_args(pool: api.ModelPool, pinned: Sequence[str]) -> list[str]:
     return args
 
 
-def build_pool_deployment(pool: api.ModelPool, pinned: Sequence[str]) -> dict[str, Any]:
+def build_pool_deployment(
+    pool: api.ModelPool, pinned: Sequence[str], *, claims: Sequence[str] = ()
+) -> dict[str, Any]:
     """The ``apps/v1`` Deployment ``<pool>``: ``spec.replicas`` pods of the runtime (``spec.runtime.image``)
     serving the model repository ``<pool>-repository`` mounted whole (no ``items``: see the module's
-    docstring) at ``REPOSITORY_DIR``, under ``spec.memoryBudget``, with ``pinned`` loaded at start.
+    docstring) at ``REPOSITORY_DIR``, under ``spec.memoryBudget``, with ``pinned`` loaded at start and
+    the PersistentVolumeClaims ``claims`` (:func:`pool_claims`) mounted read-only as an
+    InferenceService's own pod mounts them (``deployment.claim_volumes``).
 
     Its pods carry :func:`pool_labels` (selected by ``kubeinfer.io/pool: <pool>``), the pool's resources
     and placement as an InferenceService's pods would (``builders.deployment``), the same probes (the
@@ -119,6 +135,7 @@ def build_pool_deployment(pool: api.ModelPool, pinned: Sequence[str]) -> dict[st
     ServiceAccount token, the REST port 8080 and gRPC port 8081 by name.
     """
     spec = pool.spec
+    claim_vols, claim_mounts = claim_volumes(claims)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.runtime.image,
@@ -135,6 +152,7 @@ def build_pool_deployment(pool: api.ModelPool, pinned: Sequence[str]) -> dict[st
             {"name": "models", "mountPath": REPOSITORY_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             TMP_MOUNT,
+            *claim_mounts,
         ],
         "terminationMessagePolicy": "File",
         **probes(LOAD_BUDGET_SECONDS["other"]),
@@ -148,6 +166,7 @@ def build_pool_deployment(pool: api.ModelPool, pinned: Sequence[str]) -> dict[st
             {"name": "models", "configMap": {"name": api.pool_configmap_name(pool.name)}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
             {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+            *claim_vols,
         ],
         "securityContext": POD_SECURITY_CONTEXT,
         "terminationGracePeriodSeconds": DRAIN_SECONDS + MAX_BATCH_TIMEOUT_SECONDS,

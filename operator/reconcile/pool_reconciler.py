@@ -18,7 +18,7 @@ from typing import Any
 
 import pydantic
 from kubeinfer.operator import api, conditions, k8s, rfc3339, status
-from kubeinfer.operator.builders import build_pool_configmap, build_pool_deployment
+from kubeinfer.operator.builders import build_pool_configmap, build_pool_deployment, pool_claims
 from kubeinfer.operator.reconcile.pool import (
     PoolMembers,
     is_pool_deployment,
@@ -108,7 +108,9 @@ class PoolReconciler:
         else:
             desired_objects = [
                 build_pool_configmap(pool, members.models),
-                build_pool_deployment(pool, pinned_in_force(pool, members)),
+                build_pool_deployment(
+                    pool, pinned_in_force(pool, members), claims=pool_claims(members.models)
+                ),
             ]
             for obj in desired_objects:
                 kind, obj_name = obj["kind"], obj["metadata"]["name"]

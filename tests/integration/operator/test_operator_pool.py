@@ -1,8 +1,9 @@
 """A ModelPool and two pooled InferenceServices against a real API server (no kubelet: no pod runs): the
 operator applies the pool's Deployment and its one ConfigMap with both models, each InferenceService
 gets its Service selecting the pool's pods and no Deployment of its own; a model leaving changes the
-ConfigMap and not the Deployment; the API server refuses a pooled InferenceService's resources, naming
-the field."""
+ConfigMap and not the Deployment; the claims of pvc:// models are mounted, a second model on a claim
+changing the ConfigMap only; the API server refuses a pooled InferenceService's resources and fetched or
+image models, naming the field, and accepts a pvc:// model."""
 
 from __future__ import annotations
 
@@ -125,6 +126,53 @@ def test_pool_serves_its_models_through_their_own_services(
     assert (get_object(cluster, ns, "service", "gamma") or {})["spec"]["selector"][POOL_LABEL] == "nowhere"
 
 
+def test_a_pool_mounts_the_claims_its_models_name(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess
+) -> None:
+    ns = op_namespace
+    cluster.apply(_pool("claims"), "-n", ns)
+    cluster.apply(
+        _pooled("first", "claims", model={"uri": "pvc://models/first.onnx", "format": "onnx"}), "-n", ns
+    )
+
+    def claim_volumes() -> list[dict[str, Any]]:
+        dep = get_object(cluster, ns, "deployment", "claims") or {}
+        volumes = (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get("volumes") or []
+        return [v for v in volumes if "persistentVolumeClaim" in v]
+
+    wait_until(claim_volumes, timeout=30, message="the pool's Deployment mounts the claim")
+    assert claim_volumes() == [
+        {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
+    ]
+    dep = get_object(cluster, ns, "deployment", "claims") or {}
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert {"name": "pvc-0", "mountPath": "/mnt/pvc/models", "readOnly": True} in container["volumeMounts"]
+
+    # a second model on the same claim: the ConfigMap has it, the pod template is not written again
+    generation = dep["metadata"]["generation"]
+    cluster.apply(
+        _pooled("second", "claims", model={"uri": "pvc://models/cv/second", "format": "onnx"}), "-n", ns
+    )
+    cm = wait_until(
+        lambda: (
+            (c := get_object(cluster, ns, "configmap", "claims-repository"))
+            and sorted(c.get("data") or {}) == ["first.yaml", "second.yaml"]
+            and c
+        ),
+        timeout=30,
+        message="the pool's ConfigMap with both models",
+    )
+    assert "source: /mnt/pvc/models/cv/second" in cm["data"]["second.yaml"]
+    assert "source: /mnt/pvc/models/first.onnx" in cm["data"]["first.yaml"]
+    # the status is written after the Deployment is applied in the same pass
+    wait_until(
+        lambda: ((get_object(cluster, ns, "kpool", "claims") or {}).get("status") or {}).get("models") == 2,
+        timeout=30,
+        message="the pool's status counts 2 models",
+    )
+    assert (get_object(cluster, ns, "deployment", "claims") or {})["metadata"]["generation"] == generation
+
+
 REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("pooled-resources", _pooled("res", "small", resources={"cpu": "4"}), "spec.resources"),
     ("pooled-gpus", _pooled("gpus", "small", resources={"gpus": 2}), "spec.resources.gpus"),
@@ -135,6 +183,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "spec.autoscaling",
     ),
     ("pooled-fetched-model", _pooled("fetched", "small", model={"uri": "hf://org/model"}), "spec.model.uri"),
+    (
+        "pooled-oci-model",
+        _pooled("image", "small", model={"uri": "oci://registry.example.com/m/bert:1"}),
+        "spec.model.uri",
+    ),
     (
         "pooled-auth",
         _pooled("auth", "small", server={"auth": {"bearerTokenSecretRef": {"name": "s", "key": "k"}}}),
@@ -163,8 +216,15 @@ def test_the_api_server_refuses_naming_the_field(
     assert field in result.stderr, result.stderr
 
 
-def test_a_pooled_isvc_with_defaults_written_out_is_accepted(cluster: Cluster, op_namespace: str) -> None:
-    manifest = _pooled("ok", "small", resources={"gpus": 0, "cpu": "2", "memory": "8Gi"}, replicas=1)
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        _pooled("ok", "small", resources={"gpus": 0, "cpu": "2", "memory": "8Gi"}, replicas=1),
+        _pooled("claimed", "small", model={"uri": "pvc://models/bert", "format": "onnx"}),
+    ],
+    ids=["defaults-written-out", "pvc-model"],
+)
+def test_a_pooled_isvc_is_accepted(cluster: Cluster, op_namespace: str, manifest: dict[str, Any]) -> None:
     result = cluster.kubectl(
         "apply",
         "--dry-run=server",
