@@ -4,16 +4,18 @@ while its first replica starts, and no request is lost.
 The model is Triton's ``simple`` add/sub as ONNX (a tiny graph: a cold start here is the runtime's and
 the kubelet's, not a model's load), served from a file server on the node. The service has
 ``minReplicas: 0`` with a 2 s idle window on 5 s signal windows; the session's operator decides every
-5 s. Each case waits for the service to reach zero (Deployment at 0 replicas, its pods gone, the Service
-without a selector and the operator's EndpointSlice listing the activator's pods), then sends its
-requests through the Service's ClusterIP as a client of the cluster would:
+5 s. Three such services are made together (so they go idle together, and each case but the first finds
+its service already at zero); each case waits for its service to reach zero (Deployment at 0 replicas,
+its pods gone, the Service without a selector and the operator's EndpointSlice listing the activator's
+pods), then sends its requests through the Service's ClusterIP as a client of the cluster would:
 
 1. 0 -> 1 with 1 REST request, 10 gRPC calls, then 100 requests (50 REST, 50 gRPC) held together (the
    activator's per-service bound): every one answered with the right sums, none refused;
 2. requests sent the moment the autoscaler records the scale to zero (the last replica draining): every
    one answered;
 3. an activator pod killed while it holds requests: each client gets an answer or a clean connection
-   error within its timeout, never a hang; the other activator pod keeps serving;
+   error within its timeout, never a hang; the other activator pod keeps serving; a service at zero
+   is then routed to the replacement pod too;
 4. a service whose replica cannot be scheduled: a held request is answered 504 (REST) and
    DEADLINE_EXCEEDED (gRPC) after the service's ``coldStartTimeout``, naming the stage, and the service
    is ``Ready=False`` naming the cause.
@@ -54,6 +56,9 @@ from tests.support.storage import FileServer
 pytestmark = pytest.mark.timeout(900)
 
 NAME = "zero"
+#: The services of the module: the 1 REST request then the drain; the 10 gRPC calls then the activator
+#: killed; the 100 requests then a call after the activator's pod was replaced.
+SERVICES = (NAME, "zero-grpc", "zero-both")
 STUCK = "stuck"
 ELEMENTS = 16
 #: Seconds a client waits for an answer: past a cold start's worst case on this node.
@@ -66,6 +71,7 @@ TO_ZERO_S = 150.0
 @dataclass
 class Zero:
     ns: str
+    name: str  # the InferenceService and its model
     http: str  # ClusterIP:port of the REST port
     grpc: str  # ClusterIP:port of the gRPC port
 
@@ -117,13 +123,19 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 
 @pytest.fixture(scope="module")
-def zero(cluster: Cluster, operator_release: str, model_file: tuple[str, str]) -> Iterator[Zero]:
+def services(
+    cluster: Cluster, operator_release: str, model_file: tuple[str, str]
+) -> Iterator[dict[str, Zero]]:
     ns = f"e2e-zero-{secrets.token_hex(3)}"
     cluster.create_namespace(ns)
     try:
-        cluster.apply([_isvc(NAME, *model_file)], "-n", ns)
-        wait_isvc(cluster, ns, NAME, "True", timeout=300)
-        yield Zero(ns, _address(cluster, ns, NAME, "http"), _address(cluster, ns, NAME, "grpc"))
+        cluster.apply([_isvc(name, *model_file) for name in SERVICES], "-n", ns)
+        for name in SERVICES:
+            wait_isvc(cluster, ns, name, "True", timeout=300)
+        yield {
+            name: Zero(ns, name, _address(cluster, ns, name, "http"), _address(cluster, ns, name, "grpc"))
+            for name in SERVICES
+        }
         cluster.kubectl(
             "delete", "inferenceservice", "--all", "-n", ns, "--wait=true", "--timeout=120s", timeout=130
         )
@@ -202,27 +214,27 @@ def wait_at_zero(cluster: Cluster, z: Zero) -> None:
     try:
         wait_until(
             lambda: (
-                _replicas(cluster, z.ns, NAME) == 0
-                and not _all_pods(cluster, z.ns, NAME)  # a terminating pod still answers what reaches it
-                and _routed_to_activator(cluster, z.ns, NAME)
+                _replicas(cluster, z.ns, z.name) == 0
+                and not _all_pods(cluster, z.ns, z.name)  # a terminating pod still answers what reaches it
+                and _routed_to_activator(cluster, z.ns, z.name)
             ),
             timeout=TO_ZERO_S,
             interval=1.0,
-            message=f"{z.ns}/{NAME} at zero, routed to the activator",
+            message=f"{z.ns}/{z.name} at zero, routed to the activator",
         )
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}\n{_diagnosis(cluster, z.ns, NAME)}") from None
-    assert isvc_condition(cluster, z.ns, NAME)["status"] == "True"  # healthy at zero (kstatus: Current)
+        raise AssertionError(f"{exc}\n{_diagnosis(cluster, z.ns, z.name)}") from None
+    assert isvc_condition(cluster, z.ns, z.name)["status"] == "True"  # healthy at zero (kstatus: Current)
 
 
 def wait_warm(cluster: Cluster, z: Zero) -> None:
     wait_until(
-        lambda: _routed_to_pods(cluster, z.ns, NAME), timeout=60, interval=0.5, message="routed to the pods"
+        lambda: _routed_to_pods(cluster, z.ns, z.name), timeout=60, interval=0.5, message="routed to the pods"
     )
 
 
-def _scaled_from_zero_events(cluster: Cluster, ns: str) -> int:
-    events = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={NAME}")["items"]
+def _scaled_from_zero_events(cluster: Cluster, ns: str, name: str) -> int:
+    events = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
     return sum(int(e.get("count") or 1) for e in events if e.get("reason") == "ScaledFromZero")
 
 
@@ -234,7 +246,7 @@ def _operands(i: int) -> tuple[np.ndarray, np.ndarray]:
     return a, np.full((1, ELEMENTS), i % 7, dtype=np.int32)
 
 
-def rest_add_sub(address: str, i: int) -> str:
+def rest_add_sub(name: str, address: str, i: int) -> str:
     """One add/sub through the Service over REST (JSON). Returns "ok", or what went wrong."""
     a, b = _operands(i)
     body = {
@@ -244,7 +256,7 @@ def rest_add_sub(address: str, i: int) -> str:
         ]
     }
     try:
-        r = httpx.post(f"http://{address}/v2/models/{NAME}/infer", json=body, timeout=CLIENT_TIMEOUT_S)
+        r = httpx.post(f"http://{address}/v2/models/{name}/infer", json=body, timeout=CLIENT_TIMEOUT_S)
     except httpx.TimeoutException:
         return "hang"
     except httpx.TransportError as exc:
@@ -256,18 +268,18 @@ def rest_add_sub(address: str, i: int) -> str:
     return "ok" if ok else f"wrong answer {out}"
 
 
-def grpc_add_sub(address: str, i: int) -> str:
+def grpc_add_sub(name: str, address: str, i: int) -> str:
     """One add/sub through the Service over gRPC (the model named in the call routes it at the
     activator). Returns "ok", or what went wrong."""
     a, b = _operands(i)
     inputs = []
-    for name, array in (("INPUT0", a), ("INPUT1", b)):
-        inp = grpcclient.InferInput(name, list(array.shape), "INT32")
+    for tensor, array in (("INPUT0", a), ("INPUT1", b)):
+        inp = grpcclient.InferInput(tensor, list(array.shape), "INT32")
         inp.set_data_from_numpy(array)
         inputs.append(inp)
     client = grpcclient.InferenceServerClient(address)
     try:
-        result = client.infer(NAME, inputs, client_timeout=CLIENT_TIMEOUT_S)
+        result = client.infer(name, inputs, client_timeout=CLIENT_TIMEOUT_S)
     except InferenceServerException as exc:
         status = str(exc.status() or "")
         if "DEADLINE_EXCEEDED" in status and "Deadline Exceeded" in str(exc.message()):
@@ -287,19 +299,23 @@ def send(z: Zero, rest: int, grpc: int, offset: int = 0) -> list[str]:
     """``rest`` REST requests and ``grpc`` gRPC calls at once, each on its own connection; their outcomes."""
     calls = [(rest_add_sub, z.http)] * rest + [(grpc_add_sub, z.grpc)] * grpc
     with cf.ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        futures = [pool.submit(fn, address, offset + i) for i, (fn, address) in enumerate(calls)]
+        futures = [pool.submit(fn, z.name, address, offset + i) for i, (fn, address) in enumerate(calls)]
         return [f.result() for f in futures]
 
 
 # ----- the cases
 
 
-@pytest.mark.parametrize(("rest", "grpc"), [(1, 0), (0, 10), (50, 50)], ids=["1-rest", "10-grpc", "100-both"])
+@pytest.mark.parametrize(
+    ("name", "rest", "grpc"), [(SERVICES[0], 1, 0), (SERVICES[1], 0, 10), (SERVICES[2], 50, 50)],
+    ids=["1-rest", "10-grpc", "100-both"],
+)  # fmt: skip
 def test_requests_held_at_zero_are_all_answered_once_a_replica_starts(
-    cluster: Cluster, zero: Zero, rest: int, grpc: int
+    cluster: Cluster, services: dict[str, Zero], name: str, rest: int, grpc: int
 ) -> None:
+    zero = services[name]
     wait_at_zero(cluster, zero)
-    events = _scaled_from_zero_events(cluster, zero.ns)
+    events = _scaled_from_zero_events(cluster, zero.ns, zero.name)
     started = time.monotonic()
     outcomes = send(zero, rest, grpc)
     took = time.monotonic() - started
@@ -308,11 +324,14 @@ def test_requests_held_at_zero_are_all_answered_once_a_replica_starts(
     print(
         f"{rest} REST + {grpc} gRPC held at zero: all answered in {took:.1f} s (first replica's cold start)"
     )
-    assert _scaled_from_zero_events(cluster, zero.ns) > events
+    assert _scaled_from_zero_events(cluster, zero.ns, zero.name) > events
     wait_warm(cluster, zero)
 
 
-def test_a_request_arriving_while_the_last_replica_drains_is_answered(cluster: Cluster, zero: Zero) -> None:
+def test_a_request_arriving_while_the_last_replica_drains_is_answered(
+    cluster: Cluster, services: dict[str, Zero]
+) -> None:
+    zero = services[NAME]
     # warm, then idle: watch for the autoscaler's record of the scale to zero and send at once
     assert send(zero, 1, 0) == ["ok"]
     before = cluster.get_json("inferenceservice", NAME, "-n", zero.ns).get("status", {}).get("scaledToZeroAt")
@@ -330,8 +349,9 @@ def test_a_request_arriving_while_the_last_replica_drains_is_answered(cluster: C
 
 
 def test_an_activator_pod_killed_while_holding_never_leaves_a_client_hanging(
-    cluster: Cluster, zero: Zero
+    cluster: Cluster, services: dict[str, Zero]
 ) -> None:
+    zero = services[SERVICES[1]]
     wait_at_zero(cluster, zero)
     victim = sorted(_activator_ips(cluster))[0]
     pods = cluster.get_json(
@@ -346,17 +366,20 @@ def test_an_activator_pod_killed_while_holding_never_leaves_a_client_hanging(
     assert "hang" not in outcomes, outcomes
     assert all(o == "ok" or o.startswith("connection error") for o in outcomes), outcomes
     assert outcomes.count("ok") >= 1, outcomes  # those on the other activator pod are answered
-    # the activator's Deployment replaces the pod, and the Service follows the new addresses
+    # the activator's Deployment replaces the pod, and a Service at zero follows the new addresses (the
+    # one that went idle first, rather than waiting for this one to idle again)
     wait_until(
         lambda: len(_activator_ips(cluster)) == 2, timeout=120, interval=1.0, message="2 activator pods"
     )
-    wait_at_zero(cluster, zero)
-    assert send(zero, 1, 1, offset=300) == ["ok", "ok"]
+    other = services[SERVICES[2]]
+    wait_at_zero(cluster, other)
+    assert send(other, 1, 1, offset=300) == ["ok", "ok"]
 
 
 def test_a_replica_that_cannot_start_gets_504s_naming_the_stage(
-    cluster: Cluster, zero: Zero, model_file: tuple[str, str]
+    cluster: Cluster, services: dict[str, Zero], model_file: tuple[str, str]
 ) -> None:
+    zero = services[NAME]
     cluster.apply([_isvc(STUCK, *model_file, cpu="64", cold_start="8s")], "-n", zero.ns)
     wait_isvc(cluster, zero.ns, STUCK, "False", reason="Unschedulable", timeout=120)
     wait_until(
