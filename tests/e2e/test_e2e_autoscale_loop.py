@@ -38,7 +38,7 @@ import yaml
 from hack import dashboard
 from hack.devtools.prom import PrometheusServer
 from tests.e2e.autoscaled import Load, ServiceView, gauge
-from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE, runtime_pods
+from tests.e2e.conftest import OPERATOR_NAMESPACE, RELEASE, GraphCache, runtime_pods
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,10 +53,12 @@ TARGET_P99 = 0.15
 MAX_QUEUE = 512
 
 
-def isvc_manifest(namespace: str) -> dict[str, Any]:
+def isvc_manifest(namespace: str, graph_cache: str) -> dict[str, Any]:
+    """The service, its graphs from the claim ``graph_cache`` (the session's)."""
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())
     doc["metadata"] = {"name": NAME, "namespace": namespace}
     spec = doc["spec"]
+    spec["server"] = {"graphCache": {"claimName": graph_cache}}
     spec["batching"] = {"maxBatchSize": 4, "maxQueueDelay": "400ms", "maxQueueSize": MAX_QUEUE}
     spec["autoscaling"] = {
         "enabled": True,
@@ -165,9 +167,10 @@ def test_autoscale_closes_the_loop(
     operator_release: str,
     node_prometheus: PrometheusServer,
     namespace: str,
+    graph_cache: GraphCache,
 ) -> None:
     s = ServiceView(cluster, namespace, node_prometheus, NAME)
-    cluster.apply(isvc_manifest(namespace))
+    cluster.apply(isvc_manifest(namespace, graph_cache.claim(namespace)))
     try:
         targets = wait_until(s.ready_targets, timeout=240, interval=1.0, message="one ready runtime pod")
         assert len(targets) == 1

@@ -58,7 +58,7 @@ from kubeinfer.operator.autoscale.signals import Queries, default_queries
 
 from hack.devtools.prom import PrometheusServer, Series
 from tests.e2e.autoscaled import Load, ServiceView, ready
-from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, RELEASE
+from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, RELEASE, GraphCache
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,10 +95,13 @@ TEXT = (
 )
 
 
-def isvc_manifest(namespace: str) -> dict[str, Any]:
+def isvc_manifest(namespace: str, graph_cache: str) -> dict[str, Any]:
+    """The service, its graphs from the claim ``graph_cache`` (the session's: its pods load the graphs an
+    earlier module's pod made instead of exporting and quantizing MiniLM on 250m each)."""
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())
     doc["metadata"] = {"name": NAME, "namespace": namespace}
     spec = doc["spec"]
+    spec["server"] = {"graphCache": {"claimName": graph_cache}}
     spec["batching"] = {"maxBatchSize": MAX_BATCH, "maxQueueDelay": "10ms", "maxQueueSize": 1024}
     spec["warmup"] = {"enabled": False}  # four replicas of 250m start sooner; the first batches are slower
     spec["resources"] = {"gpus": 0, "cpu": "250m", "memory": "1536Mi"}
@@ -468,11 +471,12 @@ def test_burst_headroom_scales_before_the_breach(
     operator_release: str,
     node_prometheus: PrometheusServer,
     namespace: str,
+    graph_cache: GraphCache,
 ) -> None:
     s = ServiceView(cluster, namespace, node_prometheus, NAME)
     q = _queries(namespace)
     signals = PrometheusSignals(PrometheusConfig(url=node_prometheus.url))
-    cluster.apply(isvc_manifest(namespace))
+    cluster.apply(isvc_manifest(namespace, graph_cache.claim(namespace)))
     try:
         rate, probe_started = _capacity_probe(s, q)
         with Load(s.url(), rate=rate, text=TEXT) as load:

@@ -26,7 +26,15 @@ import pytest
 import yaml
 
 from hack.devtools.prom import PrometheusServer
-from tests.e2e.conftest import CHART, FAST_READINESS, OPERATOR_NAMESPACE, OPERATOR_PODS, RELEASE, runtime_pods
+from tests.e2e.conftest import (
+    CHART,
+    FAST_READINESS,
+    OPERATOR_NAMESPACE,
+    OPERATOR_PODS,
+    RELEASE,
+    GraphCache,
+    runtime_pods,
+)
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +47,11 @@ DENIED = re.compile(
 pytestmark = pytest.mark.timeout(900)
 
 
-def _isvc(namespace: str) -> dict[str, Any]:
+def _isvc(namespace: str, graph_cache: str) -> dict[str, Any]:
+    """examples/minilm.yaml autoscaled to act at once, its graphs from the claim ``graph_cache``."""
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "minilm.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
+    doc["spec"]["server"] = {"graphCache": {"claimName": graph_cache}}
     doc["spec"]["autoscaling"].update(
         {
             "maxReplicas": 2,
@@ -107,7 +117,11 @@ def _session_operator_paused(cluster: Cluster) -> Any:
 
 
 def test_chart_rbac_is_sufficient_for_the_operator(
-    cluster: Cluster, namespace: str, tmp_path: Path, node_prometheus: PrometheusServer
+    cluster: Cluster,
+    namespace: str,
+    tmp_path: Path,
+    node_prometheus: PrometheusServer,
+    graph_cache: GraphCache,
 ) -> None:
     release = f"rb-{secrets.token_hex(3)}"
     sa = f"{release}-kubeinfer"
@@ -139,7 +153,7 @@ def test_chart_rbac_is_sufficient_for_the_operator(
             )
             assert r.returncode != 0 and "forbidden" in r.stderr.lower()
 
-            _exercise(cluster, namespace, op_pod)
+            _exercise(cluster, namespace, op_pod, graph_cache.claim(namespace))
             log = cluster.kubectl("logs", "-n", namespace, op_pod["metadata"]["name"]).stdout
             denied = [line for line in log.splitlines() if DENIED.search(line)]
             assert denied == [], "the operator was denied:\n" + "\n".join(denied[:20])
@@ -148,11 +162,11 @@ def test_chart_rbac_is_sufficient_for_the_operator(
             cluster.helm("uninstall", release, "--namespace", namespace, "--wait", check=False, timeout=120)
 
 
-def _exercise(cluster: Cluster, namespace: str, op_pod: dict[str, Any]) -> None:
+def _exercise(cluster: Cluster, namespace: str, op_pod: dict[str, Any], graph_cache: str) -> None:
     """minilm Ready, autoscaled to 2 ready pods, autoscaling off -> PDB deleted; a PVC model -> 404
     (not 403); all while the operator runs, and its InferenceServices deleted at the end."""
     try:
-        cluster.apply(_isvc(namespace))
+        cluster.apply(_isvc(namespace, graph_cache))
         # a model on a PVC that does not exist: the operator's GET says 404, not 403
         cluster.apply(
             {
