@@ -116,7 +116,8 @@ def one_line(text: str) -> str:
 def model_config(path: Path, name: str) -> RuntimeConfig:
     """The configuration of the model ``name`` in the file ``path`` (``<dir>/<name>/runtime.yaml``, or
     ``<dir>/<name>.yaml`` in the flat layout): a relative ``model.source`` resolved against the file's
-    directory, no port of its own. Raises ``LoadError`` naming the file and the field."""
+    directory, no port of its own and no shutdown delay. Raises ``LoadError`` naming the file and the
+    field."""
     directory = path.parent
     try:
         cfg = RuntimeConfig.load(path)
@@ -132,7 +133,10 @@ def model_config(path: Path, name: str) -> RuntimeConfig:
     source = data["model"]["source"]
     if source != "default" and "://" not in source and not Path(source).is_absolute():
         data["model"]["source"] = str(directory / source)
-    data["server"].update(port=0, grpc_port=0, http_workers=1)
+    # No port of its own, one front end, and no shutdown delay: the delay keeps a pod serving while its
+    # endpoints leave the Services, but nothing routes to a model process once the repository stops it
+    # (an unload waits for the requests in flight first), and its memory stays counted until it exits.
+    data["server"].update(port=0, grpc_port=0, http_workers=1, shutdown_delay_seconds=0.0)
     data["repository"] = None
     try:
         return RuntimeConfig.model_validate(data)

@@ -60,6 +60,15 @@ def test_a_relative_source_resolves_against_the_files_directory(repository: Mode
     assert flat.server.port == 0 and flat.repository is None  # no port of its own
 
 
+def test_a_model_process_stops_without_the_pods_shutdown_delay(repository: ModelRepository) -> None:
+    # an InferenceService's runtime.yaml keeps a pod serving 5 s after SIGTERM (its endpoints leave the
+    # Services meanwhile); an evicted model's process has no endpoints, and its memory counts until it exits
+    path = repository.root / "flat-a.yaml"
+    path.unlink()
+    path.write_text(CONFIG.format(source="a.onnx") + "server:\n  shutdown_delay_seconds: 5\n")
+    assert model_config(path, "flat-a").server.shutdown_delay_seconds == 0
+
+
 def test_a_flat_file_naming_another_model_is_refused(repository: ModelRepository) -> None:
     path = repository.root / "other.yaml"
     path.write_text("model:\n  name: someone-else\n")
