@@ -14,25 +14,30 @@ model: memory-seconds, the hot models' P99, the first-request latency of a cold 
 - **Side ``services``, one service per model**: one ``kubeinfer-runtime serve`` process per model, each
   on its own port, run as the InferenceService's pod runs it (its runtime.yaml, one process).
 - **Side ``pool``, one pool**: one ``kubeinfer-runtime`` in its model repository mode (as a ModelPool's pod
-  runs it: the flat ``<model>.yaml`` files of the pool's ConfigMap, ``--memory-budget``), each loaded
-  model in its own process, loaded on its first request, evicted least recently used. The budget is
-  ``--budget-models`` (5: a quarter of 20) times the median resident size of one ``services`` process,
-  measured in this run (``--budget-bytes`` sets it instead).
+  runs it: the flat ``<model>.yaml`` files of the pool's ConfigMap, ``--memory-budget``, ``--pin``), each
+  loaded model in its own process, loaded on its first request, evicted least recently used. The budget
+  is ``--budget-models`` (5: a quarter of 20) times the median resident size of one ``services``
+  process, measured in this run (``--budget-bytes`` sets it instead). The hot models are pinned
+  (``spec.pinned`` of a ModelPool: loaded at start, never evicted; ``--no-pin-hot``: pure LRU), so the
+  rest of the budget is the least popular models' working set.
 - **Traffic**: open-loop Poisson arrivals at ``--rate`` requests/s in total (latency from each request's
   scheduled arrival), each request's model drawn Zipf (``--zipf`` 1.1: the model of rank k gets a share
   proportional to k^-s); the hot models are the ``--hot`` (3) of the largest shares. Both sides get the
   same arrivals and the same models (one seed per repeat, ``--seed``).
-- **Per repeat and side**: ``--warmup`` seconds of the traffic (not measured: the pool's working set
-  settles), then a measured window of ``--seconds``: the hot models' P50 and P99, all requests' P99, the
-  failed requests (anything but 200 within ``CLIENT_TIMEOUT_SECONDS``; must be 0); memory-seconds, the
-  resident bytes of each side's whole process tree (its runtime processes and their children: the pool's
-  model processes) read from ``/proc`` every ``--sample-interval`` (0.5 s) and integrated over the window
-  (``VmRSS``; ``RssAnon`` beside it, as the pages no other process shares); for the pool, the loads and
-  evictions in the window (``/metrics``), and after it the **cold probe**: for each kind, its least
-  popular model not loaded (``/v2/repository/index``) gets one request alone, timed to its answer (the
-  load included). The start of each side (its processes to ready) is reported apart, with its own
-  memory-seconds. Figures are medians over ``--repeats`` (3); the ratio of the pool's memory-seconds to
-  the services' is the issue's measure (target at most 0.25), with the hot models' P99 within their
+- **Per repeat and side**: a measured window of ``--seconds`` (before the first, each service answers
+  one request; before each of the pool's, ``--warmup`` seconds of the traffic, not measured, settle its
+  working set): the hot models' P50 and P99, all requests' P99, the failed requests (anything but 200
+  within ``CLIENT_TIMEOUT_SECONDS``; must be 0); memory-seconds: the resident bytes of the side's whole
+  process tree (its runtime processes and their children, the pool's model processes) read from
+  ``/proc`` every ``--sample-interval`` (0.5 s) and integrated over the window (``VmRSS``, and
+  ``RssAnon`` beside it: the anonymous pages, without the mapped files of the libraries); for the pool,
+  its loads and evictions in the window (``/metrics``), and after it the **cold probe**: the least
+  popular model not loaded (``/v2/repository/index``) of one kind (``KINDS`` in turn, one per repeat)
+  gets one request alone, timed to its answer (the load included). Each side's start (its processes
+  to ready) is reported apart, with its own memory-seconds.
+- **Figures**: medians over ``--repeats`` (3); a window holds a dozen hot requests, so
+  ``hot_all_repeats`` gives their P99 over all windows together. The issue's measure is the ratio of the
+  pool's memory-seconds to the services' (target at most 0.25), with the hot models' P99 within their
   target (``--target-p99``, default an InferenceService's ``autoscaling.targetP99``).
 
 It runs under ``bench/quiet.py`` (the machine-wide bench lock, no measurement over a 1-minute load average
@@ -63,7 +68,7 @@ import numpy as np
 import quiet
 import runtime_bench as rb  # also puts the repository root on sys.path, for hack.devtools
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = rb.ROOT
 #: The model kinds, in turn by popularity rank (the hottest four are one of each).
 KINDS = ("hf-classifier", "onnx", "pt2", "hf-embedder")
 #: Seconds a request may take before it counts as failed (a cold model's load is inside it).
@@ -436,10 +441,10 @@ def start_pool(
     """One runtime in its model repository mode over ``root`` (a flat ``<model>.yaml`` per model, the
     services' configuration each) with ``budget`` bytes and ``pinned`` loaded at start; returns when it
     is ready (the pinned models loaded)."""
-    from kubeinfer.contract.pool import model_file
     from kubeinfer.runtime.config import RuntimeConfig
 
     from hack.devtools.runtime_proc import RuntimeProcess
+    from kubeinfer.contract.pool import model_file
 
     root.mkdir(parents=True, exist_ok=True)
     for model in models:
@@ -647,7 +652,9 @@ def measure_side(
         }
         if side.metrics_url and before is not None:
             after = pool_counters(side.metrics_url)
-            figures["pool"] = {k: after[k] - before[k] for k in ("loads_success", "loads_failure", "evictions")}
+            figures["pool"] = {
+                k: after[k] - before[k] for k in ("loads_success", "loads_failure", "evictions")
+            }
             figures["pool"]["resident_bytes_at_end"] = after["resident_bytes"]
             probe = asyncio.run(cold_probe(side, models, KINDS[repeat % len(KINDS)], sentences))
             figures["cold_probe"] = [] if probe is None else [probe]
@@ -829,9 +836,7 @@ def main(argv: list[str] | None = None) -> int:
             root = Path(tmp)
             models = make_models(root, shares)
             progress(f"made {len(models)} models in {time.monotonic() - began:.1f} s")
-            services, sizes = run_side(
-                SERVICES, lambda s: start_services(models, s), models, args, sentences
-            )
+            services, sizes = run_side(SERVICES, lambda s: start_services(models, s), models, args, sentences)
             budget = args.budget_bytes or budget_bytes(list(sizes.values()), args.budget_models)
             progress(f"pool budget {budget / 2**20:.0f} MiB")
             pinned = [models[i].name for i in hot_models(shares, args.hot)] if args.pin_hot else []
@@ -847,7 +852,8 @@ def main(argv: list[str] | None = None) -> int:
             "command": ["bench/pool.py", *(sys.argv[1:] if argv is None else argv)],
             "setup": {
                 "models": [
-                    {"name": m.name, "kind": m.kind, "rank": m.rank, "share": round(m.share, 5)} for m in models
+                    {"name": m.name, "kind": m.kind, "rank": m.rank, "share": round(m.share, 5)}
+                    for m in models
                 ],
                 "hot_models": [models[i].name for i in hot_models(shares, args.hot)],
                 "hot_share": float(sum(shares[i] for i in hot_models(shares, args.hot))),

@@ -49,7 +49,7 @@ def test_schedule_is_poisson_at_the_rate_with_models_drawn_by_share() -> None:
     shares = pool.zipf_shares(20, 1.1)
     offsets, picks = pool.schedule(50.0, 200.0, shares, seed=7)
     assert offsets.size == picks.size and np.all(np.diff(offsets) > 0)
-    assert 0 <= offsets[0] and offsets[-1] < 200.0
+    assert offsets[0] >= 0 and offsets[-1] < 200.0
     assert offsets.size == pytest.approx(50 * 200, rel=0.05)
     gaps = np.diff(offsets)
     assert gaps.std() == pytest.approx(gaps.mean(), rel=0.05)  # exponential gaps: std = mean
@@ -127,7 +127,10 @@ def test_the_services_config_is_an_inference_services(tmp_path: Path) -> None:
 
 
 def test_verdict_compares_the_medians() -> None:
-    services = {"memory": {"rss_byte_seconds": 400.0, "anon_byte_seconds": 200.0}, "hot": {"p99_seconds": 0.05}}
+    services = {
+        "memory": {"rss_byte_seconds": 400.0, "anon_byte_seconds": 200.0},
+        "hot": {"p99_seconds": 0.05},
+    }
     side_pool = {"memory": {"rss_byte_seconds": 90.0, "anon_byte_seconds": 60.0}, "hot": {"p99_seconds": 0.3}}
     v = pool.verdict({**services, "failed": 0}, {**side_pool, "failed": 1}, 0.2)
     assert v["memory_seconds_ratio_pool_to_services"] == pytest.approx(0.225) and v["memory_within_target"]
