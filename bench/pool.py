@@ -16,10 +16,11 @@ model: memory-seconds, the hot models' P99, the first-request latency of a cold 
 - **Side ``pool``, one pool**: one ``kubeinfer-runtime`` in its model repository mode (as a ModelPool's pod
   runs it: the flat ``<model>.yaml`` files of the pool's ConfigMap, ``--memory-budget``, ``--pin``), each
   loaded model in its own process, loaded on its first request, evicted least recently used. The budget
-  is ``--budget-models`` (5: a quarter of 20) times the median resident size of one ``services``
-  process, measured in this run (``--budget-bytes`` sets it instead). The hot models are pinned
-  (``spec.pinned`` of a ModelPool: loaded at start, never evicted; ``--no-pin-hot``: pure LRU), so the
-  rest of the budget is the least popular models' working set.
+  is ``--budget-share`` (0.25) of the services' resident bytes together, measured in this run: it fits
+  that share of the models at their mean size (``--budget-bytes`` sets it instead). At budget, the
+  pool's memory-seconds are that share of the services' (plus its front process, a few dozen MiB). The
+  hot models are pinned (``spec.pinned`` of a ModelPool: loaded at start, never evicted;
+  ``--no-pin-hot``: pure LRU), so the rest of the budget is the least popular models' working set.
 - **Traffic**: open-loop Poisson arrivals at ``--rate`` requests/s in total (latency from each request's
   scheduled arrival), each request's model drawn Zipf (``--zipf`` 1.1: the model of rank k gets a share
   proportional to k^-s); the hot models are the ``--hot`` (3) of the largest shares. Both sides get the
@@ -173,12 +174,12 @@ def tree(parents: Mapping[int, int], roots: Iterable[int]) -> set[int]:
     return found
 
 
-def budget_bytes(per_process_rss: Sequence[int], models: float) -> int:
-    """A pool budget that fits ``models`` models: that many times the median of the services' resident
-    sizes (bytes). Raises ``ValueError`` without sizes or for ``models`` <= 0."""
-    if not per_process_rss or models <= 0:
-        raise ValueError("need resident sizes and a positive number of models")
-    return int(models * statistics.median(per_process_rss))
+def budget_bytes(per_process_rss: Sequence[int], share: float) -> int:
+    """A pool budget of ``share`` of the services' resident bytes together (bytes): it fits that share
+    of the models at their mean size. Raises ``ValueError`` without sizes or for ``share`` <= 0."""
+    if not per_process_rss or share <= 0:
+        raise ValueError("need resident sizes and a positive share")
+    return int(share * sum(per_process_rss))
 
 
 def median_of(values: Iterable[float | None]) -> float | None:
@@ -401,6 +402,7 @@ class Side:
         self.urls: dict[str, str] = {}
         self.processes: list[Any] = []
         self.metrics_url: str | None = None
+        self.budget: int | None = None
 
     def close(self) -> None:
         """SIGTERM to every process at once (each drains in parallel), then wait for each."""
@@ -411,16 +413,28 @@ class Side:
             rt.close()
 
 
-def start_services(models: Sequence[Model], sampler: MemorySampler) -> Side:
+def log_path(logs: Path | None, name: str) -> Path | None:
+    """Where a runtime's log goes: ``logs/<name>.log`` (None: a temporary file, gone at its end)."""
+    if logs is None:
+        return None
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs / f"{name}.log"
+
+
+def start_services(models: Sequence[Model], sampler: MemorySampler, logs: Path | None = None) -> Side:
     """One ``serve`` process per model, started together; returns when all are ready. Raises
-    ``RuntimeError`` (with the log's tail) when one fails."""
+    ``RuntimeError`` (with the log's tail) when one fails. ``logs``: a folder that keeps their logs."""
     from hack.devtools.runtime_proc import RuntimeProcess
 
     side = Side(SERVICES)
     try:
         for model in models:
             rt = RuntimeProcess(
-                service_config(model), env=_env(), ready_timeout=READY_TIMEOUT_SECONDS, wait_ready=False
+                service_config(model),
+                env=_env(),
+                ready_timeout=READY_TIMEOUT_SECONDS,
+                wait_ready=False,
+                log_path=log_path(logs, f"service-{model.name}"),
             )
             side.processes.append(rt)
             rt.start()
@@ -436,7 +450,12 @@ def start_services(models: Sequence[Model], sampler: MemorySampler) -> Side:
 
 
 def start_pool(
-    models: Sequence[Model], root: Path, budget: int, pinned: Sequence[str], sampler: MemorySampler
+    models: Sequence[Model],
+    root: Path,
+    budget: int,
+    pinned: Sequence[str],
+    sampler: MemorySampler,
+    logs: Path | None = None,
 ) -> Side:
     """One runtime in its model repository mode over ``root`` (a flat ``<model>.yaml`` per model, the
     services' configuration each) with ``budget`` bytes and ``pinned`` loaded at start; returns when it
@@ -453,7 +472,13 @@ def start_pool(
         {"repository": {"path": str(root), "memory_budget_bytes": budget, "pinned": list(pinned)}}
     )
     side = Side(POOL)
-    rt = RuntimeProcess(cfg, env=_env(), ready_timeout=READY_TIMEOUT_SECONDS, wait_ready=False)
+    rt = RuntimeProcess(
+        cfg,
+        env=_env(),
+        ready_timeout=READY_TIMEOUT_SECONDS,
+        wait_ready=False,
+        log_path=log_path(logs, "pool"),
+    )
     side.processes.append(rt)
     try:
         rt.start()
@@ -464,6 +489,7 @@ def start_pool(
         raise
     side.urls = {m.name: f"{rt.url}/v2/models/{m.name}/infer" for m in models}
     side.metrics_url = rt.url
+    side.budget = budget
     return side
 
 
@@ -656,6 +682,8 @@ def measure_side(
                 k: after[k] - before[k] for k in ("loads_success", "loads_failure", "evictions")
             }
             figures["pool"]["resident_bytes_at_end"] = after["resident_bytes"]
+            # at rest (every request answered): the loaded models' measured bytes against the budget
+            figures["pool_over_budget_at_end"] = after["resident_bytes"] > (side.budget or 0)
             probe = asyncio.run(cold_probe(side, models, KINDS[repeat % len(KINDS)], sentences))
             figures["cold_probe"] = [] if probe is None else [probe]
         repeats.append(figures)
@@ -706,6 +734,7 @@ def summarize(repeats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             kind: median_of(p["seconds"] for r in repeats for p in r["cold_probe"] if p["kind"] == kind)
             for kind in sorted(kinds)
         }
+        out["repeats_over_budget_at_end"] = sum(bool(r.get("pool_over_budget_at_end")) for r in repeats)
         out["cold_probe_failed"] = sum(p["status"] != 200 for r in repeats for p in r.get("cold_probe", []))
     return out
 
@@ -762,10 +791,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="windows per side (medians over them)")
     parser.add_argument("--hot", type=int, default=3, help="the hot models: this many of the top shares")
     parser.add_argument(
-        "--budget-models",
+        "--budget-share",
         type=float,
-        default=5.0,
-        help="the pool's budget in models: times the median resident size of a services process",
+        default=0.25,
+        help="the pool's budget: this share of the services' resident bytes together (0.25 fits 5 of 20 "
+        "models of the mean size)",
     )
     parser.add_argument("--budget-bytes", type=int, default=None, help="the pool's budget (instead)")
     parser.add_argument(
@@ -782,6 +812,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sample-interval", type=float, default=0.5, help="seconds between memory samples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--logs", type=Path, default=None, help="a folder that keeps every runtime's log (default: none kept)"
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pool.json"))
     quiet.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -793,7 +826,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rate, --seconds and --sample-interval must be positive, --warmup not negative")
     if args.zipf < 0:
         parser.error("--zipf must not be negative")
-    if args.budget_models <= 0 or (args.budget_bytes is not None and args.budget_bytes < 1):
+    if args.budget_share <= 0 or (args.budget_bytes is not None and args.budget_bytes < 1):
         parser.error("the budget must be positive")
     if args.target_p99 is not None and args.target_p99 <= 0:
         parser.error("--target-p99 must be positive")
@@ -836,13 +869,15 @@ def main(argv: list[str] | None = None) -> int:
             root = Path(tmp)
             models = make_models(root, shares)
             progress(f"made {len(models)} models in {time.monotonic() - began:.1f} s")
-            services, sizes = run_side(SERVICES, lambda s: start_services(models, s), models, args, sentences)
-            budget = args.budget_bytes or budget_bytes(list(sizes.values()), args.budget_models)
+            services, sizes = run_side(
+                SERVICES, lambda s: start_services(models, s, args.logs), models, args, sentences
+            )
+            budget = args.budget_bytes or budget_bytes(list(sizes.values()), args.budget_share)
             progress(f"pool budget {budget / 2**20:.0f} MiB")
             pinned = [models[i].name for i in hot_models(shares, args.hot)] if args.pin_hot else []
             pool, _ = run_side(
                 POOL,
-                lambda s: start_pool(models, root / "repository", budget, pinned, s),
+                lambda s: start_pool(models, root / "repository", budget, pinned, s, args.logs),
                 models,
                 args,
                 sentences,
@@ -866,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
                 "sample_interval_seconds": args.sample_interval,
                 "services_rss_bytes": sorted(sizes.values()),
                 "pool_budget_bytes": budget,
-                "pool_budget_models": args.budget_models if args.budget_bytes is None else None,
+                "pool_budget_share": args.budget_share if args.budget_bytes is None else None,
                 "pool_pinned": pinned,
                 "client_timeout_seconds": CLIENT_TIMEOUT_SECONDS,
                 "runtime_config": "an InferenceService's (operator builders.configmap.runtime_config), cpu",

@@ -26,7 +26,7 @@ def test_defaults_fit_the_task() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--models", "0"], ["--hot", "21"], ["--rate", "0"], ["--zipf", "-1"], ["--budget-models", "0"]]
+    "argv", [["--models", "0"], ["--hot", "21"], ["--rate", "0"], ["--zipf", "-1"], ["--budget-share", "0"]]
 )
 def test_bad_options_exit_with_status_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -92,11 +92,13 @@ def test_tree_holds_the_roots_and_every_descendant_only() -> None:
     assert pool.tree(parents, [99]) == set()
 
 
-def test_budget_is_the_models_times_the_median_size() -> None:
-    assert pool.budget_bytes([100, 300, 200, 1000], 5) == 5 * 250
-    assert pool.budget_bytes([100], 2.5) == 250
+def test_budget_is_a_share_of_the_services_resident_bytes() -> None:
+    assert pool.budget_bytes([100, 300, 200, 1000], 0.25) == 400
+    assert pool.budget_bytes([800] * 20, 0.25) == 5 * 800  # a quarter: 5 of 20 models of that size
     with pytest.raises(ValueError):
-        pool.budget_bytes([], 5)
+        pool.budget_bytes([], 0.25)
+    with pytest.raises(ValueError):
+        pool.budget_bytes([100], 0.0)
 
 
 def test_latency_figures_and_medians() -> None:
