@@ -401,7 +401,7 @@ class Side:
         self.name = name
         self.urls: dict[str, str] = {}
         self.processes: list[Any] = []
-        self.metrics_url: str | None = None
+        self.pool_url: str | None = None  # the pool's base URL (its /metrics, its repository index)
         self.budget: int | None = None
 
     def close(self) -> None:
@@ -488,7 +488,7 @@ def start_pool(
         side.close()
         raise
     side.urls = {m.name: f"{rt.url}/v2/models/{m.name}/infer" for m in models}
-    side.metrics_url = rt.url
+    side.pool_url = rt.url
     side.budget = budget
     return side
 
@@ -567,8 +567,9 @@ def window_figures(
 
 
 def pool_counters(url: str) -> dict[str, float]:
-    """The pool's load, eviction and unload counters and resident bytes from its ``/metrics``, summed
-    over models (``loads_success``, ``loads_failure``, ``evictions``, ``resident_bytes``)."""
+    """The pool's load and eviction counters, summed over its models (``loads_success``,
+    ``loads_failure``, ``evictions``), and the loaded models' measured bytes (``resident_bytes``), from
+    its ``/metrics``."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -615,9 +616,9 @@ async def cold_probe(
     index): the seconds to its answer, the load included. None when every model of ``kind`` is loaded."""
     import httpx
 
-    assert side.metrics_url is not None
+    assert side.pool_url is not None
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_SECONDS) as client:
-        index = (await client.post(f"{side.metrics_url}/v2/repository/index")).json()
+        index = (await client.post(f"{side.pool_url}/v2/repository/index")).json()
     model = probe_target(models, kind, (e["name"] for e in index if e.get("state") == "READY"))
     if model is None:
         return None
@@ -654,7 +655,7 @@ def measure_side(
     previous probe's load too)."""
     shares = [m.share for m in models]
     hot = hot_models(shares, args.hot)
-    pool = side.metrics_url is not None
+    pool = side.pool_url is not None
     if not pool:
         failed = asyncio.run(warm_each(side, models, sentences))
         if failed:
@@ -665,7 +666,7 @@ def measure_side(
         if pool and args.warmup > 0:
             warm_offsets, warm_picks = schedule(args.rate, args.warmup, shares, seed + 1)
             asyncio.run(drive(side, models, warm_offsets, warm_picks, sentences))
-        before = pool_counters(side.metrics_url) if side.metrics_url else None
+        before = pool_counters(side.pool_url) if side.pool_url else None
         offsets, picks = schedule(args.rate, args.seconds, shares, seed)
         start, results = asyncio.run(drive(side, models, offsets, picks, sentences))
         end = start + args.seconds
@@ -676,8 +677,8 @@ def measure_side(
             **window_figures(results, hot, models),
             "memory": sampler.window(start, end),
         }
-        if side.metrics_url and before is not None:
-            after = pool_counters(side.metrics_url)
+        if side.pool_url and before is not None:
+            after = pool_counters(side.pool_url)
             figures["pool"] = {
                 k: after[k] - before[k] for k in ("loads_success", "loads_failure", "evictions")
             }
@@ -762,7 +763,7 @@ def run_side(
         by_root = dict(sampler.by_root)
         # each runtime process's own resident bytes (the pool's: its front process without its models)
         roots_rss = sorted(process_memory(rt.pid)[0] for rt in side.processes)
-        resident = model_resident_bytes(side.metrics_url) if side.metrics_url else None
+        resident = model_resident_bytes(side.pool_url) if side.pool_url else None
     finally:
         if side is not None:
             side.close()
