@@ -43,8 +43,10 @@ model: memory-seconds, the hot models' P99, the first-request latency of a cold 
 
 It runs under ``bench/quiet.py`` (the machine-wide bench lock, no measurement over a 1-minute load average
 of 0.5 unless ``--noisy``). The sides run one after the other, services first (the pool's budget comes
-from it), each started once for all its repeats. Run time with the defaults: about 5 minutes (the
-services' start, 20 processes on two cores, about 60 s). The script reports; it asserts nothing.
+from it), each started once for all its repeats. Run time with the defaults: 7.4 minutes in a
+noisy run at a load of 5 to 8 (the services' start, 20 processes on two cores, 95 s of it; the pool's
+windows wait for the loads their requests started); about 5 minutes quietly is an estimate. The
+script reports; it asserts nothing.
 """
 
 from __future__ import annotations
