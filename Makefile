@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help setup test test-unit test-integration test-e2e lint lock crds cluster-up cluster-down demo run \
         bench bench-runtime bench-frontend bench-operator bench-cache bench-autoscaler \
         bench-autoscaler-adversary bench-autoscaler-frontier bench-autoscaler-zero bench-peers bench-hostile bench-perf-analyzer \
-        bench-cold-start bench-token-budget clean images
+        bench-cold-start bench-token-budget bench-pool clean images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -119,6 +119,9 @@ bench-token-budget: setup ## MiniLM under short requests with 5 % 10,000-charact
 bench-cold-start: images ## cold starts from zero on the local one-node cluster (root; MiniLM int8 on onnxruntime, a graph cache volume, the image present): each stage from the demand to the first answer, empty then warm cache -> bench/results/cold_start.json
 	$(PY) bench/cold_start.py $(BENCH_NOISY)
 
+bench-pool: setup ## 20 tiny models under Zipf traffic: one model pool against one service per model (memory-seconds, hot models' P99, a cold model's first request) -> bench/results/pool.json
+	$(PY) bench/pool.py $(BENCH_NOISY)
+
 bench-autoscaler: setup ## autoscaler simulation -> bench/results/autoscaler.json
 	$(PY) bench/autoscaler_sim.py
 
@@ -131,7 +134,7 @@ bench-autoscaler-frontier: setup ## kubeinfer vs its peers at every setting (HPA
 bench-autoscaler-zero: setup ## scale to zero on idle traces: kubeinfer with and without it, Knative's KPA and KEDA's http-add-on with theirs (activators, cold start 20 s) -> bench/results/autoscaler_zero.json
 	$(PY) bench/autoscaler_zero.py
 
-bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-token-budget \
+bench: bench-runtime bench-frontend bench-operator bench-cache bench-hostile bench-perf-analyzer bench-token-budget bench-pool \
        bench-cold-start bench-autoscaler bench-autoscaler-adversary bench-autoscaler-frontier bench-autoscaler-zero \
        bench-peers ## all benchmarks, one after the other (NOISY=1: --noisy to those that measure)
 
