@@ -33,9 +33,10 @@ and the repository extension's (``dataplane.Repository``):
   ``repository.failed_load_backoff_seconds`` after it, its requests get that answer at once; other
   models are unaffected.
 - **Evicted least recently used** (``kubeinfer.runtime.residency``): each model's resident bytes are the
-  RSS of its process after load and warmup (``/proc/PID/status``). Before a load (with the model's size
-  from its previous load, when there was one) and after it, the least recently used loaded models are
-  unloaded until the total is within ``repository.memory_budget_bytes``. Pinned models
+  RSS of its process after load and warmup (``/proc/PID/status``). Before a load (room for it and the
+  other loads under way, each at its expected size: its size from its previous load, else the largest
+  size measured so far, ``residency.expected_bytes``) and after it, the least recently used loaded
+  models are unloaded until the total is within ``repository.memory_budget_bytes``. Pinned models
   (``repository.pinned``, loaded at start) and models with requests in flight are never evicted: when
   they alone fill the budget the runtime runs over it (logged) and evicts again whenever a request ends
   while it is over.
@@ -71,7 +72,7 @@ from kubeinfer.runtime.dataplane import MODEL_VERSION, Decoder, InferCall
 from kubeinfer.runtime.errors import HTTPError, InferenceError
 from kubeinfer.runtime.frontend import RemotePlane
 from kubeinfer.runtime.grpc_server import create_grpc_server
-from kubeinfer.runtime.residency import Resident, plan_evictions
+from kubeinfer.runtime.residency import Resident, expected_bytes, plan_evictions
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -223,6 +224,8 @@ class ModelRepository:
         self._clock = clock
         self._models: dict[str, _Model] = {}
         self._slots = asyncio.Semaphore(self.settings.max_parallel_loads)
+        #: models whose load has its slot and has not finished (their expected bytes are reserved)
+        self._starting: set[str] = set()
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalancing: asyncio.Task[None] | None = None
@@ -311,14 +314,21 @@ class ModelRepository:
                 return
             model.state, model.reason = LOADING, ""
             async with self._slots:
-                await self._make_room(incoming=model.nbytes, keep={model.name})
-                t0 = time.monotonic()
+                # room for this load and the others past their slot, each at its expected size
+                self._starting.add(model.name)
+                measured = [m.nbytes for m in self._models.values() if m.nbytes]
+                incoming = sum(expected_bytes(self._models[n].nbytes, measured) for n in self._starting)
                 try:
-                    await self._start_process(model)
-                except LoadError as exc:
-                    self._load_failed(model, str(exc))
-                    return
-                seconds = time.monotonic() - t0
+                    await self._make_room(incoming=incoming, keep=self._starting)
+                    t0 = time.monotonic()
+                    try:
+                        await self._start_process(model)
+                    except LoadError as exc:
+                        self._load_failed(model, str(exc))
+                        return
+                    seconds = time.monotonic() - t0
+                finally:
+                    self._starting.discard(model.name)
             assert model.proc is not None
             model.nbytes = resident_bytes(model.proc.pid)
             model.state, model.failed_at, model.last_used = READY, None, self._clock()

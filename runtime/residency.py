@@ -18,10 +18,10 @@ under its requests.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["EvictionPlan", "Resident", "plan_evictions"]
+__all__ = ["EvictionPlan", "Resident", "expected_bytes", "plan_evictions"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,15 @@ def plan_evictions(
         evict.append(candidate.name)
         total -= candidate.nbytes
     return EvictionPlan(tuple(evict), total <= budget, total - incoming)
+
+
+def expected_bytes(last: int, measured: Iterable[int]) -> int:
+    """The bytes a model's load is expected to add, to make room for before it starts: ``last``, its size
+    the last time it was loaded (bytes, 0 when never), else the largest of ``measured`` (the sizes of the
+    other models measured by this runtime), else 0. A small model's process is mostly its floor (the
+    interpreter and its framework), so another model's size is a better guess than none, and the largest
+    errs on the side of the budget. Raises ``ValueError`` for a negative size."""
+    sizes = list(measured)
+    if last < 0 or any(n < 0 for n in sizes):
+        raise ValueError("sizes must be >= 0 bytes")
+    return last or max(sizes, default=0)

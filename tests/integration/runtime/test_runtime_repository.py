@@ -13,6 +13,7 @@ it, with that model pinned). One runtime for the module; each test leaves it usa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -202,6 +203,9 @@ def test_tritonclient_repository_calls_over_rest_and_grpc(runtime: RuntimeProces
         index = grpc.get_model_repository_index(as_json=True)["models"]
         assert {m["name"] for m in index} == {*MODELS, "broken"}
         assert all(m["version"] == "1" and m["state"] for m in index)
+        # loaded first: the refused load of "broken" above made room for it at the largest size measured
+        # (a model never loaded is expected at that size), which may have evicted "c"
+        grpc.load_model("c")
         grpc.unload_model("c")
         assert not grpc.is_model_ready("c")
         states = {m["name"]: m.get("state") for m in grpc.get_model_repository_index(as_json=True)["models"]}
@@ -220,3 +224,49 @@ def test_tritonclient_repository_calls_over_rest_and_grpc(runtime: RuntimeProces
     finally:
         grpc.close()
     assert _metric(runtime, "kubeinfer_model_unloads_total", model="c", reason="request") >= 1
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` and its descendants (``/proc``: VmRSS), as a pod counts them."""
+    total = 0
+    pids = [pid]
+    while pids:
+        current = pids.pop()
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            status = Path(f"/proc/{current}/status").read_text()
+            total += 1024 * int(
+                next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
+            )
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            pids.extend(int(c) for c in children)
+    return total
+
+
+def _children(pid: int) -> set[str]:
+    return set(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+
+
+@pytest.mark.timeout(600)
+def test_a_hundred_load_and_unload_cycles_leave_the_replica_at_its_first_cycles_memory(
+    runtime: RuntimeProcess,
+) -> None:
+    """Unloading frees what loading took: the model's process goes with it, and the runtime itself holds
+    nothing per cycle (its resident size after the 100th unload, and the whole tree's with the model
+    loaded, within 10 % of the first cycle's)."""
+    http = httpclient.InferenceServerClient(runtime.address, network_timeout=60)
+    for model in ("b", "c"):  # only "a" in this runtime's processes while it cycles
+        http.unload_model(model)
+    base = _children(runtime.pid)  # front ends, if any
+    loaded: list[int] = []
+    unloaded: list[int] = []
+    for cycle in range(100):
+        http.load_model("a")
+        assert _infer(runtime, "a", cycle).status_code == 200
+        loaded.append(_tree_rss(runtime.pid))
+        http.unload_model("a")
+        unloaded.append(_tree_rss(runtime.pid))
+        assert _children(runtime.pid) == base, f"cycle {cycle}: a model process left after the unload"
+    mib = [v >> 20 for v in (loaded[0], loaded[-1], unloaded[0], unloaded[-1])]
+    print("tree RSS loaded {} -> {} MiB, unloaded {} -> {} MiB".format(*mib))
+    assert unloaded[-1] <= 1.10 * unloaded[0], (unloaded[0], unloaded[-1])
+    assert loaded[-1] <= 1.10 * loaded[0], (loaded[0], loaded[-1])

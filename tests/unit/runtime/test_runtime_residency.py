@@ -4,7 +4,7 @@ pinned model, one in use or the one being loaded, only as many as needed."""
 from __future__ import annotations
 
 import pytest
-from kubeinfer.runtime.residency import EvictionPlan, Resident, plan_evictions
+from kubeinfer.runtime.residency import EvictionPlan, Resident, expected_bytes, plan_evictions
 
 MB = 1 << 20
 
@@ -43,3 +43,24 @@ def test_ties_go_by_name_and_bad_sizes_are_refused() -> None:
         plan_evictions([], -1)
     with pytest.raises(ValueError):
         plan_evictions(models(("a", -1, 0.0)), 1)
+
+
+def test_a_model_never_loaded_is_expected_at_the_largest_size_measured() -> None:
+    # its own last size first; else the largest other (a small model's process is mostly its floor), so
+    # a first load makes room before it starts instead of passing the budget until it is measured
+    assert expected_bytes(7 * MB, [3 * MB, 9 * MB]) == 7 * MB
+    assert expected_bytes(0, [3 * MB, 9 * MB]) == 9 * MB
+    assert expected_bytes(0, []) == 0
+    with pytest.raises(ValueError):
+        expected_bytes(-1, [])
+
+
+def test_room_for_two_loads_at_once_counts_both() -> None:
+    # two first loads under way in a pool that holds one more model: both reserved, two evicted
+    incoming = sum(expected_bytes(0, [10 * MB]) for _ in ("x", "y"))
+    plan = plan_evictions(models(("a", 10, 1.0), ("b", 10, 2.0)), 30 * MB, incoming=incoming)
+    assert plan.evict == ("a",)
+    assert plan_evictions(models(("a", 10, 1.0), ("b", 10, 2.0)), 25 * MB, incoming=incoming).evict == (
+        "a",
+        "b",
+    )
