@@ -293,9 +293,14 @@ REASONS: tuple[Reason, ...] = (
     _fault(
         MODEL_LOAD_FAILED,
         "the model was fetched (or is on its path) but the runtime cannot load it; the message is the "
-        "runtime's own line: `exit code 1 (Error): model load failed: <exception>: <why>`",
+        "runtime's own line: `exit code 1 (Error): model load failed: <exception>: <why>`. On a pooled "
+        "InferenceService (`spec.pool`): its model's latest load on a replica of the pool failed (the "
+        "operator reads each ready replica's model repository index), the message names the pod and the "
+        "runtime's cause; the pool's other models are unaffected, and it clears once a load succeeds (the "
+        "model's next request after the runtime's backoff, or a repository load)",
         "a wrong `format`, a directory without the files the format needs (`hf.allowPatterns`), an ONNX "
-        "directory with several `.onnx` files; `kubectl logs --previous POD -c runtime`",
+        "directory with several `.onnx` files; `kubectl logs --previous POD -c runtime` (a pool's: `kubectl "
+        "logs POD`, then a request or `tritonclient`'s `load_model`)",
     ),
     _fault(
         QUANTIZATION_BELOW_GATE,
@@ -415,8 +420,8 @@ REASONS: tuple[Reason, ...] = (
         CONDITION_READY,
         "True",
         "on a ModelPool: every replica ready; on an InferenceService naming it: the pool has a ready "
-        "replica and serves the model (loaded on its first request; per-model load status is not "
-        "reported yet)",
+        "replica and serves the model (loaded on its first request; where it is loaded, its bytes and "
+        "counts: `status.model`)",
     ),
     # Serving
     Reason(

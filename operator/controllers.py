@@ -20,6 +20,7 @@ from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.builders import activator_peer, scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
+from kubeinfer.operator.reconcile.pool_poller import PoolPoller
 from kubeinfer.operator.reconcile.pool_reconciler import PoolReconciler
 from kubeinfer.operator.reconcile.reconciler import Lookup, Reconciler
 from kubeinfer.operator.reconcile.references import ReferencePolicy
@@ -70,15 +71,21 @@ async def read_server_version(kube: k8s.Kube) -> str | None:
 
 @dataclass
 class Controllers:
-    """The reconciler and the autoscaler of one operator process, and their API client ``kube``."""
+    """The reconciler and the autoscaler of one operator process, and their API client ``kube``; the
+    ModelPools' reconciler and the poller of their replicas' model repository indexes (at most once per
+    ``pool_poll_seconds`` a pool), whose indexes both reconcilers read."""
 
     kube: k8s.Kube
     reconciler: Reconciler
     autoscaler: loop.Autoscaler
+    pool_poll_seconds: float = 15.0
     pools: PoolReconciler = field(init=False)
+    poller: PoolPoller = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pools = PoolReconciler(self.kube, clock=self.reconciler.clock)
+        self.poller = PoolPoller(self.kube, interval=self.pool_poll_seconds)
+        self.pools = PoolReconciler(self.kube, clock=self.reconciler.clock, indexes=self.poller.indexes)
+        self.reconciler.pool_indexes = self.poller.indexes
 
     @classmethod
     def create(cls, kube: k8s.Kube, settings: Settings, server_version: str | None = None) -> Controllers:
@@ -112,7 +119,12 @@ class Controllers:
                 "activator installed (Service %s): autoscaling.minReplicas 0 scales an idle service to zero",
                 settings.activator_service,
             )
-        return cls(kube, reconciler, loop.from_settings(kube, settings))
+        return cls(
+            kube,
+            reconciler,
+            loop.from_settings(kube, settings),
+            pool_poll_seconds=settings.autoscale_interval_seconds,
+        )
 
     @classmethod
     async def start(cls, settings: Settings) -> Controllers:
@@ -139,6 +151,7 @@ class Controllers:
         API client."""
         self.autoscaler.close()
         await self.reconciler.close()
+        await self.poller.close()
         await self.kube.close()
 
     def forget(self, namespace: str, name: str) -> None:
@@ -170,6 +183,7 @@ class Controllers:
         isvcs = list(isvcs)
         if event_type == "DELETED":
             self.pools.forget(namespace, name)
+            self.poller.forget(namespace, name)
         else:
             await self.pools.reconcile(body, isvcs, lookup)
         pooled = [
@@ -179,6 +193,18 @@ class Controllers:
             and (b.get("spec") or {}).get("pool") == name
         ]
         await asyncio.gather(*(self.reconciler.reconcile(b, lookup) for b in pooled))
+
+    async def poll_pool(
+        self, body: Mapping[str, Any], isvcs: Iterable[Mapping[str, Any]], lookup: Lookup
+    ) -> None:
+        """Read the ready replicas' model repository indexes of the ModelPool ``body`` (as watched) unless
+        it was read within ``pool_poll_seconds`` (the timers of its InferenceServices call this); when
+        what they say changed, reconcile the pool and its InferenceServices (their statuses)."""
+        namespace, name = object_key(body)
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        if await self.poller.poll_if_due(namespace, name):
+            await self.pool_event("MODIFIED", body, isvcs, lookup)
 
     async def pools_of_namespace(
         self,

@@ -285,8 +285,19 @@ def model_pool_crd() -> dict[str, Any]:
                             "jsonPath": ".status.models",
                             "description": "InferenceServices served by the pool.",
                         },
+                        {
+                            "name": "Loaded",
+                            "type": "integer",
+                            "jsonPath": ".status.loadedModels",
+                            "description": "Models loaded on at least one ready replica.",
+                        },
                         {"name": "Ready-Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
-                        {"name": "Budget", "type": "string", "jsonPath": ".spec.memoryBudget"},
+                        {
+                            "name": "Memory",
+                            "type": "string",
+                            "jsonPath": ".status.memoryUsed",
+                            "description": "Resident bytes of the fullest replica's models / memoryBudget.",
+                        },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {

@@ -222,9 +222,18 @@ async def resync(body: kopf.Body, namespace: str | None, name: str, memo: kopf.M
         await _namespace_pools(controllers, kwargs, namespace)
 
 
-async def autoscale(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """The autoscaler's control step (``kubeinfer.operator.autoscale.loop``)."""
-    await (await _synced(memo, kwargs)).autoscale(dict(body), _lookup(kwargs))
+async def autoscale(body: kopf.Body, namespace: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+    """The autoscaler's control step (``kubeinfer.operator.autoscale.loop``); for a pooled
+    InferenceService, the poll of its pool's replicas (:meth:`Controllers.poll_pool`) instead."""
+    controllers = await _synced(memo, kwargs)
+    pool = (body.get("spec") or {}).get("pool")
+    if pool:
+        store = kwargs[POOLS_INDEX].get((namespace, pool))
+        pool_body = next(iter(store or ()), None)
+        if pool_body is not None:
+            await controllers.poll_pool(pool_body, _bodies(kwargs, ISVCS_INDEX), _lookup(kwargs))
+        return
+    await controllers.autoscale(dict(body), _lookup(kwargs))
 
 
 def _index_activator_slice(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:

@@ -178,8 +178,17 @@ def status_patch(desired: Mapping[str, Any], current: Mapping[str, Any]) -> dict
     """The merge patch of ``status``: the desired fields whose value differs (empty = no write).
 
     A desired ``None`` deletes the field (merge-patch semantics) and is no change where the field is
-    already absent."""
-    return {k: v for k, v in desired.items() if current.get(k) != v}
+    already absent. A desired object (mapping) whose current one has keys it lacks carries them as
+    ``None``: a merge patch merges objects, and those keys would otherwise stay."""
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        now = current.get(key)
+        if now == value:
+            continue
+        if isinstance(value, Mapping) and isinstance(now, Mapping):
+            value = {**dict.fromkeys(k for k in now if k not in value), **value}
+        patch[key] = value
+    return patch
 
 
 def merge_patch(patch: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:

@@ -211,9 +211,10 @@ class Repository(Protocol):
     """Triton's model repository extension, in the model repository mode
     (``kubeinfer.runtime.repository.ModelRepository``); the transports serve its routes when given one."""
 
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """``[{"name", "version", "state", "reason"}]`` (state READY, UNAVAILABLE, LOADING or UNLOADING);
-        only the READY ones with ``ready_only``."""
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """``[{"name", "version", "state", "reason", ...}]`` (state READY, UNAVAILABLE, LOADING or
+        UNLOADING; more keys may follow: ``kubeinfer.contract.pool``'s ``INDEX_*``); only the READY ones
+        with ``ready_only``."""
 
     async def repository_load(self, name: str) -> None:
         """Load ``name`` and return once it is ready; raises ``HTTPError`` 400 (unknown, or its load

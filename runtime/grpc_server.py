@@ -147,6 +147,8 @@ def _tensor_from_contents(
     return np.array(values, dtype=dtype).reshape(shape)
 
 
+#: The keys of Triton's ``RepositoryIndexResponse.ModelIndex`` (the REST index carries kubeinfer's too).
+_INDEX_FIELDS = ("name", "version", "state", "reason")
 _SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
@@ -479,7 +481,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         repository = await self._repository("RepositoryIndex", context)
         index = await repository.repository_index(request.ready)
         return service_pb2.RepositoryIndexResponse(
-            models=[service_pb2.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
+            models=[
+                service_pb2.RepositoryIndexResponse.ModelIndex(**{k: entry[k] for k in _INDEX_FIELDS})
+                for entry in index
+            ]
         )
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

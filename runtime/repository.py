@@ -76,7 +76,15 @@ from kubeinfer.runtime.residency import Resident, expected_bytes, plan_evictions
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from kubeinfer.contract.pool import model_of_file
+from kubeinfer.contract.pool import (
+    INDEX_EVICTIONS,
+    INDEX_LAST_USED,
+    INDEX_LOAD_ERROR,
+    INDEX_LOAD_FAILURES,
+    INDEX_LOADS,
+    INDEX_RESIDENT_BYTES,
+    model_of_file,
+)
 from kubeinfer.shared.hold import Hold, HoldError, HoldLimits, HoldTimeout, Overflow, retry_after_header
 from kubeinfer.shared.hold import seconds_from_us as seconds_from_us
 
@@ -192,6 +200,14 @@ class _Model:
     #: resident bytes measured after its latest load (kept after an unload: the next load's estimate)
     nbytes: int = 0
     last_used: float = 0.0
+    #: wall-clock seconds (``time.time``) of its latest request, ``None`` before the first
+    used_at: float | None = None
+    #: loads that succeeded, loads that failed, unloads for the budget (since this process started)
+    loads: int = 0
+    load_failures: int = 0
+    evictions: int = 0
+    #: the cause of its latest load when that failed ("" otherwise)
+    load_error: str = ""
     #: requests for it now, held or served (a model with any is not evicted)
     in_flight: int = 0
     #: requests past the hold, on its process (an unload waits for them)
@@ -207,6 +223,7 @@ class ModelRepository:
     Args:
         cfg: the runtime configuration; its ``repository`` section is required.
         clock: monotonic seconds (``time.monotonic``).
+        wall_clock: seconds since the epoch (``time.time``), for the index's ``lastUsed``.
 
     ``start`` (on the running loop) scans the directory, starts the hold's deadlines and the process
     watcher and loads the pinned models in the background; ``close`` stops every model process.
@@ -214,7 +231,7 @@ class ModelRepository:
 
     model_name = ""
 
-    def __init__(self, cfg: RuntimeConfig, clock: Any = time.monotonic) -> None:
+    def __init__(self, cfg: RuntimeConfig, clock: Any = time.monotonic, wall_clock: Any = time.time) -> None:
         if cfg.repository is None:
             raise ValueError("the model repository mode needs the repository section")
         self.cfg = cfg
@@ -222,6 +239,7 @@ class ModelRepository:
         self.root = Path(self.settings.path)
         self.metrics = RepositoryMetrics(self.settings.memory_budget_bytes)
         self._clock = clock
+        self._wall_clock = wall_clock
         self._models: dict[str, _Model] = {}
         self._slots = asyncio.Semaphore(self.settings.max_parallel_loads)
         #: models whose load has its slot and has not finished (their expected bytes are reserved)
@@ -332,6 +350,7 @@ class ModelRepository:
             assert model.proc is not None
             model.nbytes = resident_bytes(model.proc.pid)
             model.state, model.failed_at, model.last_used = READY, None, self._clock()
+            model.loads, model.load_error = model.loads + 1, ""
             self.metrics.loads.labels(model.name, "success").inc()
             self.metrics.load_seconds.labels(model.name, MODEL_VERSION).set(seconds)
             self.metrics.resident.labels(model.name).set(model.nbytes)
@@ -342,6 +361,7 @@ class ModelRepository:
 
     def _load_failed(self, model: _Model, cause: str) -> None:
         model.state, model.reason, model.failed_at = UNAVAILABLE, f"failed to load: {cause}", self._clock()
+        model.load_failures, model.load_error = model.load_failures + 1, cause
         self.metrics.loads.labels(model.name, "failure").inc()
         log.error("model %r failed to load: %s", model.name, cause)
         self.hold.fail(model.name, HoldError(f"model '{model.name}' failed to load: {cause}"))
@@ -426,6 +446,7 @@ class ModelRepository:
             self.metrics.unloads.labels(model.name, reason).inc()
             if reason == "evicted":
                 self.metrics.evictions.labels(model.name).inc()
+                model.evictions += 1
             self.metrics.resident.labels(model.name).set(0)
             self._update_total()
             log.info("model %r unloaded (%s)", model.name, model.reason)
@@ -503,7 +524,7 @@ class ModelRepository:
         block ends. Raises ``HTTPError`` 503 (held requests over the bounds, the load failed), 504 (not
         loaded in time)."""
         model.in_flight += 1
-        model.last_used = self._clock()
+        model.last_used, model.used_at = self._clock(), self._wall_clock()
         try:
             while model.state != READY or model.plane is None:
                 self._refuse_after_failure(model)
@@ -524,7 +545,7 @@ class ModelRepository:
                 model.active -= 1
         finally:
             model.in_flight -= 1
-            model.last_used = self._clock()
+            model.last_used, model.used_at = self._clock(), self._wall_clock()
             if self._over_budget() and not self._closing and self._rebalancing is None:
                 self._rebalancing = asyncio.get_running_loop().create_task(self._rebalance())
 
@@ -614,15 +635,33 @@ class ModelRepository:
         return generate_latest(self.metrics.registry)
 
     # ----- dataplane.Repository --------------------------------------------------------------------
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: ``[{"name", "version", "state", "reason"}]`` by name; only the
-        READY ones with ``ready_only``."""
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: ``[{"name", "version", "state", "reason"}]`` by name, each with
+        kubeinfer's keys (``kubeinfer.contract.pool``'s ``INDEX_*``: resident bytes, last use, load,
+        failure and eviction counts, the latest load's error); only the READY ones with ``ready_only``."""
         self.scan()
         return [
-            {"name": m.name, "version": MODEL_VERSION, "state": m.state, "reason": m.reason}
+            self._index_entry(m)
             for m in sorted(self._models.values(), key=lambda m: m.name)
             if not ready_only or m.state == READY
         ]
+
+    def _index_entry(self, m: _Model) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "name": m.name,
+            "version": MODEL_VERSION,
+            "state": m.state,
+            "reason": m.reason,
+            INDEX_RESIDENT_BYTES: m.nbytes if m.state == READY else 0,
+            INDEX_LOADS: m.loads,
+            INDEX_LOAD_FAILURES: m.load_failures,
+            INDEX_EVICTIONS: m.evictions,
+        }
+        if m.used_at is not None:
+            entry[INDEX_LAST_USED] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.used_at))
+        if m.load_error and m.failed_at is not None:
+            entry[INDEX_LOAD_ERROR] = m.load_error
+        return entry
 
     async def repository_load(self, name: str) -> None:
         """Load ``name`` now (again after a failure: no backoff) and return once it is READY. Raises

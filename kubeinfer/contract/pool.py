@@ -16,6 +16,12 @@ Pure: standard library only, nothing of the operator or the runtime.
 from __future__ import annotations
 
 __all__ = [
+    "INDEX_EVICTIONS",
+    "INDEX_LAST_USED",
+    "INDEX_LOADS",
+    "INDEX_LOAD_ERROR",
+    "INDEX_LOAD_FAILURES",
+    "INDEX_RESIDENT_BYTES",
     "MODEL_FILE_SUFFIX",
     "POOL_KIND",
     "POOL_LABEL",
@@ -41,6 +47,26 @@ POOL_LABEL = "kubeinfer.io/pool"
 REPOSITORY_DIR = "/etc/kubeinfer/models"
 #: The suffix of a model's file in the flat layout: ``<model>.yaml``.
 MODEL_FILE_SUFFIX = ".yaml"
+
+
+#: The keys a pool's runtime adds to each model of Triton's repository index (``POST
+#: /v2/repository/index``: ``name``, ``version``, ``state``, ``reason``; clients such as ``tritonclient``
+#: ignore keys they do not know, and the gRPC ``RepositoryIndex`` carries Triton's four only). The
+#: operator polls each Ready pool pod's index for the pool's and its models' status. Counts are the
+#: replica's since it started.
+#: Bytes resident for the model now: its process's RSS measured after load and warmup; 0 when not loaded.
+INDEX_RESIDENT_BYTES = "residentBytes"
+#: RFC 3339 UTC time (whole seconds) of the model's latest request; absent when it has had none.
+INDEX_LAST_USED = "lastUsed"
+#: Loads that succeeded.
+INDEX_LOADS = "loads"
+#: Loads that failed.
+INDEX_LOAD_FAILURES = "loadFailures"
+#: Unloads for the memory budget.
+INDEX_EVICTIONS = "evictions"
+#: The cause of the model's latest load when it failed (one line, the model process's own sentence);
+#: absent when its latest load did not fail.
+INDEX_LOAD_ERROR = "loadError"
 
 
 def model_file(model: str) -> str:

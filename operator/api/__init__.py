@@ -73,6 +73,7 @@ from kubeinfer.operator.api.pool import (
     ModelPool,
     ModelPoolSpec,
     ModelPoolStatus,
+    PoolReplicaStatus,
     PoolRuntimeSpec,
     pool_configmap_name,
     pool_reference,
@@ -124,6 +125,7 @@ from kubeinfer.operator.api.status import (
     ConditionStatus,
     InferenceServiceStatus,
     ObservedSignals,
+    PooledModelStatus,
     QuantizationStatus,
 )
 from kubeinfer.operator.api.workload import DEFAULT_IMAGE, EnvVar, ResourcesSpec, RuntimeSpec, Toleration
@@ -209,7 +211,9 @@ __all__ = [
     "NetworkPeer",
     "ObservedSignals",
     "PodSelector",
+    "PoolReplicaStatus",
     "PoolRuntimeSpec",
+    "PooledModelStatus",
     "PromQueries",
     "Quantity",
     "QuantizationSpec",

@@ -89,14 +89,43 @@ class ModelPoolSpec(_Spec):
         return int(cpu_cores(self.memory_budget))
 
 
+class PoolReplicaStatus(_Status):
+    """One ready replica of a pool as its model repository index says (``ModelPool.status.replicaModels``)."""
+
+    pod: str = Field(description="The pod's name.")
+    loaded: list[str] = Field(default_factory=list, description="Served model names loaded on it, sorted.")
+    resident_bytes: int = Field(default=0, description="Resident bytes of its loaded models together.")
+    evictions: int = Field(default=0, description="Models it unloaded for the budget since it started.")
+
+
 class ModelPoolStatus(_Status):
-    """``ModelPool.status``, written by the operator."""
+    """``ModelPool.status``, written by the operator. The loaded models, bytes and evictions are read from
+    each ready replica's model repository index (polled every autoscaler interval); absent until the first
+    replica answers."""
 
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     models: int | None = Field(default=None, description="InferenceServices served by the pool.")
     replicas: int | None = Field(default=None, description="Pods of the pool (its Deployment's).")
     ready_replicas: int | None = Field(default=None, description="Ready pods of the pool.")
+    loaded_models: int | None = Field(
+        default=None, description="Models loaded on at least one ready replica (the Loaded printer column)."
+    )
+    resident_bytes: int | None = Field(
+        default=None,
+        description="Resident bytes of the loaded models on the fullest replica (the budget is per replica).",
+    )
+    memory_used: str | None = Field(
+        default=None,
+        description="residentBytes of memoryBudget, e.g. '412Mi/1Gi' (the Memory printer column).",
+    )
+    evictions: int | None = Field(
+        default=None,
+        description="Models unloaded for the memory budget, over the ready replicas since they started.",
+    )
+    replica_models: list[PoolReplicaStatus] | None = Field(
+        default=None, description="Each ready replica that answered its model repository index, by pod name."
+    )
 
     @classmethod
     def from_k8s(cls, status: Any) -> ModelPoolStatus:

@@ -94,6 +94,25 @@ class AutoscalerDecisionStatus(_Status):
     reason: str | None = None
 
 
+class PooledModelStatus(_Status):
+    """The model of a pooled InferenceService (``spec.pool``) on its pool's ready replicas, as their model
+    repository indexes say (polled every autoscaler interval). Counts are over those replicas, since each
+    started."""
+
+    loaded_on: list[str] = Field(default_factory=list, description="Pods of the pool it is loaded on.")
+    replicas: int = Field(default=0, description="Ready replicas of the pool that answered their index.")
+    resident_bytes: int = Field(
+        default=0,
+        description="Resident bytes of its process (RSS after load and warmup), the largest of them.",
+    )
+    last_used: str | None = Field(
+        default=None, description="RFC 3339 time of its latest request on any replica, to the minute."
+    )
+    loads: int = Field(default=0, description="Loads that succeeded.")
+    load_failures: int = Field(default=0, description="Loads that failed (the cause: ModelLoadFailed).")
+    evictions: int = Field(default=0, description="Unloads for the pool's memory budget.")
+
+
 class InferenceServiceStatus(_Status):
     """``InferenceService.status``. The operator writes conditions/replicas/selector/url; the autoscaler
     writes ``batchTimeout``, ``observed``, ``lastDecision``, ``scaledToZeroAt``, ``quantization`` (and the
@@ -120,6 +139,11 @@ class InferenceServiceStatus(_Status):
         "Prometheus once a pod's metrics are scraped; absent with autoscaling off, or when nothing was "
         "measured: quantization none on engine torch). A model under the gate never serves: its figures "
         "are in the Ready=False QuantizationBelowGate message instead.",
+    )
+    model: PooledModelStatus | None = Field(
+        default=None,
+        description="A pooled InferenceService's model on the pool's replicas (loaded on which, bytes, last "
+        "use, counts); absent without a replica that answered.",
     )
     scaled_to_zero_at: str | None = Field(
         default=None,

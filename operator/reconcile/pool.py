@@ -5,8 +5,10 @@
   first one's (by InferenceService name), the others are left out of the pool (``ModelNameTaken``).
 - :func:`pinned_in_force`: the pool's ``pinned`` models that it serves (the runtime refuses to start with
   a pinned model it does not have).
-- :func:`pool_status`: the ModelPool's status (Ready, ``models``, the counts).
-- :func:`pooled_status`: the status of an InferenceService on a pool (Ready from the pool's).
+- :func:`pool_status`: the ModelPool's status (Ready, ``models``, the counts, and from its replicas'
+  model repository indexes the loaded models, bytes and evictions: :mod:`poolindex`).
+- :func:`pooled_status`: the status of an InferenceService on a pool (Ready from the pool's and from its
+  model's loads on the pool's replicas, ``status.model``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pydantic
 from kubeinfer.operator import api, conditions, status
 from kubeinfer.operator.builders.common import pool_selector_labels
 from kubeinfer.operator.reconcile.diagnosis import stalled_state
+from kubeinfer.operator.reconcile.poolindex import PoolIndex, load_failure, pool_usage, pooled_model_status
 from kubeinfer.operator.reconcile.report import ready_conditions
 from kubeinfer.operator.status import ConditionState
 
@@ -119,10 +122,12 @@ def pool_status(
     now: str,
     *,
     name_taken: bool = False,
+    index: PoolIndex | None = None,
 ) -> dict[str, Any]:
     """The ModelPool's status fields (camelCase): ``observedGeneration``, ``conditions`` (Ready,
     :func:`pool_ready`), ``models`` (InferenceServices it serves), ``replicas`` and ``readyReplicas``
-    (its Deployment's, 0 without one)."""
+    (its Deployment's, 0 without one), and from ``index`` (its ready replicas' model repository indexes)
+    :func:`poolindex.pool_usage`'s fields (removed while no replica answered)."""
     counts = status.counts(None if name_taken else deployment)
     ready = pool_ready(pool, deployment, name_taken=name_taken)
     return {
@@ -133,6 +138,7 @@ def pool_status(
         "models": len(members.models),
         "replicas": counts["replicas"],
         "readyReplicas": counts["readyReplicas"],
+        **pool_usage(None if name_taken else index, str(pool.spec.memory_budget)),
     }
 
 
@@ -141,10 +147,13 @@ def pooled_ready(
     pool_body: Mapping[str, Any] | None,
     deployment: Mapping[str, Any] | None,
     taken_by: str | None,
+    index: PoolIndex | None = None,
 ) -> ConditionState:
     """Ready of an InferenceService on the pool ``spec.pool``: ``PoolNotFound`` without the ModelPool
     ``pool_body``, ``ModelNameTaken`` when ``taken_by`` (another InferenceService) serves its model name,
-    ``PoolNotReady`` while the pool's ``deployment`` has no ready replica, else True ``PoolReady``."""
+    ``PoolNotReady`` while the pool's ``deployment`` has no ready replica, ``ModelLoadFailed`` when
+    ``index`` (the pool's replicas' repository indexes) says its latest load on a pod failed (naming the
+    pod and the runtime's cause), else True ``PoolReady``."""
     pool = isvc.spec.pool
     if pool_body is None:
         return ConditionState(
@@ -161,6 +170,14 @@ def pooled_ready(
     words = f"ModelPool {pool}: {ready}/{desired} replicas ready"
     if ready == 0:
         return ConditionState("False", conditions.POOL_NOT_READY, words)
+    failed = load_failure(served, index)
+    if failed is not None:
+        pod, cause = failed
+        return ConditionState(
+            "False",
+            conditions.MODEL_LOAD_FAILED,
+            f"model {served!r} failed to load on pod {pod} of ModelPool {pool}: {cause}",
+        )
     return ConditionState(
         "True", conditions.POOL_READY, f"{words}; model {served!r} loads on its first request"
     )
@@ -171,10 +188,13 @@ def pooled_status(
     ready: ConditionState,
     current_status: Mapping[str, Any],
     now: str,
+    index: PoolIndex | None = None,
 ) -> dict[str, Any]:
     """The status fields of a pooled InferenceService: ``observedGeneration``, Ready (``ready``, from
     :func:`pooled_ready`; the conditions of an InferenceService with pods of its own removed), the URL,
-    the selector of the pool's pods; the counts and the batch timeout of its own pods removed."""
+    the selector of the pool's pods, ``model`` (its model on the pool's replicas from ``index``:
+    :func:`poolindex.pooled_model_status`; removed while no replica answered); the counts and the batch
+    timeout of its own pods removed."""
     conds = _with_stalled(
         ready_conditions(current_status, ready, now, isvc.generation), ready, now, isvc.generation
     )
@@ -186,6 +206,8 @@ def pooled_status(
     ):
         conds = status.remove_condition(conds, type_)
     labels = pool_selector_labels(str(isvc.spec.pool))
+    # without its pool, or with its model name another's, the pool's indexes say nothing of it
+    serves = ready.reason not in (conditions.POOL_NOT_FOUND, conditions.MODEL_NAME_TAKEN)
     return {
         "observedGeneration": isvc.generation,
         "conditions": conds,
@@ -196,4 +218,5 @@ def pooled_status(
         "updatedReplicas": None,
         "updatedReady": None,
         "batchTimeout": None,
+        "model": pooled_model_status(isvc.spec.served_model_name(isvc.name), index if serves else None),
     }

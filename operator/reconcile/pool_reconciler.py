@@ -26,6 +26,7 @@ from kubeinfer.operator.reconcile.pool import (
     pool_members,
     pool_status,
 )
+from kubeinfer.operator.reconcile.poolindex import PoolIndex
 from kubeinfer.operator.reconcile.reconciler import Lookup, apply_if_changed
 from kubeinfer.operator.reconcile.report import ready_conditions
 from kubeinfer.operator.status import ConditionState, generation_of, object_key, resource_version
@@ -41,6 +42,8 @@ class PoolReconciler:
 
     kube: k8s.Kube
     clock: Callable[[], str] = rfc3339.now
+    #: (namespace, pool) -> its replicas' model repository indexes (the pool poller's)
+    indexes: Mapping[tuple[str, str], PoolIndex] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
@@ -123,7 +126,15 @@ class PoolReconciler:
                 if kind == "Deployment":
                     deployment = stored
                 logger.info("ModelPool %s/%s: %s %s %s", namespace, name, action, kind, obj_name)
-        desired = pool_status(pool, deployment, members, current_status, self.clock(), name_taken=name_taken)
+        desired = pool_status(
+            pool,
+            deployment,
+            members,
+            current_status,
+            self.clock(),
+            name_taken=name_taken,
+            index=self.indexes.get((namespace, name)),
+        )
         await self._write_status(body, desired)
         return members
 

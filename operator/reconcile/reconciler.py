@@ -30,6 +30,7 @@ from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
 from kubeinfer.operator.reconcile.diff import Action, plan_apply
 from kubeinfer.operator.reconcile.grpcports import GrpcPorts
 from kubeinfer.operator.reconcile.owned import BY_KIND, OWNED, OWNED_KINDS, BuildInputs
+from kubeinfer.operator.reconcile.poolindex import PoolIndex
 from kubeinfer.operator.reconcile.references import ReferencePolicy
 from kubeinfer.operator.reconcile.replicas import Wake, desired_replicas, replica_floor, wake
 from kubeinfer.operator.reconcile.rollout import rollout_of
@@ -104,6 +105,8 @@ class Reconciler:
     port allocated to each service routed to the activator (:mod:`~kubeinfer.operator.reconcile.grpcports`);
     ``held_grpc_ports``: port -> the InferenceServices whose activator EndpointSlice names it, as watched
     (the handlers hand in their kopf index; a port there is not given to another service).
+    ``pool_indexes``: (namespace, pool) -> its replicas' model repository indexes (the pool poller's,
+    :mod:`~kubeinfer.operator.reconcile.pool_poller`), for the status of a pooled InferenceService.
     """
 
     kube: k8s.Kube
@@ -121,6 +124,7 @@ class Reconciler:
     routes: dict[tuple[str, str], bool] = field(default_factory=dict)
     grpc_ports: GrpcPorts = field(default_factory=GrpcPorts)
     held_grpc_ports: Mapping[int, Collection[tuple[str, str]]] = field(default_factory=dict)
+    pool_indexes: Mapping[tuple[str, str], PoolIndex] = field(default_factory=dict)
     status_writer: StatusWriter = field(init=False)
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _applied: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
@@ -358,17 +362,20 @@ class Reconciler:
         current_status: Mapping[str, Any],
     ) -> None:
         """The status of an InferenceService on a pool (``spec.pool``): Ready from the ModelPool (as
-        watched: absent, its Deployment's ready replicas) and from whether another InferenceService of the
-        pool took its served model name (among those this reconciler knows, :attr:`bodies`)."""
+        watched: absent, its Deployment's ready replicas), from whether another InferenceService of the
+        pool took its served model name (among those this reconciler knows, :attr:`bodies`) and from its
+        model's loads on the pool's replicas (:attr:`pool_indexes`), and ``status.model``."""
         namespace, pool_name = isvc.namespace, str(isvc.spec.pool)
         taken = pool.pool_members(pool_name, namespace, self.bodies.values()).taken.get(isvc.name)
+        index = self.pool_indexes.get((namespace, pool_name))
         ready = pool.pooled_ready(
             isvc,
             lookup(api.POOL_KIND, namespace, pool_name),
             lookup(k8s.DEPLOYMENT.kind, namespace, pool_name),
             taken,
+            index,
         )
-        await self._write_status(body, pool.pooled_status(isvc, ready, current_status, self.clock()))
+        await self._write_status(body, pool.pooled_status(isvc, ready, current_status, self.clock(), index))
 
     def _grpc_port(self, lookup: Lookup, isvc: api.InferenceService) -> int:
         """The gRPC port of the activator EndpointSlice of ``isvc``, which routes to the activator: its

@@ -3,17 +3,31 @@ operator applies the pool's Deployment and its one ConfigMap with both models, e
 gets its Service selecting the pool's pods and no Deployment of its own; a model leaving changes the
 ConfigMap and not the Deployment; the claims of pvc:// models are mounted, a second model on a claim
 changing the ConfigMap only; the API server refuses a pooled InferenceService's resources and fetched or
-image models, naming the field, and accepts a pvc:// model."""
+image models, naming the field, and accepts a pvc:// model.
+
+The pool's status from its replicas: a real runtime in model repository mode (a tiny ONNX model and a
+broken one) behind a pod object labelled with the pool that the test marks Ready at 127.0.0.1 with the
+runtime's port as its ``http`` port, and the Deployment's own pod (no kubelet runs it) marked Ready where
+no runtime answers: the operator reads the first pod's repository index and logs the other once; the
+broken model's InferenceService is ``Ready=False ModelLoadFailed`` naming the pod and the runtime's cause
+while the other's model is loaded there, and the pool counts its bytes."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubeinfer.operator import api, conditions
+from kubeinfer.runtime.config import RuntimeConfig
 
 from hack.devtools.operator_proc import OperatorProcess
+from hack.devtools.runtime_proc import RuntimeProcess
+from hack.devtools.runtime_tiny import simple_onnx
 from kubeinfer.contract.pool import POOL_LABEL, REPOSITORY_DIR
 from tests.support.cluster import Cluster, get_object, wait_until
 
@@ -236,3 +250,120 @@ def test_a_pooled_isvc_is_accepted(cluster: Cluster, op_namespace: str, manifest
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+STATUS_MODEL = """\
+model:
+  source: {source}
+  format: onnx
+device: cpu
+"""
+
+
+def _patch_status(cluster: Cluster, ns: str, kind: str, name: str, status: dict[str, Any]) -> None:
+    body = json.dumps({"status": status})
+    cluster.kubectl("patch", kind, name, "-n", ns, "--subresource=status", "--type=merge", "-p", body)
+
+
+def _mark_ready(cluster: Cluster, ns: str, pod: str) -> None:
+    """What a kubelet reports of a pod whose readiness probe passes, at 127.0.0.1."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = [{"type": t, "status": "True", "lastTransitionTime": now} for t in ("PodScheduled", "Ready")]
+    ip = {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
+    _patch_status(cluster, ns, "pod", pod, {"phase": "Running", **ip, "conditions": ready})
+
+
+def _infer(rt: RuntimeProcess, model: str) -> httpx.Response:
+    tensor = {"datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+    body = {"inputs": [{"name": n, **tensor} for n in ("INPUT0", "INPUT1")]}
+    return httpx.post(f"{rt.url}/v2/models/{model}/infer", json=body, timeout=120)
+
+
+def test_a_failed_load_is_its_own_isvcs_and_the_pool_counts_the_loaded_bytes(
+    cluster: Cluster, op_namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    ns, pool = op_namespace, "st"
+    root = tmp_path / "models"
+    root.mkdir()
+    simple_onnx(root / "good.onnx")
+    (root / "bad.onnx").write_bytes(b"this is not an ONNX model")
+    (root / "st-good.yaml").write_text(STATUS_MODEL.format(source="good.onnx"))
+    (root / "st-broken.yaml").write_text(STATUS_MODEL.format(source="bad.onnx"))
+    cfg = RuntimeConfig.model_validate({"repository": {"path": str(root), "memory_budget_bytes": 4 << 30}})
+    with RuntimeProcess(cfg, ready_timeout=60) as rt:
+        cluster.apply(_pool(pool, replicas=1, memoryBudget="1Gi"), "-n", ns)
+        cluster.apply(_pooled("st-good", pool), "-n", ns)
+        cluster.apply(_pooled("st-broken", pool), "-n", ns)
+        wait_until(lambda: get_object(cluster, ns, "deployment", pool), timeout=30, message="Deployment st")
+        ports = [{"name": "http", "containerPort": rt.port}, {"name": "grpc", "containerPort": rt.grpc_port}]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "st-0", "labels": {POOL_LABEL: pool}},
+            "spec": {"containers": [{"name": "runtime", "image": "kubeinfer-runtime:test", "ports": ports}]},
+        }
+        cluster.apply(pod, "-n", ns)
+        # the Deployment's own replica (kube-controller-manager made it; no kubelet runs it): Ready at an
+        # address where no runtime answers, so that the Deployment has a ready replica and the operator
+        # one pod that does not answer its index
+        replica = wait_until(
+            lambda: cluster.get_json("pods", "-n", ns, "-l", f"app.kubernetes.io/instance={pool}")["items"],
+            timeout=30,
+            message="the pool's Deployment's pod",
+        )[0]["metadata"]["name"]
+        _mark_ready(cluster, ns, "st-0")
+        _mark_ready(cluster, ns, replica)
+        assert _infer(rt, "st-good").status_code == 200
+        failed = _infer(rt, "st-broken")
+        assert failed.status_code == 503
+        cause = failed.json()["error"].removeprefix("model 'st-broken' failed to load: ")
+        assert cause and cause != failed.json()["error"]
+
+        broken = wait_until(
+            lambda: (
+                _ready(cluster, ns, "kisvc", "st-broken").get("reason") == conditions.MODEL_LOAD_FAILED
+                and _ready(cluster, ns, "kisvc", "st-broken")
+            ),
+            timeout=60,
+            message="st-broken Ready=False ModelLoadFailed",
+        )
+        assert broken["status"] == "False"
+        assert broken["message"] == f"model 'st-broken' failed to load on pod st-0 of ModelPool st: {cause}"
+        good = wait_until(
+            lambda: (
+                (
+                    ((get_object(cluster, ns, "kisvc", "st-good") or {}).get("status") or {}).get("model")
+                    or {}
+                ).get("loadedOn")
+                == ["st-0"]
+                and get_object(cluster, ns, "kisvc", "st-good")
+            ),
+            timeout=60,
+            message="st-good's model loaded on st-0",
+        )
+        model = good["status"]["model"]
+        assert model["residentBytes"] > 0 and model["loads"] == 1 and model["lastUsed"]
+        assert _ready(cluster, ns, "kisvc", "st-good")["reason"] == conditions.POOL_READY
+        broken_model = (get_object(cluster, ns, "kisvc", "st-broken") or {})["status"]["model"]
+        assert broken_model["loadedOn"] == [] and broken_model["loadFailures"] == 1
+
+        status = wait_until(
+            lambda: (
+                ((get_object(cluster, ns, "kpool", pool) or {}).get("status") or {}).get("loadedModels") == 1
+                and get_object(cluster, ns, "kpool", pool)
+            ),
+            timeout=60,
+            message="the pool counts one loaded model",
+        )["status"]
+        assert status["residentBytes"] == model["residentBytes"]
+        assert status["memoryUsed"].endswith("/1Gi") and status["evictions"] == 0
+        assert status["replicaModels"] == [
+            {"pod": "st-0", "loaded": ["st-good"], "residentBytes": model["residentBytes"], "evictions": 0}
+        ]
+        columns = cluster.kubectl("get", "kpool", pool, "-n", ns).stdout
+        assert status["memoryUsed"] in columns, columns
+        # the replica that does not answer (nothing of a runtime at 127.0.0.1:8080): left out, and logged
+        # once for the spell, not on every poll
+        log = operator.log()
+        assert log.count(f"pod {ns}/{replica}: no model repository index") == 1, log[-3000:]
+        assert "Traceback" not in log

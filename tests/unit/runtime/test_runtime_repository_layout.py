@@ -95,3 +95,39 @@ def test_a_directory_wins_over_a_flat_file_of_the_same_name(repository: ModelRep
     (repository.root / "dir-model.yaml").write_text(CONFIG.format(source="elsewhere.onnx"))
     repository.scan()
     assert repository._model("dir-model", None).path == repository.root / "dir-model" / "runtime.yaml"
+
+
+def test_the_index_carries_kubeinfers_keys(tmp_path: Path) -> None:
+    """Beside Triton's four keys: resident bytes (loaded only), last use (wall clock, whole seconds), the
+    counts, and the latest load's error while it stands (gone once a load is asked again)."""
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "m.yaml").write_text(CONFIG.format(source="m.onnx"))
+    repo = ModelRepository(
+        RuntimeConfig.model_validate({"repository": {"path": str(root)}}), wall_clock=lambda: 1796526000.7
+    )
+    try:
+        repo.scan()
+        model = repo._models["m"]
+        (entry,) = asyncio.run(repo.repository_index())
+        assert entry == {
+            "name": "m",
+            "version": "1",
+            "state": "UNAVAILABLE",
+            "reason": "",
+            "residentBytes": 0,
+            "loads": 0,
+            "loadFailures": 0,
+            "evictions": 0,
+        }
+        repo._load_failed(model, "cannot read m.onnx")
+        model.used_at = repo._wall_clock()
+        (entry,) = asyncio.run(repo.repository_index())
+        assert entry["loadError"] == "cannot read m.onnx" and entry["loadFailures"] == 1
+        assert entry["lastUsed"] == "2026-12-06T03:00:00Z"
+        model.failed_at = None  # what a repository load does before it tries again
+        assert "loadError" not in asyncio.run(repo.repository_index())[0]
+        model.state, model.nbytes = "READY", 123
+        assert asyncio.run(repo.repository_index())[0]["residentBytes"] == 123
+    finally:
+        shutil.rmtree(repo._workdir, ignore_errors=True)
