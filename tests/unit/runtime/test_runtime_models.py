@@ -9,7 +9,7 @@ import pytest
 import torch
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.models import InputError, load_model
-from kubeinfer.runtime.models.base import batch_buckets, shape_matches, tensor_nbytes
+from kubeinfer.runtime.models.base import QuantizationError, batch_buckets, shape_matches, tensor_nbytes
 from kubeinfer.runtime.models.device import (
     THREADS_ENV,
     available_cpus,
@@ -18,7 +18,6 @@ from kubeinfer.runtime.models.device import (
     resolve_device,
 )
 from kubeinfer.runtime.models.huggingface import TextEmbeddingModel, heldout_pairs, heldout_sentences
-from kubeinfer.runtime.models.quantize import QuantizationError
 from kubeinfer.runtime.models.torchscript import TorchScriptModel
 
 from hack.devtools.runtime_tiny import TORCHSCRIPT_IO, tiny_hf_config, tiny_hf_dir, tiny_torchscript
