@@ -106,7 +106,7 @@ def progress(message: str) -> None:
 def floor_server(host: str) -> int:
     """Serve the fixed response on the runtime's HTTP stack until SIGTERM (``--floor-server``)."""
     import uvicorn
-    from kubeinfer.runtime.cli import event_loop_factory
+    from kubeinfer.runtime.process import event_loop_factory
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response

@@ -14,7 +14,7 @@ Modules, outermost first (an import-linter layers contract in pyproject.toml kee
 - ``batching`` (the batch planner and the event-loop batcher), ``executor`` (the batch threads).
 - ``models``: formats and engines (loaders, quantization, warmup), from a local model directory.
 - Beside them: ``config`` (``RuntimeConfig``, rendered by the operator), ``reload`` (the config-file
-  watcher), ``protocol`` (the v2 codec: JSON and the raw tensor layout), ``dtypes`` (the one datatype
-  table), ``errors`` (the error hierarchy), ``metrics`` (Prometheus), ``service_time`` (the s(b) = a + c·b
-  fit).
+  watcher), ``process`` (what every process sets up first: open files, event loop), ``protocol`` (the
+  v2 codec: JSON and the raw tensor layout), ``dtypes`` (the one datatype table), ``errors`` (the error
+  hierarchy), ``metrics`` (Prometheus), ``service_time`` (the s(b) = a + c·b fit).
 """

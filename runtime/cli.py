@@ -53,11 +53,9 @@ from kubeinfer.runtime.fetch import FetchError, FetchOptions
 from kubeinfer.runtime.fetch.context import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_STALL_TIMEOUT
 from kubeinfer.runtime.fetch.progress import megabytes
 from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from, strip_credentials
-from kubeinfer.runtime.repository import RepositoryServer
-from kubeinfer.runtime.rest import event_loop_factory
+from kubeinfer.runtime.process import event_loop_factory, raise_open_files_limit
 from kubeinfer.runtime.server import RuntimeServer
 from kubeinfer.runtime.termination import write_termination_message
-from kubeinfer.runtime.wire import raise_open_files_limit
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +334,10 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
     """Run the server (``RuntimeServer.start``, or ``RepositoryServer`` with a ``repository`` section)
     until a signal; returns the exit status (2: the model repository cannot be served)."""
     if cfg.repository is not None:
+        # imported here: the repository serves HTTP and gRPC itself, and its model processes (this
+        # module's ``model-process``) import neither
+        from kubeinfer.runtime.repository import RepositoryServer
+
         repository = RepositoryServer(cfg)
         try:
             await repository.start()

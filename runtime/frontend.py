@@ -43,8 +43,8 @@ from kubeinfer.runtime.dataplane import Decoder, check_model, decode_off_loop, i
 from kubeinfer.runtime.errors import CLIENT_CLOSED, InferenceError
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.openai_api import OpenAIRoutes
-from kubeinfer.runtime.rest import RestApp, UvicornServer, event_loop_factory, listen_socket, uvicorn_config
-from kubeinfer.runtime.wire import raise_open_files_limit
+from kubeinfer.runtime.process import event_loop_factory, raise_open_files_limit
+from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 
 log = logging.getLogger(__name__)
 

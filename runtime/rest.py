@@ -46,8 +46,8 @@ every response carries ``Connection: close``: a keep-alive client's next request
 connection (to a pod that stays, once the endpoints dropped this one; here a 503 or a refused
 connection) rather than meeting the shutdown's close of its idle connection under the request.
 
-Also here, for both HTTP servers: the listening socket (``listen_socket``), uvicorn with kubeinfer's
-signal handling (``UvicornServer``) and the event loop (``event_loop_factory``).
+Also here, for both HTTP servers: the listening socket (``listen_socket``) and uvicorn with kubeinfer's
+signal handling (``UvicornServer``); their event loop is ``process.event_loop_factory``'s.
 """
 
 from __future__ import annotations
@@ -686,15 +686,3 @@ class UvicornServer(uvicorn.Server):
         self._signalled = True
         log.info("signal %s: draining (not ready, new requests 503)", sig)
         self._on_signal()
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (a dependency; libuv's loop costs the serving path
-    less CPU per request than asyncio's, and the event loop shares the cores with torch), else
-    ``None`` (asyncio's default loop)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory

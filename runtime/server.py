@@ -9,6 +9,11 @@ the port and send decoded tensors here over ZeroMQ (``kubeinfer.runtime.ipc``;
 (``kubeinfer.runtime.grpc_server``) on its own port, in this process or, with front ends, in each of
 them. The model, the batcher, the config
 watcher and the drain stay in this process.
+
+A model process of the model repository mode (``ipc_address``: its parent serves HTTP and gRPC) imports
+no transport: ``rest``, ``openai_api`` (uvicorn, starlette) and ``grpc_server`` (grpc) are imported
+where they are started, and the model's engine by its format's loader (``kubeinfer.runtime.models``),
+so that a process costs the memory of what it serves.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kubeinfer.runtime.batching import Batcher, BatchSettings
 from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
@@ -28,13 +33,10 @@ from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.fetch import FetchReport, read_report
 from kubeinfer.runtime.fetch.progress import megabytes
 from kubeinfer.runtime.frontend_pool import DRAIN_LINGER_SECONDS, FrontEndPool
-from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import REPORT_WARMUP_SECONDS, ServableModel, load_model
 from kubeinfer.runtime.models.base import WarmupPass, first_request_passes, run_warmup
-from kubeinfer.runtime.openai_api import OpenAIRoutes
 from kubeinfer.runtime.reload import ConfigWatcher
-from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from kubeinfer.runtime.service_time import calibrate_model
 from kubeinfer.runtime.startup import (
     STAGE_FETCHED,
@@ -44,6 +46,9 @@ from kubeinfer.runtime.startup import (
     wait_quiet,
 )
 from kubeinfer.runtime.termination import write_termination_message
+
+if TYPE_CHECKING:
+    from kubeinfer.runtime.rest import RestApp, UvicornServer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,9 +112,8 @@ class RuntimeServer:
         self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.executors)
         #: What every transport calls: admission, validation, the batcher, metrics, errors.
         self.plane = DataPlane(cfg.model.name, self.metrics, cfg.executors, cfg.cache)
-        self.rest = RestApp(self.plane, cfg, OpenAIRoutes(self.plane, cfg).routes)
-        #: The ASGI app uvicorn serves (``RestApp.app``).
-        self.app: Callable[..., Any] = self.rest.app
+        #: The REST routes (``RestApp``); None in a model process of the repository mode (IPC only).
+        self.rest: RestApp | None = None if ipc_address else rest_app(self.plane, cfg)
         self.host = cfg.server.host
         self.port = cfg.server.port
         self._config_path = config_path
@@ -125,6 +129,14 @@ class RuntimeServer:
         self._signalled = False
         #: The warmup passes left for after readiness (``_warm_first``, ``_warm_rest``).
         self._warm_later: list[WarmupPass] = []
+
+    @property
+    def app(self) -> Callable[..., Any]:
+        """The ASGI app uvicorn serves (``RestApp.app``). Raises ``RuntimeError`` in a model process of
+        the repository mode (``ipc_address``), which serves no HTTP."""
+        if self.rest is None:
+            raise RuntimeError("a model process serving only its IPC endpoint has no HTTP app")
+        return self.rest.app
 
     # ----- life cycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -150,6 +162,9 @@ class RuntimeServer:
         if self._pool is not None:  # the front ends serve gRPC too
             grpc_port = self._pool.grpc_port
         else:
+            from kubeinfer.runtime.grpc_server import create_grpc_server
+
+            assert self.rest is not None  # only a model process (IPC) has none, and it has a pool
             self._grpc, grpc_port = create_grpc_server(
                 self.plane,
                 server.host,
@@ -168,6 +183,8 @@ class RuntimeServer:
 
     def _start_uvicorn(self) -> Coroutine[Any, Any, None]:
         """One process: uvicorn serves ``self.app`` here (``server.http_workers`` 1)."""
+        from kubeinfer.runtime.rest import UvicornServer, listen_socket, uvicorn_config
+
         sock = listen_socket(self.cfg.server.host, self.cfg.server.port)
         self.host, self.port = sock.getsockname()[:2]
         self._uvicorn = UvicornServer(
@@ -436,6 +453,16 @@ class RuntimeServer:
     def close(self) -> None:
         """Stop the batcher's threads."""
         self.plane.close()
+
+
+def rest_app(plane: DataPlane, cfg: RuntimeConfig) -> RestApp:
+    """The REST routes of ``plane`` (the Open Inference Protocol's and the OpenAI-compatible ones).
+    Imported here, not at the module's top: a model process of the repository mode serves no HTTP and
+    so imports no uvicorn or starlette."""
+    from kubeinfer.runtime.openai_api import OpenAIRoutes
+    from kubeinfer.runtime.rest import RestApp
+
+    return RestApp(plane, cfg, OpenAIRoutes(plane, cfg).routes)
 
 
 async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -18,8 +18,8 @@ liveness probe failed and nothing was logged. Here an ``EMFILE`` (or ``ENFILE``,
 ``ENOMEM``) pauses accepting for ``ACCEPT_RETRY_SECONDS`` (the connections wait in the backlog) and is
 logged once per ``EMFILE_LOG_SECONDS`` with a count.
 
-``raise_open_files_limit`` raises the soft ``RLIMIT_NOFILE`` to the hard one (a container's soft limit
-is often 1024), called first thing by the model process and by each front-end process.
+``process.raise_open_files_limit`` raises the soft ``RLIMIT_NOFILE`` to the hard one (a container's soft
+limit is often 1024), called first thing by the model process and by each front-end process.
 """
 
 from __future__ import annotations
@@ -278,17 +278,3 @@ class Acceptor:
         """Return once the connections accepted before ``close`` have their protocol."""
         if self._pending:
             await asyncio.wait(set(self._pending))
-
-
-def raise_open_files_limit() -> tuple[int, int]:
-    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; returns (soft, hard) in force
-    after it. A failure (a platform that refuses) is logged and leaves the limit as it was."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            log.info("open files limit raised from %d to %d", soft, hard)
-            soft = hard
-        except (ValueError, OSError) as exc:
-            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
-    return soft, hard

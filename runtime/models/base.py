@@ -103,6 +103,12 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return buckets
 
 
+class QuantizationError(ValueError):
+    """The requested quantization cannot be applied (mode, device or calibration); says why. Raised by
+    any format's loader (here, not in ``quantize``, so that a loader that quantizes nothing imports no
+    torch)."""
+
+
 @dataclass(frozen=True)
 class WarmupPass:
     """One batch of a model's warmup: ``rows`` rows of ``size`` (a text model's sequence length in tokens,

@@ -2,17 +2,25 @@
 
 The server's metrics use ``gpu_utilization_ratio`` and ``accelerator_memory_bytes``; on a CPU both
 return ``None`` and the server reports its own CPU busy fraction instead.
+
+torch is imported by the functions that use it, not by this module: an engine other than torch (ONNX
+Runtime) picks its device with ``resolve_engine_device`` and its threads with ``default_threads``, and
+its model process never imports torch (a pooled model's resident bytes are its budget).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import torch
 from kubeinfer.runtime.config import Device
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -20,19 +28,54 @@ log = logging.getLogger(__name__)
 THREADS_ENV = "KUBEINFER_TORCH_THREADS"
 
 
+def pick_device(requested: Device, cuda_available: Callable[[], bool]) -> str:
+    """The device for ``requested``: ``cpu`` → ``"cpu"``; ``auto`` → ``"cuda:0"`` if ``cuda_available()``
+    (not called for ``cpu``), else ``"cpu"``; ``cuda`` → ``"cuda:0"``, or raises.
+
+    Raises:
+        ValueError: ``cuda`` requested but ``cuda_available()`` is false.
+    """
+    if requested == "cpu":
+        return "cpu"
+    if cuda_available():
+        return "cuda:0"
+    if requested == "cuda":
+        raise ValueError("device 'cuda' requested but no CUDA device is available; use 'auto' or 'cpu'")
+    return "cpu"
+
+
 def resolve_device(requested: Device) -> torch.device:
-    """``auto`` → ``cuda:0`` if CUDA is available, else ``cpu``; ``cuda`` without CUDA raises.
+    """``pick_device`` for a torch model, CUDA as torch sees it (``torch.cuda.is_available()``).
 
     Raises:
         ValueError: ``cuda`` requested but ``torch.cuda.is_available()`` is false.
     """
-    if requested == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", 0)
-    if requested == "cuda":
-        raise ValueError("device 'cuda' requested but no CUDA device is available; use 'auto' or 'cpu'")
-    return torch.device("cpu")
+    import torch
+
+    return torch.device(pick_device(requested, torch.cuda.is_available))
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices the driver shows this process (``cuDeviceGetCount`` of ``libcuda.so.1``, which
+    honours ``CUDA_VISIBLE_DEVICES``); 0 without the driver's library or when it fails (no GPU)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def resolve_engine_device(requested: Device) -> str:
+    """``pick_device`` for an engine other than torch (ONNX Runtime), CUDA as the driver sees it
+    (``cuda_device_count``): ``"cpu"`` or ``"cuda:0"``, without importing torch.
+
+    Raises:
+        ValueError: ``cuda`` requested but the driver shows no CUDA device.
+    """
+    return pick_device(requested, lambda: cuda_device_count() > 0)
 
 
 def available_cpus() -> int:
@@ -76,6 +119,8 @@ def configure_torch(device: torch.device, threads: int | None = None) -> int:
         if not raw.isdigit() or int(raw) < 1:
             raise ValueError(f"{THREADS_ENV} must be a positive integer, got {raw!r}")
         threads = int(raw)
+    import torch
+
     torch.set_num_threads(threads if threads is not None else default_threads())
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
@@ -93,6 +138,8 @@ def accelerator_memory_bytes(device: torch.device) -> int | None:
     """Bytes of accelerator memory held by torch's caching allocator on ``device``; None on CPU."""
     if device.type != "cuda":
         return None
+    import torch
+
     return int(torch.cuda.memory_reserved(device))
 
 

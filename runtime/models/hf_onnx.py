@@ -356,7 +356,7 @@ def quantize_int8_static(path: Path, batches: Iterable[dict[str, np.ndarray]], k
     if target.is_file():
         return target
     import onnx
-    from kubeinfer.runtime.models.quantize import QuantizationError
+    from kubeinfer.runtime.models.base import QuantizationError
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,

@@ -40,6 +40,7 @@ from kubeinfer.runtime.models.base import (
     REPORT_RETRIEVAL_AGREEMENT_ALL,
     REPORT_WARMUP_SECONDS,
     TOKEN_COUNTS,
+    QuantizationError,
     ServableModel,
     WarmupPass,
     batch_buckets,
@@ -49,7 +50,6 @@ from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_
 from kubeinfer.runtime.models.quantize import (
     GATE_TEXTS,
     HELDOUT_SENTENCES,
-    QuantizationError,
     check_gate,
     check_supported,
     compare_embeddings,

@@ -29,9 +29,8 @@ import numpy as np
 import onnxruntime as ort
 from kubeinfer.runtime.config import RuntimeConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, ONNX_TO_DATATYPE
-from kubeinfer.runtime.models.base import REPORT_LOAD_SECONDS
-from kubeinfer.runtime.models.device import THREADS_ENV, default_threads, resolve_device
-from kubeinfer.runtime.models.quantize import QuantizationError
+from kubeinfer.runtime.models.base import REPORT_LOAD_SECONDS, QuantizationError
+from kubeinfer.runtime.models.device import THREADS_ENV, default_threads, resolve_engine_device
 from kubeinfer.runtime.models.tensors import TensorModel, model_tensor, refine, stack
 
 log = logging.getLogger(__name__)
@@ -179,7 +178,7 @@ def load_onnx(cfg: RuntimeConfig) -> OnnxModel:
             "before export, or use 'none'"
         )
     path = model_file(cfg.model.source)
-    device = str(resolve_device(cfg.device))
+    device = resolve_engine_device(cfg.device)
     providers = ["CPUExecutionProvider"]
     if device.startswith("cuda"):
         if "CUDAExecutionProvider" not in ort.get_available_providers():

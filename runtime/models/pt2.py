@@ -37,9 +37,8 @@ from typing import Any
 import torch
 from kubeinfer.runtime.config import RuntimeConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES
-from kubeinfer.runtime.models.base import REPORT_LOAD_SECONDS
+from kubeinfer.runtime.models.base import REPORT_LOAD_SECONDS, QuantizationError
 from kubeinfer.runtime.models.device import configure_torch, resolve_device
-from kubeinfer.runtime.models.quantize import QuantizationError
 from kubeinfer.runtime.models.tensors import model_tensor, refine
 from kubeinfer.runtime.models.torchscript import TorchScriptModel
 from torch.export.graph_signature import InputKind, OutputKind, TensorArgument

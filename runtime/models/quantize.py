@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 from kubeinfer.runtime.config import GateConfig, Quantization
+from kubeinfer.runtime.models.base import QuantizationError
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,6 @@ log = logging.getLogger(__name__)
 FLOAT_MODES = ("fp16", "bf16")
 #: Modes that quantize ``nn.Linear`` layers to int8.
 INT8_MODES = ("int8-dynamic", "int8-static")
-
-
-class QuantizationError(ValueError):
-    """The requested quantization cannot be applied (mode, device or calibration); says why."""
 
 
 #: The texts the deviation from fp32 is measured on, as the gate's message and the ``measured_on`` label

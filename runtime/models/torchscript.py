@@ -33,11 +33,15 @@ import numpy as np
 import torch
 from kubeinfer.runtime.config import RuntimeConfig, TensorConfig
 from kubeinfer.runtime.dtypes import DATATYPES, torch_dtype
-from kubeinfer.runtime.models.base import REPORT_COMPARE_SECONDS, REPORT_COSINE_MEAN, REPORT_LOAD_SECONDS
+from kubeinfer.runtime.models.base import (
+    REPORT_COMPARE_SECONDS,
+    REPORT_COSINE_MEAN,
+    REPORT_LOAD_SECONDS,
+    QuantizationError,
+)
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
 from kubeinfer.runtime.models.quantize import (
     INT8_MODES,
-    QuantizationError,
     check_supported,
     compare_embeddings,
     float_dtype,

@@ -7,7 +7,9 @@ it, with that model pinned). One runtime for the module; each test leaves it usa
   third one loads (evictions counted, never more than two loaded);
 - concurrent first requests for a model share one load;
 - a model whose file is broken fails its requests with its name and the cause, alone;
-- ``tritonclient``'s repository calls (index, load, unload) over REST and gRPC.
+- ``tritonclient``'s repository calls (index, load, unload) over REST and gRPC;
+- an ONNX model's process imports only what serves it: ONNX Runtime, neither torch nor transformers, nor
+  the HTTP and gRPC stacks that its parent serves (a pooled model's resident bytes are its budget).
 """
 
 from __future__ import annotations
@@ -99,6 +101,34 @@ async def _one_model_bytes(root: Path) -> int:
     finally:
         await repository.close()
     return int(_samples(text, "kubeinfer_model_resident_bytes")[(("model", "a"),)])
+
+
+#: What an ONNX model's process must not import: another engine, and the transports its parent serves.
+NOT_FOR_ONNX = ("torch", "transformers", "grpc", "uvicorn", "starlette")
+
+
+async def test_an_onnx_model_process_imports_only_onnx_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # the model process inherits the environment and this process's stderr: -X importtime's lines
+    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
+    root = tmp_path / "models"
+    (root / "a").mkdir(parents=True)
+    simple_onnx(root / "a" / "model.onnx")
+    (root / "a" / "runtime.yaml").write_text(MODEL_YAML, encoding="utf-8")
+    repository = ModelRepository(_config(root, 1 << 40))
+    await repository.start()
+    try:
+        await repository.repository_load("a")
+    finally:
+        await repository.close()
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in capfd.readouterr().err.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "onnxruntime" in imported  # the model process's imports were seen
+    assert not imported & set(NOT_FOR_ONNX), sorted(imported & set(NOT_FOR_ONNX))
 
 
 @pytest.fixture(scope="module")

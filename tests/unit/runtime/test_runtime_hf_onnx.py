@@ -12,9 +12,9 @@ import pytest
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import model_metadata_doc
 from kubeinfer.runtime.models import REPORT_COSINE_MEAN, REPORT_RETRIEVAL_AGREEMENT, hf_onnx, load_model
-from kubeinfer.runtime.models.base import TOKEN_COUNTS
+from kubeinfer.runtime.models.base import TOKEN_COUNTS, QuantizationError
 from kubeinfer.runtime.models.huggingface import read_calibration
-from kubeinfer.runtime.models.quantize import QuantizationBelowGate, QuantizationError
+from kubeinfer.runtime.models.quantize import QuantizationBelowGate
 
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
 

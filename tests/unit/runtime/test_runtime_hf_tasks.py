@@ -21,6 +21,7 @@ from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import model_metadata_doc
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import InputError, load_model
+from kubeinfer.runtime.models.base import QuantizationError
 from kubeinfer.runtime.models.hf_tasks import (
     CrossEncoderModel,
     TextClassifierModel,
@@ -28,7 +29,7 @@ from kubeinfer.runtime.models.hf_tasks import (
     model_task,
     reranker_sigmoid,
 )
-from kubeinfer.runtime.models.quantize import QuantizationError, compare_scores
+from kubeinfer.runtime.models.quantize import compare_scores
 from kubeinfer.runtime.openai_api import rerank_results
 from kubeinfer.runtime.server import RuntimeServer
 

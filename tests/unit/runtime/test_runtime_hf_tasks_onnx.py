@@ -22,9 +22,9 @@ from kubeinfer.runtime.models import (
     hf_onnx,
     load_model,
 )
-from kubeinfer.runtime.models.base import TOKEN_COUNTS
+from kubeinfer.runtime.models.base import TOKEN_COUNTS, QuantizationError
 from kubeinfer.runtime.models.hf_tasks import CrossEncoderModel, TextClassifierModel, TokenClassifierModel
-from kubeinfer.runtime.models.quantize import QuantizationError, compare_scores
+from kubeinfer.runtime.models.quantize import compare_scores
 
 from hack.devtools.runtime_tiny import (
     tiny_hf_classifier,

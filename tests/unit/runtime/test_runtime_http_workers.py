@@ -10,7 +10,7 @@ import yaml
 from kubeinfer.runtime.cli import build_parser, load_config
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.frontend_pool import reserve_port
-from kubeinfer.runtime.server import listen_socket
+from kubeinfer.runtime.rest import listen_socket
 
 
 def test_flag_overrides_the_file_and_one_worker_keeps_the_file_as_before() -> None:

@@ -9,16 +9,17 @@ import pytest
 import torch
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.models import InputError, load_model
-from kubeinfer.runtime.models.base import batch_buckets, shape_matches, tensor_nbytes
+from kubeinfer.runtime.models.base import QuantizationError, batch_buckets, shape_matches, tensor_nbytes
 from kubeinfer.runtime.models.device import (
     THREADS_ENV,
     available_cpus,
     configure_torch,
     default_threads,
+    pick_device,
     resolve_device,
+    resolve_engine_device,
 )
 from kubeinfer.runtime.models.huggingface import TextEmbeddingModel, heldout_pairs, heldout_sentences
-from kubeinfer.runtime.models.quantize import QuantizationError
 from kubeinfer.runtime.models.torchscript import TorchScriptModel
 
 from hack.devtools.runtime_tiny import TORCHSCRIPT_IO, tiny_hf_config, tiny_hf_dir, tiny_torchscript
@@ -286,6 +287,19 @@ def test_torchscript_bf16_is_compared_and_int8_rejected(ts_cfg: RuntimeConfig) -
 
 
 # --- device -----------------------------------------------------------------------------------------
+
+
+def test_pick_device_asks_for_cuda_only_when_a_gpu_may_be_used() -> None:
+    def never() -> bool:
+        raise AssertionError("asked for CUDA with device cpu")
+
+    assert pick_device("cpu", never) == "cpu"
+    assert pick_device("auto", lambda: True) == pick_device("cuda", lambda: True) == "cuda:0"
+    assert pick_device("auto", lambda: False) == "cpu"
+    with pytest.raises(ValueError, match="no CUDA device"):
+        pick_device("cuda", lambda: False)
+    # torch's view and the driver's agree on this machine (resolve_device, resolve_engine_device)
+    assert resolve_engine_device("auto") == str(resolve_device("auto"))
 
 
 def test_device_resolution_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:

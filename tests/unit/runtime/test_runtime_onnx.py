@@ -11,8 +11,8 @@ from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import model_metadata_doc
 from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models import load_model
+from kubeinfer.runtime.models.base import QuantizationError
 from kubeinfer.runtime.models.onnx import OnnxModel, model_file
-from kubeinfer.runtime.models.quantize import QuantizationError
 
 from hack.devtools.runtime_tiny import simple_onnx, tiny_onnx_mlp
 

@@ -16,6 +16,7 @@ from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import model_metadata_doc
 from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.models import load_model
+from kubeinfer.runtime.models.base import QuantizationError
 from kubeinfer.runtime.models.pt2 import (
     Pt2Model,
     archive_contents,
@@ -24,7 +25,6 @@ from kubeinfer.runtime.models.pt2 import (
     output_names,
     program_signature,
 )
-from kubeinfer.runtime.models.quantize import QuantizationError
 from torch import nn
 
 from hack.devtools.runtime_tiny import simple_pt2, tiny_pt2_mlp

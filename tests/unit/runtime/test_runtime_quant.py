@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 from kubeinfer.runtime.models import load_model
+from kubeinfer.runtime.models.base import QuantizationError
 from kubeinfer.runtime.models.huggingface import TextEmbeddingModel, read_calibration
 from kubeinfer.runtime.models.quantize import (
-    QuantizationError,
     compare_embeddings,
     is_skipped,
     quantize_module,
