@@ -61,6 +61,21 @@ none (429; a request of more pieces than ``max_queue_size``, or its level's limi
 queued: 413). Once one piece fails, the pieces still queued leave the queue, so no work is done for
 a request that has its outcome.
 
+Windows (a text model's ``overflow: chunk``): a request with a text longer than the model's window runs
+as its windows (``ServableModel.window_parts``, tokenized once at submission), in parts of about one
+window's padded tokens (``pack_windows``), queued ONE AT A TIME (``Batcher._infer_windows``): the next
+part joins the tail of its priority level when the one before has its outputs, so the requests that
+arrived meanwhile are served first, and a short request waits behind a chunked one for at most the
+batch of one part, not for all its windows (without this a 10,000-character text was one queued
+request of 11 windows, ~360 ms of compute on two CPU cores, that every short request behind it
+waited for). The request takes one place in the queue, is admitted (and shed) as one, and its
+``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
+submission time) but records no queue time of its own, and its level is its request's. A failed part
+fails its request alone (bisection isolates it from its batch-mates) and no later part queues; a
+client that leaves drops the part still queued and the later ones. Once the last part has its
+outputs, the model's ``merge`` joins them (an embedder pools each text's windows). The cost: one
+chunked request no longer runs its windows in one batch, nor on several executors at once.
+
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
 request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
 gets none: still queued, it leaves the queue and is never computed; already taken into a batch, the
@@ -90,7 +105,7 @@ from kubeinfer.runtime.config import BatchingConfig
 from kubeinfer.runtime.errors import InputError, ServingError
 from kubeinfer.runtime.executor import BatchExecutor, QueuedRequest, RequestGroup
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.models.base import ServableModel
+from kubeinfer.runtime.models.base import ServableModel, WindowParts
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +362,7 @@ class Batcher:
         self._started_at: float | None = None
         self._queued = 0
         self._in_flight = 0
+        self._windowed = 0  # requests run as windows with a part still to come (``_infer_windows``)
         self._accepting = True
         self._draining = False
         self._changed = asyncio.Event()
@@ -481,6 +497,9 @@ class Batcher:
         level = self.check_parameters(priority, timeout_us)
         inputs = self.model.with_config_shapes(inputs)
         rows = self._rows(inputs)
+        windowed = self.model.window_parts(inputs, self._settings.max_batch_size)
+        if windowed is not None:
+            return await self._infer_windows(windowed, level, timeout_us)
         self._admit(level)
         (req,) = self._enqueue([(inputs, rows)], level, timeout_us)
         try:
@@ -511,6 +530,9 @@ class Batcher:
         level = self.check_parameters(priority, timeout_us)
         s = self._settings
         pieces = [(piece, self._rows(piece)) for piece in split_rows(inputs, s.max_batch_size)]
+        windowed = self.model.window_parts(inputs, s.max_batch_size)
+        if windowed is not None:  # its windows queue one part at a time: one place in the queue
+            return await self._infer_windows(windowed, level, timeout_us)
         level_limit = s.priority_queue_sizes.get(level, s.max_queue_size)
         holds, limit = min(
             (s.max_queue_size, "max_queue_size"), (level_limit, f"priority_queue_sizes[{level}]")
@@ -541,11 +563,82 @@ class Batcher:
             raise failed
         return join_rows([f.result() for f in futures])
 
+    async def _infer_windows(
+        self, windowed: WindowParts, level: int, timeout_us: int | None
+    ) -> dict[str, np.ndarray]:
+        """Run a request as its window parts (``ServableModel.window_parts``), one queued at a time: the
+        next part joins the queue behind what arrived while the one before ran, so other requests'
+        batches run between them (see "Windows" in the module docstring). Returns ``windowed.merge``
+        of the parts' outputs.
+
+        Raises what ``infer`` raises: 429 (no place for its first part), 504 (``timeout_us`` passed
+        before its first part started), a failed part's error (its later parts never queue), 500 when
+        the merge fails; ``asyncio.CancelledError`` with its queued part removed."""
+        self._admit(level)
+        self._windowed += 1
+        outputs: list[Mapping[str, np.ndarray]] = []
+        try:
+            submitted = 0.0
+            for index, (part, rows, tokens) in enumerate(
+                zip(windowed.parts, windowed.rows, windowed.tokens, strict=True)
+            ):
+                if index == 0:
+                    (req,) = self._enqueue([(part, rows)], level, timeout_us, tokens=tokens)
+                    submitted = req.enqueued
+                else:
+                    req = self._queue_part(part, rows, tokens, level, submitted)
+                try:
+                    outputs.append(await req.future)
+                except asyncio.CancelledError:  # the client went away: no further part queues
+                    self._remove(req)
+                    raise
+        finally:
+            self._windowed -= 1
+            self._check_idle()
+        try:
+            return windowed.merge(outputs)
+        except Exception as exc:
+            log.warning("merging the windows of a request failed: %s: %s", type(exc).__name__, exc)
+            raise ServingError(
+                f"model '{self.model.name}' failed merging this request's windows: {type(exc).__name__}: {exc}",
+                500,
+            ) from exc
+
+    def _queue_part(
+        self, inputs: Mapping[str, np.ndarray], rows: int, tokens: int, level: int, submitted: float
+    ) -> QueuedRequest:
+        """Queue a later part of a request run as windows at the tail of ``level``: not an arrival (the
+        arrival estimate and the admission counted its request once), no queue timeout (its request
+        started), its request's submission time ``submitted`` as its own (it is due at once)."""
+        loop = asyncio.get_running_loop()
+        req = QueuedRequest(
+            inputs=inputs,
+            rows=rows,
+            level=level,
+            enqueued=submitted,
+            future=loop.create_future(),
+            key=self.model.batch_key(inputs),
+            tokens=tokens,
+            queue_time=False,
+        )
+        self._levels.setdefault(level, {})[req.seq] = req
+        self._queued += 1
+        self._idle.clear()
+        self._judge_early = True
+        self._publish_queue()
+        self._changed.set()
+        return req
+
     def _enqueue(
-        self, pieces: Sequence[tuple[Mapping[str, np.ndarray], int]], level: int, timeout_us: int | None
+        self,
+        pieces: Sequence[tuple[Mapping[str, np.ndarray], int]],
+        level: int,
+        timeout_us: int | None,
+        tokens: int | None = None,
     ) -> list[QueuedRequest]:
         """Queue ``pieces`` ((inputs, rows) each, admitted already) at ``level``, as one request whose
-        queue time counts once (``QueuedRequest.group``). Returns them in order."""
+        queue time counts once (``QueuedRequest.group``). ``tokens``: each piece's padded tokens when
+        known (None: ``ServableModel.tokens`` of its inputs). Returns them in order."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         follow_up = not self._queued and not self._in_flight and now - self._last_answer <= FOLLOW_UP_SECONDS
@@ -562,7 +655,7 @@ class Batcher:
                 enqueued=now,
                 future=loop.create_future(),
                 key=self.model.batch_key(inputs),
-                tokens=self.model.tokens(inputs),
+                tokens=self.model.tokens(inputs) if tokens is None else tokens,
                 group=group,
             )
             if timeout_us:  # 0 = no timeout (Triton)
@@ -664,7 +757,7 @@ class Batcher:
         self.metrics.queue_size.set(self._queued)
 
     def _check_idle(self) -> None:
-        if self._queued == 0 and self._in_flight == 0:
+        if self._queued == 0 and self._in_flight == 0 and self._windowed == 0:
             self._idle.set()
 
     # ----- dispatch --------------------------------------------------------------------------------

@@ -72,6 +72,56 @@ REPORT_WARMUP_SECONDS = "warmup_seconds"
 TOKEN_COUNTS = "token_count"
 
 
+#: The one input of a part of a request run as windows (``ServableModel.window_parts``): object [windows],
+#: each element one window's token ids (int64 [its tokens], special tokens included). Only the batcher
+#: queues it (a client's tensor of that name is refused by ``validate`` as any undeclared name).
+WINDOWS_INPUT = "__windows__"
+
+
+@dataclass(frozen=True)
+class WindowParts:
+    """A request whose rows run as windows, queued part by part (``ServableModel.window_parts``).
+
+    Attributes:
+        parts: each part's inputs for ``preprocess`` (``{WINDOWS_INPUT: ...}``), in order.
+        rows: each part's rows: its windows (what ``execute`` answers a row of output for).
+        tokens: each part's longest window, tokens (the batcher's token budget counts it padded).
+        merge: the request's outputs (its rows, as ``execute`` answers a whole request) from every
+            part's outputs in order; raises what the model raises.
+    """
+
+    parts: Sequence[Mapping[str, np.ndarray]]
+    rows: Sequence[int]
+    tokens: Sequence[int]
+    merge: Callable[[Sequence[Mapping[str, np.ndarray]]], dict[str, np.ndarray]]
+
+
+def pack_windows(lengths: Sequence[int], max_tokens: int, max_rows: int) -> list[range]:
+    """Consecutive windows grouped into parts (pure): each part as many windows as fit, in order, while
+    its rows times its longest window stay within ``max_tokens`` (padded, as a batch costs) and its
+    rows within ``max_rows``; a window alone over ``max_tokens`` is a part of its own.
+
+    Args:
+        lengths: each window's tokens, in order. max_tokens: a part's padded cost bound, tokens.
+        max_rows: a part's windows bound (>= 1).
+
+    Returns the parts as ranges of window positions, covering ``0..len(lengths)`` in order.
+    """
+    parts: list[range] = []
+    start = 0
+    longest = 0
+    for i, length in enumerate(lengths):
+        wider = max(longest, length)
+        count = i - start + 1
+        if i > start and (count > max_rows or count * wider > max_tokens):
+            parts.append(range(start, i))
+            start, wider = i, length
+        longest = wider
+    if lengths:
+        parts.append(range(start, len(lengths)))
+    return parts
+
+
 def tensor_nbytes(array: np.ndarray) -> int:
     """Payload size of a tensor in bytes; for BYTES tensors the sum of the element lengths."""
     if array.dtype == object:
@@ -288,6 +338,13 @@ class ServableModel(ABC):
         """At least the tokens of the longest row of a request (its padded length in a batch), for the
         batcher's token budget; 0 for a model without tokens (the default)."""
         return 0
+
+    def window_parts(self, inputs: Mapping[str, np.ndarray], max_rows: int) -> WindowParts | None:
+        """A validated request that runs as windows (a text model's ``overflow: chunk`` with a row longer
+        than its window) as parts of at most ``max_rows`` windows each and about one window's padded
+        tokens, for the batcher to queue one after another so that other requests' batches run
+        between them; None (the default) when the request runs whole."""
+        return None
 
     def parameters(self) -> dict[str, str]:
         """The model's own settings a client may want to know, name -> value as text (the model
