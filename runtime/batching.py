@@ -599,9 +599,9 @@ class Batcher:
             return windowed.merge(outputs)
         except Exception as exc:
             log.warning("merging the windows of a request failed: %s: %s", type(exc).__name__, exc)
+            why = f"{type(exc).__name__}: {exc}"
             raise ServingError(
-                f"model '{self.model.name}' failed merging this request's windows: {type(exc).__name__}: {exc}",
-                500,
+                f"model '{self.model.name}' failed merging this request's windows: {why}", 500
             ) from exc
 
     def _queue_part(
