@@ -468,15 +468,22 @@ class Batcher:
             )
         return priority
 
-    def check_parameters(self, priority: Any, timeout_us: Any) -> int:
-        """The queue level of a request's ``priority``, after checking it and its ``timeout``. Raises
-        ``InputError`` (400) for either out of its range (also for a request answered from the cache)."""
+    def check_parameters(self, priority: Any, timeout_us: Any, overflow: Any = None) -> int:
+        """The queue level of a request's ``priority``, after checking it, its ``timeout`` and its
+        ``overflow`` (``ServableModel.narrow_overflow``). Raises ``InputError`` (400) for any of them
+        out of its range (also for a request answered from the cache)."""
         level = self.priority_level(priority)
         _check_timeout(timeout_us)
+        self.model.narrow_overflow(overflow)
         return level
 
     async def infer(
-        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        overflow: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue one request and wait for its outputs (each with this request's rows only).
 
@@ -485,6 +492,8 @@ class Batcher:
             priority: Triton ``priority`` parameter (1 = highest; 0/None = default level).
             timeout_us: Triton ``timeout`` parameter, microseconds the request may wait in the queue
                 (0/None: no limit).
+            overflow: the ``overflow`` parameter: a text longer than the window gets this policy where
+                it narrows the service's (``ServableModel.narrow_overflow``; None: the service's).
 
         Raises:
             InputError: 400/413 (bad tensors, bad parameters, more rows than the warmed maximum).
@@ -495,9 +504,10 @@ class Batcher:
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.check_parameters(priority, timeout_us)
+        policy = self.model.narrow_overflow(overflow)
         inputs = self.model.with_config_shapes(inputs)
-        rows = self._rows(inputs)
-        windowed = self.model.window_parts(inputs, self._settings.max_batch_size)
+        rows = self._rows(inputs, policy)
+        windowed = self.model.window_parts(inputs, self._settings.max_batch_size, policy)
         if windowed is not None:
             return await self._infer_windows(windowed, level, timeout_us)
         self._admit(level)
@@ -509,7 +519,12 @@ class Batcher:
             raise
 
     async def infer_pieces(
-        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        overflow: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue one request of any number of rows as pieces of at most ``max_batch_size`` rows
         (``split_rows``), admitted all together or not at all, and wait for all of them. Returns the
@@ -528,9 +543,10 @@ class Batcher:
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.check_parameters(priority, timeout_us)
+        policy = self.model.narrow_overflow(overflow)
         s = self._settings
-        pieces = [(piece, self._rows(piece)) for piece in split_rows(inputs, s.max_batch_size)]
-        windowed = self.model.window_parts(inputs, s.max_batch_size)
+        pieces = [(piece, self._rows(piece, policy)) for piece in split_rows(inputs, s.max_batch_size)]
+        windowed = self.model.window_parts(inputs, s.max_batch_size, policy)
         if windowed is not None:  # its windows queue one part at a time: one place in the queue
             return await self._infer_windows(windowed, level, timeout_us)
         level_limit = s.priority_queue_sizes.get(level, s.max_queue_size)
@@ -668,10 +684,11 @@ class Batcher:
         self._changed.set()
         return reqs
 
-    def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """The request's rows (``model.validate``); 413 beyond the warmed maximum batch."""
+    def _rows(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
+        """The request's rows (``model.validate``, ``overflow`` its narrowed policy); 413 beyond the
+        warmed maximum batch."""
         truncated, chunked = self.model.truncated_rows, self.model.chunked_rows
-        rows = self.model.validate(inputs)
+        rows = self.model.validate(inputs, overflow)
         if self.model.truncated_rows != truncated:
             self.metrics.truncated_rows.inc(self.model.truncated_rows - truncated)
         if self.model.chunked_rows != chunked:

@@ -252,13 +252,29 @@ class ServableModel(ABC):
             for name, array in inputs.items()
         }
 
-    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+    def narrow_overflow(self, requested: Any) -> str | None:
+        """The overflow policy of a request whose ``overflow`` parameter is ``requested`` (None: not
+        sent): None when it is the service's own. A model without an overflow policy (the default: no
+        text to overflow) accepts no such parameter.
+
+        Raises:
+            InputError: 400 naming the parameter, when ``requested`` is not None.
+        """
+        if requested is None:
+            return None
+        raise InputError(
+            f"parameter 'overflow' applies to text models (huggingface); model '{self.name}' has no "
+            "overflow policy"
+        )
+
+    def validate(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
         """Check a request's decoded inputs; return its row count (size of the batch dimension).
 
         Checks, in order: exactly the declared input names (``request_inputs`` may be left out); each
         tensor's datatype and shape (-1 matches any size); the same row count >= 1 on every input but
         the ``request_inputs``; element and byte limits (413);
-        then ``_validate_tensor`` for model-specific checks (UTF-8 text, token counts).
+        then ``_validate_tensor`` for model-specific checks (UTF-8 text, token counts), with
+        ``overflow``: the request's policy where it narrows the service's (``narrow_overflow``).
 
         Raises:
             InputError: naming the tensor and what was expected.
@@ -284,7 +300,7 @@ class ServableModel(ABC):
                     tensor=spec.name,
                 )
             if spec.name in self.request_inputs:  # one value for the request, not a row per row
-                self._validate_tensor(spec, array)
+                self._validate_tensor(spec, array, overflow)
                 continue
             n = int(array.shape[0])
             if n < 1:
@@ -312,7 +328,7 @@ class ServableModel(ABC):
                         tensor=spec.name,
                         status=413,
                     )
-            self._validate_tensor(spec, array)
+            self._validate_tensor(spec, array, overflow)
         assert rows is not None  # the model declares at least one input
         return rows
 
@@ -339,11 +355,14 @@ class ServableModel(ABC):
         batcher's token budget; 0 for a model without tokens (the default)."""
         return 0
 
-    def window_parts(self, inputs: Mapping[str, np.ndarray], max_rows: int) -> WindowParts | None:
+    def window_parts(
+        self, inputs: Mapping[str, np.ndarray], max_rows: int, overflow: str | None = None
+    ) -> WindowParts | None:
         """A validated request that runs as windows (a text model's ``overflow: chunk`` with a row longer
-        than its window) as parts of at most ``max_rows`` windows each and about one window's padded
-        tokens, for the batcher to queue one after another so that other requests' batches run
-        between them; None (the default) when the request runs whole."""
+        than its window, or its first windows where the request narrowed the policy to ``truncate``)
+        as parts of at most ``max_rows`` windows each and about one window's padded tokens, for the
+        batcher to queue one after another so that other requests' batches run between them; None
+        (the default) when the request runs whole."""
         return None
 
     def parameters(self) -> dict[str, str]:
@@ -351,8 +370,11 @@ class ServableModel(ABC):
         configuration's ``parameters``); none by default."""
         return {}
 
-    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:  # noqa: B027
-        """Model-specific checks of one input tensor (after datatype/shape); raise ``InputError``."""
+    def _validate_tensor(  # noqa: B027
+        self, spec: TensorConfig, array: np.ndarray, overflow: str | None = None
+    ) -> None:
+        """Model-specific checks of one input tensor (after datatype/shape), ``overflow`` the request's
+        narrowed policy (None: the service's); raise ``InputError``."""
 
     @abstractmethod
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> Any:

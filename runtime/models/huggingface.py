@@ -60,6 +60,8 @@ from kubeinfer.runtime.models.quantize import (
 )
 from torch import nn
 
+from kubeinfer.contract.formats import OVERFLOWS
+
 log = logging.getLogger(__name__)
 
 #: ``quantization.calibration_path`` value selecting the bundled calibration texts.
@@ -277,17 +279,42 @@ class TextModel(ServableModel):
 
     # --- validation --------------------------------------------------------------------------
 
-    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
-        """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413), unless
-        ``overflow`` is truncate: then a longer row is counted in ``truncated_rows`` and cut when it is
-        tokenized; a pair's first text (the query), kept whole, must leave room for one token of the
-        second in ``truncate_at`` (413)."""
+    def narrow_overflow(self, requested: Any) -> str | None:
+        """The policy of a request's ``overflow`` parameter (``requested``; None: not sent), which may
+        only narrow the service's (``chunk`` -> ``truncate`` -> ``refuse``, ``OVERFLOWS``' order):
+        None when it is the service's own, else the narrower policy.
+
+        Raises:
+            InputError: 400 naming the parameter: not one of ``OVERFLOWS``, or wider than the service's.
+        """
+        if requested is None or requested == self.overflow:
+            return None
+        if not isinstance(requested, str) or requested not in OVERFLOWS:
+            raise InputError(
+                f"parameter 'overflow' must be one of {', '.join(OVERFLOWS)}, got {requested!r:.40}"
+            )
+        if OVERFLOWS.index(requested) > OVERFLOWS.index(self.overflow):
+            raise InputError(
+                f"parameter 'overflow' may only narrow the service's policy (chunk, then truncate, then "
+                f"refuse): this service's is {self.overflow}, so {requested} is refused"
+            )
+        return requested
+
+    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray, overflow: str | None = None) -> None:
+        """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413), unless the
+        policy (``overflow``, the request's narrowed one, else the service's) is truncate: then a longer
+        row is counted in ``truncated_rows`` and cut when it is tokenized; a pair's first text (the
+        query), kept whole, must leave room for one token of the second in ``truncate_at`` (413). A
+        request narrowed to refuse or truncate has the window as its limit."""
         texts = _decode_rows(spec.name, array)
-        if self.overflow == "chunk":
+        policy = overflow or self.overflow
+        if policy == "chunk":
             self._count_windows(spec.name, texts)
             return
-        limit = self.token_limit
-        kept_whole = self.truncation == "only_second" and spec.name == self.text_inputs[0]
+        limit = min(self.token_limit, self.max_sequence_length)
+        kept_whole = (
+            policy == "truncate" and self.truncation == "only_second" and spec.name == self.text_inputs[0]
+        )
         if kept_whole:
             limit = min(limit, self.truncate_at - self._pair_special_tokens + self._special_tokens - 1)
         # A WordPiece/BPE/unigram token covers at least one byte of input, so a row of n bytes has
@@ -301,7 +328,7 @@ class TextModel(ServableModel):
         over = [(i, len(row_ids)) for i, row_ids in zip(long_rows, ids, strict=True) if len(row_ids) > limit]
         if not over:
             return
-        if self.overflow == "truncate" and not kept_whole:
+        if policy == "truncate" and not kept_whole:
             self.truncated_rows += len(over)
             return
         i, tokens = over[0]
@@ -576,14 +603,19 @@ class TextEmbeddingModel(TextModel):
             row_tokens.append(len(ids) + self._special_tokens)
         return self._windows_batch(rows, owners, row_tokens)
 
-    def window_parts(self, inputs: Mapping[str, np.ndarray], max_rows: int) -> WindowParts | None:
+    def window_parts(
+        self, inputs: Mapping[str, np.ndarray], max_rows: int, overflow: str | None = None
+    ) -> WindowParts | None:
         """With ``overflow: chunk``, a validated request with a text longer than the window as its
         windows (``tokenize_windows``'s, tokenized here once), in parts of at most ``max_rows`` windows
         and one window's padded tokens (``pack_windows``); its ``merge`` pools each text's windows
-        (``pool_windows``) and answers ``TOKEN_COUNTS`` as ``execute`` does. None when every text fits
-        its window (or the policy is not chunk): the request runs whole."""
-        if self.overflow != "chunk":
+        (``pool_windows``) and answers ``TOKEN_COUNTS`` as ``execute`` does. A request that narrowed
+        the policy to truncate (``overflow``) runs each text's first window only: the text cut to the
+        window, as transformers' truncation cuts it. None when every text fits its window (or the
+        service's policy is not chunk): the request runs whole."""
+        if self.overflow != "chunk" or overflow == "refuse":
             return None
+        first_only = overflow == "truncate"
         texts = _decode_rows(self.input_name, inputs[self.input_name])
         window = self.max_sequence_length
         if all(len(t.encode("utf-8")) + self._special_tokens <= window for t in texts):
@@ -592,10 +624,11 @@ class TextEmbeddingModel(TextModel):
         windows: list[np.ndarray] = []
         owners: list[int] = []
         for row, ids in enumerate(content):
-            for ids_of_window in self._split_content(ids):
+            split = self._split_content(ids)
+            for ids_of_window in split[:1] if first_only else split:
                 windows.append(np.array(ids_of_window, dtype=np.int64))
                 owners.append(row)
-        if len(windows) == len(texts):
+        if len(windows) == len(texts) and not first_only:
             return None  # each text is one window
         lengths = np.array([len(w) for w in windows], dtype=np.int64)
         ranges = pack_windows(lengths.tolist(), window, max_rows)
@@ -606,7 +639,15 @@ class TextEmbeddingModel(TextModel):
                 column[i] = windows[w]
             parts.append({WINDOWS_INPUT: column})
         owner_array = np.array(owners, dtype=np.int64)
-        row_tokens = np.array([len(ids) + self._special_tokens for ids in content], dtype=np.int64)
+        row_tokens = np.array(
+            [
+                min(len(ids) + self._special_tokens, window)
+                if first_only
+                else len(ids) + self._special_tokens
+                for ids in content
+            ],
+            dtype=np.int64,
+        )
         rows = len(texts)
 
         def merge(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
