@@ -64,12 +64,13 @@ a request that has its outcome.
 Windows (a text model's ``overflow: chunk``): a request with a text longer than the model's window runs
 as its windows (``ServableModel.window_parts``, tokenized once at submission), in parts of about one
 window's padded tokens (``pack_windows``), queued ONE AT A TIME (``Batcher._infer_windows``): the next
-part joins the tail of its priority level when the one before has its outputs, so the requests that
-arrived meanwhile are served first, and a short request waits behind a chunked one for at most the
-batch of one part, not for all its windows (without this a 10,000-character text was one queued
-request of 11 windows, ~360 ms of compute on two CPU cores, that every short request behind it
-waited for). The request takes one place in the queue, is admitted (and shed) as one, and its
-``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
+part joins its priority level when the one before has its outputs, behind one batch of the requests
+queued there (``part_place``), so parts and other batches take turns: a short request waits behind a
+chunked one for about the batch of one part, not for all its windows (without this a 10,000-character
+text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that every short
+request behind it waited for), and at overload the chunked request waits for one batch per part, not
+for the whole queue each time. The request takes one place in the queue, is admitted (and shed) as
+one, and its ``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
 submission time) but records no queue time of its own, and its level is its request's. A failed part
 fails its request alone (bisection isolates it from its batch-mates) and no later part queues; a
 client that leaves drops the part still queued and the later ones. Once the last part has its
@@ -623,9 +624,10 @@ class Batcher:
     def _queue_part(
         self, inputs: Mapping[str, np.ndarray], rows: int, tokens: int, level: int, submitted: float
     ) -> QueuedRequest:
-        """Queue a later part of a request run as windows at the tail of ``level``: not an arrival (the
-        arrival estimate and the admission counted its request once), no queue timeout (its request
-        started), its request's submission time ``submitted`` as its own (it is due at once)."""
+        """Queue a later part of a request run as windows in ``level`` behind one batch of the requests
+        queued there (``part_place``): not an arrival (the arrival estimate and the admission counted
+        its request once), no queue timeout (its request started), its request's submission time
+        ``submitted`` as its own (it is due at once)."""
         loop = asyncio.get_running_loop()
         req = QueuedRequest(
             inputs=inputs,
@@ -637,7 +639,14 @@ class Batcher:
             tokens=tokens,
             queue_time=False,
         )
-        self._levels.setdefault(level, {})[req.seq] = req
+        queued = self._levels.setdefault(level, {})
+        place = part_place([r.rows for r in queued.values()], self._settings.max_batch_size)
+        if place == len(queued):
+            queued[req.seq] = req
+        else:  # a dict keeps its insertion order: rebuilt with the part in its place
+            items = list(queued.items())
+            items.insert(place, (req.seq, req))
+            self._levels[level] = dict(items)
         self._queued += 1
         self._idle.clear()
         self._judge_early = True
@@ -888,6 +897,26 @@ class Batcher:
             self._check_idle()
             self._judge_early = True
             self._changed.set()
+
+
+def part_place(queued_rows: Sequence[int], max_batch_size: int) -> int:
+    """Where the next part of a request run as windows joins its level's queue (pure): behind the
+    requests that fill one batch (the first request, and the ones after it while their rows stay
+    within ``max_batch_size``), ahead of the rest; so a chunked request's parts and the other requests'
+    batches take turns, and neither waits for the whole of the other.
+
+    Args:
+        queued_rows: the rows of each request queued at the part's level, in queue order.
+        max_batch_size: rows per batch.
+
+    Returns the position (0..len(queued_rows)) to insert the part at.
+    """
+    rows = 0
+    for place, count in enumerate(queued_rows):
+        if place and rows + count > max_batch_size:
+            return place
+        rows += count
+    return len(queued_rows)
 
 
 def split_rows(inputs: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kubeinfer.runtime.batching import Batcher, BatchSettings, ServingError
+from kubeinfer.runtime.batching import Batcher, BatchSettings, ServingError, part_place
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import load_model
 from kubeinfer.runtime.models.base import WindowParts, pack_windows
@@ -48,7 +48,9 @@ class WindowedFake(FakeModel):
     def batch_key(self, inputs: Mapping[str, np.ndarray]) -> Any:
         return float(inputs["x"][0, 1])
 
-    def window_parts(self, inputs: Mapping[str, np.ndarray], max_rows: int) -> WindowParts | None:
+    def window_parts(
+        self, inputs: Mapping[str, np.ndarray], max_rows: int, overflow: str | None = None
+    ) -> WindowParts | None:
         first, second = (float(v) for v in inputs["x"][0])
         if first < 100:
             return None
@@ -251,3 +253,28 @@ async def test_a_windowed_answer_equals_the_whole_requests(embedder: TextEmbeddi
     np.testing.assert_allclose(short["embedding"][0], whole["embedding"][0], atol=1e-6)
     assert pieces["embedding"].shape == (11, embedder.dim)
     np.testing.assert_allclose(pieces["embedding"][10], whole["embedding"][1], atol=1e-6)
+
+
+def test_a_part_joins_behind_one_batch_of_its_level() -> None:
+    assert part_place([], 4) == 0
+    assert part_place([1], 4) == 1
+    assert part_place([1, 1, 1, 1, 1, 1], 4) == 4
+    assert part_place([3, 2, 1], 4) == 1  # the second does not fit the first's batch
+    assert part_place([9, 1], 4) == 1  # a first request over the batch alone is one batch
+
+
+async def test_at_overload_windows_and_other_batches_take_turns() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, max_batch_size=2)
+    try:
+        long = asyncio.ensure_future(batcher.infer(rows(300)))
+        await started(model.started)
+        shorts = [asyncio.ensure_future(batcher.infer(rows(v))) for v in (1, 2, 3, 4, 5, 6)]
+        await asyncio.sleep(0.02)
+        model.gate.set()
+        await asyncio.gather(long, *shorts)
+    finally:
+        await batcher.drain(5)
+    # [1, 2] was taken ahead while 300 ran; 301 then joins behind one batch ([3, 4]), not the tail
+    assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 4.0], [301.0, 5.0], [6.0, 302.0]], model.firsts
