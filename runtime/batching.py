@@ -67,15 +67,15 @@ window's padded tokens (``pack_windows``), queued ONE AT A TIME (``Batcher._infe
 part joins its priority level when the one before has its outputs, behind one batch of the requests
 queued there (``part_place``), so parts and other batches take turns: a short request waits behind a
 chunked one for about the batch of one part, not for all its windows (without this a 10,000-character
-text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that every short
-request behind it waited for), and at overload the chunked request waits for one batch per part, not
-for the whole queue each time. The request takes one place in the queue, is admitted (and shed) as
-one, and its ``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
+text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that every short request
+behind it waited for), and at overload the chunked request waits for one batch per part, not for the
+whole queue each time. The request takes one place in the queue, is admitted (and shed) as one, and its
+``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
 submission time) but records no queue time of its own, and its level is its request's. A failed part
-fails its request alone (bisection isolates it from its batch-mates) and no later part queues; a
-client that leaves drops the part still queued and the later ones. Once the last part has its
-outputs, the model's ``merge`` joins them (an embedder pools each text's windows). The cost: one
-chunked request no longer runs its windows in one batch, nor on several executors at once.
+fails its request alone (bisection isolates it from its batch-mates) and no later part queues; a client
+that leaves drops the part still queued and the later ones. Once the last part has its outputs, the
+model's ``merge`` joins them (an embedder pools each text's windows). The cost: one chunked request no
+longer runs its windows in one batch, nor on several executors at once.
 
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
 request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
@@ -364,6 +364,7 @@ class Batcher:
         self._queued = 0
         self._in_flight = 0
         self._windowed = 0  # requests run as windows with a part still to come (``_infer_windows``)
+        self._closed = False
         self._accepting = True
         self._draining = False
         self._changed = asyncio.Event()
@@ -441,6 +442,7 @@ class Batcher:
 
     def close(self) -> None:
         """Stop the dispatcher and the threads (after ``drain``; anything still queued gets 503)."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -627,7 +629,10 @@ class Batcher:
         """Queue a later part of a request run as windows in ``level`` behind one batch of the requests
         queued there (``part_place``): not an arrival (the arrival estimate and the admission counted
         its request once), no queue timeout (its request started), its request's submission time
-        ``submitted`` as its own (it is due at once)."""
+        ``submitted`` as its own (it is due at once). Raises ``ServingError`` 503 once ``close`` ran (no
+        dispatcher would take it)."""
+        if self._closed:
+            raise ServingError("server shutting down", 503)
         loop = asyncio.get_running_loop()
         req = QueuedRequest(
             inputs=inputs,

@@ -278,3 +278,16 @@ async def test_at_overload_windows_and_other_batches_take_turns() -> None:
         await batcher.drain(5)
     # [1, 2] was taken ahead while 300 ran; 301 then joins behind one batch ([3, 4]), not the tail
     assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 4.0], [301.0, 5.0], [6.0, 302.0]], model.firsts
+
+
+async def test_a_close_between_two_windows_answers_503_not_never() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model)
+    long = asyncio.ensure_future(batcher.infer(rows(300)))
+    await started(model.started)
+    batcher.close()  # while its first window runs: no dispatcher will take the next
+    model.gate.set()
+    with pytest.raises(ServingError) as err:
+        await asyncio.wait_for(long, 5)
+    assert err.value.status == 503 and model.firsts == [[300.0]]
