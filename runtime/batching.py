@@ -12,7 +12,8 @@ Policy (``plan_batch``, pure, unit-tested without threads):
   a batch: the batch takes the head of that order and, in order, the requests with the head's key whose
   rows fit in ``max_batch_size``; requests of other keys keep their places and wait for a later batch
   (they become the head once the older ones are served, so none starves). A request is never split
-  across batches, and the batch stops at the first same-key request that does not fit (no overtaking).
+  across batches (a chunked text's windows are parts of their own: "Windows" below), and the batch
+  stops at the first same-key request that does not fit (no overtaking).
 - A request with more rows than the current ``max_batch_size`` (but no more than the warmed maximum,
   ``model.max_batch_size``) runs alone in its own batch. More rows than the warmed maximum -> HTTP 413
   at submission.
