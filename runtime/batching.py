@@ -66,17 +66,18 @@ Windows (a text model's ``overflow: chunk``): a request with a text longer than 
 as its windows (``ServableModel.window_parts``, tokenized once at submission), in parts of about one
 window's padded tokens (``pack_windows``), queued ONE AT A TIME (``Batcher._infer_windows``): the next
 part joins its priority level when the one before has its outputs, behind one batch of the requests
-queued there (``part_place``), so parts and other batches take turns: a short request waits behind a
-chunked one for about the batch of one part, not for all its windows (without this a 10,000-character
-text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that every short request
-behind it waited for), and at overload the chunked request waits for one batch per part, not for the
-whole queue each time. The request takes one place in the queue, is admitted (and shed) as one, and its
-``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
-submission time) but records no queue time of its own, and its level is its request's. A failed part
-fails its request alone (bisection isolates it from its batch-mates) and no later part queues; a client
-that leaves drops the part still queued and the later ones. Once the last part has its outputs, the
-model's ``merge`` joins them (an embedder pools each text's windows). The cost: one chunked request no
-longer runs its windows in one batch, nor on several executors at once.
+queued there (``part_place``), so parts and other batches take turns (parts batch with parts only,
+``WINDOW_PARTS_KEY``: a window would pad a batch's short rows to its length): a short request waits
+behind a chunked one for about the batch of one part, not for all its windows (without this a
+10,000-character text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that
+every short request behind it waited for), and at overload the chunked request waits for one batch per
+part, not for the whole queue each time. The request takes one place in the queue, is admitted (and
+shed) as one, and its ``timeout`` holds until its first part starts; a later part is due at once (it
+keeps its request's submission time) but records no queue time of its own, and its level is its
+request's. A failed part fails its request alone (bisection isolates it from its batch-mates) and no
+later part queues; a client that leaves drops the part still queued and the later ones. Once the last
+part has its outputs, the model's ``merge`` joins them (an embedder pools each text's windows). The
+cost: one chunked request no longer runs its windows in one batch, nor on several executors at once.
 
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
 request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
@@ -320,6 +321,10 @@ def earn_turns(
             after[level] = min(2.0, held + min_share)
     return after
 
+
+#: The batch key of every window part (``ServableModel.window_parts``): parts share batches with each
+#: other only, never with whole requests, whose short rows they would pad to a window's length.
+WINDOW_PARTS_KEY = ("window parts",)
 
 #: How far (in multiples of ``max_batch_size + 1`` requests per priority level) the dispatcher looks
 #: past requests of other batch keys for ones that share the head's key; bounds the per-dispatch cost.
@@ -603,7 +608,7 @@ class Batcher:
                 zip(windowed.parts, windowed.rows, windowed.tokens, strict=True)
             ):
                 if index == 0:
-                    (req,) = self._enqueue([(part, rows)], level, timeout_us, tokens=tokens)
+                    (req,) = self._enqueue([(part, rows)], level, timeout_us, tokens=tokens, parts=True)
                     submitted = req.enqueued
                 else:
                     req = self._queue_part(part, rows, tokens, level, submitted)
@@ -641,7 +646,7 @@ class Batcher:
             level=level,
             enqueued=submitted,
             future=loop.create_future(),
-            key=self.model.batch_key(inputs),
+            key=WINDOW_PARTS_KEY,
             tokens=tokens,
             queue_time=False,
         )
@@ -666,10 +671,12 @@ class Batcher:
         level: int,
         timeout_us: int | None,
         tokens: int | None = None,
+        parts: bool = False,
     ) -> list[QueuedRequest]:
         """Queue ``pieces`` ((inputs, rows) each, admitted already) at ``level``, as one request whose
         queue time counts once (``QueuedRequest.group``). ``tokens``: each piece's padded tokens when
-        known (None: ``ServableModel.tokens`` of its inputs). Returns them in order."""
+        known (None: ``ServableModel.tokens`` of its inputs). ``parts``: window parts
+        (``WINDOW_PARTS_KEY``). Returns them in order."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         follow_up = not self._queued and not self._in_flight and now - self._last_answer <= FOLLOW_UP_SECONDS
@@ -685,7 +692,7 @@ class Batcher:
                 level=level,
                 enqueued=now,
                 future=loop.create_future(),
-                key=self.model.batch_key(inputs),
+                key=WINDOW_PARTS_KEY if parts else self.model.batch_key(inputs),
                 tokens=self.model.tokens(inputs) if tokens is None else tokens,
                 group=group,
             )

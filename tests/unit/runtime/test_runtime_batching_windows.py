@@ -100,8 +100,8 @@ async def test_a_short_request_waits_for_one_part_not_the_whole_chunked_request(
         await batcher.drain(5)
     assert short["y"][0, 0] == 2.0
     assert out["y"][0, 0] == 2 * sum(600 + k for k in range(6)) and model.merged == 1
-    # the short request ran in the batch right after the first window's (with the second window,
-    # queued behind it), not after all six windows
+    # the short request ran in the batch right after the first window's (the second window queued
+    # behind it), not after all six windows
     assert batch_of(model, 1.0) == 1, model.firsts
     assert batch_of(model, 605.0) > batch_of(model, 1.0)
 
@@ -119,8 +119,9 @@ async def test_short_requests_arriving_meanwhile_go_before_the_next_window() -> 
         await asyncio.gather(long, *shorts)
     finally:
         await batcher.drain(5)
-    # window 300 alone, then the three shorts (2 rows a batch) before the window queued after them
-    assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 301.0], [302.0]], model.firsts
+    # window 300 alone, then the three shorts (2 rows a batch) before the window queued after them;
+    # a window never shares a batch with a whole request (it would pad its rows to a window)
+    assert model.firsts == [[300.0], [1.0, 2.0], [3.0], [301.0], [302.0]], model.firsts
 
 
 async def test_a_failed_window_fails_its_request_alone_and_no_later_window_runs() -> None:
@@ -277,7 +278,7 @@ async def test_at_overload_windows_and_other_batches_take_turns() -> None:
     finally:
         await batcher.drain(5)
     # [1, 2] was taken ahead while 300 ran; 301 then joins behind one batch ([3, 4]), not the tail
-    assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 4.0], [301.0, 5.0], [6.0, 302.0]], model.firsts
+    assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 4.0], [301.0], [5.0, 6.0], [302.0]], model.firsts
 
 
 async def test_a_close_between_two_windows_answers_503_not_never() -> None:
