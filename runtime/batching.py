@@ -12,7 +12,8 @@ Policy (``plan_batch``, pure, unit-tested without threads):
   a batch: the batch takes the head of that order and, in order, the requests with the head's key whose
   rows fit in ``max_batch_size``; requests of other keys keep their places and wait for a later batch
   (they become the head once the older ones are served, so none starves). A request is never split
-  across batches, and the batch stops at the first same-key request that does not fit (no overtaking).
+  across batches (a chunked text's windows are parts of their own: "Windows" below), and the batch
+  stops at the first same-key request that does not fit (no overtaking).
 - A request with more rows than the current ``max_batch_size`` (but no more than the warmed maximum,
   ``model.max_batch_size``) runs alone in its own batch. More rows than the warmed maximum -> HTTP 413
   at submission.
@@ -61,6 +62,23 @@ none (429; a request of more pieces than ``max_queue_size``, or its level's limi
 queued: 413). Once one piece fails, the pieces still queued leave the queue, so no work is done for
 a request that has its outcome.
 
+Windows (a text model's ``overflow: chunk``): a request with a text longer than the model's window runs
+as its windows (``ServableModel.window_parts``, tokenized once at submission), in parts of about one
+window's padded tokens (``pack_windows``), queued ONE AT A TIME (``Batcher._infer_windows``): the next
+part joins its priority level when the one before has its outputs, behind one batch of the requests
+queued there (``part_place``), so parts and other batches take turns (parts batch with parts only,
+``WINDOW_PARTS_KEY``: a window would pad a batch's short rows to its length): a short request waits
+behind a chunked one for about the batch of one part, not for all its windows (without this a
+10,000-character text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that
+every short request behind it waited for), and at overload the chunked request waits for one batch per
+part, not for the whole queue each time. The request takes one place in the queue, is admitted (and
+shed) as one, and its ``timeout`` holds until its first part starts; a later part is due at once (it
+keeps its request's submission time) but records no queue time of its own, and its level is its
+request's. A failed part fails its request alone (bisection isolates it from its batch-mates) and no
+later part queues; a client that leaves drops the part still queued and the later ones. Once the last
+part has its outputs, the model's ``merge`` joins them (an embedder pools each text's windows). The
+cost: one chunked request no longer runs its windows in one batch, nor on several executors at once.
+
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
 request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
 gets none: still queued, it leaves the queue and is never computed; already taken into a batch, the
@@ -90,7 +108,7 @@ from kubeinfer.runtime.config import BatchingConfig
 from kubeinfer.runtime.errors import InputError, ServingError
 from kubeinfer.runtime.executor import BatchExecutor, QueuedRequest, RequestGroup
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.models.base import ServableModel
+from kubeinfer.runtime.models.base import ServableModel, WindowParts
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +322,10 @@ def earn_turns(
     return after
 
 
+#: The batch key of every window part (``ServableModel.window_parts``): parts share batches with each
+#: other only, never with whole requests, whose short rows they would pad to a window's length.
+WINDOW_PARTS_KEY = ("window parts",)
+
 #: How far (in multiples of ``max_batch_size + 1`` requests per priority level) the dispatcher looks
 #: past requests of other batch keys for ones that share the head's key; bounds the per-dispatch cost.
 _KEY_SCAN_WINDOW = 16
@@ -347,6 +369,8 @@ class Batcher:
         self._started_at: float | None = None
         self._queued = 0
         self._in_flight = 0
+        self._windowed = 0  # requests run as windows with a part still to come (``_infer_windows``)
+        self._closed = False
         self._accepting = True
         self._draining = False
         self._changed = asyncio.Event()
@@ -424,6 +448,7 @@ class Batcher:
 
     def close(self) -> None:
         """Stop the dispatcher and the threads (after ``drain``; anything still queued gets 503)."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -452,15 +477,22 @@ class Batcher:
             )
         return priority
 
-    def check_parameters(self, priority: Any, timeout_us: Any) -> int:
-        """The queue level of a request's ``priority``, after checking it and its ``timeout``. Raises
-        ``InputError`` (400) for either out of its range (also for a request answered from the cache)."""
+    def check_parameters(self, priority: Any, timeout_us: Any, overflow: Any = None) -> int:
+        """The queue level of a request's ``priority``, after checking it, its ``timeout`` and its
+        ``overflow`` (``ServableModel.narrow_overflow``). Raises ``InputError`` (400) for any of them
+        out of its range (also for a request answered from the cache)."""
         level = self.priority_level(priority)
         _check_timeout(timeout_us)
+        self.model.narrow_overflow(overflow)
         return level
 
     async def infer(
-        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        overflow: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue one request and wait for its outputs (each with this request's rows only).
 
@@ -469,6 +501,8 @@ class Batcher:
             priority: Triton ``priority`` parameter (1 = highest; 0/None = default level).
             timeout_us: Triton ``timeout`` parameter, microseconds the request may wait in the queue
                 (0/None: no limit).
+            overflow: the ``overflow`` parameter: a text longer than the window gets this policy where
+                it narrows the service's (``ServableModel.narrow_overflow``; None: the service's).
 
         Raises:
             InputError: 400/413 (bad tensors, bad parameters, more rows than the warmed maximum).
@@ -479,8 +513,12 @@ class Batcher:
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.check_parameters(priority, timeout_us)
+        policy = self.model.narrow_overflow(overflow)
         inputs = self.model.with_config_shapes(inputs)
-        rows = self._rows(inputs)
+        rows = self._rows(inputs, policy)
+        windowed = self.model.window_parts(inputs, self._settings.max_batch_size, policy)
+        if windowed is not None:
+            return await self._infer_windows(windowed, level, timeout_us)
         self._admit(level)
         (req,) = self._enqueue([(inputs, rows)], level, timeout_us)
         try:
@@ -490,7 +528,12 @@ class Batcher:
             raise
 
     async def infer_pieces(
-        self, inputs: Mapping[str, np.ndarray], *, priority: int | None = None, timeout_us: int | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+        overflow: str | None = None,
     ) -> dict[str, np.ndarray]:
         """Queue one request of any number of rows as pieces of at most ``max_batch_size`` rows
         (``split_rows``), admitted all together or not at all, and wait for all of them. Returns the
@@ -509,8 +552,12 @@ class Batcher:
         if not self._accepting:
             raise ServingError("server is shutting down; not accepting requests", 503)
         level = self.check_parameters(priority, timeout_us)
+        policy = self.model.narrow_overflow(overflow)
         s = self._settings
-        pieces = [(piece, self._rows(piece)) for piece in split_rows(inputs, s.max_batch_size)]
+        pieces = [(piece, self._rows(piece, policy)) for piece in split_rows(inputs, s.max_batch_size)]
+        windowed = self.model.window_parts(inputs, s.max_batch_size, policy)
+        if windowed is not None:  # its windows queue one part at a time: one place in the queue
+            return await self._infer_windows(windowed, level, timeout_us)
         level_limit = s.priority_queue_sizes.get(level, s.max_queue_size)
         holds, limit = min(
             (s.max_queue_size, "max_queue_size"), (level_limit, f"priority_queue_sizes[{level}]")
@@ -541,11 +588,95 @@ class Batcher:
             raise failed
         return join_rows([f.result() for f in futures])
 
+    async def _infer_windows(
+        self, windowed: WindowParts, level: int, timeout_us: int | None
+    ) -> dict[str, np.ndarray]:
+        """Run a request as its window parts (``ServableModel.window_parts``), one queued at a time: the
+        next part joins the queue behind what arrived while the one before ran, so other requests'
+        batches run between them (see "Windows" in the module docstring). Returns ``windowed.merge``
+        of the parts' outputs.
+
+        Raises what ``infer`` raises: 429 (no place for its first part), 504 (``timeout_us`` passed
+        before its first part started), a failed part's error (its later parts never queue), 500 when
+        the merge fails; ``asyncio.CancelledError`` with its queued part removed."""
+        self._admit(level)
+        self._windowed += 1
+        outputs: list[Mapping[str, np.ndarray]] = []
+        try:
+            submitted = 0.0
+            for index, (part, rows, tokens) in enumerate(
+                zip(windowed.parts, windowed.rows, windowed.tokens, strict=True)
+            ):
+                if index == 0:
+                    (req,) = self._enqueue([(part, rows)], level, timeout_us, tokens=tokens, parts=True)
+                    submitted = req.enqueued
+                else:
+                    req = self._queue_part(part, rows, tokens, level, submitted)
+                try:
+                    outputs.append(await req.future)
+                except asyncio.CancelledError:  # the client went away: no further part queues
+                    self._remove(req)
+                    raise
+        finally:
+            self._windowed -= 1
+            self._check_idle()
+        try:
+            return windowed.merge(outputs)
+        except Exception as exc:
+            log.warning("merging the windows of a request failed: %s: %s", type(exc).__name__, exc)
+            why = f"{type(exc).__name__}: {exc}"
+            raise ServingError(
+                f"model '{self.model.name}' failed merging this request's windows: {why}", 500
+            ) from exc
+
+    def _queue_part(
+        self, inputs: Mapping[str, np.ndarray], rows: int, tokens: int, level: int, submitted: float
+    ) -> QueuedRequest:
+        """Queue a later part of a request run as windows in ``level`` behind one batch of the requests
+        queued there (``part_place``): not an arrival (the arrival estimate and the admission counted
+        its request once), no queue timeout (its request started), its request's submission time
+        ``submitted`` as its own (it is due at once). Raises ``ServingError`` 503 once ``close`` ran (no
+        dispatcher would take it)."""
+        if self._closed:
+            raise ServingError("server shutting down", 503)
+        loop = asyncio.get_running_loop()
+        req = QueuedRequest(
+            inputs=inputs,
+            rows=rows,
+            level=level,
+            enqueued=submitted,
+            future=loop.create_future(),
+            key=WINDOW_PARTS_KEY,
+            tokens=tokens,
+            queue_time=False,
+        )
+        queued = self._levels.setdefault(level, {})
+        place = part_place([r.rows for r in queued.values()], self._settings.max_batch_size)
+        if place == len(queued):
+            queued[req.seq] = req
+        else:  # a dict keeps its insertion order: rebuilt with the part in its place
+            items = list(queued.items())
+            items.insert(place, (req.seq, req))
+            self._levels[level] = dict(items)
+        self._queued += 1
+        self._idle.clear()
+        self._judge_early = True
+        self._publish_queue()
+        self._changed.set()
+        return req
+
     def _enqueue(
-        self, pieces: Sequence[tuple[Mapping[str, np.ndarray], int]], level: int, timeout_us: int | None
+        self,
+        pieces: Sequence[tuple[Mapping[str, np.ndarray], int]],
+        level: int,
+        timeout_us: int | None,
+        tokens: int | None = None,
+        parts: bool = False,
     ) -> list[QueuedRequest]:
         """Queue ``pieces`` ((inputs, rows) each, admitted already) at ``level``, as one request whose
-        queue time counts once (``QueuedRequest.group``). Returns them in order."""
+        queue time counts once (``QueuedRequest.group``). ``tokens``: each piece's padded tokens when
+        known (None: ``ServableModel.tokens`` of its inputs). ``parts``: window parts
+        (``WINDOW_PARTS_KEY``). Returns them in order."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         follow_up = not self._queued and not self._in_flight and now - self._last_answer <= FOLLOW_UP_SECONDS
@@ -561,8 +692,8 @@ class Batcher:
                 level=level,
                 enqueued=now,
                 future=loop.create_future(),
-                key=self.model.batch_key(inputs),
-                tokens=self.model.tokens(inputs),
+                key=WINDOW_PARTS_KEY if parts else self.model.batch_key(inputs),
+                tokens=self.model.tokens(inputs) if tokens is None else tokens,
                 group=group,
             )
             if timeout_us:  # 0 = no timeout (Triton)
@@ -575,10 +706,11 @@ class Batcher:
         self._changed.set()
         return reqs
 
-    def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
-        """The request's rows (``model.validate``); 413 beyond the warmed maximum batch."""
+    def _rows(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
+        """The request's rows (``model.validate``, ``overflow`` its narrowed policy); 413 beyond the
+        warmed maximum batch."""
         truncated, chunked = self.model.truncated_rows, self.model.chunked_rows
-        rows = self.model.validate(inputs)
+        rows = self.model.validate(inputs, overflow)
         if self.model.truncated_rows != truncated:
             self.metrics.truncated_rows.inc(self.model.truncated_rows - truncated)
         if self.model.chunked_rows != chunked:
@@ -664,7 +796,7 @@ class Batcher:
         self.metrics.queue_size.set(self._queued)
 
     def _check_idle(self) -> None:
-        if self._queued == 0 and self._in_flight == 0:
+        if self._queued == 0 and self._in_flight == 0 and self._windowed == 0:
             self._idle.set()
 
     # ----- dispatch --------------------------------------------------------------------------------
@@ -778,6 +910,26 @@ class Batcher:
             self._check_idle()
             self._judge_early = True
             self._changed.set()
+
+
+def part_place(queued_rows: Sequence[int], max_batch_size: int) -> int:
+    """Where the next part of a request run as windows joins its level's queue (pure): behind the
+    requests that fill one batch (the first request, and the ones after it while their rows stay
+    within ``max_batch_size``), ahead of the rest; so a chunked request's parts and the other requests'
+    batches take turns, and neither waits for the whole of the other.
+
+    Args:
+        queued_rows: the rows of each request queued at the part's level, in queue order.
+        max_batch_size: rows per batch.
+
+    Returns the position (0..len(queued_rows)) to insert the part at.
+    """
+    rows = 0
+    for place, count in enumerate(queued_rows):
+        if place and rows + count > max_batch_size:
+            return place
+        rows += count
+    return len(queued_rows)
 
 
 def split_rows(inputs: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:

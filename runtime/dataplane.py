@@ -133,6 +133,8 @@ class InferCall:
         split: the rows may be more than one batch: queued as pieces of at most ``max_batch_size``
             rows, admitted all together or not at all (``Batcher.infer_pieces``; the OpenAI routes),
             still one request in every count.
+        overflow: the ``overflow`` parameter as sent (``OVERFLOW_PARAMETER``: a narrower policy than
+            the service's for a text longer than the window; the batcher judges it).
     """
 
     inputs: dict[str, np.ndarray]
@@ -144,6 +146,13 @@ class InferCall:
     shm_outputs: Mapping[str, RegionRef] = field(default_factory=dict)
     cache: bool = True
     split: bool = False
+    overflow: Any = None
+
+
+#: The request parameter that narrows the service's overflow policy (``refuse``, ``truncate``, ``chunk``;
+#: ``ServableModel.narrow_overflow``): the Open Inference Protocol's ``parameters.overflow`` over REST and
+#: gRPC. The OpenAI route takes TEI's ``truncate`` (true: truncate, false: refuse).
+OVERFLOW_PARAMETER = "overflow"
 
 
 #: An async callable that decodes a request: the transport's part, run inside the data plane's count.
@@ -531,9 +540,13 @@ class DataPlane:
         inputs = self._with_shared_inputs(call) if call.shm_inputs else call.inputs
         outputs, key, lookup = None, None, 0.0
         if self.cache is not None and call.cache:
-            batcher.check_parameters(call.priority, call.timeout_us)  # a hit answers what a miss would
+            # a hit answers what a miss would: the same 400s, and a narrowed policy's own entries
+            batcher.check_parameters(call.priority, call.timeout_us, call.overflow)
             t0 = time.perf_counter()
             key = cache_key(inputs)
+            policy = batcher.model.narrow_overflow(call.overflow)
+            if policy is not None:
+                key += f"{OVERFLOW_PARAMETER}={policy}".encode()
             outputs = self.cache.get(key)
             lookup = time.perf_counter() - t0
             if outputs is not None:
@@ -541,7 +554,9 @@ class DataPlane:
         if outputs is None:
             timeout_us = remaining_timeout_us(call.timeout_us, received, time.monotonic())
             queue = batcher.infer_pieces if call.split else batcher.infer
-            outputs = await queue(inputs, priority=call.priority, timeout_us=timeout_us)
+            outputs = await queue(
+                inputs, priority=call.priority, timeout_us=timeout_us, overflow=call.overflow
+            )
             if self.cache is not None and key is not None:
                 t1 = time.perf_counter()
                 evicted = self.cache.put(key, outputs)

@@ -61,6 +61,8 @@ class QueuedRequest:
         tokens: its longest row's tokens, at most (``ServableModel.tokens``; 0 for a tensor model).
         timer: the queue-timeout timer, or None. taken: taken into a batch.
         group: the request this is a piece of (``RequestGroup``), or None for a whole request.
+        queue_time: whether its queue time is recorded when it starts (False for the windows of a
+            request after its first part, ``Batcher``'s windows: the request's wait counted once).
     """
 
     inputs: Mapping[str, np.ndarray]
@@ -74,6 +76,7 @@ class QueuedRequest:
     timer: asyncio.TimerHandle | None = None
     taken: bool = False
     group: RequestGroup | None = None
+    queue_time: bool = True
 
     def fail(self, exc: BaseException) -> None:
         """Fail the request with ``exc`` unless it has its outcome already."""
@@ -174,6 +177,8 @@ class BatchExecutor:
         still = [r for r in live if not r.future.done()]
         counted = prep_seconds if len(still) == len(live) else 0.0  # re-formed: preprocessed again
         for req in still:
+            if not req.queue_time:
+                continue
             if req.group is not None:  # a piece of a request: its queue time counts once, at its last
                 req.group.pending -= 1
                 if req.group.pending > 0:

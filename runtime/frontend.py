@@ -197,6 +197,7 @@ class RemotePlane:
             shm_outputs=[(n, r.region, r.offset, r.byte_size) for n, r in call.shm_outputs.items()],
             priority=call.priority,
             timeout_us=call.timeout_us,
+            overflow=call.overflow,
             received=received,
         )
         reply, out_frames = await self._call(header, frames)

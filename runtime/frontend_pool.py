@@ -297,6 +297,7 @@ class FrontEndPool:
                 shm_outputs={n: RegionRef(r, o, b) for n, r, o, b in header.shm_outputs},
                 cache=header.cache,
                 split=header.split,
+                overflow=header.overflow,
             )
 
         outputs = await self.plane.infer(header.received, header.model, header.version, decode)

@@ -54,6 +54,7 @@ from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import LimitsConfig
 from kubeinfer.runtime.dataplane import (
     MODEL_VERSION,
+    OVERFLOW_PARAMETER,
     InferCall,
     Plane,
     Repository,
@@ -394,6 +395,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 shm_inputs=shm_inputs,
                 shm_outputs=shm_outputs,
                 cache=cache,
+                overflow=_param(request.parameters, OVERFLOW_PARAMETER),
             )
 
         try:

@@ -104,6 +104,8 @@ class Header(msgspec.Struct, omit_defaults=True):
     shm_outputs: list[tuple[str, str, int, int]] = msgspec.field(default_factory=list)
     priority: Any = None
     timeout_us: Any = None
+    #: the ``overflow`` parameter as sent (``dataplane.InferCall.overflow``)
+    overflow: Any = None
     received: float = 0.0
     error: ErrorInfo | None = None
     info: dict[str, Any] | None = None

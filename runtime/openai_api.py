@@ -25,6 +25,10 @@ an FP32 output of shape [-1, dim] (the bundled MiniLM and every Hugging Face tex
   sends them);
 - ``dimensions``: accepted when it is the model's own dimension; the model cannot shorten its
   embeddings (it is not trained for it), so any other value is a 400 naming the field;
+- ``truncate`` (text-embeddings-inference's field): ``true`` cuts a text longer than the model's window
+  to it, ``false`` refuses it (413); either may only narrow the service's ``overflow`` policy (chunk,
+  then truncate, then refuse: ``truncate: true`` on a service that refuses is a 400 naming
+  ``truncate``); absent: the service's policy;
 - ``user``: accepted and ignored.
 
 The answer is ``{"object": "list", "data": [{"object": "embedding", "index": i, "embedding": ...}],
@@ -64,7 +68,7 @@ import msgspec
 import numpy as np
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import LimitsConfig, RuntimeConfig
-from kubeinfer.runtime.dataplane import InferCall, Plane, internal_error
+from kubeinfer.runtime.dataplane import OVERFLOW_PARAMETER, InferCall, Plane, internal_error
 from kubeinfer.runtime.errors import InferenceError, InputError
 from kubeinfer.runtime.models.base import TOKEN_COUNTS
 from kubeinfer.runtime.rest import BODY_LIMIT_FACTOR, JSON, read_body
@@ -143,12 +147,13 @@ def _decode_object(body: bytes | bytearray | memoryview) -> dict[str, Any]:
 
 def parse_embeddings_request(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The fields of a ``/v1/embeddings`` body: ``model`` (str), ``texts`` (list of str),
-    ``encoding_format`` ("float" | "base64"), ``dimensions`` (int or None).
+    ``encoding_format`` ("float" | "base64"), ``dimensions`` (int or None), ``overflow`` (TEI's
+    ``truncate``: true -> "truncate", false -> "refuse", absent -> None, the service's policy).
 
     Raises:
         OpenAIError: 400 naming the field: not JSON, no ``model``, an ``input`` that is not a string or a
             list of strings (token arrays included), an unknown ``encoding_format``, a ``dimensions``
-            that is no positive integer.
+            that is no positive integer, a ``truncate`` that is no boolean.
     """
     doc = _decode_object(body)
     model = doc.get("model")
@@ -176,7 +181,17 @@ def parse_embeddings_request(body: bytes | bytearray | memoryview) -> dict[str, 
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
     ):
         raise OpenAIError(f"'dimensions' must be a positive integer, got {dimensions!r}", param="dimensions")
-    return {"model": model, "texts": texts, "encoding_format": encoding, "dimensions": dimensions}
+    truncate = doc.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise OpenAIError(f"'truncate' must be true or false, got {truncate!r:.40}", param="truncate")
+    overflow = None if truncate is None else ("truncate" if truncate else "refuse")
+    return {
+        "model": model,
+        "texts": texts,
+        "encoding_format": encoding,
+        "dimensions": dimensions,
+        "overflow": overflow,
+    }
 
 
 def check_size(param: str, rows: int, columns: int, payload: int, limits: LimitsConfig) -> None:
@@ -447,7 +462,9 @@ class OpenAIRoutes:
         except InferenceError as exc:
             await self._refuse(received, exc)
             raise
-        embeddings, tokens = await self._run_rows(received, {text_input: rows}, output, {text_input: "input"})
+        embeddings, tokens = await self._run_rows(
+            received, {text_input: rows}, output, {text_input: "input"}, req["overflow"]
+        )
         data = [
             {"object": "embedding", "index": i, "embedding": encode_embedding(row, req["encoding_format"])}
             for i, row in enumerate(embeddings)
@@ -461,24 +478,33 @@ class OpenAIRoutes:
         return Response(_ENCODER.encode(doc), 200, media_type=JSON)
 
     async def _run_rows(
-        self, received: float, columns: dict[str, np.ndarray], output: str, params: dict[str, str]
+        self,
+        received: float,
+        columns: dict[str, np.ndarray],
+        output: str,
+        params: dict[str, str],
+        overflow: str | None = None,
     ) -> tuple[np.ndarray, int]:
         """Run the rows of ``columns`` (input name -> BYTES tensor, one text a row, every column as long)
-        as one call to the plane, queued as pieces admitted together (``InferCall.split``). Returns
-        ``output`` (rows in input order) and the tokens they took.
+        as one call to the plane, queued as pieces admitted together (``InferCall.split``), with the
+        ``overflow`` parameter (``parse_embeddings_request``). Returns ``output`` (rows in input
+        order) and the tokens they took.
 
         Raises:
             InferenceError: the call's; an ``InputError`` (400, 413) as an ``OpenAIError`` naming the
-                request field of its tensor (``params``: input name -> field).
+                request field of its tensor (``params``: input name -> field; ``truncate`` for the
+                overflow parameter).
         """
 
         async def decode() -> InferCall:
-            return InferCall(dict(columns), [output], usage=True, split=True)
+            return InferCall(dict(columns), [output], usage=True, split=True, overflow=overflow)
 
         try:
             out = await self.plane.infer(received, self.plane.model_name, None, decode)
         except InputError as exc:
             param = params.get(exc.tensor or "", next(iter(params.values())))
+            if overflow is not None and exc.message.startswith(f"parameter '{OVERFLOW_PARAMETER}'"):
+                param = "truncate"
             raise OpenAIError(exc.message, exc.status, exc.headers, param=param) from None
         tokens = int(out[TOKEN_COUNTS].sum()) if TOKEN_COUNTS in out else 0
         return out[output], tokens

@@ -69,6 +69,7 @@ import uvicorn
 from kubeinfer.runtime.auth import BearerAuth
 from kubeinfer.runtime.config import RuntimeConfig, ServerConfig
 from kubeinfer.runtime.dataplane import (
+    OVERFLOW_PARAMETER,
     SERVER_METADATA,
     InferCall,
     Plane,
@@ -415,6 +416,7 @@ class RestApp:
                 shm_inputs=decoded.shm_inputs,
                 shm_outputs=decoded.shm_outputs,
                 cache=cache_parameter(decoded.parameters.get("cache")),
+                overflow=decoded.parameters.get(OVERFLOW_PARAMETER),
             )
 
         try:

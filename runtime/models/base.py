@@ -72,6 +72,56 @@ REPORT_WARMUP_SECONDS = "warmup_seconds"
 TOKEN_COUNTS = "token_count"
 
 
+#: The one input of a part of a request run as windows (``ServableModel.window_parts``): object [windows],
+#: each element one window's token ids (int64 [its tokens], special tokens included). Only the batcher
+#: queues it (a client's tensor of that name is refused by ``validate`` as any undeclared name).
+WINDOWS_INPUT = "__windows__"
+
+
+@dataclass(frozen=True)
+class WindowParts:
+    """A request whose rows run as windows, queued part by part (``ServableModel.window_parts``).
+
+    Attributes:
+        parts: each part's inputs for ``preprocess`` (``{WINDOWS_INPUT: ...}``), in order.
+        rows: each part's rows: its windows (what ``execute`` answers a row of output for).
+        tokens: each part's longest window, tokens (the batcher's token budget counts it padded).
+        merge: the request's outputs (its rows, as ``execute`` answers a whole request) from every
+            part's outputs in order; raises what the model raises.
+    """
+
+    parts: Sequence[Mapping[str, np.ndarray]]
+    rows: Sequence[int]
+    tokens: Sequence[int]
+    merge: Callable[[Sequence[Mapping[str, np.ndarray]]], dict[str, np.ndarray]]
+
+
+def pack_windows(lengths: Sequence[int], max_tokens: int, max_rows: int) -> list[range]:
+    """Consecutive windows grouped into parts (pure): each part as many windows as fit, in order, while
+    its rows times its longest window stay within ``max_tokens`` (padded, as a batch costs) and its
+    rows within ``max_rows``; a window alone over ``max_tokens`` is a part of its own.
+
+    Args:
+        lengths: each window's tokens, in order. max_tokens: a part's padded cost bound, tokens.
+        max_rows: a part's windows bound (>= 1).
+
+    Returns the parts as ranges of window positions, covering ``0..len(lengths)`` in order.
+    """
+    parts: list[range] = []
+    start = 0
+    longest = 0
+    for i, length in enumerate(lengths):
+        wider = max(longest, length)
+        count = i - start + 1
+        if i > start and (count > max_rows or count * wider > max_tokens):
+            parts.append(range(start, i))
+            start, wider = i, length
+        longest = wider
+    if lengths:
+        parts.append(range(start, len(lengths)))
+    return parts
+
+
 def tensor_nbytes(array: np.ndarray) -> int:
     """Payload size of a tensor in bytes; for BYTES tensors the sum of the element lengths."""
     if array.dtype == object:
@@ -208,13 +258,29 @@ class ServableModel(ABC):
             for name, array in inputs.items()
         }
 
-    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+    def narrow_overflow(self, requested: Any) -> str | None:
+        """The overflow policy of a request whose ``overflow`` parameter is ``requested`` (None: not
+        sent): None when it is the service's own. A model without an overflow policy (the default: no
+        text to overflow) accepts no such parameter.
+
+        Raises:
+            InputError: 400 naming the parameter, when ``requested`` is not None.
+        """
+        if requested is None:
+            return None
+        raise InputError(
+            f"parameter 'overflow' applies to text models (huggingface); model '{self.name}' has no "
+            "overflow policy"
+        )
+
+    def validate(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
         """Check a request's decoded inputs; return its row count (size of the batch dimension).
 
         Checks, in order: exactly the declared input names (``request_inputs`` may be left out); each
         tensor's datatype and shape (-1 matches any size); the same row count >= 1 on every input but
         the ``request_inputs``; element and byte limits (413);
-        then ``_validate_tensor`` for model-specific checks (UTF-8 text, token counts).
+        then ``_validate_tensor`` for model-specific checks (UTF-8 text, token counts), with
+        ``overflow``: the request's policy where it narrows the service's (``narrow_overflow``).
 
         Raises:
             InputError: naming the tensor and what was expected.
@@ -240,7 +306,7 @@ class ServableModel(ABC):
                     tensor=spec.name,
                 )
             if spec.name in self.request_inputs:  # one value for the request, not a row per row
-                self._validate_tensor(spec, array)
+                self._validate_tensor(spec, array, overflow)
                 continue
             n = int(array.shape[0])
             if n < 1:
@@ -268,7 +334,7 @@ class ServableModel(ABC):
                         tensor=spec.name,
                         status=413,
                     )
-            self._validate_tensor(spec, array)
+            self._validate_tensor(spec, array, overflow)
         assert rows is not None  # the model declares at least one input
         return rows
 
@@ -295,13 +361,26 @@ class ServableModel(ABC):
         batcher's token budget; 0 for a model without tokens (the default)."""
         return 0
 
+    def window_parts(
+        self, inputs: Mapping[str, np.ndarray], max_rows: int, overflow: str | None = None
+    ) -> WindowParts | None:
+        """A validated request that runs as windows (a text model's ``overflow: chunk`` with a row longer
+        than its window, or its first windows where the request narrowed the policy to ``truncate``)
+        as parts of at most ``max_rows`` windows each and about one window's padded tokens, for the
+        batcher to queue one after another so that other requests' batches run between them; None
+        (the default) when the request runs whole."""
+        return None
+
     def parameters(self) -> dict[str, str]:
         """The model's own settings a client may want to know, name -> value as text (the model
         configuration's ``parameters``); none by default."""
         return {}
 
-    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:  # noqa: B027
-        """Model-specific checks of one input tensor (after datatype/shape); raise ``InputError``."""
+    def _validate_tensor(  # noqa: B027
+        self, spec: TensorConfig, array: np.ndarray, overflow: str | None = None
+    ) -> None:
+        """Model-specific checks of one input tensor (after datatype/shape), ``overflow`` the request's
+        narrowed policy (None: the service's); raise ``InputError``."""
 
     @abstractmethod
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> Any:

@@ -448,13 +448,25 @@ class TokenClassifierModel(TextModel):
 
     # --- validation --------------------------------------------------------------------------
 
-    def validate(self, inputs: Mapping[str, np.ndarray]) -> int:
+    def narrow_overflow(self, requested: Any) -> str | None:
+        """As every text model (``TextModel.narrow_overflow``), but a chunked token classifier narrows
+        to refuse only: its windows are tagged together in one batch, which has no place for a row cut
+        to its first window (400 naming the parameter)."""
+        narrowed = super().narrow_overflow(requested)
+        if narrowed == "truncate":
+            raise InputError(
+                "parameter 'overflow': a token classifier whose service chunks takes refuse (or chunk) per "
+                "request, not truncate"
+            )
+        return narrowed
+
+    def validate(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
         """As every model (``ServableModel.validate``); with ``overflow: chunk``, a request naming
         strategy ``none`` whose text is longer than the window (and within ``max_text_tokens``) is
         refused first (400 naming ``aggregation_strategy``), before its rows are counted as chunked."""
-        if self.overflow == "chunk":
+        if (overflow or self.overflow) == "chunk":
             self._check_unmerged_strategy(inputs)
-        return super().validate(inputs)
+        return super().validate(inputs, overflow)
 
     def _check_unmerged_strategy(self, inputs: Mapping[str, np.ndarray]) -> None:
         try:
@@ -478,12 +490,12 @@ class TokenClassifierModel(TextModel):
                     tensor=AGGREGATION_INPUT,
                 )
 
-    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
+    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray, overflow: str | None = None) -> None:
         """``aggregation_strategy``: one known strategy (400); ``text``: as every text model."""
         if spec.name == AGGREGATION_INPUT:
             self.strategy_of(array)
             return
-        super()._validate_tensor(spec, array)
+        super()._validate_tensor(spec, array, overflow)
 
     def strategy_of(self, array: np.ndarray | None) -> str:
         """The strategy an ``aggregation_strategy`` tensor (BYTES [1]) names, lower-cased as the

@@ -40,10 +40,13 @@ from kubeinfer.runtime.models.base import (
     REPORT_RETRIEVAL_AGREEMENT_ALL,
     REPORT_WARMUP_SECONDS,
     TOKEN_COUNTS,
+    WINDOWS_INPUT,
     QuantizationError,
     ServableModel,
     WarmupPass,
+    WindowParts,
     batch_buckets,
+    pack_windows,
     run_warmup,
 )
 from kubeinfer.runtime.models.device import configure_torch, resolve_device, to_device
@@ -56,6 +59,8 @@ from kubeinfer.runtime.models.quantize import (
     quantize_module,
 )
 from torch import nn
+
+from kubeinfer.contract.formats import OVERFLOWS
 
 log = logging.getLogger(__name__)
 
@@ -274,17 +279,42 @@ class TextModel(ServableModel):
 
     # --- validation --------------------------------------------------------------------------
 
-    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray) -> None:
-        """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413), unless
-        ``overflow`` is truncate: then a longer row is counted in ``truncated_rows`` and cut when it is
-        tokenized; a pair's first text (the query), kept whole, must leave room for one token of the
-        second in ``truncate_at`` (413)."""
+    def narrow_overflow(self, requested: Any) -> str | None:
+        """The policy of a request's ``overflow`` parameter (``requested``; None: not sent), which may
+        only narrow the service's (``chunk`` -> ``truncate`` -> ``refuse``, ``OVERFLOWS``' order):
+        None when it is the service's own, else the narrower policy.
+
+        Raises:
+            InputError: 400 naming the parameter: not one of ``OVERFLOWS``, or wider than the service's.
+        """
+        if requested is None or requested == self.overflow:
+            return None
+        if not isinstance(requested, str) or requested not in OVERFLOWS:
+            raise InputError(
+                f"parameter 'overflow' must be one of {', '.join(OVERFLOWS)}, got {requested!r:.40}"
+            )
+        if OVERFLOWS.index(requested) > OVERFLOWS.index(self.overflow):
+            raise InputError(
+                f"parameter 'overflow' may only narrow the service's policy (chunk, then truncate, then "
+                f"refuse): this service's is {self.overflow}, so {requested} is refused"
+            )
+        return requested
+
+    def _validate_tensor(self, spec: TensorConfig, array: np.ndarray, overflow: str | None = None) -> None:
+        """Every row must be UTF-8 text (400) of at most ``token_limit`` tokens (413), unless the
+        policy (``overflow``, the request's narrowed one, else the service's) is truncate: then a longer
+        row is counted in ``truncated_rows`` and cut when it is tokenized; a pair's first text (the
+        query), kept whole, must leave room for one token of the second in ``truncate_at`` (413). A
+        request narrowed to refuse or truncate has the window as its limit."""
         texts = _decode_rows(spec.name, array)
-        if self.overflow == "chunk":
+        policy = overflow or self.overflow
+        if policy == "chunk":
             self._count_windows(spec.name, texts)
             return
-        limit = self.token_limit
-        kept_whole = self.truncation == "only_second" and spec.name == self.text_inputs[0]
+        limit = min(self.token_limit, self.max_sequence_length)
+        kept_whole = (
+            policy == "truncate" and self.truncation == "only_second" and spec.name == self.text_inputs[0]
+        )
         if kept_whole:
             limit = min(limit, self.truncate_at - self._pair_special_tokens + self._special_tokens - 1)
         # A WordPiece/BPE/unigram token covers at least one byte of input, so a row of n bytes has
@@ -298,7 +328,7 @@ class TextModel(ServableModel):
         over = [(i, len(row_ids)) for i, row_ids in zip(long_rows, ids, strict=True) if len(row_ids) > limit]
         if not over:
             return
-        if self.overflow == "truncate" and not kept_whole:
+        if policy == "truncate" and not kept_whole:
             self.truncated_rows += len(over)
             return
         i, tokens = over[0]
@@ -530,35 +560,135 @@ class TextEmbeddingModel(TextModel):
 
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TokenizedBatch:
         """As ``TextModel.preprocess``; with ``overflow: chunk``, the rows as windows
-        (``tokenize_windows``)."""
+        (``tokenize_windows``), and a part of a request queued as windows (``window_parts``: its
+        ``WINDOWS_INPUT``) as one row per window, each window its own row (embedded, not pooled: its
+        request's ``merge`` pools them)."""
         if self.overflow != "chunk":
             return super().preprocess(batch)
         texts: list[str] = []
         for request in batch:
-            texts.extend(_decode_rows(self.input_name, request[self.input_name]))
-        return self.tokenize_windows(texts)
+            if WINDOWS_INPUT not in request:
+                texts.extend(_decode_rows(self.input_name, request[self.input_name]))
+        content = iter(self._content_ids(texts))
+        rows: list[Sequence[int]] = []
+        owners: list[int] = []
+        row_tokens: list[int] = []
+        for request in batch:
+            if WINDOWS_INPUT in request:
+                for window in request[WINDOWS_INPUT]:
+                    owners.append(len(row_tokens))
+                    rows.append(window)
+                    row_tokens.append(len(window))
+                continue
+            for _ in range(len(request[self.input_name])):
+                ids = next(content)
+                windows = self._split_content(ids)
+                owners.extend([len(row_tokens)] * len(windows))
+                rows.extend(windows)
+                row_tokens.append(len(ids) + self._special_tokens)
+        return self._windows_batch(rows, owners, row_tokens)
 
     def tokenize_windows(self, texts: Sequence[str]) -> TokenizedBatch:
         """``texts`` as windows of at most ``max_sequence_length`` tokens (special tokens included),
         consecutive windows sharing ``CHUNK_OVERLAP`` of their content tokens; a text that fits is one
         window. Returns int64 tensors [windows, longest window] with ``windows`` (the row of each) and
         ``row_tokens`` (each text's tokens, special tokens once)."""
+        rows: list[Sequence[int]] = []
+        owners: list[int] = []
+        row_tokens: list[int] = []
+        for row, ids in enumerate(self._content_ids(texts)):
+            windows = self._split_content(ids)
+            rows.extend(windows)
+            owners.extend([row] * len(windows))
+            row_tokens.append(len(ids) + self._special_tokens)
+        return self._windows_batch(rows, owners, row_tokens)
+
+    def window_parts(
+        self, inputs: Mapping[str, np.ndarray], max_rows: int, overflow: str | None = None
+    ) -> WindowParts | None:
+        """With ``overflow: chunk``, a validated request with a text longer than the window as its
+        windows (``tokenize_windows``'s, tokenized here once), in parts of at most ``max_rows`` windows
+        and one window's padded tokens (``pack_windows``); its ``merge`` pools each text's windows
+        (``pool_windows``) and answers ``TOKEN_COUNTS`` as ``execute`` does. A request that narrowed
+        the policy to truncate (``overflow``) runs each text's first window only: the text cut to the
+        window, as transformers' truncation cuts it. None when every text fits its window (or the
+        service's policy is not chunk): the request runs whole."""
+        if self.overflow != "chunk" or overflow == "refuse":
+            return None
+        first_only = overflow == "truncate"
+        texts = _decode_rows(self.input_name, inputs[self.input_name])
+        window = self.max_sequence_length
+        if all(len(t.encode("utf-8")) + self._special_tokens <= window for t in texts):
+            return None  # a token covers at least a byte: every text fits
+        content = self._content_ids(texts)
+        windows: list[np.ndarray] = []
+        owners: list[int] = []
+        for row, ids in enumerate(content):
+            split = self._split_content(ids)
+            for ids_of_window in split[:1] if first_only else split:
+                windows.append(np.array(ids_of_window, dtype=np.int64))
+                owners.append(row)
+        if len(windows) == len(texts) and not first_only:
+            return None  # each text is one window
+        lengths = np.array([len(w) for w in windows], dtype=np.int64)
+        ranges = pack_windows(lengths.tolist(), window, max_rows)
+        parts: list[dict[str, np.ndarray]] = []
+        for span in ranges:
+            column = np.empty(len(span), dtype=object)
+            for i, w in enumerate(span):
+                column[i] = windows[w]
+            parts.append({WINDOWS_INPUT: column})
+        owner_array = np.array(owners, dtype=np.int64)
+        row_tokens = np.array(
+            [
+                min(len(ids) + self._special_tokens, window)
+                if first_only
+                else len(ids) + self._special_tokens
+                for ids in content
+            ],
+            dtype=np.int64,
+        )
+        rows = len(texts)
+
+        def merge(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+            embeddings = np.concatenate([out[self.output_name] for out in outputs])
+            pooled = pool_windows(embeddings, lengths, owner_array, rows)
+            return {self.output_name: pooled, TOKEN_COUNTS: row_tokens.copy()}
+
+        return WindowParts(
+            parts=parts,
+            rows=[len(span) for span in ranges],
+            tokens=[int(lengths[span.start : span.stop].max()) for span in ranges],
+            merge=merge,
+        )
+
+    def _content_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids without special tokens."""
+        if not texts:
+            return []
         with self._tokenizer_lock:
-            content = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+            ids: list[list[int]] = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return ids
+
+    def _split_content(self, ids: Sequence[int]) -> list[list[int]]:
+        """One text's content ids as its windows (special tokens added): one when it fits."""
         prefix, suffix = self._special_template
         body = self.max_sequence_length - len(prefix) - len(suffix)
         step = max(1, body - chunk_overlap(body))
-        rows: list[list[int]] = []
-        owners: list[int] = []
-        for row, ids in enumerate(content):
-            start = 0
-            while True:
-                rows.append([*prefix, *ids[start : start + body], *suffix])
-                owners.append(row)
-                if start + body >= len(ids):
-                    break
-                start += step
-        longest = max(len(r) for r in rows)
+        windows: list[list[int]] = []
+        start = 0
+        while True:
+            windows.append([*prefix, *ids[start : start + body], *suffix])
+            if start + body >= len(ids):
+                return windows
+            start += step
+
+    def _windows_batch(
+        self, rows: Sequence[Sequence[int]], owners: Sequence[int], row_tokens: Sequence[int]
+    ) -> TokenizedBatch:
+        """Windows (token ids each, special tokens included) padded into int64 tensors [windows, longest
+        window], ``owners`` the row of each, ``row_tokens`` each row's tokens."""
+        longest = max((len(r) for r in rows), default=0)
         pad = int(self.tokenizer.pad_token_id or 0)
         ids_array = np.full((len(rows), longest), pad, dtype=np.int64)
         mask = np.zeros((len(rows), longest), dtype=np.int64)
@@ -568,10 +698,7 @@ class TextEmbeddingModel(TextModel):
         columns = {"input_ids": ids_array, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)}
         tensors = {k: torch.from_numpy(v) for k, v in columns.items() if k in self._forward_args}
         return TokenizedBatch(
-            tensors=tensors,
-            rows=len(texts),
-            windows=tuple(owners),
-            row_tokens=tuple(len(ids) + self._special_tokens for ids in content),
+            tensors=tensors, rows=len(row_tokens), windows=tuple(owners), row_tokens=tuple(row_tokens)
         )
 
     def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:

@@ -335,3 +335,76 @@ def test_chunk_on_onnxruntime_gives_the_torch_pooling(
     expected = torch_model.execute(torch_model.preprocess([inputs]))["embedding"]
     got = ort_model.execute(ort_model.preprocess([inputs]))["embedding"]
     np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+# ----- a request's overflow parameter may narrow the service's -----------------------------------
+@pytest.mark.parametrize(
+    ("service", "requested", "policy"),
+    [
+        ("chunk", None, None),
+        ("chunk", "chunk", None),
+        ("chunk", "truncate", "truncate"),
+        ("chunk", "refuse", "refuse"),
+        ("truncate", "refuse", "refuse"),
+        ("refuse", "refuse", None),
+    ],
+)
+def test_a_request_may_narrow_the_overflow_policy(
+    dirs: dict[str, Path], service: str, requested: str | None, policy: str | None
+) -> None:
+    assert load(dirs["embedder"], service).narrow_overflow(requested) == policy
+
+
+@pytest.mark.parametrize(
+    ("service", "requested"),
+    [("refuse", "truncate"), ("truncate", "chunk"), ("chunk", "split"), ("chunk", 1)],
+)
+def test_widening_the_overflow_policy_is_a_400_naming_the_parameter(
+    dirs: dict[str, Path], service: str, requested: object
+) -> None:
+    with pytest.raises(InputError, match=r"parameter 'overflow'") as e:
+        load(dirs["embedder"], service).narrow_overflow(requested)
+    assert e.value.status == 400
+
+
+async def test_a_chunking_embedder_truncates_or_refuses_a_request_that_asks(dirs: dict[str, Path]) -> None:
+    model = load(dirs["embedder"], "chunk")
+    model.warmup(4, 1)
+    truncating = load(dirs["embedder"], "truncate")
+    inputs = {"text": texts(LONG, SHORT)}
+    expected = truncating.execute(truncating.preprocess([inputs]))
+    metrics = RuntimeMetrics(model.name)
+    batcher = Batcher(model, BatchSettings(max_batch_size=4, max_queue_delay_seconds=0.0), metrics=metrics)
+    batcher.start()
+    try:
+        cut = await batcher.infer(inputs, overflow="truncate")
+        chunked = await batcher.infer(inputs)
+        with pytest.raises(InputError, match=r"row 0 has \d+ tokens, over the limit of 32") as e:
+            await batcher.infer(inputs, overflow="refuse")
+        assert (await batcher.infer({"text": texts(SHORT)}, overflow="refuse"))["embedding"].shape == (
+            1,
+            model.dim,
+        )
+    finally:
+        await batcher.drain(5)
+    assert e.value.status == 413
+    np.testing.assert_allclose(cut["embedding"], expected["embedding"], atol=1e-6)
+    np.testing.assert_array_equal(cut[TOKEN_COUNTS], expected[TOKEN_COUNTS])
+    assert not np.allclose(chunked["embedding"][0], cut["embedding"][0], atol=1e-3)
+    exposition = metrics.exposition().decode()
+    assert 'kubeinfer_truncated_rows_total{model="tiny"} 1.0' in exposition
+    assert 'kubeinfer_chunked_rows_total{model="tiny"} 1.0' in exposition
+
+
+def test_a_chunking_token_classifier_narrows_to_refuse_only(dirs: dict[str, Path]) -> None:
+    model: dict[str, Any] = {
+        "name": "tiny",
+        "source": str(dirs["tagger"]),
+        "max_sequence_length": WINDOW,
+        "overflow": "chunk",
+        "aggregation_strategy": "simple",
+    }
+    tagger = load_model(tiny_hf_config(dirs["tagger"], model=model))
+    assert tagger.narrow_overflow("refuse") == "refuse"
+    with pytest.raises(InputError, match=r"parameter 'overflow'.*not truncate"):
+        tagger.narrow_overflow("truncate")

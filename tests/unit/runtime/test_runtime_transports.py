@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from kubeinfer.runtime import ipc
 from kubeinfer.runtime.batching import BatchSettings
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.errors import InputError
 from kubeinfer.runtime.frontend import RemotePlane
 from kubeinfer.runtime.frontend_pool import FrontEndPool
 from kubeinfer.runtime.grpc_server import STATUS_CODES, create_grpc_server
@@ -536,3 +537,46 @@ async def test_the_response_cache_answers_repeats_byte_identical_on_every_transp
         assert stat["inference_stats"]["cache_miss"]["count"] == 2
         assert stat["inference_count"] == 3  # hits are no inferences (Triton's meaning)
         assert stat["inference_stats"]["success"]["count"] == 7  # hits included
+
+
+class PolicyFake(FakeModel):
+    """A ``FakeModel`` whose service chunks: a request may narrow that to truncate or refuse
+    (``narrow_overflow``); it records the policy each request was validated with."""
+
+    def __init__(self) -> None:
+        super().__init__(max_batch_size=8)
+        self.policies: list[str | None] = []
+
+    def narrow_overflow(self, requested: Any) -> str | None:
+        if requested in (None, "chunk"):
+            return None
+        if requested in ("truncate", "refuse"):
+            return str(requested)
+        raise InputError(f"parameter 'overflow' may only narrow chunk, got {requested!r}")
+
+    def validate(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
+        self.policies.append(overflow)
+        return super().validate(inputs, overflow)
+
+
+async def test_the_overflow_parameter_reaches_the_model_on_every_transport(tmp_path: Path) -> None:
+    cfg = RuntimeConfig.model_validate(
+        {"model": {"name": "fake"}, "cache": {"enabled": True, "max_bytes": 4096}}
+    )
+    async with open_transports(tmp_path, cfg) as t:
+        model = PolicyFake()
+        t.plane.attach(model, BatchSettings(max_batch_size=8, max_queue_delay_seconds=0.001))
+        body = rest_body(Case(x=np.array([[1.0, 2.0]], np.float32)))
+        for client, policy in ((t.rest, "truncate"), (t.frontend, "refuse"), (t.rest, None)):
+            params = {} if policy is None else {"parameters": {"overflow": policy}}
+            r = await client.post("/v2/models/fake/infer", json={**body, **params})
+            assert r.status_code == 200, r.text
+        # one cache entry per policy: the same inputs under another policy ran the model again
+        assert model.policies == ["truncate", "refuse", None]
+        inp = grpcclient.InferInput("x", [1, 2], "FP32")
+        inp.set_data_from_numpy(np.array([[5.0, 2.0]], np.float32))
+        await t.grpc.infer("fake", [inp], parameters={"overflow": "truncate"})
+        assert model.policies[-1] == "truncate"
+        for client in (t.rest, t.frontend):  # widening (here: an unknown policy) is a 400 naming it
+            r = await client.post("/v2/models/fake/infer", json={**body, "parameters": {"overflow": "wide"}})
+            assert r.status_code == 400 and "parameter 'overflow'" in r.json()["error"]
