@@ -18,7 +18,7 @@ Model (what is simulated, and what is not):
   a and c come from ``bench/results/runtime.json`` (``a_seconds``, ``c_seconds``, ``max_batch_size``)
   when present, else the defaults below. The replicas share one queue (an ideal least-loaded
   balancer): a replica that is free fires a batch when B requests are queued or the oldest has waited the
-  batch timeout (the runtime's max queue delay), whichever is first, and takes the queued requests in the
+  max queue delay (the runtime's batch timeout), whichever is first, and takes the queued requests in the
   runtime's order (``kubeinfer.runtime.batching``): priority level first, then arrival (FIFO when the
   trace has no priority column).
 - New replicas serve after a cold start (model load + warmup); they cost replica-seconds from creation.
@@ -918,7 +918,7 @@ class _Fleet:
 
     def _process_levels(self, until: float, timeout: float) -> None:
         """``process`` with two priority levels: a batch fires when B requests of any level are queued
-        or the oldest queued one has waited the batch timeout, and takes the queued requests of level 1
+        or the oldest queued one has waited the max queue delay, and takes the queued requests of level 1
         first, then level 2, each in arrival order (the runtime's ``plan_batch`` order)."""
         arr, B, heap, reps = self.arrivals, self.cfg.max_batch, self.heap, self.reps
         levels, heads = self.levels, self.heads
@@ -1241,8 +1241,8 @@ def kubeinfer_policy(cfg: SimConfig) -> Policy:
         min_replicas=cfg.min_replicas,
         max_replicas=cfg.max_replicas,
         target_p99_seconds=cfg.target_p99,
-        batch_timeout_min_seconds=cfg.timeout_bounds[0],
-        batch_timeout_max_seconds=cfg.timeout_bounds[1],
+        max_queue_delay_min_seconds=cfg.timeout_bounds[0],
+        max_queue_delay_max_seconds=cfg.timeout_bounds[1],
         stale_after_seconds=cfg.window,
     )
     return replace(policy, **dict(cfg.policy_overrides))
@@ -1316,7 +1316,7 @@ def make_kubeinfer(
             state, restart_at = restart(t), None
         d = decide(observe(cfg, m), Current(n, timeout, ready_replicas=m.ready), policy, state, t)
         state = d.state
-        return d.replicas, d.batch_timeout_seconds
+        return d.replicas, d.max_queue_delay_seconds
 
     return tick
 
@@ -1404,8 +1404,8 @@ VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
     "kubeinfer_no_burst_headroom": lambda cfg: {"burst_headroom": False},
     "kubeinfer_no_left_level_hold": lambda cfg: {"hold_left_level": False},
     "kubeinfer_replicas_only": lambda cfg: {
-        "batch_timeout_min_seconds": cfg.initial_timeout,
-        "batch_timeout_max_seconds": cfg.initial_timeout,
+        "max_queue_delay_min_seconds": cfg.initial_timeout,
+        "max_queue_delay_max_seconds": cfg.initial_timeout,
         "cold_start_timeout": False,
     },
 }

@@ -174,7 +174,8 @@ def pooled_status(
 ) -> dict[str, Any]:
     """The status fields of a pooled InferenceService: ``observedGeneration``, Ready (``ready``, from
     :func:`pooled_ready`; the conditions of an InferenceService with pods of its own removed), the URL,
-    the selector of the pool's pods; the counts and the batch timeout of its own pods removed."""
+    the selector of the pool's pods; the counts and the max queue delay of its own pods removed (and the
+    fields an older operator wrote under another name)."""
     conds = _with_stalled(
         ready_conditions(current_status, ready, now, isvc.generation), ready, now, isvc.generation
     )
@@ -195,5 +196,6 @@ def pooled_status(
         "readyReplicas": None,
         "updatedReplicas": None,
         "updatedReady": None,
-        "batchTimeout": None,
+        "maxQueueDelay": None,
+        **dict.fromkeys(api.RENAMED_STATUS_FIELDS),
     }

@@ -86,13 +86,13 @@ ONE_ERROR: list[tuple[str, dict[str, Any], str]] = [
     ("spaced-window", {"autoscaling": {"window": "1 m"}}, "spec.autoscaling.window"),
     (
         "bad-timeout-max",
-        {"autoscaling": {"batchTimeout": {"max": "50 ms"}}},
-        "spec.autoscaling.batchTimeout.max",
+        {"autoscaling": {"maxQueueDelay": {"max": "50 ms"}}},
+        "spec.autoscaling.maxQueueDelay.max",
     ),
     (
         "bad-timeout-min",
-        {"autoscaling": {"batchTimeout": {"min": "ms"}}},
-        "spec.autoscaling.batchTimeout.min",
+        {"autoscaling": {"maxQueueDelay": {"min": "ms"}}},
+        "spec.autoscaling.maxQueueDelay.min",
     ),
 ]
 

@@ -14,7 +14,7 @@ from tests.support.cluster import Cluster
 def test_kubectl_get_shows_p99_as_a_duration(cluster: Cluster, crds: None, namespace: str) -> None:
     manifest = _merge(BASE, {"metadata": {"name": "columns"}})
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
-    status = {"status": {"batchTimeout": "15ms", "observed": {"p99": "23.4ms", "p99Seconds": 0.023353}}}
+    status = {"status": {"maxQueueDelay": "15ms", "observed": {"p99": "23.4ms", "p99Seconds": 0.023353}}}
     cluster.kubectl(
         "patch",
         "kisvc",

@@ -25,7 +25,7 @@ def test_autoscale_sim_histogram_quantile_matches_promql() -> None:
     assert math.isnan(sim.histogram_quantile(0.99, bounds, [0, 0, 0, 0]))
 
 
-def test_autoscale_sim_isolated_requests_wait_the_batch_timeout() -> None:
+def test_autoscale_sim_isolated_requests_wait_the_max_queue_delay() -> None:
     cfg = sim.SimConfig(a=0.01, c=0.002, horizon=60.0, initial_timeout=0.004)
     arrivals = np.arange(0.5, 60.0, 0.5)  # far apart: every batch holds one request
     res = sim.Simulator(cfg, arrivals, 1).run(sim.make_fixed(cfg, np.ones(60)))

@@ -59,7 +59,7 @@ def test_autoscale_sim_zero_held_requests_wait_the_cold_start() -> None:
     arrivals = np.array([40.0, 41.0, 42.5])
     res = sim.Simulator(cfg, arrivals, 1, activator=sim.Activator("test", 10, 60.0)).run(_to_zero_after(15.0))
     # at zero from t = 15; the request at 40 asks for a replica, Ready at 60; the three held ones go in one
-    # batch that fires a batch timeout later: their latency is the wait plus the batch
+    # batch that fires a max queue delay later: their latency is the wait plus the batch
     assert res.held.all() and not res.lost.any()
     assert res.activations == [(40.0, 60.0)]
     assert np.allclose(res.done, 60.0 + 0.004 + cfg.s(3))

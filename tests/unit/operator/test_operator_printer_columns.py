@@ -16,10 +16,10 @@ def _columns() -> dict[str, dict[str, object]]:
     return {c["name"]: c for c in version["additionalPrinterColumns"]}
 
 
-def test_p99_column_is_a_duration_string_like_the_batch_timeout() -> None:
+def test_p99_column_is_a_duration_string_like_the_max_queue_delay() -> None:
     columns = _columns()
     assert columns["P99"]["type"] == "string" and columns["P99"]["jsonPath"] == ".status.observed.p99"
-    assert columns["Batch-Timeout"]["type"] == "string"
+    assert columns["Max-Queue-Delay"]["type"] == "string"
     version = crdgen.inference_service_crd()["spec"]["versions"][0]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     observed = status["properties"]["observed"]["properties"]
