@@ -1392,7 +1392,7 @@ def make_oracle(cfg: SimConfig, rates: np.ndarray) -> Controller:
 
 #: kubeinfer's policy with a part switched off (``variants`` in the JSON): the reactive control law
 #: alone (no SLO-capacity rule, no cold-start timeout, no burst headroom), the cold-start timeout
-#: off, the burst headroom off (the capacity rule as of the second pass), the batch-timeout lever off
+#: off, the burst headroom off (the capacity rule as of the second pass), the max-queue-delay lever off
 #: (its bounds pinned to the start value), the hold of a level the traffic left suddenly off (pass 7).
 VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
     "kubeinfer_reactive": lambda cfg: {

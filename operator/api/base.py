@@ -82,21 +82,25 @@ def _renamed_message(path: str, old: str, new: str) -> str:
 
 def _schema_with_renamed(
     rules: list[JsonDict], path: str, renamed: Mapping[str, str]
-) -> Callable[[JsonDict], None]:
+) -> Callable[[JsonDict, type[BaseModel]], None]:
     """A model's ``json_schema_extra``: its CEL ``rules``, and the fields renamed under ``path`` (the
     object's path, ``spec.autoscaling``; ``renamed``: old name -> new name) kept in the schema only so
     that a CEL rule refuses them naming the new field. Without them in the schema the API server would
     prune an old field without a word, and the object would silently fall back to the defaults. An old
-    field takes any value (no type: ``x-kubernetes-preserve-unknown-fields``), so the refusal is the one
-    message whatever was written there. Pair it with :func:`_refuse_renamed` in a ``before`` validator."""
+    field has the new one's JSON type (an object of any fields, or a string: CEL sees only typed
+    fields), so a manifest from before the rename gets that one message. Pair it with
+    :func:`_refuse_renamed` in a ``before`` validator."""
 
-    def extra(schema: JsonDict) -> None:
+    def extra(schema: JsonDict, model: type[BaseModel]) -> None:
         properties = schema.setdefault("properties", {})
         assert isinstance(properties, dict)
+        annotations = {info.alias or name: info.annotation for name, info in model.model_fields.items()}
         for old, new in renamed.items():
+            kind = annotations[new]
+            is_object = isinstance(kind, type) and issubclass(kind, BaseModel)
             properties[old] = {
                 "description": f"Renamed: now {path}.{new} (refused here, the message names it).",
-                "x-kubernetes-preserve-unknown-fields": True,
+                **({"type": "object", "additionalProperties": True} if is_object else {"type": "string"}),
             }
         schema["x-kubernetes-validations"] = [
             *rules,

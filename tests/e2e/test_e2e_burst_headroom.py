@@ -141,7 +141,7 @@ def _slo_capacity(s: ServiceView, q: Queries) -> tuple[float, float, float]:
     c = _value(s.prometheus, q.service_time_c)
     assert a is not None and c is not None, f"no s(b) fit: a={a}, c={c}"
     isvc = api.InferenceService.from_body(s.isvc())
-    timeout = isvc.spec.max_queue_delay_in_force((s.isvc().get("status") or {}).get("maxQueueDelay"))
+    timeout = isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay)
     _, capacity = slo_capacity(a, c, MAX_BATCH, TARGET_P99, timeout)
     return a, c, capacity
 
@@ -399,7 +399,9 @@ def _pure_decision(
         )
     current = Current(
         replicas=replicas,
-        max_queue_delay_seconds=isvc.spec.max_queue_delay_in_force(decision.get("maxQueueDelay")),
+        max_queue_delay_seconds=isvc.spec.max_queue_delay_in_force(
+            api.AutoscalerDecisionStatus.model_validate(decision).max_queue_delay
+        ),
         ready_replicas=replicas,
     )
     return decide(_observation(observed), current, policy, state, now)

@@ -230,7 +230,7 @@ class Policy:
     """Tunables of the control law. Durations in seconds, utilizations as ratios in [0, 1].
 
     ``loop.policy_from_spec`` sets the fields the InferenceService API exposes (replica bounds, target,
-    utilization band, batch-timeout bounds, tolerance, stabilization, cooldowns, max scale-up step,
+    utilization band, max-queue-delay bounds, tolerance, stabilization, cooldowns, max scale-up step,
     plan utilization) and the staleness limit; the others keep their defaults in the operator. Numbers
     nothing ever sets are module constants of the rule that reads them, each with its source
     (``tick.DRAINED_WAIT_FRACTION``, ``tick.DRAINED_WAIT_MODEL_FRACTION``, ``plan.BACKLOG_DRAIN_SECONDS``,
@@ -389,7 +389,7 @@ class State:
             scale-up cooldown runs from the later of this and ``last_scale_up`` (the effect of added
             capacity is only visible once it serves).
         last_scale_down: ``now`` of the last scale-down, or ``None``.
-        last_timeout_change: ``now`` of the last batch-timeout change, or ``None``.
+        last_timeout_change: ``now`` of the last max queue delay change, or ``None``.
         first_seen: ``now`` of the first known observation; no scale-in before a whole
             stabilization window has been observed (so a restarted operator waits one window).
         recommendations: ``(now, replicas)`` per known tick within the stabilization window, oldest

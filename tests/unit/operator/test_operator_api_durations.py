@@ -71,11 +71,15 @@ def test_a_renamed_field_is_refused_naming_the_new_one(old: str, new: str) -> No
     message = f"spec.autoscaling.{old} is now spec.autoscaling.{new}"
     with pytest.raises(pydantic.ValidationError, match=message):
         api.InferenceServiceSpec.model_validate({"autoscaling": {"enabled": True, old: "15s"}})
-    # the CRD keeps the old field (any value: not pruned without a word) only for a rule that refuses it
+    # the CRD keeps the old field, typed as the new one (CEL sees typed fields only) so that it is not
+    # pruned without a word, only for a rule that refuses it
     schema = crdgen.model_schema(api.AutoscalingSpec, with_defaults=True)
+    typed = schema["properties"][new]["type"]
+    assert typed == ("object" if old == "batchTimeout" else "string")
     assert schema["properties"][old] == {
         "description": f"Renamed: now spec.autoscaling.{new} (refused here, the message names it).",
-        "x-kubernetes-preserve-unknown-fields": True,
+        "type": typed,
+        **({"x-kubernetes-preserve-unknown-fields": True} if typed == "object" else {}),
     }
     rule = next(r for r in schema["x-kubernetes-validations"] if r.get("fieldPath") == f".{old}")
     assert rule == {

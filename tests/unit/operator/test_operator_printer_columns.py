@@ -1,5 +1,5 @@
 """``kubectl get kisvc``: the P99 column is a duration a person reads (``23.4ms``), beside
-BATCH-TIMEOUT (``15ms``), not raw seconds (``0.023353``)."""
+MAX-QUEUE-DELAY (``15ms``), not raw seconds (``0.023353``)."""
 
 from __future__ import annotations
 
