@@ -317,7 +317,10 @@ class Autoscaler:
             age = (self.wall() - when).total_seconds() if when else None
             mem = _Memory(
                 restore_state(
-                    now=now, last_scale_up_age=age, last_scale_down_age=age, last_timeout_change_age=age
+                    now=now,
+                    last_scale_up_age=age,
+                    last_scale_down_age=age,
+                    last_max_queue_delay_change_age=age,
                 )
             )
             self._memory[key] = mem

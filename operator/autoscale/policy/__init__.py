@@ -96,7 +96,7 @@ own unit tests, the way Ray Serve's ``autoscaling_policy`` composes its steps:
 3. One rule by where the demand and the P99 stand: ``capacity.ahead_of_demand`` (the count is over
    what is provisioned), ``reactive.over_target``, ``reactive.under_target`` (with
    ``reactive.band_headroom``, the stabilization window's ``stabilization.scale_in`` and
-   ``reactive.grow_timeout``) or ``reactive.within_tolerance``.
+   ``reactive.grow_max_queue_delay``) or ``reactive.within_tolerance``.
 4. ``capacity.during_cold_start``: fuller batches while added replicas start.
 5. ``zero.scale_to_zero``: with ``Policy.idle_after_seconds`` set, an idle run that long takes the
    replicas to 0 (at 0, ``decide`` holds before step 1: ``zero.at_zero``).

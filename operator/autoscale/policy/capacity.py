@@ -44,4 +44,4 @@ def during_cold_start(t: Tick, out: Outcome) -> Outcome:
     if longer <= out.max_queue_delay_seconds + 1e-12:
         return out
     words = f"{out.words}; cold start: max queue delay {ms(out.max_queue_delay_seconds)} → {ms(longer)}"
-    return replace(out, max_queue_delay_seconds=longer, last_timeout_change=t.now, words=words)
+    return replace(out, max_queue_delay_seconds=longer, last_max_queue_delay_change=t.now, words=words)

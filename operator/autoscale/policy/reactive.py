@@ -5,7 +5,7 @@
   multiplicatively (AIMD) and add replicas once it is at its lower bound.
 - ``under_target``: ``band_headroom`` when the GPUs run over the band, else a recommendation
   (``in_recommendation``) and the stabilization window's scale-in (``stabilization.scale_in``); the
-  max queue delay grows additively (``grow_timeout``).
+  max queue delay grows additively (``grow_max_queue_delay``).
 - ``within_tolerance``: nothing moves.
 """
 
@@ -21,7 +21,7 @@ from kubeinfer.operator.autoscale.policy.tick import Outcome, Tick, unchanged
 
 __all__ = [
     "band_headroom",
-    "grow_timeout",
+    "grow_max_queue_delay",
     "in_recommendation",
     "over_target",
     "scale_up",
@@ -74,13 +74,13 @@ def over_target(t: Tick) -> Outcome:
         return with_scale_up(t, head, max(t.ratio, t.utilization / p.gpu_high))
     if t.max_queue_delay_seconds <= p.max_queue_delay_min_seconds:
         return with_scale_up(t, f"{head}, max queue delay at minimum", t.ratio)
-    if not cooled(t.state.last_timeout_change, p.max_queue_delay_cooldown_seconds, t.now):
+    if not cooled(t.state.last_max_queue_delay_change, p.max_queue_delay_cooldown_seconds, t.now):
         return unchanged(t, f"{head}: max queue delay cooling down", conditions.MAX_QUEUE_DELAY_COOLING_DOWN)
     cut = max(p.max_queue_delay_min_seconds, t.max_queue_delay_seconds * p.max_queue_delay_decrease_factor)
     return replace(
         unchanged(t, f"{head}: max queue delay {ms(t.max_queue_delay_seconds)} → {ms(cut)}"),
         max_queue_delay_seconds=cut,
-        last_timeout_change=t.now,
+        last_max_queue_delay_change=t.now,
     )
 
 
@@ -98,18 +98,18 @@ def in_recommendation(t: Tick) -> int:
     return t.replicas
 
 
-def grow_timeout(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
+def grow_max_queue_delay(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
     """Grow the max queue delay additively toward its upper bound (AIMD); the words, ``None`` at the top."""
     p = t.policy
     if t.max_queue_delay_seconds >= p.max_queue_delay_max_seconds:
         return out, None
-    if not cooled(t.state.last_timeout_change, p.max_queue_delay_cooldown_seconds, t.now):
+    if not cooled(t.state.last_max_queue_delay_change, p.max_queue_delay_cooldown_seconds, t.now):
         return replace(
             out, holds=(*out.holds, conditions.MAX_QUEUE_DELAY_COOLING_DOWN)
         ), "max queue delay cooling down"
     grown = min(p.max_queue_delay_max_seconds, t.max_queue_delay_seconds + p.max_queue_delay_step_seconds)
     words = f"max queue delay {ms(t.max_queue_delay_seconds)} → {ms(grown)}"
-    return replace(out, max_queue_delay_seconds=grown, last_timeout_change=t.now), words
+    return replace(out, max_queue_delay_seconds=grown, last_max_queue_delay_change=t.now), words
 
 
 def band_headroom(t: Tick, head: str) -> Outcome | None:
@@ -136,7 +136,7 @@ def under_target(t: Tick) -> Outcome:
         out = replace(unchanged(t, head), recommendation=in_recommendation(t))
     if t.needed_why and t.needed is not None and t.needed >= t.replicas:  # why no scale-in, in words
         parts.append(f"keeps {t.replicas} replicas{t.needed_why}")
-    for step in (scale_in, grow_timeout):
+    for step in (scale_in, grow_max_queue_delay):
         out, words = step(t, out)
         if words is not None:
             parts.append(words)

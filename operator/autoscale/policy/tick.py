@@ -130,7 +130,7 @@ class Outcome:
         words: the reason, without the bounds note.
         holds: kinds of hold met, first = the one reported when nothing changes.
         recommendation: this tick's replica recommendation for the stabilization window.
-        last_scale_up, last_scale_down, last_timeout_change: the clocks for the next ``State``.
+        last_scale_up, last_scale_down, last_max_queue_delay_change: the clocks for the next ``State``.
     """
 
     replicas: int
@@ -140,7 +140,7 @@ class Outcome:
     recommendation: int
     last_scale_up: float | None
     last_scale_down: float | None
-    last_timeout_change: float | None
+    last_max_queue_delay_change: float | None
 
 
 def unchanged(t: Tick, words: str, *holds: str) -> Outcome:
@@ -153,7 +153,7 @@ def unchanged(t: Tick, words: str, *holds: str) -> Outcome:
         t.replicas,
         t.state.last_scale_up,
         t.state.last_scale_down,
-        t.state.last_timeout_change,
+        t.state.last_max_queue_delay_change,
     )
 
 

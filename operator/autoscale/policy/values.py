@@ -389,7 +389,7 @@ class State:
             scale-up cooldown runs from the later of this and ``last_scale_up`` (the effect of added
             capacity is only visible once it serves).
         last_scale_down: ``now`` of the last scale-down, or ``None``.
-        last_timeout_change: ``now`` of the last max queue delay change, or ``None``.
+        last_max_queue_delay_change: ``now`` of the last max queue delay change, or ``None``.
         first_seen: ``now`` of the first known observation; no scale-in before a whole
             stabilization window has been observed (so a restarted operator waits one window).
         recommendations: ``(now, replicas)`` per known tick within the stabilization window, oldest
@@ -406,7 +406,7 @@ class State:
     last_scale_up: float | None = None
     last_unready: float | None = None
     last_scale_down: float | None = None
-    last_timeout_change: float | None = None
+    last_max_queue_delay_change: float | None = None
     first_seen: float | None = None
     recommendations: tuple[tuple[float, int], ...] = field(default_factory=tuple)
     arrivals: tuple[tuple[float, float], ...] = field(default_factory=tuple)

@@ -101,7 +101,7 @@ CASES = [
         3,
         0.01,
         "max queue delay cooling down",
-        state=replace(SETTLED, last_timeout_change=-5.0),
+        state=replace(SETTLED, last_max_queue_delay_change=-5.0),
     ),
     Case(
         "idle-gpu-timeout-at-min-add-replicas",

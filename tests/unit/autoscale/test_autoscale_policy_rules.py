@@ -107,9 +107,9 @@ def test_over_target_busy_scales_out_by_the_binding_signal() -> None:
 
 def test_over_target_not_busy_halves_the_timeout_first() -> None:
     out = _over_target(tick(Observation(0.3, 0.4), Current(3, 0.01)))
-    assert (out.replicas, out.max_queue_delay_seconds, out.last_timeout_change) == (3, 0.005, 0.0)
+    assert (out.replicas, out.max_queue_delay_seconds, out.last_max_queue_delay_change) == (3, 0.005, 0.0)
     cooling = _over_target(
-        tick(Observation(0.3, 0.4), Current(3, 0.01), replace(SETTLED, last_timeout_change=-5.0))
+        tick(Observation(0.3, 0.4), Current(3, 0.01), replace(SETTLED, last_max_queue_delay_change=-5.0))
     )
     assert (cooling.max_queue_delay_seconds, cooling.holds) == (0.01, ("MaxQueueDelayCoolingDown",))
 
@@ -146,7 +146,7 @@ def test_under_target_scales_in_to_the_window_max_and_grows_the_timeout() -> Non
     state = replace(SETTLED, recommendations=((-200.0, 3), (-100.0, 2)))
     out = _under_target(tick(Observation(0.1, 0.1), Current(6, 0.005), state))
     assert (out.replicas, out.last_scale_down) == (3, 0.0)
-    assert math.isclose(out.max_queue_delay_seconds, 0.006) and out.last_timeout_change == 0.0
+    assert math.isclose(out.max_queue_delay_seconds, 0.006) and out.last_max_queue_delay_change == 0.0
     assert out.recommendation == 1  # this tick's own recommendation: 6 x 0.1 / 0.65 → 1
 
 
@@ -170,11 +170,11 @@ def test_under_target_nothing_to_change() -> None:
 
 
 def test_hold_within_tolerance_changes_nothing() -> None:
-    state = replace(SETTLED, last_scale_up=-100.0, last_timeout_change=-50.0)
+    state = replace(SETTLED, last_scale_up=-100.0, last_max_queue_delay_change=-50.0)
     out = _hold(tick(Observation(0.21, 0.95), Current(3, 0.01), state))
     assert (out.replicas, out.max_queue_delay_seconds, out.recommendation) == (3, 0.01, 3)
     assert out.holds == ("WithinTolerance",)
-    assert (out.last_scale_up, out.last_timeout_change) == (-100.0, -50.0)
+    assert (out.last_scale_up, out.last_max_queue_delay_change) == (-100.0, -50.0)
 
 
 # --- the SLO-capacity rule (what only kubeinfer sees: arrival rate, in-flight requests, s(b)) -------

@@ -167,16 +167,20 @@ def test_scale_up_is_bounded_by_the_step_and_the_maximum() -> None:
     assert reactive.scale_up(top, 2.0)[2] == "AtMaxReplicas"
 
 
-def test_grow_timeout() -> None:
+def test_grow_max_queue_delay() -> None:
     t = Tick.of(Observation(0.1, 0.3), Current(1, 0.005), POLICY, SETTLED, 0.0)
-    out, words = reactive.grow_timeout(t, unchanged(t, "head"))
+    out, words = reactive.grow_max_queue_delay(t, unchanged(t, "head"))
     assert math.isclose(out.max_queue_delay_seconds, 0.006) and words == "max queue delay 5 ms → 6 ms"
     top = Tick.of(Observation(0.1, 0.3), Current(1, 0.02), POLICY, SETTLED, 0.0)
-    assert reactive.grow_timeout(top, unchanged(top, "head"))[1] is None
+    assert reactive.grow_max_queue_delay(top, unchanged(top, "head"))[1] is None
     cooling = Tick.of(
-        Observation(0.1, 0.3), Current(1, 0.005), POLICY, replace(SETTLED, last_timeout_change=-5.0), 0.0
+        Observation(0.1, 0.3),
+        Current(1, 0.005),
+        POLICY,
+        replace(SETTLED, last_max_queue_delay_change=-5.0),
+        0.0,
     )
-    out, words = reactive.grow_timeout(cooling, unchanged(cooling, "head"))
+    out, words = reactive.grow_max_queue_delay(cooling, unchanged(cooling, "head"))
     assert out.holds == ("MaxQueueDelayCoolingDown",) and words == "max queue delay cooling down"
 
 
@@ -224,7 +228,7 @@ def test_during_cold_start_lengthens_the_timeout_only_while_short_of_capacity() 
     assert (
         out.max_queue_delay_seconds == 0.005
         and longer.max_queue_delay_seconds == 0.05
-        and longer.last_timeout_change == 0.0
+        and longer.last_max_queue_delay_change == 0.0
     )
     assert longer.words == f"{out.words}; cold start: max queue delay 5 ms → 50 ms"
     # nothing added: as it was
