@@ -19,7 +19,7 @@ replicas, ``autoscaler_sim.Metrics.concurrency`` (the in-flight count averaged o
 reads Prometheus: the KPA scrapes its pods' queue-proxies every second and decides every 2 s, Ray Serve's
 handles push their samples every 10 s to a controller that loops every 0.1 s; each is simulated with its
 own pipeline's delay (a tick of 2 s, ``PEER_TICK_SECONDS``) and the same replicas, cold start and
-bounds as the HPA. Neither tunes the batch timeout: it stays at its initial value, as under the HPA.
+bounds as the HPA. Neither tunes the max queue delay: it stays at its initial value, as under the HPA.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Model (what is simulated, and what is not):
   a and c come from ``bench/results/runtime.json`` (``a_seconds``, ``c_seconds``, ``max_batch_size``)
   when present, else the defaults below. The replicas share one queue (an ideal least-loaded
   balancer): a replica that is free fires a batch when B requests are queued or the oldest has waited the
-  batch timeout (the runtime's max queue delay), whichever is first, and takes the queued requests in the
+  max queue delay (the runtime's batch timeout), whichever is first, and takes the queued requests in the
   runtime's order (``kubeinfer.runtime.batching``): priority level first, then arrival (FIFO when the
   trace has no priority column).
 - New replicas serve after a cold start (model load + warmup); they cost replica-seconds from creation.
@@ -150,8 +150,8 @@ class SimConfig:
     window: float = 60.0
     arrival_window: float = 15.0
     horizon: float = 1200.0
-    initial_timeout: float = 0.005
-    timeout_bounds: tuple[float, float] = (0.001, 0.05)
+    initial_max_queue_delay: float = 0.005
+    max_queue_delay_bounds: tuple[float, float] = (0.001, 0.05)
     min_replicas: int = 1
     max_replicas: int = 12
     buckets: tuple[float, ...] = tuple(DURATION_BUCKETS)
@@ -177,7 +177,7 @@ class SimConfig:
         """
         b = 1
         for cand in range(1, self.max_batch + 1):
-            if 2 * self.s(cand) + self.initial_timeout <= self.target_p99:
+            if 2 * self.s(cand) + self.initial_max_queue_delay <= self.target_p99:
                 b = cand
         return 0.8 * b / self.s(b)
 
@@ -918,7 +918,7 @@ class _Fleet:
 
     def _process_levels(self, until: float, timeout: float) -> None:
         """``process`` with two priority levels: a batch fires when B requests of any level are queued
-        or the oldest queued one has waited the batch timeout, and takes the queued requests of level 1
+        or the oldest queued one has waited the max queue delay, and takes the queued requests of level 1
         first, then level 2, each in arrival order (the runtime's ``plan_batch`` order)."""
         arr, B, heap, reps = self.arrivals, self.cfg.max_batch, self.heap, self.reps
         levels, heads = self.levels, self.heads
@@ -1085,7 +1085,7 @@ class Simulator:
             door = _Door(cfg, self.activator, arr, arr_list, fleet)
             avail = door.avail
         fleet.add(self.initial_replicas, 0.0)
-        timeout = cfg.initial_timeout
+        timeout = cfg.initial_max_queue_delay
         head_at: list[int] = []
         res = Result(arr, done, [], [], 0.0, 0, 0, high=self.high)
         for k in range(int(cfg.horizon / cfg.sync)):
@@ -1241,8 +1241,8 @@ def kubeinfer_policy(cfg: SimConfig) -> Policy:
         min_replicas=cfg.min_replicas,
         max_replicas=cfg.max_replicas,
         target_p99_seconds=cfg.target_p99,
-        batch_timeout_min_seconds=cfg.timeout_bounds[0],
-        batch_timeout_max_seconds=cfg.timeout_bounds[1],
+        max_queue_delay_min_seconds=cfg.max_queue_delay_bounds[0],
+        max_queue_delay_max_seconds=cfg.max_queue_delay_bounds[1],
         stale_after_seconds=cfg.window,
     )
     return replace(policy, **dict(cfg.policy_overrides))
@@ -1300,11 +1300,11 @@ def make_kubeinfer(
     state = State()
 
     def restart(t: float) -> State:
-        clocks = (state.last_scale_up, state.last_scale_down, state.last_timeout_change)
+        clocks = (state.last_scale_up, state.last_scale_down, state.last_max_queue_delay_change)
         acted = [x for x in clocks if x is not None]
         age = t - max(acted) if acted else None
         fresh = restore_state(
-            now=t, last_scale_up_age=age, last_scale_down_age=age, last_timeout_change_age=age
+            now=t, last_scale_up_age=age, last_scale_down_age=age, last_max_queue_delay_change_age=age
         )
         if not read_back:
             return fresh
@@ -1316,7 +1316,7 @@ def make_kubeinfer(
             state, restart_at = restart(t), None
         d = decide(observe(cfg, m), Current(n, timeout, ready_replicas=m.ready), policy, state, t)
         state = d.state
-        return d.replicas, d.batch_timeout_seconds
+        return d.replicas, d.max_queue_delay_seconds
 
     return tick
 
@@ -1392,7 +1392,7 @@ def make_oracle(cfg: SimConfig, rates: np.ndarray) -> Controller:
 
 #: kubeinfer's policy with a part switched off (``variants`` in the JSON): the reactive control law
 #: alone (no SLO-capacity rule, no cold-start timeout, no burst headroom), the cold-start timeout
-#: off, the burst headroom off (the capacity rule as of the second pass), the batch-timeout lever off
+#: off, the burst headroom off (the capacity rule as of the second pass), the max-queue-delay lever off
 #: (its bounds pinned to the start value), the hold of a level the traffic left suddenly off (pass 7).
 VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
     "kubeinfer_reactive": lambda cfg: {
@@ -1404,8 +1404,8 @@ VARIANTS: dict[str, Callable[[SimConfig], dict[str, Any]]] = {
     "kubeinfer_no_burst_headroom": lambda cfg: {"burst_headroom": False},
     "kubeinfer_no_left_level_hold": lambda cfg: {"hold_left_level": False},
     "kubeinfer_replicas_only": lambda cfg: {
-        "batch_timeout_min_seconds": cfg.initial_timeout,
-        "batch_timeout_max_seconds": cfg.initial_timeout,
+        "max_queue_delay_min_seconds": cfg.initial_max_queue_delay,
+        "max_queue_delay_max_seconds": cfg.initial_max_queue_delay,
         "cold_start_timeout": False,
     },
 }

@@ -369,7 +369,7 @@ def service_config(model: Model) -> Any:
         },
     }
     isvc = api.InferenceService.from_body(body)
-    return runtime_config(isvc, isvc.spec.batch_timeout_in_force(None))
+    return runtime_config(isvc, isvc.spec.max_queue_delay_in_force(None))
 
 
 def default_target_p99() -> float:

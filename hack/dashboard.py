@@ -8,7 +8,7 @@ kube-prometheus-stack default; ``monitoring.dashboards``), as KServe ships its o
 
 The dashboard has one row per InferenceService (a row repeated over the ``inferenceservice`` variable;
 ``namespace`` selects first): request rate by status code, P50/P99 against the autoscaler's target,
-queue, batch size, executor or GPU utilization, replicas, the batch timeout with the autoscaler's
+queue, batch size, executor or GPU utilization, replicas, the max queue delay with the autoscaler's
 decisions, refused requests and errors, the response cache, and start-up (fetch, load, warmup) times.
 Its series come from the runtime pods (the chart's PodMonitor) and from the operator (the chart's
 ServiceMonitor: ``kubeinfer_inferenceservice_*``, ``kubeinfer_autoscaler_decisions_total``).
@@ -131,12 +131,12 @@ PANELS: tuple[Panel, ...] = (
         ),
     ),
     Panel(
-        "Batch timeout and the autoscaler's decisions",
+        "Max queue delay and the autoscaler's decisions",
         "s",
         "The max queue delay in force per pod (seconds), and the autoscaler's decisions in the window "
         "by what they changed (count, right axis).",
         (
-            Query(f"max by (pod) (kubeinfer_max_queue_delay_seconds{{{SEL}}})", "batch timeout {{pod}}"),
+            Query(f"max by (pod) (kubeinfer_max_queue_delay_seconds{{{SEL}}})", "max queue delay {{pod}}"),
             Query(
                 f"sum by (change) (increase(kubeinfer_autoscaler_decisions_total{{{SEL}}}[{RATE}]))",
                 "decisions: {{change}}",

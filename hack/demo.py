@@ -21,7 +21,7 @@ Steps (each printed with its elapsed time):
    requests have left the autoscaler's window (else the warm phase's P99 counts them and the
    autoscaler scales out before the burst), then drive a warm phase, a load burst and a cool phase
    through the Service and print, every few seconds, the offered rate, P99 (from Prometheus), the
-   replicas and the batch timeout as the autoscaler acts; the burst goes on until the pod it adds
+   replicas and the max queue delay as the autoscaler acts; the burst goes on until the pod it adds
    is Ready (``kubectl get pods -o wide`` again); then ``kubectl get kisvc`` and a summary;
 6. stop everything it started (pods, node, control plane, Prometheus) and check that nothing is left
    on the machine, also on Ctrl-C / SIGTERM.
@@ -92,7 +92,7 @@ DEMO_AUTOSCALING = {
     "scaleUpCooldown": "5s",
     "scaleDownCooldown": "10s",
     "scaleDownStabilization": "20s",
-    "batchTimeoutCooldown": "3s",
+    "maxQueueDelayCooldown": "3s",
 }
 
 #: The operator's autoscaler period for the demo (chart value ``autoscaleIntervalSeconds``, default 15).
@@ -588,7 +588,7 @@ class Demo:
         step(
             5,
             "load burst through the Service: the autoscaler reads P99 from Prometheus and sets replicas "
-            "and the batch timeout",
+            "and the max queue delay",
         )
         assert self.prom is not None
         burst_rate = self._burst_rate()
@@ -722,7 +722,7 @@ class Demo:
             "ok_rate": ok_rate,
             "p99": p99,
             "replicas": replicas,
-            "batch_timeout": bt,
+            "max_queue_delay": bt,
         }
 
     def _queue_delay_in_pods(self) -> str:
@@ -741,7 +741,7 @@ class Demo:
         return f"{lo * 1000:.2g}-{hi * 1000:.2g}ms"
 
     def _service_state(self) -> tuple[int | None, int | None, str, str, str]:
-        """``(ready, wanted replicas, "ready/want", batch timeout, reason)`` from the Deployment and
+        """``(ready, wanted replicas, "ready/want", max queue delay, reason)`` from the Deployment and
         the InferenceService's status; the reason reads "<signals>: <action>" and the table shows a
         new decision's action once, or why the autoscaler holds."""
         ready = want = None
@@ -751,7 +751,7 @@ class Demo:
             want = int(dep["spec"].get("replicas") or 0)
             isvc = self.get("inferenceservice", ISVC, "-n", NAMESPACE)
             st = isvc.get("status") or {}
-            bt = st.get("batchTimeout") or isvc["spec"]["batching"].get("maxQueueDelay", "?")
+            bt = st.get("maxQueueDelay") or isvc["spec"]["batching"].get("maxQueueDelay", "?")
             decision = st.get("lastDecision") or {}
             reason = ""
             if decision.get("time") and decision.get("time") != self.summary.get("last_decision_time"):
@@ -826,7 +826,7 @@ class Demo:
             ]
             for ph in ("warm", "burst", "cool")
         }
-        bts = sorted({h["batch_timeout"] for h in hist if h["batch_timeout"] != "?"}, key=_seconds)
+        bts = sorted({h["max_queue_delay"] for h in hist if h["max_queue_delay"] != "?"}, key=_seconds)
         say("\n  Summary")
         say(f"  - {self.summary.get('paraphrases', 0)} paraphrase pairs among {len(SENTENCES)} sentences")
         if "first_ready_s" in self.summary:
@@ -841,7 +841,7 @@ class Demo:
                     f"max {max(vals) * 1000:.0f}ms"
                 )
         if bts:
-            say(f"  - batch timeout in force ranged from {bts[0]} to {bts[-1]} ({len(bts)} values)")
+            say(f"  - max queue delay in force ranged from {bts[0]} to {bts[-1]} ({len(bts)} values)")
         st = self.summary.get("stats")
         if st:
             say(

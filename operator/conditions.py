@@ -102,7 +102,7 @@ BACKLOG_DRAINED = "BacklogDrained"
 AT_MAX_REPLICAS = "AtMaxReplicas"
 REPLICAS_STARTING = "ReplicasStarting"
 SCALE_UP_COOLING_DOWN = "ScaleUpCoolingDown"
-BATCH_TIMEOUT_COOLING_DOWN = "BatchTimeoutCoolingDown"
+MAX_QUEUE_DELAY_COOLING_DOWN = "MaxQueueDelayCoolingDown"
 STABILIZATION_WINDOW = "StabilizationWindow"
 ARRIVALS_RISING = "ArrivalsRising"
 SCALE_IN_COOLING_DOWN = "ScaleInCoolingDown"
@@ -122,7 +122,7 @@ NO_DEPLOYMENT = "NoDeployment"
 CREATED = "Created"
 ROLLOUT_STARTED = "RolloutStarted"
 SCALED = "Scaled"
-BATCH_TIMEOUT_CHANGED = "BatchTimeoutChanged"
+MAX_QUEUE_DELAY_CHANGED = "MaxQueueDelayChanged"
 ROLLOUT_FINISHED = "RolloutFinished"
 DELETED = "Deleted"
 AUTOSCALED = "Autoscaled"
@@ -490,8 +490,8 @@ REASONS: tuple[Reason, ...] = (
     _hold(REPLICAS_STARTING, "a scale-up waits for the replicas added before to start"),
     _hold(SCALE_UP_COOLING_DOWN, "a scale-up waits for `autoscaling.scaleUpCooldown`"),
     _hold(
-        BATCH_TIMEOUT_COOLING_DOWN,
-        "a change of the batch timeout waits for `autoscaling.batchTimeoutCooldown`",
+        MAX_QUEUE_DELAY_COOLING_DOWN,
+        "a change of the max queue delay waits for `autoscaling.maxQueueDelayCooldown`",
     ),
     _hold(
         STABILIZATION_WINDOW,
@@ -543,7 +543,7 @@ EVENTS: tuple[EventReason, ...] = (
     EventReason(ROLLOUT_STARTED, "Normal", "a new pod template is rolled out"),
     EventReason(SCALED, "Normal", "`spec.replicas` applied to the Deployment, e.g. `replicas 1 → 3`"),
     EventReason(
-        BATCH_TIMEOUT_CHANGED,
+        MAX_QUEUE_DELAY_CHANGED,
         "Normal",
         "`maxQueueDelay` changed with autoscaling off; hot-reloaded, no restart",
     ),
@@ -552,8 +552,9 @@ EVENTS: tuple[EventReason, ...] = (
     EventReason(
         AUTOSCALED,
         "Normal",
-        "each autoscaler action with its reason: replicas scaled or batch timeout changed, e.g. `P99 0.25 s "
-        "> target 0.10 s, GPU 0.37 not busy: batch timeout 8 ms → 4 ms`; on a service without a GPU, "
+        "each autoscaler action with its reason: replicas scaled or max queue delay changed, e.g. "
+        "`P99 0.25 s > target 0.10 s, GPU 0.37 not busy: max queue delay 8 ms → 4 ms`; on a service "
+        "without a GPU, "
         "`resources.gpus: 0`, the same reason reads `executor busy time 0.37 (not busy)`",
     ),
     EventReason(DRIFT_REVERTED, "Warning", "someone edited a field the operator owns, and it was put back"),

@@ -260,7 +260,7 @@ class Controllers:
 
     async def autoscale(self, body: Mapping[str, Any], lookup: Lookup) -> None:
         """The autoscaler's control step for one InferenceService (a no-op when autoscaling is off).
-        A step that changed the batch timeout wrote it to ``status.batchTimeout`` only; the reconciler,
+        A step that changed the max queue delay wrote it to ``status.maxQueueDelay`` only; the reconciler,
         the one writer of owned objects, then renders and applies the ConfigMap from the InferenceService
         as stored with it (the runtime reloads the file without a restart). A step that takes the
         service to zero has the reconciler route its Service to the activator first (``on_zero``): the

@@ -110,7 +110,9 @@ def _structural(node: dict[str, Any], *, with_defaults: bool) -> dict[str, Any]:
             out["x-kubernetes-preserve-unknown-fields"] = True
     if "items" in out:
         out["items"] = _structural(out["items"], with_defaults=with_defaults)
-    if "type" not in out:
+    # a node without a type takes any value: only with x-kubernetes-preserve-unknown-fields (a renamed
+    # field kept to be refused, api.base._schema_with_renamed), as a structural schema allows
+    if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
         raise ValueError(f"schema node without a type: {node!r}")
     return out
 
@@ -216,7 +218,7 @@ def inference_service_crd() -> dict[str, Any]:
                             "jsonPath": ".status.observed.p99",
                             "description": "Observed P99 request latency, a duration such as 23.4ms.",
                         },
-                        {"name": "Batch-Timeout", "type": "string", "jsonPath": ".status.batchTimeout"},
+                        {"name": "Max-Queue-Delay", "type": "string", "jsonPath": ".status.maxQueueDelay"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {

@@ -16,7 +16,7 @@ Two kinds:
     ``kubeinfer_inferenceservice_min_replicas`` and ``kubeinfer_inferenceservice_max_replicas`` gauges
     (the spec's targetP99, minReplicas, maxReplicas), and ``kubeinfer_autoscaler_decisions_total{change}``
     counter: the autoscaler's decisions that changed something, by ``change`` (``scale_up``,
-    ``scale_down``, ``batch_timeout``: a decision that changes both counts once per change).
+    ``scale_down``, ``max_queue_delay``: a decision that changes both counts once per change).
 """
 
 from __future__ import annotations
@@ -57,27 +57,28 @@ API_WRITES = Counter(
 SERVICE_LABELS = ("namespace", "inferenceservice")
 
 #: What an autoscaler decision changed (the ``change`` label of ``kubeinfer_autoscaler_decisions_total``).
-SCALE_UP, SCALE_DOWN, BATCH_TIMEOUT = "scale_up", "scale_down", "batch_timeout"
+SCALE_UP, SCALE_DOWN, MAX_QUEUE_DELAY = "scale_up", "scale_down", "max_queue_delay"
 
 AUTOSCALER_DECISIONS = Counter(
     "kubeinfer_autoscaler_decisions_total",
-    "Autoscaler decisions that changed something, by what they changed (scale_up|scale_down|batch_timeout).",
+    "Autoscaler decisions that changed something, by what they changed "
+    "(scale_up|scale_down|max_queue_delay).",
     [*SERVICE_LABELS, "change"],
 )
 
 
 def count_decision(
-    namespace: str, name: str, *, replicas_before: int, replicas_after: int, timeout_changed: bool
+    namespace: str, name: str, *, replicas_before: int, replicas_after: int, max_queue_delay_changed: bool
 ) -> None:
     """Count one autoscaler decision of the InferenceService ``namespace/name``: ``scale_up`` or
-    ``scale_down`` when ``replicas_after`` differs from ``replicas_before``, ``batch_timeout`` when
-    ``timeout_changed``; nothing for a decision that changed neither."""
+    ``scale_down`` when ``replicas_after`` differs from ``replicas_before``, ``max_queue_delay`` when
+    ``max_queue_delay_changed``; nothing for a decision that changed neither."""
     if replicas_after > replicas_before:
         AUTOSCALER_DECISIONS.labels(namespace, name, SCALE_UP).inc()
     elif replicas_after < replicas_before:
         AUTOSCALER_DECISIONS.labels(namespace, name, SCALE_DOWN).inc()
-    if timeout_changed:
-        AUTOSCALER_DECISIONS.labels(namespace, name, BATCH_TIMEOUT).inc()
+    if max_queue_delay_changed:
+        AUTOSCALER_DECISIONS.labels(namespace, name, MAX_QUEUE_DELAY).inc()
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class InferenceServiceCollector(Collector):
         """Drop a deleted InferenceService: its gauges and its decision counters disappear."""
         with self._lock:
             self._states.pop((namespace, name), None)
-        for change in (SCALE_UP, SCALE_DOWN, BATCH_TIMEOUT):
+        for change in (SCALE_UP, SCALE_DOWN, MAX_QUEUE_DELAY):
             with contextlib.suppress(KeyError):  # never counted
                 AUTOSCALER_DECISIONS.remove(namespace, name, change)
 

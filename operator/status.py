@@ -2,7 +2,7 @@
 
 Both the reconciler (field manager ``kubeinfer``: Ready, Serving, Reconciling, Stalled, the counts)
 and the autoscaler (``kubeinfer-autoscaler``: AutoscalingActive, ``observed``, ``lastDecision``,
-``batchTimeout``) write status through :class:`StatusWriter`, so the two follow the same rules:
+``maxQueueDelay``) write status through :class:`StatusWriter`, so the two follow the same rules:
 
 - a write compares before it patches: only the fields whose value differs are sent, and a status
   that already says it all is not written at all (no request);

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kubeinfer.contract import formats as table
+from kubeinfer.contract.batching import MAX_QUEUE_DELAY_LIMIT_SECONDS
 
 # the names of formats, engines, tasks, quantization modes and devices are the contract's
 from kubeinfer.contract.formats import AggregationStrategy as AggregationStrategy
@@ -176,7 +177,10 @@ class BatchingConfig(_Strict):
 
     max_batch_size: int = Field(default=32, ge=1, le=4096, description="Rows per batch.")
     max_queue_delay_seconds: float = Field(
-        default=0.005, ge=0.0, le=10.0, description="Batch timeout: the oldest request's longest wait."
+        default=0.005,
+        ge=0.0,
+        le=MAX_QUEUE_DELAY_LIMIT_SECONDS,
+        description="The max queue delay (batch timeout): the oldest request's longest wait.",
     )
     max_queue_size: int = Field(default=1024, ge=1, description="Queued requests beyond which 429.")
     preferred_batch_sizes: list[int] = Field(default_factory=list)

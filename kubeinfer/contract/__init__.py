@@ -13,4 +13,6 @@ dispatch) from that data and never writes it a second time.
   label, the pods' ports, the demand annotation, and who writes which scale-to-zero transition.
 - ``pool``: what the operator and the runtime agree on for a model pool: its API names, the label of its
   pods, the model repository's flat layout (``<model>.yaml``) and where it is mounted.
+- ``batching``: the max queue delay's bound (seconds), which the CRD's rules, both sides' checks and the
+  pool's termination grace read.
 """

@@ -33,9 +33,10 @@ Import the names from here (``from kubeinfer.operator import api``; ``api.NAME``
 """
 
 from kubeinfer.operator.api.autoscaling import (
+    RENAMED_AUTOSCALING_FIELDS,
     AutoscalingSpec,
-    BatchTimeoutBounds,
     GpuUtilizationBand,
+    MaxQueueDelayBounds,
     PromQueries,
     ScaleToZeroSpec,
 )
@@ -120,6 +121,7 @@ from kubeinfer.operator.api.sources import (
 )
 from kubeinfer.operator.api.spec import MAX_DEFAULT_HTTP_WORKERS, POOL_NAME_PATTERN, InferenceServiceSpec
 from kubeinfer.operator.api.status import (
+    RENAMED_STATUS_FIELDS,
     AutoscalerDecisionStatus,
     Condition,
     ConditionStatus,
@@ -171,6 +173,8 @@ __all__ = [
     "POOL_SHORT_NAMES",
     "POOL_SINGULAR",
     "QUANTITY_PATTERN",
+    "RENAMED_AUTOSCALING_FIELDS",
+    "RENAMED_STATUS_FIELDS",
     "RUNTIME_GRPC_PORT",
     "RUNTIME_PORT",
     "SECRET_KEY_PATTERN",
@@ -181,7 +185,6 @@ __all__ = [
     "AuthSpec",
     "AutoscalerDecisionStatus",
     "AutoscalingSpec",
-    "BatchTimeoutBounds",
     "BatchingSpec",
     "CaBundleSpec",
     "CacheSpec",
@@ -203,6 +206,7 @@ __all__ = [
     "LabelKey",
     "LabelSelectorRequirement",
     "LabelValue",
+    "MaxQueueDelayBounds",
     "ModelPool",
     "ModelPoolSpec",
     "ModelPoolStatus",

@@ -1,14 +1,17 @@
 """``spec.autoscaling``: the SLO the autoscaler keeps, the bounds of its two levers (replicas and
-the batch timeout), its pacing and its PromQL overrides.
+the max queue delay), its pacing and its PromQL overrides.
 """
 
 from __future__ import annotations
 
-from kubeinfer.operator.api.base import _cel, _if_durations, _Spec
+from typing import Any
+
+from kubeinfer.operator.api.base import _cel, _if_durations, _refuse_renamed, _schema_with_renamed, _Spec
 from kubeinfer.operator.api.formats import Duration, Seconds
 from pydantic import ConfigDict, Field, model_validator
 
 from kubeinfer.contract.activator import COLD_START_TIMEOUT_DEFAULT
+from kubeinfer.contract.batching import MAX_QUEUE_DELAY_LIMIT_SECONDS
 
 
 class GpuUtilizationBand(_Spec):
@@ -40,21 +43,23 @@ class GpuUtilizationBand(_Spec):
         return self
 
 
-class BatchTimeoutBounds(_Spec):
-    """Bounds within which the autoscaler tunes the batch timeout (max queue delay)."""
+class MaxQueueDelayBounds(_Spec):
+    """Bounds within which the autoscaler tunes the max queue delay (the runtime's batch timeout)."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
                     _if_durations("duration(self.min) <= duration(self.max)", "min", "max"),
-                    "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max",
+                    "spec.autoscaling.maxQueueDelay.min must not exceed spec.autoscaling.maxQueueDelay.max",
                     ".min",
                     "FieldValueInvalid",
                 ),
                 _cel(
-                    _if_durations("duration(self.max) <= duration('10s')", "max"),
-                    "spec.autoscaling.batchTimeout.max must be at most 10s",
+                    _if_durations(
+                        f"duration(self.max) <= duration('{MAX_QUEUE_DELAY_LIMIT_SECONDS}s')", "max"
+                    ),
+                    f"spec.autoscaling.maxQueueDelay.max must be at most {MAX_QUEUE_DELAY_LIMIT_SECONDS}s",
                     ".max",
                     "FieldValueInvalid",
                 ),
@@ -66,13 +71,15 @@ class BatchTimeoutBounds(_Spec):
     max: Duration = Seconds("50ms")
 
     @model_validator(mode="after")
-    def _rules(self) -> BatchTimeoutBounds:
+    def _rules(self) -> MaxQueueDelayBounds:
         if self.min > self.max:
             raise ValueError(
-                "spec.autoscaling.batchTimeout.min must not exceed spec.autoscaling.batchTimeout.max"
+                "spec.autoscaling.maxQueueDelay.min must not exceed spec.autoscaling.maxQueueDelay.max"
             )
-        if self.max > 10.0:
-            raise ValueError("spec.autoscaling.batchTimeout.max must be at most 10s")
+        if self.max > MAX_QUEUE_DELAY_LIMIT_SECONDS:
+            raise ValueError(
+                f"spec.autoscaling.maxQueueDelay.max must be at most {MAX_QUEUE_DELAY_LIMIT_SECONDS}s"
+            )
         return self
 
 
@@ -130,12 +137,20 @@ class ScaleToZeroSpec(_Spec):
         return self
 
 
+#: Fields of ``spec.autoscaling`` that were renamed, old name -> new name: the CRD keeps the old ones
+#: only to refuse them with a message naming the new field (``base._schema_with_renamed``).
+RENAMED_AUTOSCALING_FIELDS = {
+    "batchTimeout": "maxQueueDelay",
+    "batchTimeoutCooldown": "maxQueueDelayCooldown",
+}
+
+
 class AutoscalingSpec(_Spec):
-    """SLO-driven autoscaling of replicas and of the batch timeout."""
+    """SLO-driven autoscaling of replicas and of the max queue delay."""
 
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
+        json_schema_extra=_schema_with_renamed(
+            [
                 _cel(
                     "self.minReplicas <= self.maxReplicas",
                     "spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
@@ -174,8 +189,10 @@ class AutoscalingSpec(_Spec):
                     ".planUtilization",
                     "FieldValueInvalid",
                 ),
-            ]
-        }
+            ],
+            "spec.autoscaling",
+            RENAMED_AUTOSCALING_FIELDS,
+        )
     )
 
     enabled: bool = False
@@ -191,7 +208,11 @@ class AutoscalingSpec(_Spec):
         default=Seconds("200ms"), description="P99 latency objective (request duration)."
     )
     gpu_utilization: GpuUtilizationBand = Field(default_factory=GpuUtilizationBand)
-    batch_timeout: BatchTimeoutBounds = Field(default_factory=BatchTimeoutBounds)
+    max_queue_delay: MaxQueueDelayBounds = Field(
+        default_factory=MaxQueueDelayBounds,
+        description="Bounds of the max queue delay the autoscaler tunes (spec.batching.maxQueueDelay is "
+        "its start).",
+    )
     tolerance: float = Field(default=0.1, ge=0.0, le=1.0, description="Dead band around the target, ratio.")
     window: Duration = Field(default=Seconds("60s"), description="PromQL range window of the signals.")
     scale_down_stabilization: Duration = Field(
@@ -200,7 +221,9 @@ class AutoscalingSpec(_Spec):
     )
     scale_up_cooldown: Duration = Seconds("30s")
     scale_down_cooldown: Duration = Seconds("60s")
-    batch_timeout_cooldown: Duration = Seconds("15s")
+    max_queue_delay_cooldown: Duration = Field(
+        default=Seconds("15s"), description="Least time between two changes of the max queue delay."
+    )
     max_scale_up_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per decision.")
     plan_utilization: float = Field(
         default=0.85,
@@ -215,6 +238,12 @@ class AutoscalingSpec(_Spec):
         default=None,
         description="With minReplicas 0: the idle window and the cold-start budget (defaults when absent).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        _refuse_renamed(data, "spec.autoscaling", RENAMED_AUTOSCALING_FIELDS)
+        return data
 
     @model_validator(mode="after")
     def _rules(self) -> AutoscalingSpec:

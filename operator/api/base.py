@@ -11,6 +11,7 @@ package: its modules import them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubeinfer.operator.api.formats import DURATION_PATTERN
@@ -71,6 +72,58 @@ def _cel(rule: str, message: str, field_path: str | None = None, reason: str | N
     if reason:
         out["reason"] = reason
     return out
+
+
+def _renamed_message(path: str, old: str, new: str) -> str:
+    """The refusal of a renamed field under ``path``, e.g. ``spec.autoscaling.batchTimeout is now
+    spec.autoscaling.maxQueueDelay``."""
+    return f"{path}.{old} is now {path}.{new}"
+
+
+def _schema_with_renamed(
+    rules: list[JsonDict], path: str, renamed: Mapping[str, str]
+) -> Callable[[JsonDict, type[BaseModel]], None]:
+    """A model's ``json_schema_extra``: its CEL ``rules``, and the fields renamed under ``path`` (the
+    object's path, ``spec.autoscaling``; ``renamed``: old name -> new name) kept in the schema only so
+    that a CEL rule refuses them naming the new field. Without them in the schema the API server would
+    prune an old field without a word, and the object would silently fall back to the defaults. An old
+    field has the new one's JSON type (an object of any fields, or a string: CEL sees only typed
+    fields), so a manifest from before the rename gets that one message. Pair it with
+    :func:`_refuse_renamed` in a ``before`` validator."""
+
+    def extra(schema: JsonDict, model: type[BaseModel]) -> None:
+        properties = schema.setdefault("properties", {})
+        assert isinstance(properties, dict)
+        annotations = {info.alias or name: info.annotation for name, info in model.model_fields.items()}
+        for old, new in renamed.items():
+            kind = annotations[new]
+            is_object = isinstance(kind, type) and issubclass(kind, BaseModel)
+            properties[old] = {
+                "description": f"Renamed: now {path}.{new} (refused here, the message names it).",
+                **({"type": "object", "additionalProperties": True} if is_object else {"type": "string"}),
+            }
+        schema["x-kubernetes-validations"] = [
+            *rules,
+            *(
+                _cel(f"!has(self.{old})", _renamed_message(path, old, new), f".{old}", "FieldValueForbidden")
+                for old, new in renamed.items()
+            ),
+        ]
+
+    return extra
+
+
+def _refuse_renamed(data: Any, path: str, renamed: Mapping[str, str]) -> None:
+    """Refuse a mapping ``data`` (a model's input, camelCase) holding a field renamed under ``path``,
+    as the CRD's rule of :func:`_schema_with_renamed` does.
+
+    Raises:
+        ValueError: the first old field found, its message naming the new one.
+    """
+    if isinstance(data, Mapping):
+        for old, new in renamed.items():
+            if old in data:
+                raise ValueError(_renamed_message(path, old, new))
 
 
 def _table_rules(where: str) -> list[JsonDict]:

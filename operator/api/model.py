@@ -45,6 +45,7 @@ from kubeinfer.runtime.config import (
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from kubeinfer.contract import sources as contract
+from kubeinfer.contract.batching import MAX_QUEUE_DELAY_LIMIT_SECONDS
 
 #: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.
 DEFAULT_MODEL_NAME = "minilm"
@@ -309,8 +310,11 @@ class BatchingSpec(_Spec):
                     "FieldValueInvalid",
                 ),
                 _cel(
-                    _if_durations("duration(self.maxQueueDelay) <= duration('10s')", "maxQueueDelay"),
-                    "spec.batching.maxQueueDelay must be at most 10s",
+                    _if_durations(
+                        f"duration(self.maxQueueDelay) <= duration('{MAX_QUEUE_DELAY_LIMIT_SECONDS}s')",
+                        "maxQueueDelay",
+                    ),
+                    f"spec.batching.maxQueueDelay must be at most {MAX_QUEUE_DELAY_LIMIT_SECONDS}s",
                     ".maxQueueDelay",
                     "FieldValueInvalid",
                 ),
@@ -352,8 +356,8 @@ class BatchingSpec(_Spec):
     def _rules(self) -> BatchingSpec:
         if any(b > self.max_batch_size for b in self.preferred_batch_sizes):
             raise ValueError("spec.batching.preferredBatchSizes must not exceed spec.batching.maxBatchSize")
-        if self.max_queue_delay > 10.0:
-            raise ValueError("spec.batching.maxQueueDelay must be at most 10s")
+        if self.max_queue_delay > MAX_QUEUE_DELAY_LIMIT_SECONDS:
+            raise ValueError(f"spec.batching.maxQueueDelay must be at most {MAX_QUEUE_DELAY_LIMIT_SECONDS}s")
         return self
 
 

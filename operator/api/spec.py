@@ -9,7 +9,7 @@ from typing import Any
 
 from kubeinfer.operator.api.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.base import _cel, _cel_at_default, _check_table, _Spec, _table_rules
-from kubeinfer.operator.api.formats import DNS_SUBDOMAIN_PATTERN, cpu_cores, parse_duration
+from kubeinfer.operator.api.formats import DNS_SUBDOMAIN_PATTERN, cpu_cores
 from kubeinfer.operator.api.model import (
     DEFAULT_MODEL_NAME,
     BatchingSpec,
@@ -227,19 +227,14 @@ class InferenceServiceSpec(_Spec):
             return self.server.http_workers
         return max(1, min(MAX_DEFAULT_HTTP_WORKERS, int(cpu_cores(self.resources.cpu) // 2)))
 
-    def batch_timeout_in_force(self, status_batch_timeout: str | None) -> float:
-        """The max queue delay the runtime should use, seconds.
+    def max_queue_delay_in_force(self, status_max_queue_delay: float | None) -> float:
+        """The max queue delay the runtime should use, float seconds.
 
-        With autoscaling on and ``status.batchTimeout`` set (the autoscaler's value), that value
-        clamped to ``[autoscaling.batchTimeout.min, .max]``; otherwise ``batching.maxQueueDelay``.
-        An unparsable status value is ignored (spec's value is used).
+        ``status_max_queue_delay``: the InferenceService's ``status.maxQueueDelay`` (seconds, parsed with
+        the status; ``None``: unset). With autoscaling on and it set (the autoscaler's value), that value
+        clamped to ``[autoscaling.maxQueueDelay.min, .max]``; otherwise ``batching.maxQueueDelay``.
         """
-        if self.autoscaling.enabled and status_batch_timeout:
-            # status is the autoscaler's text, not a validated field: the one duration parsed here
-            try:
-                value = parse_duration(status_batch_timeout)
-            except ValueError:
-                return float(self.batching.max_queue_delay)
-            bounds = self.autoscaling.batch_timeout
-            return float(min(max(value, bounds.min), bounds.max))
+        if self.autoscaling.enabled and status_max_queue_delay is not None:
+            bounds = self.autoscaling.max_queue_delay
+            return float(min(max(status_max_queue_delay, bounds.min), bounds.max))
         return float(self.batching.max_queue_delay)

@@ -1,4 +1,4 @@
-"""``InferenceService.status``: conditions, replica counts, the batch timeout in force, and what the
+"""``InferenceService.status``: conditions, replica counts, the max queue delay in force, and what the
 autoscaler last observed and decided.
 """
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from kubeinfer.operator.api.base import _Status
+from kubeinfer.operator.api.formats import Duration
 from pydantic import Field
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -85,12 +86,17 @@ class QuantizationStatus(_Status):
     time: str | None = Field(default=None, description="RFC 3339 time these figures were first read.")
 
 
+#: Status fields an older operator wrote under another name, old name -> new name: the operator's status
+#: patches delete the old ones (``None`` in a merge patch), so a reader finds the new name alone.
+RENAMED_STATUS_FIELDS = {"batchTimeout": "maxQueueDelay"}
+
+
 class AutoscalerDecisionStatus(_Status):
     """The last autoscaling decision."""
 
     time: str | None = None
     replicas: int | None = None
-    batch_timeout: str | None = None
+    max_queue_delay: Duration | None = Field(default=None, description="The max queue delay it chose.")
     reason: str | None = None
 
 
@@ -115,7 +121,7 @@ class PooledModelStatus(_Status):
 
 class InferenceServiceStatus(_Status):
     """``InferenceService.status``. The operator writes conditions/replicas/selector/url; the autoscaler
-    writes ``batchTimeout``, ``observed``, ``lastDecision``, ``scaledToZeroAt``, ``quantization`` (and the
+    writes ``maxQueueDelay``, ``observed``, ``lastDecision``, ``scaledToZeroAt``, ``quantization`` (and the
     AutoscalingActive condition)."""
 
     observed_generation: int | None = None
@@ -129,7 +135,11 @@ class InferenceServiceStatus(_Status):
         default=None, description="Ready pods of the current version / desired replicas, e.g. '1/2'."
     )
     selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
-    batch_timeout: str | None = Field(default=None, description="The batch timeout in force, a duration.")
+    max_queue_delay: Duration | None = Field(
+        default=None,
+        description="The max queue delay in force (the runtime's batch timeout), a duration: the "
+        "autoscaler's with autoscaling on, else spec.batching.maxQueueDelay.",
+    )
     url: str | None = None
     observed: ObservedSignals | None = None
     last_decision: AutoscalerDecisionStatus | None = None

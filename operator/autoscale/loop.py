@@ -13,14 +13,14 @@ InferenceService.
 - Actuation, only when the decision changes something:
   replicas through the Deployment's **scale subresource** (merge patch, field manager
   ``kubeinfer-autoscaler``: the operator's reconcile then leaves ``spec.replicas`` alone);
-  the batch timeout by writing ``status.batchTimeout``, and nothing else: the tick's result carries the
+  the max queue delay by writing ``status.maxQueueDelay``, and nothing else: the tick's result carries the
   InferenceService as stored with it (:attr:`TickResult.stored`), which ``controllers`` hands to the
   reconciler, the one writer of owned objects: it renders the ConfigMap from that status and applies
   it. The runtime hot-reloads the file. An Event (``Autoscaled``) with the decision's reason.
 - Status: ``lastDecision`` and ``observed`` when a decision changes something; the
   ``AutoscalingActive`` condition when its status or reason changes: True/Active on a tick that acts;
   True with the kind of hold (``Decision.hold``: BacklogDrained, AtMaxReplicas, ReplicasStarting,
-  ScaleUpCoolingDown, BatchTimeoutCoolingDown, StabilizationWindow, ArrivalsRising, ScaleInCoolingDown,
+  ScaleUpCoolingDown, MaxQueueDelayCoolingDown, StabilizationWindow, ArrivalsRising, ScaleInCoolingDown,
   WithinTolerance, TargetMet) and the hold's words as message on a tick that holds; False with
   PrometheusUnavailable, QueryError, MetricsMissing, InvalidMetrics, StaleMetrics, UnusableSignals or
   NoDeployment. ``observed`` also when that condition changes. The message alone changing (new numbers,
@@ -105,13 +105,13 @@ def policy_from_spec(
         target_p99_seconds=spec.target_p99,
         gpu_low=spec.gpu_utilization.low,
         gpu_high=spec.gpu_utilization.high,
-        batch_timeout_min_seconds=spec.batch_timeout.min,
-        batch_timeout_max_seconds=spec.batch_timeout.max,
+        max_queue_delay_min_seconds=spec.max_queue_delay.min,
+        max_queue_delay_max_seconds=spec.max_queue_delay.max,
         tolerance=spec.tolerance,
         scale_down_stabilization_seconds=spec.scale_down_stabilization,
         scale_up_cooldown_seconds=spec.scale_up_cooldown,
         scale_down_cooldown_seconds=spec.scale_down_cooldown,
-        timeout_cooldown_seconds=spec.batch_timeout_cooldown,
+        max_queue_delay_cooldown_seconds=spec.max_queue_delay_cooldown,
         max_scale_up_step=spec.max_scale_up_step,
         plan_utilization=spec.plan_utilization,
         stale_after_seconds=stale_after_seconds,
@@ -204,7 +204,7 @@ def condition_after(
 
 def decision_status(decision: Decision, observation: Observation, when: str) -> dict[str, Any]:
     """The ``status`` fields a decision writes (camelCase): ``lastDecision`` and ``observed`` when it
-    changes something, ``batchTimeout`` when it changes the timeout, ``scaledToZeroAt`` (``when``) when
+    changes something, ``maxQueueDelay`` when it changes the timeout, ``scaledToZeroAt`` (``when``) when
     it takes the replicas to 0 (written before the scale: a demand of the activator from then on is
     newer, and brings a replica back); ``{}`` otherwise."""
     patch: dict[str, Any] = {}
@@ -212,12 +212,12 @@ def decision_status(decision: Decision, observation: Observation, when: str) -> 
         patch["lastDecision"] = {
             "time": when,
             "replicas": decision.replicas,
-            "batchTimeout": api.format_duration(decision.batch_timeout_seconds),
+            "maxQueueDelay": api.format_duration(decision.max_queue_delay_seconds),
             "reason": decision.reason,
         }
         patch["observed"] = observed_status(observation, when)
-    if decision.timeout_changed:
-        patch["batchTimeout"] = api.format_duration(decision.batch_timeout_seconds)
+    if decision.max_queue_delay_changed:
+        patch["maxQueueDelay"] = api.format_duration(decision.max_queue_delay_seconds)
     if decision.replicas_changed and decision.replicas == 0:
         patch["scaledToZeroAt"] = when
     return patch
@@ -256,7 +256,7 @@ class _Memory:
 class TickResult:
     """What one tick did: its decision (``None``: none was made), the AutoscalingActive reason, whether
     it wrote status and scaled the Deployment, and ``stored``: the InferenceService as the API server
-    stored it with a new ``status.batchTimeout`` (``None`` when the batch timeout did not change or the
+    stored it with a new ``status.maxQueueDelay`` (``None`` when the max queue delay did not change or the
     write was skipped), for the reconciler to render the ConfigMap from."""
 
     decision: Decision | None
@@ -317,7 +317,10 @@ class Autoscaler:
             age = (self.wall() - when).total_seconds() if when else None
             mem = _Memory(
                 restore_state(
-                    now=now, last_scale_up_age=age, last_scale_down_age=age, last_timeout_change_age=age
+                    now=now,
+                    last_scale_up_age=age,
+                    last_scale_down_age=age,
+                    last_max_queue_delay_change_age=age,
                 )
             )
             self._memory[key] = mem
@@ -366,7 +369,6 @@ class Autoscaler:
         now, wall = self.monotonic(), self.wall()
         when = rfc3339.format_time(wall)
         mem = self._memory_for(isvc, now)
-        current_status: Mapping[str, Any] = body.get("status") or {}
 
         if deployment is None:
             no_deployment = status.ConditionState("False", conditions.NO_DEPLOYMENT, "no Deployment yet")
@@ -398,7 +400,7 @@ class Autoscaler:
         dstatus = deployment.get("status") or {}
         current = Current(
             replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
-            batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
+            max_queue_delay_seconds=isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay),
             ready_replicas=int(dstatus.get("readyReplicas") or 0),
         )
         decision = decide(reading.observation, current, policy, mem.state, now)
@@ -415,7 +417,7 @@ class Autoscaler:
             isvc, body, fields, condition, when, reading.observation, quantization
         )
         result.wrote_status = written.sent
-        if decision.timeout_changed and "batchTimeout" in written.patch:
+        if decision.max_queue_delay_changed and "maxQueueDelay" in written.patch:
             result.stored = written.stored
 
         to_zero = decision.replicas_changed and decision.replicas == 0
@@ -435,7 +437,7 @@ class Autoscaler:
                 name,
                 replicas_before=current.replicas,
                 replicas_after=decision.replicas,
-                timeout_changed=decision.timeout_changed,
+                max_queue_delay_changed=decision.max_queue_delay_changed,
             )
             logger.info("autoscale %s/%s: %s", ns, name, decision.reason)
             await self.kube.record_event(
@@ -546,7 +548,7 @@ class Autoscaler:
                 logger.info("%s: signals readable again", where)
             elif reason in (conditions.PROMETHEUS_UNAVAILABLE, conditions.QUERY_ERROR):
                 logger.warning(
-                    "%s: %s: %s; retrying with back-off, holding replicas and batch timeout",
+                    "%s: %s: %s; retrying with back-off, holding replicas and max queue delay",
                     where,
                     reason,
                     reading.observation.unknown_reason,

@@ -49,7 +49,7 @@ def _warmup_given(warmup: api.WarmupSpec) -> dict[str, Any]:
     return given
 
 
-def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> RuntimeConfig:
+def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -> RuntimeConfig:
     """Render the spec into the runtime's :class:`~kubeinfer.runtime.config.RuntimeConfig`.
 
     ``model.source`` is where the runtime container finds the model: ``/mnt/models`` for a fetched
@@ -58,9 +58,12 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
 
     Args:
         isvc: the InferenceService.
-        batch_timeout_seconds: the max queue delay in force, seconds (see
-            :meth:`~kubeinfer.operator.api.InferenceServiceSpec.batch_timeout_in_force`); clamped to
-            the runtime's [0, 10] s.
+        max_queue_delay_seconds: the max queue delay in force, seconds (see
+            :meth:`~kubeinfer.operator.api.InferenceServiceSpec.max_queue_delay_in_force`: already within
+            the spec's bounds, which the API keeps within the runtime's).
+
+    Raises:
+        pydantic.ValidationError: ``max_queue_delay_seconds`` outside the runtime's bounds.
     """
     spec = isvc.spec
     calibration = spec.quantization.calibration
@@ -91,7 +94,7 @@ def runtime_config(isvc: api.InferenceService, batch_timeout_seconds: float) -> 
         batching=BatchingConfig.model_validate(
             {
                 "max_batch_size": spec.batching.max_batch_size,
-                "max_queue_delay_seconds": min(max(batch_timeout_seconds, 0.0), 10.0),
+                "max_queue_delay_seconds": max_queue_delay_seconds,
                 "max_queue_size": spec.batching.max_queue_size,
                 "preferred_batch_sizes": list(spec.batching.preferred_batch_sizes),
                 # set only when given: left unset, runtime.yaml reads as it did before the share existed
@@ -153,19 +156,19 @@ def config_hash(isvc: api.InferenceService) -> str:
     return digest
 
 
-def build_configmap(isvc: api.InferenceService, batch_timeout_seconds: float) -> dict[str, Any]:
+def build_configmap(isvc: api.InferenceService, max_queue_delay_seconds: float) -> dict[str, Any]:
     """The ``<isvc>-runtime`` ConfigMap with key ``runtime.yaml``.
 
     Args:
         isvc: the InferenceService.
-        batch_timeout_seconds: the batch timeout in force, seconds: with autoscaling on the
-            autoscaler's ``status.batchTimeout`` clamped to the spec's bounds, else
-            ``spec.batching.maxQueueDelay`` (compute it with ``isvc.spec.batch_timeout_in_force``).
+        max_queue_delay_seconds: the max queue delay in force, seconds: with autoscaling on the
+            autoscaler's ``status.maxQueueDelay`` clamped to the spec's bounds, else
+            ``spec.batching.maxQueueDelay`` (compute it with ``isvc.spec.max_queue_delay_in_force``).
 
     Returns:
         A ConfigMap manifest (dict) for server-side apply, with the applied-hash annotation.
     """
-    text = runtime_config(isvc, batch_timeout_seconds).to_yaml()
+    text = runtime_config(isvc, max_queue_delay_seconds).to_yaml()
     obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -40,7 +40,7 @@ STARTUP_PERIOD_SECONDS = 1
 LOAD_BUDGET_SECONDS = {"default": 120, "other": 600}
 #: Seconds of warmup allowed per warmup step (every batch-size bucket once).
 WARMUP_STEP_BUDGET_SECONDS = 60
-#: Drain allowance beyond the longest batch timeout: the runtime's shutdown delay
+#: Drain allowance beyond the longest max queue delay: the runtime's shutdown delay
 #: (:data:`SHUTDOWN_DELAY_SECONDS`, 5 s), its drain timeout
 #: (``RuntimeConfig.server.drain_timeout_seconds``, 30 s) and 15 s for in-flight compute and exit.
 DRAIN_SECONDS = math.ceil(SHUTDOWN_DELAY_SECONDS) + 30 + 15
@@ -81,11 +81,11 @@ def startup_budget_seconds(isvc: api.InferenceService) -> int:
 
 
 def termination_grace_seconds(isvc: api.InferenceService) -> int:
-    """terminationGracePeriodSeconds: the longest possible batch timeout plus :data:`DRAIN_SECONDS`."""
+    """terminationGracePeriodSeconds: the longest possible max queue delay plus :data:`DRAIN_SECONDS`."""
     spec = isvc.spec
     longest = spec.batching.max_queue_delay
     if spec.autoscaling.enabled:
-        longest = max(longest, spec.autoscaling.batch_timeout.max)
+        longest = max(longest, spec.autoscaling.max_queue_delay.max)
     grace: int = DRAIN_SECONDS + math.ceil(longest)
     return grace
 

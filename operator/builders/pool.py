@@ -48,10 +48,8 @@ from kubeinfer.operator.builders.deployment import (
 
 from kubeinfer.contract.activator import GRPC_PORT_NAME, RUNTIME_GRPC_PORT
 from kubeinfer.contract.activator import RUNTIME_PORT_NAME as PORT_NAME
+from kubeinfer.contract.batching import MAX_QUEUE_DELAY_LIMIT_SECONDS
 from kubeinfer.contract.pool import REPOSITORY_DIR, model_file
-
-#: The longest batch timeout a model may have (the runtime's bound), seconds: the pool's drain allows it.
-MAX_BATCH_TIMEOUT_SECONDS = 10
 
 
 def pool_labels(pool: api.ModelPool) -> dict[str, str]:
@@ -75,7 +73,7 @@ def _metadata(pool: api.ModelPool, name: str) -> dict[str, Any]:
 def build_pool_configmap(pool: api.ModelPool, models: Sequence[api.InferenceService]) -> dict[str, Any]:
     """The ConfigMap ``<pool>-repository``: one key per model, ``<served model name>.yaml``, its
     ``runtime.yaml`` as an InferenceService of its own would have it (``builders.configmap``; the
-    batch timeout is ``spec.batching.maxQueueDelay``: a pooled InferenceService has no autoscaling).
+    max queue delay is ``spec.batching.maxQueueDelay``: a pooled InferenceService has no autoscaling).
 
     Args:
         pool: the ModelPool.
@@ -84,7 +82,7 @@ def build_pool_configmap(pool: api.ModelPool, models: Sequence[api.InferenceServ
     """
     data = {
         model_file(isvc.spec.served_model_name(isvc.name)): runtime_config(
-            isvc, isvc.spec.batch_timeout_in_force(None)
+            isvc, isvc.spec.max_queue_delay_in_force(None)
         ).to_yaml()
         for isvc in models
     }
@@ -169,7 +167,7 @@ def build_pool_deployment(
             *claim_vols,
         ],
         "securityContext": POD_SECURITY_CONTEXT,
-        "terminationGracePeriodSeconds": DRAIN_SECONDS + MAX_BATCH_TIMEOUT_SECONDS,
+        "terminationGracePeriodSeconds": DRAIN_SECONDS + MAX_QUEUE_DELAY_LIMIT_SECONDS,
         "automountServiceAccountToken": False,
         **placement(spec.resources),
     }

@@ -3,6 +3,7 @@ Ready condition (never for a resync that changes nothing). Pure: no I/O."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,18 +20,18 @@ def update_events(
     current: Mapping[str, Any] | None,
     isvc: api.InferenceService,
     *,
-    batch_timeout: tuple[str | None, float],
+    max_queue_delay: tuple[float | None, float],
 ) -> list[Event]:
     """Normal Events for an update of an owned object from ``current`` to ``desired``: a Deployment
     whose pod template changes ``RolloutStarted``; one whose replicas alone change ``Scaled``
     (``spec.replicas`` with autoscaling off or clamped into its bounds; the autoscaler posts its own
-    ``Autoscaled``); a ConfigMap update that changes the batch timeout, with autoscaling off,
-    ``BatchTimeoutChanged`` (the runtime reloads it without a restart).
+    ``Autoscaled``); a ConfigMap update that changes the max queue delay, with autoscaling off,
+    ``MaxQueueDelayChanged`` (the runtime reloads it without a restart).
 
-    ``batch_timeout``: ``(before, now)``, the InferenceService's ``status.batchTimeout`` as the
-    reconcile found it (the value the ConfigMap was last rendered with; ``None``: not known, no Event)
-    and the value in force the ConfigMap is rendered with now, seconds. The values are compared, not
-    the ConfigMaps' text."""
+    ``max_queue_delay``: ``(before, now)`` in seconds, the InferenceService's ``status.maxQueueDelay``
+    as the reconcile found it (the value the ConfigMap was last rendered with; ``None``: not known, no
+    Event) and the value in force the ConfigMap is rendered with now. The values are compared (to
+    within 1 ns, a duration's resolution), not their text nor the ConfigMaps'."""
     if current is None:
         return []
     if desired.get("kind") == "Deployment":
@@ -46,9 +47,10 @@ def update_events(
         if "replicas" in want and want["replicas"] != have.get("replicas"):
             return [("Normal", conditions.SCALED, f"replicas {have.get('replicas')} → {want['replicas']}")]
     if desired.get("kind") == "ConfigMap" and not isvc.spec.autoscaling.enabled:
-        before, now = batch_timeout[0], api.format_duration(batch_timeout[1])
-        if before is not None and before != now:
-            return [("Normal", conditions.BATCH_TIMEOUT_CHANGED, f"batch timeout {before} → {now}")]
+        before, now = max_queue_delay
+        if before is not None and not math.isclose(before, now, rel_tol=0.0, abs_tol=1e-9):
+            change = f"{api.format_duration(before)} → {api.format_duration(now)}"
+            return [("Normal", conditions.MAX_QUEUE_DELAY_CHANGED, f"max queue delay {change}")]
     return []
 
 

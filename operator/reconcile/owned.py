@@ -27,7 +27,7 @@ from kubeinfer.contract.activator import ACTIVATOR_GRPC_PORT
 
 @dataclass(frozen=True)
 class BuildInputs:
-    """What the builders need beyond the InferenceService: the batch timeout in force (seconds),
+    """What the builders need beyond the InferenceService: the max queue delay in force (seconds),
     ``spec.replicas`` of the Deployment (``None`` = leave it to its other owner, see
     ``replicas.desired_replicas``), the NetworkPolicy peers of the operator's Prometheus
     (``scrapers``, admitted to the metrics port) and ``default_deny`` (every InferenceService gets a
@@ -38,7 +38,7 @@ class BuildInputs:
     ``reconcile.grpcports``; else the activator's shared one); ``activator_peer``: the NetworkPolicy
     peer of the activator's pods (``None``: no activator)."""
 
-    batch_timeout_seconds: float
+    max_queue_delay_seconds: float
     replicas: int | None
     scrapers: tuple[Mapping[str, Any], ...] = ()
     default_deny: bool = False
@@ -87,7 +87,7 @@ OWNED: tuple[OwnedKind, ...] = (
         k8s.CONFIGMAP,
         "kubeinfer_configmaps",
         api.configmap_name,
-        _own(lambda isvc, inputs: build_configmap(isvc, inputs.batch_timeout_seconds)),
+        _own(lambda isvc, inputs: build_configmap(isvc, inputs.max_queue_delay_seconds)),
         _POOLED,
     ),
     OwnedKind(

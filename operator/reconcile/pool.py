@@ -193,8 +193,8 @@ def pooled_status(
     """The status fields of a pooled InferenceService: ``observedGeneration``, Ready (``ready``, from
     :func:`pooled_ready`; the conditions of an InferenceService with pods of its own removed), the URL,
     the selector of the pool's pods, ``model`` (its model on the pool's replicas from ``index``:
-    :func:`poolindex.pooled_model_status`; removed while no replica answered); the counts and the batch
-    timeout of its own pods removed."""
+    :func:`poolindex.pooled_model_status`; removed while no replica answered); the counts and the max
+    queue delay of its own pods removed (and the fields an older operator wrote under another name)."""
     conds = _with_stalled(
         ready_conditions(current_status, ready, now, isvc.generation), ready, now, isvc.generation
     )
@@ -217,6 +217,7 @@ def pooled_status(
         "readyReplicas": None,
         "updatedReplicas": None,
         "updatedReady": None,
-        "batchTimeout": None,
+        "maxQueueDelay": None,
+        **dict.fromkeys(api.RENAMED_STATUS_FIELDS),
         "model": pooled_model_status(isvc.spec.served_model_name(isvc.name), index if serves else None),
     }

@@ -306,7 +306,7 @@ class Reconciler:
         grpc_port = self._grpc_port(lookup, isvc) if to_activator else ACTIVATOR_GRPC_PORT
         to_zero_in_force = replica_floor(isvc, activator=self.activator) == 0
         inputs = BuildInputs(
-            batch_timeout_seconds=isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout")),
+            max_queue_delay_seconds=isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay),
             replicas=desired_replicas(isvc, deployment, activator=self.activator, woken=woken is not None),
             scrapers=self.scrapers,
             default_deny=self.default_deny,
@@ -323,12 +323,11 @@ class Reconciler:
             return_exceptions=True,
         )
         errors: list[str] = []
-        # The batch timeout the ConfigMap was last rendered with (status) and the one it has now.
-        before = current_status.get("batchTimeout")
-        batch_timeout = (before if isinstance(before, str) else None, inputs.batch_timeout_seconds)
+        # The max queue delay the ConfigMap was last rendered with (status) and the one it has now.
+        max_queue_delay = (isvc.status.max_queue_delay, inputs.max_queue_delay_seconds)
         failed: set[str] = set()
         for obj, current, outcome in zip(desired, currents, outcomes, strict=True):
-            stored = self._record_apply(body, isvc, obj, current, outcome, errors, batch_timeout, woken)
+            stored = self._record_apply(body, isvc, obj, current, outcome, errors, max_queue_delay, woken)
             if stored is not None and obj["kind"] == "Deployment":
                 deployment = stored
             if isinstance(outcome, BaseException):
@@ -415,11 +414,11 @@ class Reconciler:
         current: Mapping[str, Any] | None,
         outcome: tuple[Action, dict[str, Any] | None] | BaseException,
         errors: list[str],
-        batch_timeout: tuple[str | None, float],
+        max_queue_delay: tuple[float | None, float],
         woken: Wake | None = None,
     ) -> dict[str, Any] | None:
         """Remember one apply's response and post its Events (DriftReverted; the update's, see
-        :func:`events.update_events`, which ``batch_timeout`` is passed to; for a Deployment taken from
+        :func:`events.update_events`, which ``max_queue_delay`` is passed to; for a Deployment taken from
         zero by ``woken``, ScaledFromZero in place of Scaled or DriftReverted). Returns the stored object
         (``None``: nothing was sent, or it failed). A permanent error is appended to ``errors``; any
         other exception is raised."""
@@ -444,7 +443,7 @@ class Reconciler:
             )
         elif action == "update":
             for type_, reason, message in events.update_events(
-                obj, current, isvc, batch_timeout=batch_timeout
+                obj, current, isvc, max_queue_delay=max_queue_delay
             ):
                 if woken is not None and reason == conditions.SCALED:
                     continue  # said by ScaledFromZero

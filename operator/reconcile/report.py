@@ -1,6 +1,6 @@
 """The status fields the reconciler owns, computed from a :class:`~diagnosis.Health`: the conditions
 (Ready first, Serving, Reconciling and Stalled while true), ``observedGeneration``, the counts, the
-selector, the URL and the batch timeout in force. Pure: no I/O (the write is
+selector, the URL and the max queue delay in force. Pure: no I/O (the write is
 :class:`kubeinfer.operator.status.StatusWriter`'s)."""
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ def desired_status(
     ``lastTransitionTime`` unless its status changes). Counts mirror the Deployment's
     (:func:`status.counts`: ``replicas`` counts old and surge pods too; ``updatedReplicas``,
     ``readyReplicas``); ``updatedReady`` is ``updated-ready/desired`` (the Replicas printer column).
-    ``batchTimeout``: with autoscaling off the spec's maxQueueDelay; with it on, only filled in when
-    the autoscaler has not set one yet (the value in force, so the printer column is never empty).
+    ``maxQueueDelay``: with autoscaling off the spec's maxQueueDelay; with it on, only filled in when
+    the autoscaler has not set one yet (the value in force, so the printer column is never empty). The
+    fields an older operator wrote under another name (``batchTimeout``) are deleted.
     With autoscaling off, the autoscaler's ``observed`` and ``quantization`` are removed (``None`` in a
     merge patch deletes the field): nothing keeps them current then.
     """
@@ -144,8 +145,9 @@ def desired_status(
     if not autoscaling:
         out["observed"] = None
         out["quantization"] = None
-    if not autoscaling or not current_status.get("batchTimeout"):
-        out["batchTimeout"] = api.format_duration(
-            isvc.spec.batch_timeout_in_force(current_status.get("batchTimeout"))
+    if not autoscaling or isvc.status.max_queue_delay is None:
+        out["maxQueueDelay"] = api.format_duration(
+            isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay)
         )
+    out.update(dict.fromkeys(api.RENAMED_STATUS_FIELDS))  # what an older operator wrote, deleted
     return out

@@ -135,8 +135,8 @@ class ServiceView:
     def replicas(self) -> int:
         return int(self.cluster.get_json("deployment", self.name, "-n", self.namespace)["spec"]["replicas"])
 
-    def batch_timeout(self) -> float | None:
-        text = (self.isvc().get("status") or {}).get("batchTimeout")
+    def max_queue_delay_seconds(self) -> float | None:
+        text = (self.isvc().get("status") or {}).get("maxQueueDelay")
         return parse_duration(text) if text else None
 
     def last_decision(self) -> dict[str, Any]:

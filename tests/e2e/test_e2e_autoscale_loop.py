@@ -10,8 +10,8 @@ phase 2 is derived from one replica's capacity measured on the spot (a short clo
 ``hack/demo.py`` does). The operator decides every 5 s (the session release's
 ``autoscaleIntervalSeconds``). Phases (each bounded in time):
 
-1. light open-loop load with a 400 ms batch timeout -> P99 over the 150 ms target, executors idle ->
-   ``status.batchTimeout`` falls and the running pod applies it (``kubeinfer_max_queue_delay_seconds``
+1. light open-loop load with a 400 ms max queue delay -> P99 over the 150 ms target, executors idle ->
+   ``status.maxQueueDelay`` falls and the running pod applies it (``kubeinfer_max_queue_delay_seconds``
    on its /metrics, from the ConfigMap volume, no restart);
 2. closed-loop load, ``SATURATION`` x target x measured capacity clients -> executors busy, P99 over
    target -> replicas 1 -> 2, and the second pod turns Ready;
@@ -66,22 +66,24 @@ def isvc_manifest(namespace: str, graph_cache: str) -> dict[str, Any]:
         "maxReplicas": 2,
         "targetP99": f"{TARGET_P99 * 1000:.0f}ms",
         "gpuUtilization": {"low": 0.3, "high": 0.6},
-        "batchTimeout": {"min": "5ms", "max": "500ms"},
+        "maxQueueDelay": {"min": "5ms", "max": "500ms"},
         "window": "10s",
         "scaleDownStabilization": "10s",
         "scaleUpCooldown": "4s",
         "scaleDownCooldown": "2s",
-        "batchTimeoutCooldown": "4s",
+        "maxQueueDelayCooldown": "4s",
         "maxScaleUpStep": 1,
     }
     return doc
 
 
-def _batch_timeout_falls(s: ServiceView, url: str, target: str) -> None:
-    """Phase 1: P99 over target with idle executors: the batch timeout falls, the running pod applies it."""
+def _max_queue_delay_falls(s: ServiceView, url: str, target: str) -> None:
+    """Phase 1: P99 over target with idle executors: the max queue delay falls, the running pod applies it."""
     with Load(url, rate=3.0):
         wait_until(
-            lambda: (s.batch_timeout() or 1.0) < 0.4, timeout=120, message="status.batchTimeout below 400ms"
+            lambda: (s.max_queue_delay_seconds() or 1.0) < 0.4,
+            timeout=120,
+            message="status.maxQueueDelay below 400ms",
         )
         wait_until(
             lambda: (gauge(target, "kubeinfer_max_queue_delay_seconds") or 1.0) < 0.4,
@@ -90,13 +92,13 @@ def _batch_timeout_falls(s: ServiceView, url: str, target: str) -> None:
         )
     assert s.replicas() == 1
     reason = (s.isvc()["status"].get("lastDecision") or {}).get("reason", "")
-    assert "batch timeout" in reason, reason
+    assert "max queue delay" in reason, reason
     (pod,) = runtime_pods(s.cluster, s.namespace, NAME)
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
 def _saturated_scales_up(s: ServiceView, url: str) -> float:
-    """Phase 2: saturated, replicas rise and the new pod turns Ready. Returns the batch timeout then."""
+    """Phase 2: saturated, replicas rise and the new pod turns Ready. Returns the max queue delay then."""
     with Load(url, concurrency=8) as probe:
         time.sleep(3.0)
         capacity = probe.ok / 3.0
@@ -111,7 +113,7 @@ def _saturated_scales_up(s: ServiceView, url: str) -> float:
         wait_until(
             lambda: len(s.ready_targets()) == 2, timeout=300, interval=2.0, message="a second ready pod"
         )
-    timeout_after_load = s.batch_timeout()
+    timeout_after_load = s.max_queue_delay_seconds()
     assert timeout_after_load is not None
     return timeout_after_load
 
@@ -126,9 +128,9 @@ def _prometheus_outage_holds(s: ServiceView) -> Any:
             timeout=45,
             message="AutoscalingActive=False PrometheusUnavailable",
         )
-        held = (s.replicas(), s.batch_timeout(), s.decision_time())
+        held = (s.replicas(), s.max_queue_delay_seconds(), s.decision_time())
         time.sleep(12)  # two ticks of the operator (5 s)
-        assert (s.replicas(), s.batch_timeout(), s.decision_time()) == held
+        assert (s.replicas(), s.max_queue_delay_seconds(), s.decision_time()) == held
     finally:
         # 5. Prometheus back: control resumes.
         s.prometheus.start()
@@ -180,20 +182,20 @@ def test_autoscale_closes_the_loop(
         assert gauge(targets[0], "kubeinfer_max_queue_delay_seconds") == pytest.approx(0.4, abs=0.02)
         url = s.url()
 
-        _batch_timeout_falls(s, url, targets[0])  # 1.
+        _max_queue_delay_falls(s, url, targets[0])  # 1.
         timeout_after_load = _saturated_scales_up(s, url)  # 2.
 
         # 3. Load gone: after the stabilization window replicas fall, the timeout grows back.
         wait_until(lambda: s.replicas() == 1, timeout=120, message="scale-in to 1 replica")
         wait_until(
-            lambda: (s.batch_timeout() or 0.0) > timeout_after_load,
+            lambda: (s.max_queue_delay_seconds() or 0.0) > timeout_after_load,
             timeout=90,
-            message="the batch timeout growing back",
+            message="the max queue delay growing back",
         )
 
         _every_dashboard_panel_has_data(s)
         held_time = _prometheus_outage_holds(s)  # 4. and 5.
-        # True with reason Active (a tick that acts) or the kind of hold (e.g. BatchTimeoutCoolingDown).
+        # True with reason Active (a tick that acts) or the kind of hold (e.g. MaxQueueDelayCoolingDown).
         wait_until(lambda: s.condition()[0] == "True", timeout=90, message="AutoscalingActive=True")
         wait_until(
             lambda: s.decision_time() != held_time,

@@ -111,12 +111,12 @@ def isvc_manifest(namespace: str, graph_cache: str) -> dict[str, Any]:
         "maxReplicas": MAX_REPLICAS,
         "targetP99": f"{TARGET_P99 * 1000:.0f}ms",
         "gpuUtilization": {"low": 0.05, "high": 0.95},
-        "batchTimeout": {"min": "5ms", "max": "20ms"},
+        "maxQueueDelay": {"min": "5ms", "max": "20ms"},
         "window": "20s",
         "scaleDownStabilization": "30s",
         "scaleUpCooldown": "4s",
         "scaleDownCooldown": "5s",
-        "batchTimeoutCooldown": "10s",
+        "maxQueueDelayCooldown": "10s",
     }
     return doc
 
@@ -136,12 +136,12 @@ def _value(prometheus: PrometheusServer, promql: str) -> float | None:
 
 def _slo_capacity(s: ServiceView, q: Queries) -> tuple[float, float, float]:
     """``(a, c, requests/s)``: the runtimes' s(b) fit as the operator reads it and one replica's
-    capacity at the SLO for the batch timeout in force."""
+    capacity at the SLO for the max queue delay in force."""
     a = _value(s.prometheus, q.service_time_a)
     c = _value(s.prometheus, q.service_time_c)
     assert a is not None and c is not None, f"no s(b) fit: a={a}, c={c}"
     isvc = api.InferenceService.from_body(s.isvc())
-    timeout = isvc.spec.batch_timeout_in_force((s.isvc().get("status") or {}).get("batchTimeout"))
+    timeout = isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay)
     _, capacity = slo_capacity(a, c, MAX_BATCH, TARGET_P99, timeout)
     return a, c, capacity
 
@@ -346,7 +346,7 @@ def _restarted_onto_a_bursty_past(
     assert abs(level / live - 1) < 0.02 and abs(peak / (BURST * live) - 1) < 0.02, history
     restarted = dt.datetime.now(dt.UTC)
     # Watched from before the restart: the new operator decides on its first tick, often while the old
-    # pod is still terminating, and its next tick (a batch timeout step) replaces lastDecision.
+    # pod is still terminating, and its next tick (a max queue delay step) replaces lastDecision.
     with _FirstStatus(s, restarted, MAX_REPLICAS) as scaled:
         _restart_operator(cluster)
         pattern = rf"autoscale {re.escape(s.namespace)}/{NAME}: (\d+) arrival-rate samples of the last"
@@ -399,7 +399,9 @@ def _pure_decision(
         )
     current = Current(
         replicas=replicas,
-        batch_timeout_seconds=isvc.spec.batch_timeout_in_force(decision.get("batchTimeout")),
+        max_queue_delay_seconds=isvc.spec.max_queue_delay_in_force(
+            api.AutoscalerDecisionStatus.model_validate(decision).max_queue_delay
+        ),
         ready_replicas=replicas,
     )
     return decide(_observation(observed), current, policy, state, now)

@@ -71,7 +71,7 @@ TEXTS = [
 ]
 #: Requests of a pod that must start and serve (the node has two cores, shared).
 SERVING = {"gpus": 0, "cpu": "250m", "memory": "1Gi"}
-#: A long batch timeout, so that requests released together surely share batches on a throttled pod.
+#: A long max queue delay, so that requests released together surely share batches on a throttled pod.
 BATCHING = {"maxBatchSize": 16, "maxQueueDelay": "300ms"}
 #: The pod's fp32 against this process's fp32 (another thread count, ONNX Runtime): rounding only.
 ATOL = 1e-4
@@ -438,7 +438,7 @@ def test_concurrent_requests_batch_together_with_the_same_answers(
         list(pool.map(one, range(len(rows))))
     inferences_after, executions_after = _counts(served, name)
     assert inferences_after - inferences == sum(rows)
-    # 8 requests released together within the batch timeout: fewer batches than requests
+    # 8 requests released together within the max queue delay: fewer batches than requests
     assert 1 <= executions_after - executions < len(rows), (executions, executions_after)
 
 

@@ -204,7 +204,7 @@ def test_pods_resolve_service_names_through_cluster_dns(cluster: Cluster, ns: st
 
 def test_max_queue_delay_change_reaches_the_running_pod_without_restart(cluster: Cluster, ns: str) -> None:
     (pod,) = runtime_pods(cluster, ns, NAME)
-    # autoscaling off: otherwise the autoscaler's status.batchTimeout is the value in force
+    # autoscaling off: otherwise the autoscaler's status.maxQueueDelay is the value in force
     cluster.kubectl(
         "patch", "inferenceservice", NAME, "-n", ns, "--type=merge",
         "-p", '{"spec":{"autoscaling":{"enabled":false},"batching":{"maxQueueDelay":"17ms"}}}',

@@ -60,7 +60,7 @@ def _isvc(namespace: str, graph_cache: str) -> dict[str, Any]:
             "scaleUpCooldown": "2s",
             "scaleDownCooldown": "2s",
             "scaleDownStabilization": "5s",
-            "batchTimeoutCooldown": "2s",
+            "maxQueueDelayCooldown": "2s",
         }
     )
     return doc

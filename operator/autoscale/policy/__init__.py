@@ -1,13 +1,13 @@
 """The autoscaler's control law: a pure function of (observation, current, policy, state, now).
 
 ``decide`` keeps the P99 latency at or under ``Policy.target_p99_seconds`` with the fewest replicas,
-using two levers: the replica count and the batch timeout (the runtime's max queue delay).
+using two levers: the replica count and the max queue delay (the runtime's batch timeout).
 
 **The SLO-capacity rule** (``plan.plan``, when the observation carries the arrival rate and the
 runtime's batch service time s(b) = a + c*b with its max batch size B): what only kubeinfer sees lets
 it count the replicas a demand needs instead of waiting for the P99 over the query window to show a
 breach. One replica meets the SLO with batches of b rows while ``timeout + 2*s(b) <= target`` (a
-request waits at most the batch timeout, the batch in progress and its own batch: Nexus' worst case,
+request waits at most the max queue delay, the batch in progress and its own batch: Nexus' worst case,
 Shen et al., SOSP 2019), so it serves ``b/s(b)`` requests/s (the physical limit of a batching server;
 Clipper, Crankshaw et al., NSDI 2017; ``plan.slo_capacity``). The demand is the arrival rate (or the
 completion rate if higher) plus the requests in flight drained over ``plan.BACKLOG_DRAIN_SECONDS`` (Little's
@@ -17,7 +17,7 @@ start is longer than a burst takes to build a backlog). More than provisioned (s
 count): scale out now, no cooldown (``capacity.ahead_of_demand``; proactive provisioning from a demand model
 as in MArk, Zhang et al., USENIX ATC 2019, and predictive scaling in Autopilot, Rzadca et al.,
 EuroSys 2020). While replicas it asked for start and the demand is over what the ready ones serve,
-the batch timeout goes to the longest at which a full batch still meets the SLO
+the max queue delay goes to the longest at which a full batch still meets the SLO
 (``capacity.during_cold_start``: fuller batches raise b/s(b)). Scale-in goes to ``needed`` after the
 stabilization window. P99 over target with the demand covered adds one replica, not the P99 ratio (the
 window still holds the past), and a backlog whose Little's-law wait is under half the target counts as
@@ -55,9 +55,9 @@ The reactive law:
   https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algorithm-details),
   bounded by ``max_replicas`` and ``max_scale_up_step``.
 - P99 over target while the GPUs are not busy: the delay is queueing the service imposes on itself.
-  Cut the batch timeout multiplicatively (AIMD's multiplicative decrease, as in TCP congestion
+  Cut the max queue delay multiplicatively (AIMD's multiplicative decrease, as in TCP congestion
   control, RFC 5681 / Chiu & Jain 1989); add replicas only once the timeout is at its lower bound.
-- P99 comfortably under target: grow the batch timeout additively toward its upper bound (AIMD's
+- P99 comfortably under target: grow the max queue delay additively toward its upper bound (AIMD's
   additive increase). Scale in only after the stabilization window: like the HPA, every tick records
   a replica recommendation and a scale-in goes to the highest recommendation of the last
   ``scale_down_stabilization_seconds`` (HPA default 300 s); a recommendation below the current
@@ -96,7 +96,7 @@ own unit tests, the way Ray Serve's ``autoscaling_policy`` composes its steps:
 3. One rule by where the demand and the P99 stand: ``capacity.ahead_of_demand`` (the count is over
    what is provisioned), ``reactive.over_target``, ``reactive.under_target`` (with
    ``reactive.band_headroom``, the stabilization window's ``stabilization.scale_in`` and
-   ``reactive.grow_timeout``) or ``reactive.within_tolerance``.
+   ``reactive.grow_max_queue_delay``) or ``reactive.within_tolerance``.
 4. ``capacity.during_cold_start``: fuller batches while added replicas start.
 5. ``zero.scale_to_zero``: with ``Policy.idle_after_seconds`` set, an idle run that long takes the
    replicas to 0 (at 0, ``decide`` holds before step 1: ``zero.at_zero``).
@@ -180,7 +180,7 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
 
     Args:
         observation: the signals; unknown ones make the decision hold.
-        current: replicas and batch timeout in force.
+        current: replicas and max queue delay in force.
         policy: tunables.
         state: the previous decision's ``state`` (``State()`` at start).
         now: the current time, seconds on any clock that only moves forward.
@@ -188,7 +188,7 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     Returns:
         A ``Decision``; ``replicas`` is within ``[policy.min_replicas, policy.max_replicas]``, or 0
         with ``policy.idle_after_seconds`` set (scaled to zero, or held there), and
-        ``batch_timeout_seconds`` within the policy's timeout bounds.
+        ``max_queue_delay_seconds`` within the policy's timeout bounds.
     """
     if policy.idle_after_seconds is not None and current.replicas == 0:
         _, timeout = bounded(current, policy)
@@ -210,7 +210,13 @@ def decide(observation: Observation, current: Current, policy: Policy, state: St
     out = scale_to_zero(t, during_cold_start(t, rule_for(t)(t)))
     hold = out.holds[0] if out.holds else None
     return _decision(
-        current, out.replicas, out.batch_timeout, note + out.words, next_state(t, out), hold, known=True
+        current,
+        out.replicas,
+        out.max_queue_delay_seconds,
+        note + out.words,
+        next_state(t, out),
+        hold,
+        known=True,
     )
 
 
@@ -220,8 +226,8 @@ def _bounds_note(current: Current, policy: Policy) -> str:
     if replicas != current.replicas:
         span = f"[{policy.min_replicas}, {policy.max_replicas}]"
         note += f"replicas {current.replicas} outside {span} → {replicas}; "
-    if not math.isclose(timeout, current.batch_timeout_seconds, rel_tol=1e-9, abs_tol=1e-12):
-        note += f"batch timeout {ms(current.batch_timeout_seconds)} outside bounds → {ms(timeout)}; "
+    if not math.isclose(timeout, current.max_queue_delay_seconds, rel_tol=1e-9, abs_tol=1e-12):
+        note += f"max queue delay {ms(current.max_queue_delay_seconds)} outside bounds → {ms(timeout)}; "
     return note
 
 
@@ -236,14 +242,16 @@ def _decision(
     known: bool,
 ) -> Decision:
     replicas_changed = replicas != current.replicas
-    timeout_changed = not math.isclose(timeout, current.batch_timeout_seconds, rel_tol=1e-9, abs_tol=1e-12)
+    max_queue_delay_changed = not math.isclose(
+        timeout, current.max_queue_delay_seconds, rel_tol=1e-9, abs_tol=1e-12
+    )
     return Decision(
         replicas=replicas,
-        batch_timeout_seconds=timeout,
+        max_queue_delay_seconds=timeout,
         reason=reason,
         replicas_changed=replicas_changed,
-        timeout_changed=timeout_changed,
+        max_queue_delay_changed=max_queue_delay_changed,
         known=known,
         state=state,
-        hold=None if replicas_changed or timeout_changed or not known else hold,
+        hold=None if replicas_changed or max_queue_delay_changed or not known else hold,
     )

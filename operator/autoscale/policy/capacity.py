@@ -39,9 +39,9 @@ def during_cold_start(t: Tick, out: Outcome) -> Outcome:
         return out
     if out.replicas <= ready or (t.demand or 0.0) <= ready * t.capacity:
         return out
-    bounds = (p.batch_timeout_min_seconds, p.batch_timeout_max_seconds)
+    bounds = (p.max_queue_delay_min_seconds, p.max_queue_delay_max_seconds)
     longer = cold_start_timeout(a, c, int(batch), p.target_p99_seconds, bounds)
-    if longer <= out.batch_timeout + 1e-12:
+    if longer <= out.max_queue_delay_seconds + 1e-12:
         return out
-    words = f"{out.words}; cold start: batch timeout {ms(out.batch_timeout)} → {ms(longer)}"
-    return replace(out, batch_timeout=longer, last_timeout_change=t.now, words=words)
+    words = f"{out.words}; cold start: max queue delay {ms(out.max_queue_delay_seconds)} → {ms(longer)}"
+    return replace(out, max_queue_delay_seconds=longer, last_max_queue_delay_change=t.now, words=words)

@@ -22,7 +22,7 @@ def next_state(t: Tick, out: Outcome) -> State:
         last_scale_up=out.last_scale_up,
         last_unready=t.last_unready,
         last_scale_down=out.last_scale_down,
-        last_timeout_change=out.last_timeout_change,
+        last_max_queue_delay_change=out.last_max_queue_delay_change,
         first_seen=t.state.first_seen if t.state.first_seen is not None else t.now,
         recommendations=recommendations(t, out),
         arrivals=arrivals(t.state, t.obs, t.policy, t.now),
@@ -46,7 +46,7 @@ def restore_state(
     now: float,
     last_scale_up_age: float | None = None,
     last_scale_down_age: float | None = None,
-    last_timeout_change_age: float | None = None,
+    last_max_queue_delay_change_age: float | None = None,
 ) -> State:
     """Rebuild a ``State`` after an operator restart from ages (seconds before ``now``) in status.
 
@@ -61,7 +61,7 @@ def restore_state(
         State(),
         last_scale_up=at(last_scale_up_age),
         last_scale_down=at(last_scale_down_age),
-        last_timeout_change=at(last_timeout_change_age),
+        last_max_queue_delay_change=at(last_max_queue_delay_change_age),
     )
 
 

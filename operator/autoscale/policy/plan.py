@@ -99,7 +99,7 @@ def slo_capacity(a: float, c: float, max_batch: int, target: float, timeout: flo
     """The batch size and throughput one replica sustains at a latency SLO (Nexus' batch bound).
 
     A batching server whose batch of b rows takes s(b) = a + c*b seconds makes a request wait, at
-    worst, for the batch timeout, the batch in progress and its own batch: ``timeout + 2*s(b) <=
+    worst, for the max queue delay, the batch in progress and its own batch: ``timeout + 2*s(b) <=
     target`` (Shen et al., "Nexus: a GPU cluster engine for accelerating DNN-based video analysis",
     SOSP 2019, section 4: worst-case latency of a saturated batch is twice its execution time). The
     largest such b (at most ``max_batch``) sets the throughput b / s(b), the physical limit of a
@@ -108,7 +108,7 @@ def slo_capacity(a: float, c: float, max_batch: int, target: float, timeout: flo
     Args:
         a: fixed part of the batch service time, seconds. c: seconds per row (> 0).
         max_batch: the runtime's max batch size, rows. target: the P99 objective, seconds.
-        timeout: the batch timeout (max queue delay) in force, seconds.
+        timeout: the max queue delay in force, seconds.
 
     Returns:
         ``(b, requests per second)``; ``(0, 0.0)`` when not even one row meets the target.
@@ -122,7 +122,7 @@ def slo_capacity(a: float, c: float, max_batch: int, target: float, timeout: flo
 def cold_start_timeout(
     a: float, c: float, max_batch: int, target: float, bounds: tuple[float, float]
 ) -> float:
-    """The longest batch timeout at which a full batch still meets the SLO, ``target - 2*s(B)``, in
+    """The longest max queue delay at which a full batch still meets the SLO, ``target - 2*s(B)``, in
     ``bounds`` (seconds): longer timeouts fill batches, and b / s(b) grows with b."""
     return min(max(target - 2 * (a + c * max_batch), bounds[0]), bounds[1])
 
@@ -202,10 +202,10 @@ def surge_floor(floor: float, full: float, burst: headroom.Burst | None, policy:
 
 
 def plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burst | None) -> Plan:
-    """The SLO-capacity rule's count for the batch timeout in force (see the module docstring).
+    """The SLO-capacity rule's count for the max queue delay in force (see the module docstring).
 
     Args:
-        obs: the checked observation. policy: the tunables. timeout: the batch timeout in force, seconds.
+        obs: the checked observation. policy: the tunables. timeout: the max queue delay in force, seconds.
         burst: what the burst headroom learned (``learned_burst``), ``None`` when off or unknown.
     """
     a, c, batch = obs.service_time_a_seconds, obs.service_time_c_seconds, obs.max_batch_size

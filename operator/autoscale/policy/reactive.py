@@ -1,11 +1,11 @@
 """The reactive law on P99 and utilization: one rule per side of the tolerance band.
 
 - ``over_target``: a drained backlog holds; busy GPUs scale out by the HPA ratio on the binding signal
-  (one replica when the SLO-capacity rule says the demand is covered); idle GPUs cut the batch timeout
+  (one replica when the SLO-capacity rule says the demand is covered); idle GPUs cut the max queue delay
   multiplicatively (AIMD) and add replicas once it is at its lower bound.
 - ``under_target``: ``band_headroom`` when the GPUs run over the band, else a recommendation
   (``in_recommendation``) and the stabilization window's scale-in (``stabilization.scale_in``); the
-  batch timeout grows additively (``grow_timeout``).
+  max queue delay grows additively (``grow_max_queue_delay``).
 - ``within_tolerance``: nothing moves.
 """
 
@@ -21,7 +21,7 @@ from kubeinfer.operator.autoscale.policy.tick import Outcome, Tick, unchanged
 
 __all__ = [
     "band_headroom",
-    "grow_timeout",
+    "grow_max_queue_delay",
     "in_recommendation",
     "over_target",
     "scale_up",
@@ -60,7 +60,7 @@ def over_target(t: Tick) -> Outcome:
     """P99 over target beyond the tolerance band.
 
     Backlog drained (Little's law): hold. GPUs busy: scale out by the HPA ratio on the binding signal.
-    GPUs not busy: cut the batch timeout multiplicatively (AIMD), and add replicas only once it is at
+    GPUs not busy: cut the max queue delay multiplicatively (AIMD), and add replicas only once it is at
     its lower bound.
     """
     p = t.policy
@@ -72,15 +72,15 @@ def over_target(t: Tick) -> Outcome:
         return with_scale_up(t, f"{head}, demand covered", (t.replicas + 1) / t.replicas)
     if t.busy:
         return with_scale_up(t, head, max(t.ratio, t.utilization / p.gpu_high))
-    if t.batch_timeout <= p.batch_timeout_min_seconds:
-        return with_scale_up(t, f"{head}, batch timeout at minimum", t.ratio)
-    if not cooled(t.state.last_timeout_change, p.timeout_cooldown_seconds, t.now):
-        return unchanged(t, f"{head}: batch timeout cooling down", conditions.BATCH_TIMEOUT_COOLING_DOWN)
-    cut = max(p.batch_timeout_min_seconds, t.batch_timeout * p.timeout_decrease_factor)
+    if t.max_queue_delay_seconds <= p.max_queue_delay_min_seconds:
+        return with_scale_up(t, f"{head}, max queue delay at minimum", t.ratio)
+    if not cooled(t.state.last_max_queue_delay_change, p.max_queue_delay_cooldown_seconds, t.now):
+        return unchanged(t, f"{head}: max queue delay cooling down", conditions.MAX_QUEUE_DELAY_COOLING_DOWN)
+    cut = max(p.max_queue_delay_min_seconds, t.max_queue_delay_seconds * p.max_queue_delay_decrease_factor)
     return replace(
-        unchanged(t, f"{head}: batch timeout {ms(t.batch_timeout)} → {ms(cut)}"),
-        batch_timeout=cut,
-        last_timeout_change=t.now,
+        unchanged(t, f"{head}: max queue delay {ms(t.max_queue_delay_seconds)} → {ms(cut)}"),
+        max_queue_delay_seconds=cut,
+        last_max_queue_delay_change=t.now,
     )
 
 
@@ -98,18 +98,18 @@ def in_recommendation(t: Tick) -> int:
     return t.replicas
 
 
-def grow_timeout(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
-    """Grow the batch timeout additively toward its upper bound (AIMD); the words, ``None`` at the top."""
+def grow_max_queue_delay(t: Tick, out: Outcome) -> tuple[Outcome, str | None]:
+    """Grow the max queue delay additively toward its upper bound (AIMD); the words, ``None`` at the top."""
     p = t.policy
-    if t.batch_timeout >= p.batch_timeout_max_seconds:
+    if t.max_queue_delay_seconds >= p.max_queue_delay_max_seconds:
         return out, None
-    if not cooled(t.state.last_timeout_change, p.timeout_cooldown_seconds, t.now):
+    if not cooled(t.state.last_max_queue_delay_change, p.max_queue_delay_cooldown_seconds, t.now):
         return replace(
-            out, holds=(*out.holds, conditions.BATCH_TIMEOUT_COOLING_DOWN)
-        ), "batch timeout cooling down"
-    grown = min(p.batch_timeout_max_seconds, t.batch_timeout + p.timeout_increase_step_seconds)
-    words = f"batch timeout {ms(t.batch_timeout)} → {ms(grown)}"
-    return replace(out, batch_timeout=grown, last_timeout_change=t.now), words
+            out, holds=(*out.holds, conditions.MAX_QUEUE_DELAY_COOLING_DOWN)
+        ), "max queue delay cooling down"
+    grown = min(p.max_queue_delay_max_seconds, t.max_queue_delay_seconds + p.max_queue_delay_step_seconds)
+    words = f"max queue delay {ms(t.max_queue_delay_seconds)} → {ms(grown)}"
+    return replace(out, max_queue_delay_seconds=grown, last_max_queue_delay_change=t.now), words
 
 
 def band_headroom(t: Tick, head: str) -> Outcome | None:
@@ -124,7 +124,7 @@ def band_headroom(t: Tick, head: str) -> Outcome | None:
 
 def under_target(t: Tick) -> Outcome:
     """P99 comfortably under target: headroom when the GPUs run above the band (``band_headroom``),
-    else a scale-in after the stabilization window; the batch timeout grows additively."""
+    else a scale-in after the stabilization window; the max queue delay grows additively."""
     p = t.policy
     head = f"{t.p99_words} < target {p.target_p99_seconds:.2f} s, {t.gpu_words}"
     parts: list[str] = []
@@ -136,7 +136,7 @@ def under_target(t: Tick) -> Outcome:
         out = replace(unchanged(t, head), recommendation=in_recommendation(t))
     if t.needed_why and t.needed is not None and t.needed >= t.replicas:  # why no scale-in, in words
         parts.append(f"keeps {t.replicas} replicas{t.needed_why}")
-    for step in (scale_in, grow_timeout):
+    for step in (scale_in, grow_max_queue_delay):
         out, words = step(t, out)
         if words is not None:
             parts.append(words)

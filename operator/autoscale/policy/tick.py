@@ -35,7 +35,7 @@ class Tick:
 
     Attributes:
         obs: the checked observation. policy, state, now: as given to ``decide``.
-        replicas, batch_timeout: the values in force brought into the policy's bounds.
+        replicas, max_queue_delay_seconds: the values in force brought into the policy's bounds.
         utilization: GPU utilization, ratio. ratio: P99 over target (0 when idle).
         busy: utilization at or above ``gpu_high``. p99_words, gpu_words: the signals in words.
         starting: replicas of the last scale-up not yet ready.
@@ -51,7 +51,7 @@ class Tick:
     state: State
     now: float
     replicas: int
-    batch_timeout: float
+    max_queue_delay_seconds: float
     utilization: float
     ratio: float
     busy: bool
@@ -105,7 +105,7 @@ class Tick:
             state=state,
             now=now,
             replicas=n,
-            batch_timeout=timeout,
+            max_queue_delay_seconds=timeout,
             utilization=u,
             ratio=0.0 if idle or obs.p99_seconds is None else obs.p99_seconds / policy.target_p99_seconds,
             busy=busy,
@@ -126,42 +126,43 @@ class Outcome:
     amend.
 
     Attributes:
-        replicas, batch_timeout: the values to have in force.
+        replicas, max_queue_delay_seconds: the values to have in force.
         words: the reason, without the bounds note.
         holds: kinds of hold met, first = the one reported when nothing changes.
         recommendation: this tick's replica recommendation for the stabilization window.
-        last_scale_up, last_scale_down, last_timeout_change: the clocks for the next ``State``.
+        last_scale_up, last_scale_down, last_max_queue_delay_change: the clocks for the next ``State``.
     """
 
     replicas: int
-    batch_timeout: float
+    max_queue_delay_seconds: float
     words: str
     holds: tuple[str, ...]
     recommendation: int
     last_scale_up: float | None
     last_scale_down: float | None
-    last_timeout_change: float | None
+    last_max_queue_delay_change: float | None
 
 
 def unchanged(t: Tick, words: str, *holds: str) -> Outcome:
     """An outcome that keeps what is in force (and the state's clocks), with ``words`` and ``holds``."""
     return Outcome(
         t.replicas,
-        t.batch_timeout,
+        t.max_queue_delay_seconds,
         words,
         holds,
         t.replicas,
         t.state.last_scale_up,
         t.state.last_scale_down,
-        t.state.last_timeout_change,
+        t.state.last_max_queue_delay_change,
     )
 
 
 def bounded(current: Current, policy: Policy) -> tuple[int, float]:
-    """The replicas and batch timeout in force, brought into the policy's bounds."""
+    """The replicas and max queue delay in force, brought into the policy's bounds."""
     replicas = min(max(current.replicas, policy.min_replicas), policy.max_replicas)
     timeout = min(
-        max(current.batch_timeout_seconds, policy.batch_timeout_min_seconds), policy.batch_timeout_max_seconds
+        max(current.max_queue_delay_seconds, policy.max_queue_delay_min_seconds),
+        policy.max_queue_delay_max_seconds,
     )
     return replicas, timeout
 

@@ -214,14 +214,14 @@ class Current:
     Attributes:
         replicas: the Deployment's ``spec.replicas`` (may be 0 or out of bounds if someone else
             wrote it; ``decide`` brings it back into bounds).
-        batch_timeout_seconds: the runtime's ``batching.max_queue_delay_seconds``, seconds.
+        max_queue_delay_seconds: the runtime's ``batching.max_queue_delay_seconds``, seconds.
         ready_replicas: the Deployment's ready replicas, ``None`` when unknown. While fewer than
             ``replicas`` are ready, the last scale-up is still starting and no further one is made
             (their capacity is on its way; the HPA likewise discounts unready pods).
     """
 
     replicas: int
-    batch_timeout_seconds: float
+    max_queue_delay_seconds: float
     ready_replicas: int | None = None
 
 
@@ -230,7 +230,7 @@ class Policy:
     """Tunables of the control law. Durations in seconds, utilizations as ratios in [0, 1].
 
     ``loop.policy_from_spec`` sets the fields the InferenceService API exposes (replica bounds, target,
-    utilization band, batch-timeout bounds, tolerance, stabilization, cooldowns, max scale-up step,
+    utilization band, max-queue-delay bounds, tolerance, stabilization, cooldowns, max scale-up step,
     plan utilization) and the staleness limit; the others keep their defaults in the operator. Numbers
     nothing ever sets are module constants of the rule that reads them, each with its source
     (``tick.DRAINED_WAIT_FRACTION``, ``tick.DRAINED_WAIT_MODEL_FRACTION``, ``plan.BACKLOG_DRAIN_SECONDS``,
@@ -239,7 +239,7 @@ class Policy:
     Defaults and their sources:
         tolerance 0.1 and scale_down_stabilization_seconds 300: the Kubernetes HPA's defaults
         (``--horizontal-pod-autoscaler-tolerance``, ``behavior.scaleDown.stabilizationWindowSeconds``).
-        timeout_decrease_factor 0.5 / timeout_increase_step_seconds: AIMD as in TCP congestion control
+        max_queue_delay_decrease_factor 0.5 / max_queue_delay_step_seconds: AIMD as in TCP congestion control
         (RFC 5681: halve on congestion, grow by a constant per round trip); the step is 1 ms here.
         gpu_low/gpu_high 0.5/0.8: kubeinfer's choice, a band around the 70 % HPA target that the
         benchmark's ``hpa_gpu`` uses. Cooldowns: kubeinfer's choice, at least one scrape + query
@@ -269,7 +269,7 @@ class Policy:
     benchmark's ablations (``bench/autoscaler_sim.py``'s ``VARIANTS``) and the tests:
         capacity_rule: the SLO-capacity rule (``plan.plan``; off: the reactive law alone decides).
         cold_start_timeout: while replicas it asked for are starting and the demand is over the ready
-            replicas' capacity, the batch timeout goes to the largest one at which a full batch still
+            replicas' capacity, the max queue delay goes to the largest one at which a full batch still
             meets the SLO (``capacity.during_cold_start``).
         burst_headroom: the learned burst headroom, the surge prior giving way to the step floor and
             the hold of a left level (``plan.learned_burst``; off, one reaction time of arrival samples
@@ -291,16 +291,16 @@ class Policy:
     target_p99_seconds: float = 0.2
     gpu_low: float = 0.5
     gpu_high: float = 0.8
-    batch_timeout_min_seconds: float = 0.0005
-    batch_timeout_max_seconds: float = 0.02
+    max_queue_delay_min_seconds: float = 0.0005
+    max_queue_delay_max_seconds: float = 0.02
     tolerance: float = 0.1
     scale_down_stabilization_seconds: float = 300.0
     scale_up_cooldown_seconds: float = 30.0
     scale_down_cooldown_seconds: float = 60.0
-    timeout_cooldown_seconds: float = 15.0
+    max_queue_delay_cooldown_seconds: float = 15.0
     max_scale_up_step: int = 4
-    timeout_decrease_factor: float = 0.5
-    timeout_increase_step_seconds: float = 0.001
+    max_queue_delay_decrease_factor: float = 0.5
+    max_queue_delay_step_seconds: float = 0.001
     stale_after_seconds: float = 120.0
     keep_in_band: bool = True
     capacity_rule: bool = True
@@ -323,7 +323,7 @@ class Policy:
             "scale_down_stabilization_seconds",
             "scale_up_cooldown_seconds",
             "scale_down_cooldown_seconds",
-            "timeout_cooldown_seconds",
+            "max_queue_delay_cooldown_seconds",
         )
         rules: tuple[tuple[str, bool, str], ...] = (
             ("min_replicas", self.min_replicas >= 1, "must be at least 1"),
@@ -338,17 +338,21 @@ class Policy:
                 0 <= self.gpu_low < self.gpu_high <= 1,
                 f"must satisfy 0 <= gpu_low ({self.gpu_low}) < gpu_high <= 1",
             ),
-            ("batch_timeout_min_seconds", self.batch_timeout_min_seconds >= 0, "must be >= 0"),
+            ("max_queue_delay_min_seconds", self.max_queue_delay_min_seconds >= 0, "must be >= 0"),
             (
-                "batch_timeout_max_seconds",
-                self.batch_timeout_max_seconds >= self.batch_timeout_min_seconds,
-                "must be >= batch_timeout_min_seconds",
+                "max_queue_delay_max_seconds",
+                self.max_queue_delay_max_seconds >= self.max_queue_delay_min_seconds,
+                "must be >= max_queue_delay_min_seconds",
             ),
             ("tolerance", 0 <= self.tolerance < 1, "must be in [0, 1)"),
             *((name, getattr(self, name) >= 0, "must be >= 0") for name in cooldowns),
             ("max_scale_up_step", self.max_scale_up_step >= 1, "must be at least 1"),
-            ("timeout_decrease_factor", 0 < self.timeout_decrease_factor < 1, "must be in (0, 1)"),
-            ("timeout_increase_step_seconds", self.timeout_increase_step_seconds > 0, "must be > 0"),
+            (
+                "max_queue_delay_decrease_factor",
+                0 < self.max_queue_delay_decrease_factor < 1,
+                "must be in (0, 1)",
+            ),
+            ("max_queue_delay_step_seconds", self.max_queue_delay_step_seconds > 0, "must be > 0"),
             ("stale_after_seconds", self.stale_after_seconds > 0, "must be > 0"),
             ("plan_utilization", 0 < self.plan_utilization <= 1, "must be in (0, 1]"),
             ("surge_factor", self.surge_factor >= 1, "must be >= 1"),
@@ -385,7 +389,7 @@ class State:
             scale-up cooldown runs from the later of this and ``last_scale_up`` (the effect of added
             capacity is only visible once it serves).
         last_scale_down: ``now`` of the last scale-down, or ``None``.
-        last_timeout_change: ``now`` of the last batch-timeout change, or ``None``.
+        last_max_queue_delay_change: ``now`` of the last max queue delay change, or ``None``.
         first_seen: ``now`` of the first known observation; no scale-in before a whole
             stabilization window has been observed (so a restarted operator waits one window).
         recommendations: ``(now, replicas)`` per known tick within the stabilization window, oldest
@@ -402,7 +406,7 @@ class State:
     last_scale_up: float | None = None
     last_unready: float | None = None
     last_scale_down: float | None = None
-    last_timeout_change: float | None = None
+    last_max_queue_delay_change: float | None = None
     first_seen: float | None = None
     recommendations: tuple[tuple[float, int], ...] = field(default_factory=tuple)
     arrivals: tuple[tuple[float, float], ...] = field(default_factory=tuple)
@@ -415,29 +419,29 @@ class Decision:
 
     Attributes:
         replicas: replica count to have in force.
-        batch_timeout_seconds: batch timeout to have in force, seconds.
+        max_queue_delay_seconds: max queue delay to have in force, seconds.
         reason: plain words, e.g. ``"P99 0.31 s > target 0.20 s, GPU 0.91 busy: 3 → 5 replicas"``.
-        replicas_changed / timeout_changed: whether the value differs from ``Current``.
+        replicas_changed / max_queue_delay_changed: whether the value differs from ``Current``.
         known: False when the observation was unknown and everything was held.
         state: the ``State`` to pass to the next ``decide``.
         hold: when a known decision changes nothing, the kind of hold in CamelCase, stable from tick to
             tick while the numbers in ``reason`` move: ``BacklogDrained``, ``AtMaxReplicas``,
-            ``ReplicasStarting``, ``ScaleUpCoolingDown``, ``BatchTimeoutCoolingDown``,
+            ``ReplicasStarting``, ``ScaleUpCoolingDown``, ``MaxQueueDelayCoolingDown``,
             ``StabilizationWindow``, ``ArrivalsRising``, ``ScaleInCoolingDown``, ``WithinTolerance``,
             ``TargetMet``;
             ``None`` when the decision changes something or the observation is unknown.
     """
 
     replicas: int
-    batch_timeout_seconds: float
+    max_queue_delay_seconds: float
     reason: str
     replicas_changed: bool
-    timeout_changed: bool
+    max_queue_delay_changed: bool
     known: bool
     state: State
     hold: str | None = None
 
     @property
     def changed(self) -> bool:
-        """True when the decision changes replicas or the batch timeout."""
-        return self.replicas_changed or self.timeout_changed
+        """True when the decision changes replicas or the max queue delay."""
+        return self.replicas_changed or self.max_queue_delay_changed

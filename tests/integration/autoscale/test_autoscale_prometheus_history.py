@@ -129,7 +129,7 @@ def test_autoscale_history_carries_a_level_left_suddenly(prometheus: PrometheusS
         )
         capacity = 4 / (0.04 + 0.02 * 4)
         assert math.ceil(LOW / (0.85 * capacity)) == 1  # the traffic now needs one replica
-        current = Current(replicas=2, batch_timeout_seconds=0.005, ready_replicas=2)
+        current = Current(replicas=2, max_queue_delay_seconds=0.005, ready_replicas=2)
         restored = decide(obs, current, policy, state, now)
         print(restored.reason)
         assert "the traffic left suddenly" in restored.reason
@@ -199,7 +199,7 @@ def test_autoscale_history_backfilled_with_bursts_gives_the_burst_headroom(
         service_time_c_seconds=0.02,
         max_batch_size=4,
     )
-    current = Current(replicas=3, batch_timeout_seconds=0.005, ready_replicas=3)
+    current = Current(replicas=3, max_queue_delay_seconds=0.005, ready_replicas=3)
     restored = decide(obs, current, policy, state, now)
     print(restored.reason)
     assert "burst headroom x1.80 learned from" in restored.reason

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubeinfer.operator import api
 
 from tests.integration.operator.test_operator_validation import BASE, _merge
 from tests.support.cluster import Cluster
@@ -86,13 +87,13 @@ ONE_ERROR: list[tuple[str, dict[str, Any], str]] = [
     ("spaced-window", {"autoscaling": {"window": "1 m"}}, "spec.autoscaling.window"),
     (
         "bad-timeout-max",
-        {"autoscaling": {"batchTimeout": {"max": "50 ms"}}},
-        "spec.autoscaling.batchTimeout.max",
+        {"autoscaling": {"maxQueueDelay": {"max": "50 ms"}}},
+        "spec.autoscaling.maxQueueDelay.max",
     ),
     (
         "bad-timeout-min",
-        {"autoscaling": {"batchTimeout": {"min": "ms"}}},
-        "spec.autoscaling.batchTimeout.min",
+        {"autoscaling": {"maxQueueDelay": {"min": "ms"}}},
+        "spec.autoscaling.maxQueueDelay.min",
     ),
 ]
 
@@ -112,3 +113,29 @@ def test_bad_duration_gets_one_error(
     assert "type conversion error" not in result.stderr, result.stderr
     # one error: kubectl lists several as "* field: ..." bullets, one without
     assert "\n* " not in result.stderr and not result.stderr.lstrip().startswith("* "), result.stderr
+
+
+#: A value of each renamed field, as a manifest from before the rename wrote it.
+_OLD_VALUES: dict[str, Any] = {"batchTimeout": {"min": "1ms", "max": "20ms"}, "batchTimeoutCooldown": "15s"}
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(api.RENAMED_AUTOSCALING_FIELDS.items()))
+def test_a_renamed_field_is_refused_naming_the_new_one(
+    cluster: Cluster, crds: None, namespace: str, old: str, new: str
+) -> None:
+    # --validate=false: a client without strict field validation, whose unknown field the API server
+    # would prune without a word (the autoscaler then silently on its default bounds)
+    manifest = _merge(BASE, {"spec": {"autoscaling": {"enabled": True, old: _OLD_VALUES[old]}}})
+    result = cluster.kubectl(
+        "apply",
+        "--validate=false",
+        "--dry-run=server",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(manifest),
+        check=False,
+    )
+    assert result.returncode != 0, f"accepted: {manifest}"
+    assert f"spec.autoscaling.{old} is now spec.autoscaling.{new}" in result.stderr, result.stderr

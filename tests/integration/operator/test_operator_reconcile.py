@@ -112,11 +112,11 @@ def test_example_produces_expected_objects(
     assert dep["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubeinfer"
     assert diff.is_subset(build_service(isvc)["spec"], svc["spec"])
     cfg = RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"])
-    expected_cfg = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
+    expected_cfg = build_configmap(isvc, isvc.spec.max_queue_delay_in_force(None))["data"]["runtime.yaml"]
     assert cfg == RuntimeConfig.from_yaml(expected_cfg)
     if build_pdb(isvc) is not None:
         wait_until(lambda: get_object(cluster, ns, "pdb", name), timeout=30, message="PodDisruptionBudget")
-    # status: URL, selector, batch timeout in force, observed generation
+    # status: URL, selector, max queue delay in force, observed generation
     status = wait_until(
         lambda: (
             (get_object(cluster, ns, "kisvc", name) or {}).get("status", {}).get("url")
@@ -127,7 +127,7 @@ def test_example_produces_expected_objects(
     )
     assert status["url"] == f"http://{name}.{ns}.svc.cluster.local:8080"
     assert status["selector"].count("=") == 3
-    assert api.parse_duration(status["batchTimeout"]) > 0
+    assert api.parse_duration(status["maxQueueDelay"]) > 0
 
 
 def test_batching_edit_changes_configmap_only_model_edit_rolls(

@@ -283,7 +283,7 @@ def _check_broken_update(cluster: Cluster, ns: str, name: str) -> None:
     assert warnings == [("Warning", "ImagePullBackOff")], warnings
 
 
-def test_scale_and_batch_timeout_changes_are_normal_events(
+def test_scale_and_max_queue_delay_changes_are_normal_events(
     cluster: Cluster, op_namespace: str, operator: OperatorProcess
 ) -> None:
     ns, name = op_namespace, "scaleevents"
@@ -300,9 +300,9 @@ def test_scale_and_batch_timeout_changes_are_normal_events(
         '{"spec":{"replicas":2,"batching":{"maxQueueDelay":"9ms"}}}',
     )
     wait_until(
-        lambda: {("Normal", "Scaled"), ("Normal", "BatchTimeoutChanged")} <= set(_events(cluster, ns, name)),
+        lambda: {("Normal", "Scaled"), ("Normal", "MaxQueueDelayChanged")} <= set(_events(cluster, ns, name)),
         timeout=30,
-        message="Scaled and BatchTimeoutChanged Events",
+        message="Scaled and MaxQueueDelayChanged Events",
     )
     done = _wait_healthy(cluster, ns, name)
     assert done["status"]["updatedReady"] == "2/2" and done["status"]["replicas"] == 2

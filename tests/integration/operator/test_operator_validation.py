@@ -37,8 +37,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "timeout-bounds",
-        {"autoscaling": {"batchTimeout": {"min": "60ms", "max": "10ms"}}},
-        "spec.autoscaling.batchTimeout.min",
+        {"autoscaling": {"maxQueueDelay": {"min": "60ms", "max": "10ms"}}},
+        "spec.autoscaling.maxQueueDelay.min",
     ),
     (
         "gpu-band",

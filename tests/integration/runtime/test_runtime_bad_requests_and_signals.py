@@ -1,5 +1,5 @@
 """Adversarial runtime checks on the tiny BERT (fast to load): bad requests mixed into a concurrent
-batch of good ones, SIGTERM with requests queued behind a long batch timeout, SIGKILL and restart of
+batch of good ones, SIGTERM with requests queued behind a long max queue delay, SIGKILL and restart of
 the same ``RuntimeProcess``; malformed requests that were 500s (a 4xx naming the field on every
 transport, no traceback), and bodies of millions of elements refused for their declared sizes (the
 server's memory and its liveness while it reads them); clients that leave before their answer (a
@@ -49,7 +49,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["http_workers=1", "http_workers=2"])
 def batching_runtime(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[RuntimeProcess]:
-    # a long batch timeout keeps requests queued: a batch runs when 8 rows wait or after 0.4 s; every test
+    # a long max queue delay keeps requests queued: a batch runs when 8 rows wait or after 0.4 s; every test
     # runs on one process and on two HTTP front-end processes in front of the model process
     cfg = tiny_hf_config(
         tiny_dir,

@@ -218,7 +218,7 @@ def test_deadlines_queue_full_and_metrics(runtime: RuntimeProcess, tiny_dir: Pat
             )
 
     try:
-        # a queue timeout (the 'timeout' parameter, microseconds) shorter than the batch timeout
+        # a queue timeout (the 'timeout' parameter, microseconds) shorter than the max queue delay
         fillers(3)
         err = grpc_error(client.infer, "tiny", [text_input(["late"])], timeout=1000)
         assert err.status() == "StatusCode.DEADLINE_EXCEEDED" and "timed out" in err.message()
@@ -246,7 +246,7 @@ def test_deadlines_queue_full_and_metrics(runtime: RuntimeProcess, tiny_dir: Pat
 
 
 def test_sigterm_answers_queued_grpc_requests_and_refuses_new_ones(tiny_dir: Path) -> None:
-    # A 2 s batch timeout: the four requests are still queued when the SIGTERM comes 0.2 s later, with
+    # A 2 s max queue delay: the four requests are still queued when the SIGTERM comes 0.2 s later, with
     # a wide margin on a loaded machine (the drain dispatches them at once, so the test does not wait it).
     cfg = config(tiny_dir, max_queue_delay_seconds=2.0)
     with RuntimeProcess(cfg, ready_timeout=60) as rt:

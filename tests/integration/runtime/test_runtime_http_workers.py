@@ -243,7 +243,7 @@ def test_metrics_are_one_view_of_the_pod(runtime: RuntimeProcess) -> None:
 
 
 def test_reload_priority_displacement_and_429_cross_the_front_ends(runtime: RuntimeProcess) -> None:
-    """Hot reload (the watcher is in the model process) to a queue of 4 with a 0.5 s batch timeout; a
+    """Hot reload (the watcher is in the model process) to a queue of 4 with a 0.5 s max queue delay; a
     burst of 4 priority-2 requests fills it; a priority-1 arrival displaces the newest of them, which
     gets 429 with Retry-After through its front end; the others are served."""
     base = RuntimeConfig.load(runtime.config_path)
@@ -258,7 +258,7 @@ def test_reload_priority_displacement_and_429_cross_the_front_ends(runtime: Runt
     async def run() -> tuple[list[httpx.Response], httpx.Response]:
         async with httpx.AsyncClient(base_url=runtime.url, timeout=30) as c:
             # a burst first: the batcher has seen arrivals within its 1 s window, so the next requests
-            # wait for their batch timeout instead of starting alone (its early dispatch at low load)
+            # wait for their max queue delay instead of starting alone (its early dispatch at low load)
             warm = await asyncio.gather(*(c.post(INFER, json=_row(f"warm {i}")) for i in range(4)))
             assert [r.status_code for r in warm] == [200] * 4
             low = [asyncio.create_task(c.post(INFER, json=_row(f"low {i}"))) for i in range(4)]

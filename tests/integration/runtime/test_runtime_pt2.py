@@ -144,7 +144,7 @@ def test_concurrent_requests_batch_together_with_the_same_answers(runtime: Runti
         list(pool.map(one, range(len(rows))))
     inferences_after, executions_after = _executions(runtime)
     assert inferences_after - inferences == sum(rows)
-    # 8 requests released together within the 0.2 s batch timeout: fewer batches than requests
+    # 8 requests released together within the 0.2 s max queue delay: fewer batches than requests
     assert 1 <= executions_after - executions < len(rows)
 
 

@@ -110,11 +110,13 @@ def scaler() -> tuple[loop.Autoscaler, Recorder, CannedSignals]:
 
 def test_autoscale_loop_policy_from_spec_converts_durations() -> None:
     spec = api.AutoscalingSpec(
-        enabled=True, target_p99="150ms", batch_timeout=api.BatchTimeoutBounds(min="2ms", max="40ms")
+        enabled=True,
+        target_p99="150ms",
+        max_queue_delay=api.MaxQueueDelayBounds(min="2ms", max="40ms"),
     )
     p = loop.policy_from_spec(spec, stale_after_seconds=90)
     assert p.target_p99_seconds == pytest.approx(0.15)
-    assert (p.batch_timeout_min_seconds, p.batch_timeout_max_seconds) == pytest.approx((0.002, 0.04))
+    assert (p.max_queue_delay_min_seconds, p.max_queue_delay_max_seconds) == pytest.approx((0.002, 0.04))
     assert p.scale_down_stabilization_seconds == 300 and p.tolerance == 0.1
     assert p.plan_utilization == 0.85  # the CRD's default is the policy's
     headroom = api.AutoscalingSpec(enabled=True, plan_utilization=0.6)
@@ -161,7 +163,7 @@ async def test_autoscale_loop_disabled_touches_nothing() -> None:
 
 async def test_autoscale_loop_writes_only_on_change() -> None:
     a, rec, canned = scaler()
-    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    status: dict[str, Any] = {"maxQueueDelay": "10ms"}
     # Tick 1, in the tolerance band: only the condition (first time) is written.
     r = await a.tick(body(status), DEPLOYMENT)
     assert r is not None and not r.decision.changed and r.stored is None  # type: ignore[union-attr]
@@ -171,16 +173,18 @@ async def test_autoscale_loop_writes_only_on_change() -> None:
     # Tick 2, same signals, status now carries the condition: no request at all.
     await a.tick(body(status), DEPLOYMENT)
     assert rec.calls == []
-    # Tick 3, P99 over target with idle GPUs: batch timeout halves → status and Event; no ConfigMap:
+    # Tick 3, P99 over target with idle GPUs: max queue delay halves → status and Event; no ConfigMap:
     # the tick hands the stored object to the reconciler (controllers), the one writer of owned objects.
     canned.reading = Reading(Observation(0.4, 0.2, 5.0, 3.0, 1.0), None)
     r = await a.tick(body(status), DEPLOYMENT)
-    assert r is not None and r.decision is not None and r.decision.timeout_changed
+    assert r is not None and r.decision is not None and r.decision.max_queue_delay_changed
     kinds = [c[0] for c in rec.calls]
     assert kinds == ["patch status kubeinfer-autoscaler", "event"]
     patch = rec.calls[0][1]["status"]
-    assert patch["batchTimeout"] == "5ms" and "batch timeout 10 ms → 5 ms" in patch["lastDecision"]["reason"]
-    assert r.stored is not None and r.stored["status"]["batchTimeout"] == "5ms"
+    assert (
+        patch["maxQueueDelay"] == "5ms" and "max queue delay 10 ms → 5 ms" in patch["lastDecision"]["reason"]
+    )
+    assert r.stored is not None and r.stored["status"]["maxQueueDelay"] == "5ms"
     status.update(patch)
     rec.calls.clear()
     # Tick 4, Prometheus down: the condition flips (one write), nothing else moves.
@@ -198,7 +202,7 @@ async def test_autoscale_loop_writes_only_on_change() -> None:
 async def test_autoscale_loop_scales_through_the_scale_subresource() -> None:
     a, rec, canned = scaler()
     canned.reading = Reading(Observation(0.5, 0.95, 100.0, 500.0, 1.0), None)
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    r = await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert r is not None and r.scaled
     scale = [c for c in rec.calls if c[0] == "patch scale kubeinfer-autoscaler"]
     assert scale and scale[0][1] == {"spec": {"replicas": 4}}
@@ -206,7 +210,7 @@ async def test_autoscale_loop_scales_through_the_scale_subresource() -> None:
 
 async def test_autoscale_loop_hold_kind_shows_in_the_condition_once_per_transition() -> None:
     a, rec, canned = scaler()
-    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    status: dict[str, Any] = {"maxQueueDelay": "10ms"}
 
     async def tick(obs: Observation) -> list[dict[str, Any]]:
         canned.reading = Reading(obs, None)
@@ -250,7 +254,7 @@ async def test_autoscale_loop_prometheus_outage_logs_once_and_backs_off(
 
     canned.read = counting_read  # type: ignore[method-assign]
     canned.reading = Reading(Observation.unknown("P99: Prometheus unavailable at x"), "PrometheusUnavailable")
-    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    status: dict[str, Any] = {"maxQueueDelay": "10ms"}
     with caplog.at_level("INFO", logger="kubeinfer.operator.autoscale"):
         for _ in range(16):  # 16 ticks, 0..225 s: reads at 0, 15, 45, 105, 225 s (15 · 2^n back-off)
             await a.tick(body(status), DEPLOYMENT)
@@ -293,7 +297,7 @@ async def test_autoscale_loop_status_write_dropped_when_the_spec_moved_meanwhile
 
     rec.patch_merge = conflict  # type: ignore[method-assign]
     rec.get = get  # type: ignore[method-assign]
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    r = await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert r is not None and not r.wrote_status
     assert len(attempts) == 1  # the first attempt only: no second write on the newer generation
 
@@ -323,7 +327,7 @@ async def test_autoscale_loop_restart_reads_the_burst_history_back() -> None:
     canned.reading = Reading(BUSY, None)
     ages = range(1785, 0, -15)
     canned.samples = [(WALL - age, 1800.0 if age in (1500, 900) else 1000.0) for age in ages]
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    r = await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None
     assert "burst headroom x1.80 learned from 2 bursts" in r.decision.reason, r.decision.reason
     ((promql, start, end, step),) = canned.history_calls
@@ -331,12 +335,12 @@ async def test_autoscale_loop_restart_reads_the_burst_history_back() -> None:
     assert (WALL - start.timestamp(), WALL - end.timestamp()) == (1800.0, 15.0)
     assert len(r.decision.state.arrivals) == len(ages) + 1  # the history, then this tick's sample
     # read once: the next tick does not query the history again
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert len(canned.history_calls) == 1
 
     fresh, _, canned = scaler()  # no history (a new service): the surge prior, not a learned factor
     canned.reading = Reading(BUSY, None)
-    r = await fresh.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    r = await fresh.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None and "surge prior" in r.decision.reason
 
 
@@ -346,17 +350,17 @@ async def test_autoscale_loop_history_failure_does_not_block_the_tick(
     a, _, canned = scaler()
     canned.reading = Reading(BUSY, None)
     canned.samples = SignalError("PrometheusUnavailable", "Prometheus answered HTTP 503")
-    r = await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    r = await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None and r.decision.known
     assert "arrival-rate history not read" in caplog.text
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert len(canned.history_calls) == 1  # tried once; the headroom relearns from new samples
 
 
 async def test_autoscale_loop_history_waits_for_known_signals() -> None:
     a, _, canned = scaler()
     canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert canned.history_calls == []
 
 
@@ -364,7 +368,7 @@ async def test_autoscale_loop_history_step_stays_under_prometheus_point_limit() 
     a, _, canned = scaler()
     a.interval_seconds = 0.1  # 18,000 samples in 30 minutes: over Prometheus' 11,000 points
     canned.reading = Reading(BUSY, None)
-    await a.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    await a.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     ((_, start, end, step),) = canned.history_calls
     assert (end - start).total_seconds() / step <= loop.HISTORY_MAX_POINTS
 
@@ -379,8 +383,8 @@ async def test_autoscale_loop_records_the_scale_to_zero_before_it_scales_and_onl
         a, rec, canned = scaler()
         a.activator = activator
         canned.reading = idle
-        first = await a.tick(body({"batchTimeout": "10ms"}, **spec), one)  # the idle run starts (t=0)
-        second = await a.tick(body({"batchTimeout": "10ms"}, **spec), one)  # 15 s idle (t=15)
+        first = await a.tick(body({"maxQueueDelay": "10ms"}, **spec), one)  # the idle run starts (t=0)
+        second = await a.tick(body({"maxQueueDelay": "10ms"}, **spec), one)  # 15 s idle (t=15)
         assert first is not None and second is not None and first.decision is not None
         assert second.decision is not None
         if not activator:
@@ -414,9 +418,9 @@ async def test_autoscale_loop_routes_to_the_activator_before_it_scales_to_zero()
             rec.calls.append(("on_zero", None))
             return routed
 
-        await a.tick(body({"batchTimeout": "10ms"}, **spec), one, on_zero=on_zero)
+        await a.tick(body({"maxQueueDelay": "10ms"}, **spec), one, on_zero=on_zero)
         assert hooked == []  # the idle run only starts
-        second = await a.tick(body({"batchTimeout": "10ms"}, **spec), one, on_zero=on_zero)
+        second = await a.tick(body({"maxQueueDelay": "10ms"}, **spec), one, on_zero=on_zero)
         assert second is not None and second.decision is not None and second.decision.replicas == 0
         (stored,) = hooked
         assert stored["status"]["scaledToZeroAt"] == "2026-01-01T00:00:00Z"
@@ -453,7 +457,7 @@ GATE = {"mode": "int8-dynamic", "gate": {"minCosine": 0.98, "minAgreement": 0.9}
 async def test_autoscale_loop_writes_the_quantization_figures_once_with_the_gates_bars() -> None:
     a, rec, canned = scaler()
     canned.instant = list(TWO_PODS)
-    status: dict[str, Any] = {"batchTimeout": "10ms"}
+    status: dict[str, Any] = {"maxQueueDelay": "10ms"}
     await a.tick(body(status, GATE), DEPLOYMENT)
     assert canned.queries == [
         '{__name__=~"kubeinfer_quantization_(cosine_mean_ratio|retrieval_agreement_ratio|'
@@ -491,7 +495,7 @@ async def test_autoscale_loop_does_not_ask_for_the_figures_while_prometheus_is_d
     a, rec, canned = scaler()
     canned.reading = Reading(Observation.unknown("Prometheus unavailable at x"), "PrometheusUnavailable")
     canned.instant = list(TWO_PODS)
-    await a.tick(body({"batchTimeout": "10ms"}, GATE), DEPLOYMENT)
+    await a.tick(body({"maxQueueDelay": "10ms"}, GATE), DEPLOYMENT)
     assert canned.queries == [] and "quantization" not in rec.calls[0][1]["status"]
 
 

@@ -26,16 +26,16 @@ POLICY = Policy(
     target_p99_seconds=0.2,
     gpu_low=0.5,
     gpu_high=0.8,
-    batch_timeout_min_seconds=0.001,
-    batch_timeout_max_seconds=0.02,
+    max_queue_delay_min_seconds=0.001,
+    max_queue_delay_max_seconds=0.02,
     tolerance=0.1,
     scale_down_stabilization_seconds=300,
     scale_up_cooldown_seconds=30,
     scale_down_cooldown_seconds=60,
-    timeout_cooldown_seconds=15,
+    max_queue_delay_cooldown_seconds=15,
     max_scale_up_step=4,
-    timeout_decrease_factor=0.5,
-    timeout_increase_step_seconds=0.001,
+    max_queue_delay_decrease_factor=0.5,
+    max_queue_delay_step_seconds=0.001,
     stale_after_seconds=60,
 )
 # A state whose stabilization window has been fully observed, with no recent actions.
@@ -91,8 +91,8 @@ CASES = [
         "3 → 7 replicas",
         state=replace(SETTLED, last_scale_up=-30.0),
     ),
-    # --- over target, GPU not busy: cut the batch timeout first (multiplicative decrease) ---
-    Case("idle-gpu-cut-timeout", obs(0.3, 0.4), Current(3, 0.01), 3, 0.005, "batch timeout 10 ms → 5 ms"),
+    # --- over target, GPU not busy: cut the max queue delay first (multiplicative decrease) ---
+    Case("idle-gpu-cut-timeout", obs(0.3, 0.4), Current(3, 0.01), 3, 0.005, "max queue delay 10 ms → 5 ms"),
     Case("idle-gpu-cut-to-min", obs(0.3, 0.4), Current(3, 0.0015), 3, 0.001, "→ 1 ms"),
     Case(
         "idle-gpu-timeout-cooldown",
@@ -100,8 +100,8 @@ CASES = [
         Current(3, 0.01),
         3,
         0.01,
-        "batch timeout cooling down",
-        state=replace(SETTLED, last_timeout_change=-5.0),
+        "max queue delay cooling down",
+        state=replace(SETTLED, last_max_queue_delay_change=-5.0),
     ),
     Case(
         "idle-gpu-timeout-at-min-add-replicas",
@@ -109,7 +109,7 @@ CASES = [
         Current(2, 0.001),
         3,
         0.001,
-        "timeout at minimum: 2 → 3",
+        "max queue delay at minimum: 2 → 3",
     ),
     # --- comfortably under target: grow timeout additively, scale in after the window ---
     Case(
@@ -118,7 +118,7 @@ CASES = [
         Current(4, 0.005),
         2,
         0.006,
-        "4 → 2 replicas, batch timeout 5 ms → 6 ms",
+        "4 → 2 replicas, max queue delay 5 ms → 6 ms",
     ),
     Case("under-timeout-at-max", obs(0.1, 0.3), Current(1, 0.02), 1, 0.02, "nothing to change"),
     Case(
@@ -198,7 +198,7 @@ CASES = [
         Current(3, 0.01),
         3,
         0.005,
-        "batch timeout 10 ms → 5 ms",
+        "max queue delay 10 ms → 5 ms",
     ),
     Case(
         "busy-inflight-unknown-the-rule-does-not-apply",  # the queue alone is not read as drained
@@ -309,7 +309,7 @@ CASES = [
     ),
     Case("above-max-clamped", obs(0.2, 0.5), Current(12, 0.01), 10, 0.01, "replicas 12 outside"),
     Case(
-        "timeout-above-max-clamped", obs(0.2, 0.5), Current(3, 0.5), 3, 0.02, "batch timeout 500 ms outside"
+        "timeout-above-max-clamped", obs(0.2, 0.5), Current(3, 0.5), 3, 0.02, "max queue delay 500 ms outside"
     ),
 ]
 
@@ -318,10 +318,10 @@ CASES = [
 def test_autoscale_policy_table(case: Case) -> None:
     d = decide(case.observation, case.current, case.policy, case.state, case.now)
     assert d.replicas == case.replicas, d.reason
-    assert math.isclose(d.batch_timeout_seconds, case.timeout, abs_tol=1e-12), d.reason
+    assert math.isclose(d.max_queue_delay_seconds, case.timeout, abs_tol=1e-12), d.reason
     assert case.reason_has in d.reason, d.reason
     assert d.replicas_changed == (case.replicas != case.current.replicas)
-    assert d.timeout_changed == (not math.isclose(case.timeout, case.current.batch_timeout_seconds))
+    assert d.max_queue_delay_changed == (not math.isclose(case.timeout, case.current.max_queue_delay_seconds))
     assert case.policy.min_replicas <= d.replicas <= case.policy.max_replicas
     assert (d.hold is None) == (d.changed or not d.known), (d.hold, d.reason)
 
@@ -331,7 +331,7 @@ def test_autoscale_policy_table(case: Case) -> None:
 HOLDS: dict[str, str | None] = {
     "busy-at-least-one": "AtMaxReplicas",
     "busy-scale-up-cooldown": "ScaleUpCoolingDown",
-    "idle-gpu-timeout-cooldown": "BatchTimeoutCoolingDown",
+    "idle-gpu-timeout-cooldown": "MaxQueueDelayCoolingDown",
     "under-timeout-at-max": "TargetMet",
     "under-busy-no-headroom-when-disabled": "TargetMet",
     "busy-scale-up-waits-for-starting-replicas": "ReplicasStarting",
@@ -374,9 +374,9 @@ def test_autoscale_policy_records_recommendations_within_window() -> None:
         ("max_replicas", 0),
         ("target_p99_seconds", 0.0),
         ("gpu_high", 0.4),
-        ("batch_timeout_max_seconds", 0.0001),
+        ("max_queue_delay_max_seconds", 0.0001),
         ("tolerance", 1.5),
-        ("timeout_decrease_factor", 1.0),
+        ("max_queue_delay_decrease_factor", 1.0),
         ("max_scale_up_step", 0),
         ("step_factor", 0.5),
     ],
@@ -415,7 +415,7 @@ def run_trace(observations: list[Observation], start: Current, policy: Policy = 
     for i, o in enumerate(observations):
         d = decide(o, current, policy, state, now=15.0 * i)
         out.append(d)
-        state, current = d.state, Current(d.replicas, d.batch_timeout_seconds)
+        state, current = d.state, Current(d.replicas, d.max_queue_delay_seconds)
     return out
 
 
@@ -434,7 +434,7 @@ def test_autoscale_policy_trace_overload_then_calm() -> None:
     assert all(r == 3 for r in replicas[first_in:-1])
     assert replicas[-1] == 1 and 15.0 * (len(ds) - 1) >= 15.0 * first_in + 300.0
     # the timeout grows by 1 ms per 15 s cooldown, up to 20 ms, never down while calm
-    timeouts = [d.batch_timeout_seconds for d in ds[4:]]
+    timeouts = [d.max_queue_delay_seconds for d in ds[4:]]
     assert timeouts == sorted(timeouts) and math.isclose(timeouts[-1], 0.02)
 
 
@@ -442,10 +442,10 @@ def test_autoscale_policy_trace_self_inflicted_queueing() -> None:
     # P99 over target with idle GPUs: timeout halves each cooldown down to min, then replicas are added.
     trace = [obs(0.4, 0.3)] * 8
     ds = run_trace(trace, Current(2, 0.016))
-    timeouts = [round(d.batch_timeout_seconds * 1000, 3) for d in ds]
+    timeouts = [round(d.max_queue_delay_seconds * 1000, 3) for d in ds]
     assert timeouts[:5] == [8.0, 4.0, 2.0, 1.0, 1.0]
     assert [d.replicas for d in ds[:4]] == [2, 2, 2, 2]
-    assert ds[4].replicas == 4 and "batch timeout at minimum" in ds[4].reason
+    assert ds[4].replicas == 4 and "max queue delay at minimum" in ds[4].reason
     assert ds[5].replicas == 4  # scale-up cooldown
 
 

@@ -4,8 +4,8 @@
 first 900 s of three of the project's traces, which together reach the SLO-capacity rule, the surge
 prior and the step floor, the burst headroom (compressed_day), the level hold (cron_jobs), the
 cold-start timeout, a covered demand and a drained backlog (flash_crowd), and of flash_crowd with the
-reactive law alone (the P99 and utilization rules, the AIMD batch timeout, the scale-up holds). Each
-tick's replicas, batch timeout and kind of hold make one digest, the reasons another: a change of
+reactive law alone (the P99 and utilization rules, the AIMD max queue delay, the scale-up holds). Each
+tick's replicas, max queue delay and kind of hold make one digest, the reasons another: a change of
 words alone shows as the second only.
 
 When a change to the policy is meant to change decisions, run the benchmark
@@ -26,18 +26,18 @@ from tests.support.bench import load_bench
 sim = load_bench("autoscaler_sim")
 
 HORIZON = 900
-#: (trace, controller) → (ticks, digest of (t, replicas, batch timeout, hold), digest of the reasons).
+#: (trace, controller) → (ticks, digest of (t, replicas, max queue delay, hold), digest of the reasons).
 PINNED: dict[tuple[str, str], tuple[int, str, str]] = {
-    ("compressed_day", "kubeinfer"): (59, "bf1f8a3936d7f21c", "819be772d543277e"),
-    ("cron_jobs", "kubeinfer"): (59, "fa9f403bfbab2a4d", "95ee7748a9085713"),
-    ("flash_crowd", "kubeinfer"): (59, "0a13012aece01a19", "4e4964388279ebad"),
-    ("flash_crowd", "kubeinfer_reactive"): (59, "5d737f216da0c4df", "e136aff50a26a2fc"),
+    ("compressed_day", "kubeinfer"): (59, "bf1f8a3936d7f21c", "a2abf04b14dfb9b6"),
+    ("cron_jobs", "kubeinfer"): (59, "fa9f403bfbab2a4d", "b4c71f5380d28705"),
+    ("flash_crowd", "kubeinfer"): (59, "0a13012aece01a19", "f7f0e9992151d0fe"),
+    ("flash_crowd", "kubeinfer_reactive"): (59, "5d737f216da0c4df", "a7947773f2fdab65"),
 }
 
 
 def decisions(trace_name: str, controller: str, monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
     """Every decision of ``controller`` (``kubeinfer`` or a variant) over the trace's first ``HORIZON``
-    seconds, as ``[t, replicas, batch timeout, hold, reason]``."""
+    seconds, as ``[t, replicas, max queue delay, hold, reason]``."""
     a, c, batch, _ = sim.load_service_model(sim.TRACES_DIR / sim.SERVICE_MODEL_FILE)
     cfg = sim.SimConfig(a=a, c=c, max_batch=batch or 32, horizon=float(HORIZON))
     trace = sim.read_trace(sim.TRACES_DIR / f"{trace_name}.csv")
@@ -48,7 +48,7 @@ def decisions(trace_name: str, controller: str, monkeypatch: pytest.MonkeyPatch)
 
     def spy(*args: Any) -> Any:
         d = real(*args)
-        seen.append([args[-1], d.replicas, f"{d.batch_timeout_seconds:.9g}", d.hold, d.reason])
+        seen.append([args[-1], d.replicas, f"{d.max_queue_delay_seconds:.9g}", d.hold, d.reason])
         return d
 
     monkeypatch.setattr(sim, "decide", spy)

@@ -101,22 +101,22 @@ def test_check_observation_stale_limit_is_the_setting() -> None:
 
 def test_over_target_busy_scales_out_by_the_binding_signal() -> None:
     out = _over_target(tick(Observation(0.31, 0.91), Current(3, 0.01)))
-    assert (out.replicas, out.batch_timeout, out.holds) == (5, 0.01, ())
+    assert (out.replicas, out.max_queue_delay_seconds, out.holds) == (5, 0.01, ())
     assert out.recommendation == 5 and out.last_scale_up == 0.0
 
 
 def test_over_target_not_busy_halves_the_timeout_first() -> None:
     out = _over_target(tick(Observation(0.3, 0.4), Current(3, 0.01)))
-    assert (out.replicas, out.batch_timeout, out.last_timeout_change) == (3, 0.005, 0.0)
+    assert (out.replicas, out.max_queue_delay_seconds, out.last_max_queue_delay_change) == (3, 0.005, 0.0)
     cooling = _over_target(
-        tick(Observation(0.3, 0.4), Current(3, 0.01), replace(SETTLED, last_timeout_change=-5.0))
+        tick(Observation(0.3, 0.4), Current(3, 0.01), replace(SETTLED, last_max_queue_delay_change=-5.0))
     )
-    assert (cooling.batch_timeout, cooling.holds) == (0.01, ("BatchTimeoutCoolingDown",))
+    assert (cooling.max_queue_delay_seconds, cooling.holds) == (0.01, ("MaxQueueDelayCoolingDown",))
 
 
 def test_over_target_timeout_at_minimum_adds_replicas() -> None:
-    out = _over_target(tick(Observation(0.3, 0.4), Current(2, POLICY.batch_timeout_min_seconds)))
-    assert out.replicas == 3 and "batch timeout at minimum" in out.words
+    out = _over_target(tick(Observation(0.3, 0.4), Current(2, POLICY.max_queue_delay_min_seconds)))
+    assert out.replicas == 3 and "max queue delay at minimum" in out.words
 
 
 @pytest.mark.parametrize(
@@ -146,7 +146,7 @@ def test_under_target_scales_in_to_the_window_max_and_grows_the_timeout() -> Non
     state = replace(SETTLED, recommendations=((-200.0, 3), (-100.0, 2)))
     out = _under_target(tick(Observation(0.1, 0.1), Current(6, 0.005), state))
     assert (out.replicas, out.last_scale_down) == (3, 0.0)
-    assert math.isclose(out.batch_timeout, 0.006) and out.last_timeout_change == 0.0
+    assert math.isclose(out.max_queue_delay_seconds, 0.006) and out.last_max_queue_delay_change == 0.0
     assert out.recommendation == 1  # this tick's own recommendation: 6 x 0.1 / 0.65 → 1
 
 
@@ -162,7 +162,7 @@ def test_under_target_busy_adds_headroom() -> None:
 
 def test_under_target_nothing_to_change() -> None:
     out = _under_target(tick(Observation(0.1, 0.3), Current(1, 0.02)))
-    assert (out.replicas, out.batch_timeout, out.holds) == (1, 0.02, ("TargetMet",))
+    assert (out.replicas, out.max_queue_delay_seconds, out.holds) == (1, 0.02, ("TargetMet",))
     assert out.words.endswith("nothing to change")
 
 
@@ -170,11 +170,11 @@ def test_under_target_nothing_to_change() -> None:
 
 
 def test_hold_within_tolerance_changes_nothing() -> None:
-    state = replace(SETTLED, last_scale_up=-100.0, last_timeout_change=-50.0)
+    state = replace(SETTLED, last_scale_up=-100.0, last_max_queue_delay_change=-50.0)
     out = _hold(tick(Observation(0.21, 0.95), Current(3, 0.01), state))
-    assert (out.replicas, out.batch_timeout, out.recommendation) == (3, 0.01, 3)
+    assert (out.replicas, out.max_queue_delay_seconds, out.recommendation) == (3, 0.01, 3)
     assert out.holds == ("WithinTolerance",)
-    assert (out.last_scale_up, out.last_timeout_change) == (-100.0, -50.0)
+    assert (out.last_scale_up, out.last_max_queue_delay_change) == (-100.0, -50.0)
 
 
 # --- the SLO-capacity rule (what only kubeinfer sees: arrival rate, in-flight requests, s(b)) -------
@@ -186,8 +186,8 @@ MODEL = Policy(
     min_replicas=1,
     max_replicas=12,
     target_p99_seconds=0.12,
-    batch_timeout_min_seconds=0.001,
-    batch_timeout_max_seconds=0.05,
+    max_queue_delay_min_seconds=0.001,
+    max_queue_delay_max_seconds=0.05,
     stale_after_seconds=60,
 )
 FULL = 32 / (A + C * 32)  # 1142.9 requests/s
@@ -312,21 +312,21 @@ def test_capacity_rule_keep_in_band_defers_to_the_model() -> None:
     assert decide(obs, Current(4, 0.05), replace(MODEL, capacity_rule=False), SETTLED, 0.0).replicas == 5
 
 
-def test_cold_start_lengthens_the_batch_timeout() -> None:
+def test_cold_start_lengthens_the_max_queue_delay() -> None:
     # 3000/s on 2 ready replicas (2286/s at full batches): add 2 and, while they start, lengthen
-    # the batch timeout to the longest at which a full batch meets the SLO (bounded at 50 ms).
+    # the max queue delay to the longest at which a full batch meets the SLO (bounded at 50 ms).
     d = decide(seen(0.04, 0.9, 3000.0), Current(2, 0.005, ready_replicas=2), MODEL, SETTLED, 0.0)
-    assert d.replicas == 4 and d.batch_timeout_seconds == 0.05 and "cold start" in d.reason
+    assert d.replicas == 4 and d.max_queue_delay_seconds == 0.05 and "cold start" in d.reason
     off = replace(MODEL, cold_start_timeout=False)
     assert (
         decide(
             seen(0.04, 0.9, 3000.0), Current(2, 0.005, ready_replicas=2), off, SETTLED, 0.0
-        ).batch_timeout_seconds
+        ).max_queue_delay_seconds
         == 0.005
     )
     # ready capacity enough: no lengthening
     d = decide(seen(0.04, 0.3, 1500.0), Current(2, 0.005, ready_replicas=2), MODEL, SETTLED, 0.0)
-    assert d.batch_timeout_seconds < 0.05
+    assert d.max_queue_delay_seconds < 0.05
 
 
 def test_capacity_rule_off_without_s_of_b() -> None:

@@ -28,7 +28,7 @@ from kubeinfer.operator.autoscale.policy.tick import unchanged
 from tests.unit.autoscale.test_autoscale_policy import POLICY, SETTLED
 from tests.unit.autoscale.test_autoscale_policy_rules import FULL, MODEL, seen
 
-#: What one replica serves at MODEL's SLO with a 20 ms batch timeout: B = 32 binds, so FULL.
+#: What one replica serves at MODEL's SLO with a 20 ms max queue delay: B = 32 binds, so FULL.
 CAP = FULL
 
 
@@ -167,17 +167,21 @@ def test_scale_up_is_bounded_by_the_step_and_the_maximum() -> None:
     assert reactive.scale_up(top, 2.0)[2] == "AtMaxReplicas"
 
 
-def test_grow_timeout() -> None:
+def test_grow_max_queue_delay() -> None:
     t = Tick.of(Observation(0.1, 0.3), Current(1, 0.005), POLICY, SETTLED, 0.0)
-    out, words = reactive.grow_timeout(t, unchanged(t, "head"))
-    assert math.isclose(out.batch_timeout, 0.006) and words == "batch timeout 5 ms → 6 ms"
+    out, words = reactive.grow_max_queue_delay(t, unchanged(t, "head"))
+    assert math.isclose(out.max_queue_delay_seconds, 0.006) and words == "max queue delay 5 ms → 6 ms"
     top = Tick.of(Observation(0.1, 0.3), Current(1, 0.02), POLICY, SETTLED, 0.0)
-    assert reactive.grow_timeout(top, unchanged(top, "head"))[1] is None
+    assert reactive.grow_max_queue_delay(top, unchanged(top, "head"))[1] is None
     cooling = Tick.of(
-        Observation(0.1, 0.3), Current(1, 0.005), POLICY, replace(SETTLED, last_timeout_change=-5.0), 0.0
+        Observation(0.1, 0.3),
+        Current(1, 0.005),
+        POLICY,
+        replace(SETTLED, last_max_queue_delay_change=-5.0),
+        0.0,
     )
-    out, words = reactive.grow_timeout(cooling, unchanged(cooling, "head"))
-    assert out.holds == ("BatchTimeoutCoolingDown",) and words == "batch timeout cooling down"
+    out, words = reactive.grow_max_queue_delay(cooling, unchanged(cooling, "head"))
+    assert out.holds == ("MaxQueueDelayCoolingDown",) and words == "max queue delay cooling down"
 
 
 # --- stabilization ----------------------------------------------------------------------------------
@@ -221,14 +225,19 @@ def test_during_cold_start_lengthens_the_timeout_only_while_short_of_capacity() 
     t = at(seen(0.04, 0.9, 3000.0), Current(2, 0.005, ready_replicas=2))
     out = capacity.ahead_of_demand(t)
     longer = capacity.during_cold_start(t, out)
-    assert out.batch_timeout == 0.005 and longer.batch_timeout == 0.05 and longer.last_timeout_change == 0.0
-    assert longer.words == f"{out.words}; cold start: batch timeout 5 ms → 50 ms"
+    assert (
+        out.max_queue_delay_seconds == 0.005
+        and longer.max_queue_delay_seconds == 0.05
+        and longer.last_max_queue_delay_change == 0.0
+    )
+    assert longer.words == f"{out.words}; cold start: max queue delay 5 ms → 50 ms"
     # nothing added: as it was
     assert capacity.during_cold_start(t, unchanged(t, "head")) == unchanged(t, "head")
     # the ready replicas serve the demand: as it was
     calm = at(seen(0.04, 0.3, 1500.0), Current(2, 0.005, ready_replicas=2))
     assert (
-        capacity.during_cold_start(calm, replace(unchanged(calm, "head"), replicas=3)).batch_timeout == 0.005
+        capacity.during_cold_start(calm, replace(unchanged(calm, "head"), replicas=3)).max_queue_delay_seconds
+        == 0.005
     )
     off = at(
         seen(0.04, 0.9, 3000.0), Current(2, 0.005, ready_replicas=2), replace(MODEL, cold_start_timeout=False)

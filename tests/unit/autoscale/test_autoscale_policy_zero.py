@@ -25,7 +25,9 @@ def run(trace: list[Observation], policy: Policy = ZERO, replicas: int = 1) -> l
         decision = decide(observation, current, policy, state, i * TICK)
         decisions.append(decision)
         state = decision.state
-        current = Current(decision.replicas, decision.batch_timeout_seconds, ready_replicas=decision.replicas)
+        current = Current(
+            decision.replicas, decision.max_queue_delay_seconds, ready_replicas=decision.replicas
+        )
     return decisions
 
 

@@ -25,8 +25,8 @@ def test_autoscale_sim_histogram_quantile_matches_promql() -> None:
     assert math.isnan(sim.histogram_quantile(0.99, bounds, [0, 0, 0, 0]))
 
 
-def test_autoscale_sim_isolated_requests_wait_the_batch_timeout() -> None:
-    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=60.0, initial_timeout=0.004)
+def test_autoscale_sim_isolated_requests_wait_the_max_queue_delay() -> None:
+    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=60.0, initial_max_queue_delay=0.004)
     arrivals = np.arange(0.5, 60.0, 0.5)  # far apart: every batch holds one request
     res = sim.Simulator(cfg, arrivals, 1).run(sim.make_fixed(cfg, np.ones(60)))
     assert np.allclose(res.latency, 0.004 + cfg.s(1))
@@ -176,7 +176,7 @@ def test_autoscale_sim_batch_takes_level_one_first() -> None:
     # One replica, batches of 4: four level-2 requests fill the first batch; while it runs, four more
     # level-2 and then two level-1 requests queue. The next batch takes the two level-1 requests and the
     # two oldest level-2 ones; the last two level-2 requests wait for the batch after.
-    cfg = sim.SimConfig(a=0.01, c=0.001, max_batch=4, horizon=15.0, initial_timeout=0.004)
+    cfg = sim.SimConfig(a=0.01, c=0.001, max_batch=4, horizon=15.0, initial_max_queue_delay=0.004)
     arrivals = np.array([1.0, 1.0001, 1.0002, 1.0003, 1.001, 1.0011, 1.0012, 1.0013, 1.005, 1.006])
     high = np.array([False] * 8 + [True] * 2)
     res = sim.Simulator(cfg, arrivals, 1, high=high).run(sim.make_fixed(cfg, np.ones(15)))

@@ -55,11 +55,11 @@ def test_autoscale_sim_zero_hold_bound_and_deadline() -> None:
 
 
 def test_autoscale_sim_zero_held_requests_wait_the_cold_start() -> None:
-    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=120.0, initial_timeout=0.004, cold_start=20.0)
+    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=120.0, initial_max_queue_delay=0.004, cold_start=20.0)
     arrivals = np.array([40.0, 41.0, 42.5])
     res = sim.Simulator(cfg, arrivals, 1, activator=sim.Activator("test", 10, 60.0)).run(_to_zero_after(15.0))
     # at zero from t = 15; the request at 40 asks for a replica, Ready at 60; the three held ones go in one
-    # batch that fires a batch timeout later: their latency is the wait plus the batch
+    # batch that fires a max queue delay later: their latency is the wait plus the batch
     assert res.held.all() and not res.lost.any()
     assert res.activations == [(40.0, 60.0)]
     assert np.allclose(res.done, 60.0 + 0.004 + cfg.s(3))
@@ -72,7 +72,7 @@ def test_autoscale_sim_zero_held_requests_wait_the_cold_start() -> None:
 
 
 def test_autoscale_sim_zero_overflow_past_the_bound_is_lost() -> None:
-    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=90.0, initial_timeout=0.004, cold_start=20.0)
+    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=90.0, initial_max_queue_delay=0.004, cold_start=20.0)
     arrivals = 30.0 + np.arange(8) * 0.5  # 8 requests within the cold start, 3 may be held
     res = sim.Simulator(cfg, arrivals, 1, activator=sim.Activator("test", 3, None)).run(_to_zero_after(15.0))
     assert res.held.tolist() == [True] * 3 + [False] * 5
@@ -84,7 +84,7 @@ def test_autoscale_sim_zero_overflow_past_the_bound_is_lost() -> None:
 
 
 def test_autoscale_sim_zero_held_timeout_and_what_the_controller_sees() -> None:
-    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=120.0, initial_timeout=0.004, cold_start=30.0)
+    cfg = sim.SimConfig(a=0.01, c=0.002, horizon=120.0, initial_max_queue_delay=0.004, cold_start=30.0)
     seen: list[tuple[float, Any]] = []
 
     def controller(t: float, m: Any, n: int, timeout: float) -> tuple[int, float]:

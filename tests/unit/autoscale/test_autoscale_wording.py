@@ -14,10 +14,10 @@ from tests.unit.autoscale.test_autoscale_loop import DEPLOYMENT, body, scaler
 
 
 def test_for_device_rewords_the_utilization_only_without_a_gpu() -> None:
-    reason = "P99 0.40 s > target 0.20 s, GPU 0.10 not busy: batch timeout 10 ms → 5 ms"
+    reason = "P99 0.40 s > target 0.20 s, GPU 0.10 not busy: max queue delay 10 ms → 5 ms"
     assert for_device(reason, gpus=1) == reason
     assert for_device(reason, gpus=0) == (
-        "P99 0.40 s > target 0.20 s, executor busy time 0.10 (not busy): batch timeout 10 ms → 5 ms"
+        "P99 0.40 s > target 0.20 s, executor busy time 0.10 (not busy): max queue delay 10 ms → 5 ms"
     )
     assert (
         for_device("GPU 0.91 busy: 3 → 5 replicas", gpus=0)
@@ -61,8 +61,8 @@ def _cpu(status: dict[str, Any] | None = None) -> dict[str, Any]:
 async def test_a_cpu_service_decision_condition_and_event_speak_of_executor_busy_time() -> None:
     a, rec, canned = scaler()
     canned.reading = Reading(Observation(0.4, 0.1, 5.0, 3.0, 1.0), None)  # over target, executor idle
-    r = await a.tick(_cpu({"batchTimeout": "10ms"}), DEPLOYMENT)
-    assert r is not None and r.decision is not None and r.decision.timeout_changed
+    r = await a.tick(_cpu({"maxQueueDelay": "10ms"}), DEPLOYMENT)
+    assert r is not None and r.decision is not None and r.decision.max_queue_delay_changed
     assert "executor busy time 0.10 (not busy)" in r.decision.reason and "GPU" not in r.decision.reason
     written = rec.calls[0][1]["status"]
     assert "GPU" not in written["lastDecision"]["reason"]
@@ -70,7 +70,7 @@ async def test_a_cpu_service_decision_condition_and_event_speak_of_executor_busy
 
     gpu, _, canned = scaler()  # the same signals on a GPU service: its GPU's words
     canned.reading = Reading(Observation(0.4, 0.1, 5.0, 3.0, 1.0), None)
-    r = await gpu.tick(body({"batchTimeout": "10ms"}), DEPLOYMENT)
+    r = await gpu.tick(body({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     assert r is not None and r.decision is not None and "GPU 0.10 not busy" in r.decision.reason
 
 
@@ -78,7 +78,7 @@ async def test_a_cpu_service_missing_utilization_names_the_executor() -> None:
     a, rec, canned = scaler()
     missing = "GPU utilization missing: no GPU utilization data for this service"
     canned.reading = Reading(Observation.unknown(missing), "MetricsMissing")
-    await a.tick(_cpu({"batchTimeout": "10ms"}), DEPLOYMENT)
+    await a.tick(_cpu({"maxQueueDelay": "10ms"}), DEPLOYMENT)
     cond = rec.calls[0][1]["status"]["conditions"][-1]
     assert (cond["status"], cond["reason"]) == ("False", "MetricsMissing")
     assert cond["message"] == "executor busy time missing: no executor busy time data for this service"

@@ -128,7 +128,7 @@ def test_user_env_keeps_its_place_after_the_token() -> None:
 def test_no_allow_from_no_networkpolicy() -> None:
     assert build_networkpolicy(_isvc(), (MONITORING,)) is None
     assert build_networkpolicy(_isvc(auth=AUTH), (MONITORING,)) is None  # auth alone adds no policy
-    inputs = owned.BuildInputs(batch_timeout_seconds=0.005, replicas=1, scrapers=(MONITORING,))
+    inputs = owned.BuildInputs(max_queue_delay_seconds=0.005, replicas=1, scrapers=(MONITORING,))
     assert owned.BY_KIND["NetworkPolicy"].build(_isvc(), inputs) is None
 
 
@@ -189,8 +189,10 @@ def test_default_deny_with_allow_from_is_the_allow_from_policy() -> None:
 
 def test_default_deny_reaches_the_builder_through_the_build_inputs() -> None:
     kind = owned.BY_KIND["NetworkPolicy"]
-    off = owned.BuildInputs(batch_timeout_seconds=0.005, replicas=1, scrapers=(MONITORING,))
-    on = owned.BuildInputs(batch_timeout_seconds=0.005, replicas=1, scrapers=(MONITORING,), default_deny=True)
+    off = owned.BuildInputs(max_queue_delay_seconds=0.005, replicas=1, scrapers=(MONITORING,))
+    on = owned.BuildInputs(
+        max_queue_delay_seconds=0.005, replicas=1, scrapers=(MONITORING,), default_deny=True
+    )
     assert kind.build(_isvc(), off) is None
     built = kind.build(_isvc(), on)
     assert built is not None and built["spec"]["ingress"] == [
@@ -221,7 +223,7 @@ def test_networkpolicy_is_an_owned_kind_with_a_reason_to_be_deleted() -> None:
     assert kind.name_of("m") == "m"
     assert kind.unwanted == "spec.server.allowFrom unset"
     assert owned.BY_KIND["PodDisruptionBudget"].unwanted == "one replica"
-    inputs = owned.BuildInputs(batch_timeout_seconds=0.005, replicas=1, scrapers=(MONITORING,))
+    inputs = owned.BuildInputs(max_queue_delay_seconds=0.005, replicas=1, scrapers=(MONITORING,))
     built = kind.build(_isvc(allowFrom=PEERS), inputs)
     assert built is not None and built["spec"]["ingress"][1]["from"] == [MONITORING]
 

@@ -42,7 +42,7 @@ def test_defaults_and_camel_case() -> None:
 
 INVALID = [
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas"),
-    ({"autoscaling": {"batchTimeout": {"min": "60ms", "max": "10ms"}}}, "batchTimeout.min"),
+    ({"autoscaling": {"maxQueueDelay": {"min": "60ms", "max": "10ms"}}}, "maxQueueDelay.min"),
     ({"autoscaling": {"gpuUtilization": {"low": 0.9, "high": 0.5}}}, "gpuUtilization.low"),
     ({"quantization": {"mode": "fp16"}, "resources": {"gpus": 0}}, "fp16"),
     ({"runtime": {"device": "cuda"}, "resources": {"gpus": 0}}, "runtime.device"),

@@ -50,7 +50,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _render(isvc: api.InferenceService) -> dict[str, Any]:
-    timeout = isvc.spec.batch_timeout_in_force(isvc.status.batch_timeout)
+    timeout = isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay)
     replicas = isvc.spec.autoscaling.min_replicas if isvc.spec.autoscaling.enabled else isvc.spec.replicas
     rendered = {
         "deployment": build_deployment(isvc, replicas=replicas),
@@ -74,7 +74,7 @@ def _normalized(isvc: api.InferenceService) -> dict[str, Any]:
     hashes are covered by the determinism and change tests below.
     """
     rendered = copy.deepcopy(_render(isvc))
-    timeout = isvc.spec.batch_timeout_in_force(isvc.status.batch_timeout)
+    timeout = isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay)
     cm = rendered["configmap"]
     cm["data"]["runtime.yaml"] = runtime_config(isvc, timeout).model_dump(mode="json", exclude_unset=True)
     for obj in rendered.values():
@@ -114,8 +114,8 @@ def test_batching_change_changes_configmap_not_pod_template() -> None:
     body["spec"]["batching"] = {"maxBatchSize": 64, "maxQueueDelay": "7ms", "preferredBatchSizes": [16, 32]}
     after = _isvc(body)
     assert _template(before) == _template(after)
-    cm_before = build_configmap(before, before.spec.batch_timeout_in_force(None))
-    cm_after = build_configmap(after, after.spec.batch_timeout_in_force(None))
+    cm_before = build_configmap(before, before.spec.max_queue_delay_in_force(None))
+    cm_after = build_configmap(after, after.spec.max_queue_delay_in_force(None))
     assert cm_before["data"] != cm_after["data"]
     cfg = RuntimeConfig.from_yaml(cm_after["data"]["runtime.yaml"])
     assert cfg.batching.max_batch_size == 64
@@ -125,12 +125,12 @@ def test_batching_change_changes_configmap_not_pod_template() -> None:
 def test_the_priority_share_reaches_runtime_yaml_only_when_given() -> None:
     body = _load(ROOT / "examples/minilm.yaml")
     unset = _isvc(body)
-    cm = build_configmap(unset, unset.spec.batch_timeout_in_force(None))
+    cm = build_configmap(unset, unset.spec.max_queue_delay_in_force(None))
     assert "priority_min_share" not in cm["data"]["runtime.yaml"]
     assert RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"]).batching.priority_min_share == 0.1
     body["spec"]["batching"]["priorityMinShare"] = 0.0
     strict = _isvc(body)
-    cm = build_configmap(strict, strict.spec.batch_timeout_in_force(None))
+    cm = build_configmap(strict, strict.spec.max_queue_delay_in_force(None))
     assert RuntimeConfig.from_yaml(cm["data"]["runtime.yaml"]).batching.priority_min_share == 0.0
     body["spec"]["batching"]["priorityMinShare"] = 0.6
     with pytest.raises(pydantic.ValidationError, match="priorityMinShare"):
@@ -155,14 +155,16 @@ def test_model_quantization_resources_image_change_rolls_pods(path: tuple[str, s
     assert _template(before) != _template(after)
 
 
-def test_autoscaler_batch_timeout_overrides_and_is_clamped() -> None:
+def test_autoscaler_max_queue_delay_overrides_and_is_clamped() -> None:
     body = _load(ROOT / "examples/minilm.yaml")  # bounds 1ms..20ms, maxQueueDelay 5ms
-    body["status"] = {"batchTimeout": "12ms"}
-    assert _isvc(body).spec.batch_timeout_in_force("12ms") == pytest.approx(0.012)
-    assert _isvc(body).spec.batch_timeout_in_force("900ms") == pytest.approx(0.020)
-    assert _isvc(body).spec.batch_timeout_in_force("bogus") == pytest.approx(0.005)
+    body["status"] = {"maxQueueDelay": "12ms"}
+    isvc = _isvc(body)
+    assert isvc.status.max_queue_delay == pytest.approx(0.012)  # parsed with the status, once
+    assert isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay) == pytest.approx(0.012)
+    assert isvc.spec.max_queue_delay_in_force(0.9) == pytest.approx(0.020)
+    assert isvc.spec.max_queue_delay_in_force(None) == pytest.approx(0.005)
     body["spec"]["autoscaling"]["enabled"] = False
-    assert _isvc(body).spec.batch_timeout_in_force("12ms") == pytest.approx(0.005)
+    assert _isvc(body).spec.max_queue_delay_in_force(0.012) == pytest.approx(0.005)
 
 
 def test_gpu_placement_and_pvc_mounts() -> None:

@@ -26,7 +26,7 @@ def _isvc(cache: dict[str, Any] | None) -> api.InferenceService:
 
 
 def _runtime_yaml(isvc: api.InferenceService) -> str:
-    text: str = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
+    text: str = build_configmap(isvc, isvc.spec.max_queue_delay_in_force(None))["data"]["runtime.yaml"]
     return text
 
 

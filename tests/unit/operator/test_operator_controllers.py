@@ -105,11 +105,11 @@ async def test_owned_and_pod_events_without_an_owner_or_at_listing_do_nothing() 
     assert c.reconciler.bodies == {}
 
 
-async def test_an_autoscale_step_that_changed_the_batch_timeout_is_applied_by_the_reconciler() -> None:
-    """The autoscaler writes status only; the InferenceService it stored with the new batch timeout
+async def test_an_autoscale_step_that_changed_the_max_queue_delay_is_applied_by_the_reconciler() -> None:
+    """The autoscaler writes status only; the InferenceService it stored with the new max queue delay
     goes to the reconciler (the one writer of the ConfigMap); a step that changed nothing does not."""
     c, _ = controllers()
-    stored = {**BODY, "status": {"batchTimeout": "4ms"}}
+    stored = {**BODY, "status": {"maxQueueDelay": "4ms"}}
     results = iter(
         [loop.TickResult(None, "Active", wrote_status=True, stored=stored), loop.TickResult(None, "Active")]
     )

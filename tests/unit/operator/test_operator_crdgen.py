@@ -59,7 +59,7 @@ def test_schema_is_structural_with_defaults_and_rules() -> None:
     assert "default" not in yaml.safe_dump(status)
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Ready", "Serving", "Replicas", "P99", "Batch-Timeout", "Age"]
+    assert names == ["Ready", "Serving", "Replicas", "P99", "Max-Queue-Delay", "Age"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert columns["Replicas"]["jsonPath"] == ".status.updatedReady"  # updated-ready/desired: "1/2"
     assert columns["Serving"]["priority"] == 1  # kubectl get -o wide

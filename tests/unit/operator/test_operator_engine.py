@@ -25,7 +25,7 @@ def _isvc(spec: dict[str, Any]) -> api.InferenceService:
 
 
 def _runtime(isvc: api.InferenceService) -> RuntimeConfig:
-    text = build_configmap(isvc, isvc.spec.batch_timeout_in_force(None))["data"]["runtime.yaml"]
+    text = build_configmap(isvc, isvc.spec.max_queue_delay_in_force(None))["data"]["runtime.yaml"]
     return RuntimeConfig.from_yaml(text)
 
 

@@ -157,15 +157,15 @@ def _isvc(**spec: Any) -> api.InferenceService:
     )
 
 
-def test_update_events_tell_a_rollout_from_a_scale_and_a_batch_timeout_change() -> None:
+def test_update_events_tell_a_rollout_from_a_scale_and_a_max_queue_delay_change() -> None:
     isvc = _isvc()
     dep = build_deployment(isvc, replicas=1)
-    same = ("5ms", 0.005)  # status.batchTimeout before, the value in force now: unchanged
+    same = (0.005, 0.005)  # status.maxQueueDelay before, the value in force now (seconds): unchanged
 
     def events_of(
         desired: dict[str, Any], current: dict[str, Any] | None, of: api.InferenceService, timeout=same
     ) -> list[reconcile_events.Event]:
-        return reconcile_events.update_events(desired, current, of, batch_timeout=timeout)
+        return reconcile_events.update_events(desired, current, of, max_queue_delay=timeout)
 
     assert events_of(build_deployment(isvc, replicas=3), dep, isvc) == [
         ("Normal", "Scaled", "replicas 1 → 3")
@@ -175,12 +175,14 @@ def test_update_events_tell_a_rollout_from_a_scale_and_a_batch_timeout_change() 
     assert [(t, r) for t, r, _ in events] == [("Normal", "RolloutStarted")] and "generation 3" in events[0][2]
     assert events_of(dep, dep, isvc) == []
     old_cm, new_cm = build_configmap(isvc, 0.005), build_configmap(isvc, 0.009)
-    assert events_of(new_cm, old_cm, isvc, ("5ms", 0.009)) == [
-        ("Normal", "BatchTimeoutChanged", "batch timeout 5ms → 9ms")
+    assert events_of(new_cm, old_cm, isvc, (0.005, 0.009)) == [
+        ("Normal", "MaxQueueDelayChanged", "max queue delay 5ms → 9ms")
     ]
     # the ConfigMap changed for another reason (the timeout as before), or the value before is unknown
-    assert events_of(new_cm, old_cm, isvc, ("9ms", 0.009)) == []
+    assert events_of(new_cm, old_cm, isvc, (0.009, 0.009)) == []
+    # values compared, not text: a status written "0.009s" is the 9ms in force
+    assert events_of(new_cm, old_cm, isvc, (api.Seconds("0.009s"), 0.009)) == []
     assert events_of(new_cm, old_cm, isvc, (None, 0.009)) == []
     auto = _isvc(autoscaling={"enabled": True})  # the autoscaler posts Autoscaled for its own changes
-    assert events_of(build_configmap(auto, 0.009), build_configmap(auto, 0.005), auto, ("5ms", 0.009)) == []
+    assert events_of(build_configmap(auto, 0.009), build_configmap(auto, 0.005), auto, (0.005, 0.009)) == []
     assert events_of(dep, None, isvc) == []  # a creation: the Created Event

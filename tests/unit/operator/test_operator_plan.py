@@ -173,7 +173,9 @@ def test_status_keeps_transition_time_and_other_conditions() -> None:
     off = report.desired_status(_isvc(), _deployment(), diagnosis.Health(ready), current, now="T")
     assert [c["type"] for c in off["conditions"]] == ["Ready", "Serving"]  # AutoscalingActive removed
     assert off["observed"] is None  # a merge patch's None deletes the autoscaler's observed signals
-    assert desired["batchTimeout"] == "5ms"
+    assert desired["maxQueueDelay"] == "5ms"
+    # what an older operator wrote as status.batchTimeout is deleted (a merge patch's None)
+    assert status.status_patch(desired, {**desired, "batchTimeout": "5ms"}) == {"batchTimeout": None}
     assert desired["url"] == "http://m.ns.svc.cluster.local:8080"
     assert status.status_patch(desired, desired) == {}
     patch = status.status_patch(desired, {**desired, "replicas": 9})

@@ -95,7 +95,7 @@ def test_a_model_joining_changes_the_configmap_only() -> None:
     # each key is the model's runtime.yaml as its own InferenceService would have it
     assert (
         cm_two["data"]["rn.yaml"]
-        == runtime_config(two[1], two[1].spec.batch_timeout_in_force(None)).to_yaml()
+        == runtime_config(two[1], two[1].spec.max_queue_delay_in_force(None)).to_yaml()
     )
     assert cm_one["metadata"]["annotations"] != cm_two["metadata"]["annotations"]  # the applied hash moved
 
@@ -111,7 +111,7 @@ def test_the_runtime_reads_the_configmaps_files(tmp_path: Path) -> None:
 
 def test_a_pooled_isvc_owns_its_service_only_selecting_the_pools_pods() -> None:
     isvc = _isvc("bert")
-    inputs = BuildInputs(batch_timeout_seconds=0.005, replicas=1)
+    inputs = BuildInputs(max_queue_delay_seconds=0.005, replicas=1)
     built = {o.kind: o.build(isvc, inputs) for o in OWNED}
     assert {k for k, v in built.items() if v is not None} == {"Service"}
     service = build_service(isvc)

@@ -1,5 +1,5 @@
 """``kubectl get kisvc``: the P99 column is a duration a person reads (``23.4ms``), beside
-BATCH-TIMEOUT (``15ms``), not raw seconds (``0.023353``)."""
+MAX-QUEUE-DELAY (``15ms``), not raw seconds (``0.023353``)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ def _columns() -> dict[str, dict[str, object]]:
     return {c["name"]: c for c in version["additionalPrinterColumns"]}
 
 
-def test_p99_column_is_a_duration_string_like_the_batch_timeout() -> None:
+def test_p99_column_is_a_duration_string_like_the_max_queue_delay() -> None:
     columns = _columns()
     assert columns["P99"]["type"] == "string" and columns["P99"]["jsonPath"] == ".status.observed.p99"
-    assert columns["Batch-Timeout"]["type"] == "string"
+    assert columns["Max-Queue-Delay"]["type"] == "string"
     version = crdgen.inference_service_crd()["spec"]["versions"][0]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     observed = status["properties"]["observed"]["properties"]

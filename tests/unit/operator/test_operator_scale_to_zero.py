@@ -170,11 +170,11 @@ def test_the_scale_to_zero_condition_says_why_it_is_unavailable() -> None:
 def test_a_decision_to_zero_records_the_moment_first() -> None:
     obs = Observation(p99_seconds=None, gpu_utilization=None)
     to_zero = Decision(
-        0, 0.005, "idle", replicas_changed=True, timeout_changed=False, known=True, state=State()
+        0, 0.005, "idle", replicas_changed=True, max_queue_delay_changed=False, known=True, state=State()
     )
     fields = loop.decision_status(to_zero, obs, "2026-12-05T17:30:00Z")
     assert fields["scaledToZeroAt"] == "2026-12-05T17:30:00Z"
     to_two = Decision(
-        2, 0.005, "busy", replicas_changed=True, timeout_changed=False, known=True, state=State()
+        2, 0.005, "busy", replicas_changed=True, max_queue_delay_changed=False, known=True, state=State()
     )
     assert "scaledToZeroAt" not in loop.decision_status(to_two, obs, "2026-12-05T17:30:00Z")

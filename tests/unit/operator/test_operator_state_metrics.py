@@ -124,12 +124,12 @@ def test_decisions_are_counted_by_what_they_changed_and_forgotten_with_the_servi
             {"namespace": "d", "inferenceservice": "s", "change": change},
         )
 
-    metrics.count_decision("d", "s", replicas_before=2, replicas_after=3, timeout_changed=True)
-    metrics.count_decision("d", "s", replicas_before=3, replicas_after=1, timeout_changed=False)
-    metrics.count_decision("d", "s", replicas_before=1, replicas_after=1, timeout_changed=True)
-    assert (count("scale_up"), count("scale_down"), count("batch_timeout")) == (1, 1, 2)
+    metrics.count_decision("d", "s", replicas_before=2, replicas_after=3, max_queue_delay_changed=True)
+    metrics.count_decision("d", "s", replicas_before=3, replicas_after=1, max_queue_delay_changed=False)
+    metrics.count_decision("d", "s", replicas_before=1, replicas_after=1, max_queue_delay_changed=True)
+    assert (count("scale_up"), count("scale_down"), count("max_queue_delay")) == (1, 1, 2)
     metrics.InferenceServiceCollector().forget("d", "s")
-    assert (count("scale_up"), count("scale_down"), count("batch_timeout")) == (None, None, None)
+    assert (count("scale_up"), count("scale_down"), count("max_queue_delay")) == (None, None, None)
 
 
 def test_the_example_body_is_not_modified() -> None:
