@@ -16,7 +16,8 @@ model: memory-seconds, the hot models' P99, the first-request latency of a cold 
 - **Side ``pool``, one pool**: one ``kubeinfer-runtime`` in its model repository mode (as a ModelPool's pod
   runs it: the flat ``<model>.yaml`` files of the pool's ConfigMap, ``--memory-budget``, ``--pin``), each
   loaded model in its own process, loaded on its first request, evicted least recently used. The budget
-  is ``--budget-share`` (0.25) of the services' resident bytes together, measured in this run: it fits
+  is ``--budget-share`` (0.2; the pool runs at its budget plus its front process, so a share of a quarter
+  would sit just over a quarter of the memory-seconds) of the services' resident bytes together, measured in this run: it fits
   that share of the models at their mean size (``--budget-bytes`` sets it instead). At budget, the
   pool's memory-seconds are that share of the services' (plus its front process, a few dozen MiB). The
   hot models are pinned (``spec.pinned`` of a ModelPool: loaded at start, never evicted;
@@ -796,7 +797,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--budget-share",
         type=float,
-        default=0.25,
+        default=0.2,
         help="the pool's budget: this share of the services' resident bytes together (0.25 fits 5 of 20 "
         "models of the mean size)",
     )
