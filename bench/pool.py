@@ -15,13 +15,13 @@ model: memory-seconds, the hot models' P99, the first-request latency of a cold 
   on its own port, run as the InferenceService's pod runs it (its runtime.yaml, one process).
 - **Side ``pool``, one pool**: one ``kubeinfer-runtime`` in its model repository mode (as a ModelPool's pod
   runs it: the flat ``<model>.yaml`` files of the pool's ConfigMap, ``--memory-budget``, ``--pin``), each
-  loaded model in its own process, loaded on its first request, evicted least recently used. The budget
-  is ``--budget-share`` (0.2; the pool runs at its budget plus its front process, so a share of a quarter
-  would sit just over a quarter of the memory-seconds) of the services' resident bytes together, measured in this run: it fits
-  that share of the models at their mean size (``--budget-bytes`` sets it instead). At budget, the
-  pool's memory-seconds are that share of the services' (plus its front process, a few dozen MiB). The
-  hot models are pinned (``spec.pinned`` of a ModelPool: loaded at start, never evicted;
-  ``--no-pin-hot``: pure LRU), so the rest of the budget is the least popular models' working set.
+  loaded model in its own process, loaded on its first request, evicted least recently used. The budget is
+  ``--budget-share`` (0.2; the pool runs at its budget plus its front process, so a share of a quarter would
+  sit just over a quarter of the memory-seconds) of the services' resident bytes together, measured in this
+  run: it fits that share of the models at their mean size (``--budget-bytes`` sets it instead). At budget,
+  the pool's memory-seconds are that share of the services' (plus its front process, a few dozen MiB). The
+  hot models are pinned (``spec.pinned`` of a ModelPool: loaded at start, never evicted; ``--no-pin-hot``:
+  pure LRU), so the rest of the budget is the least popular models' working set.
 - **Traffic**: open-loop Poisson arrivals at ``--rate`` requests/s in total (latency from each request's
   scheduled arrival), each request's model drawn Zipf (``--zipf`` 1.1: the model of rank k gets a share
   proportional to k^-s); the hot models are the ``--hot`` (3) of the largest shares. Both sides get the
