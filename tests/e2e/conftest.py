@@ -138,6 +138,46 @@ def operator_release(cluster: Cluster, node_prometheus: PrometheusServer) -> Ite
         cluster.helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait", check=False, timeout=120)
 
 
+def hostpath_claim(
+    namespace: str,
+    claim: str,
+    volume: str,
+    path: Path,
+    access_mode: str,
+    labels: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """A PersistentVolume ``volume`` on the node's directory ``path`` (hostPath, kept when released:
+    the caller deletes it) and the claim ``claim`` of ``namespace`` bound to it, with ``access_mode``
+    (``ReadWriteOnce``, ``ReadOnlyMany``); the node has no provisioner."""
+    storage = {"storage": "2Gi"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume, **({"labels": labels} if labels else {})},
+            "spec": {
+                "capacity": storage,
+                "accessModes": [access_mode],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": [access_mode],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": storage},
+            },
+        },
+    ]
+
+
 class GraphCache:
     """The session's graph cache directory on the node; :meth:`claim` binds a claim to it in a namespace
     (a PersistentVolume binds one claim: one hostPath volume per namespace, all on the same directory;
@@ -154,34 +194,9 @@ class GraphCache:
         """A claim named :attr:`CLAIM` in ``namespace`` bound to the cache directory; returns its name
         (for ``spec.server.graphCache.claimName``). Its volume is deleted with the session."""
         volume = f"graph-cache-{secrets.token_hex(4)}"
-        storage = {"storage": "2Gi"}
+        labels = {self.LABEL: "true"}
         self.cluster.apply(
-            [
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": volume, "labels": {self.LABEL: "true"}},
-                    "spec": {
-                        "capacity": storage,
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "storageClassName": "",
-                        "hostPath": {"path": str(self.directory), "type": "Directory"},
-                        "claimRef": {"namespace": namespace, "name": self.CLAIM},
-                    },
-                },
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "metadata": {"name": self.CLAIM, "namespace": namespace},
-                    "spec": {
-                        "accessModes": ["ReadWriteOnce"],
-                        "storageClassName": "",
-                        "volumeName": volume,
-                        "resources": {"requests": storage},
-                    },
-                },
-            ]
+            hostpath_claim(namespace, self.CLAIM, volume, self.directory, "ReadWriteOnce", labels)
         )
         return self.CLAIM
 

@@ -52,7 +52,7 @@ from hack.devtools.runtime_tiny import (
     tiny_hf_token_classifier,
     tiny_onnx_mlp,
 )
-from tests.e2e.conftest import isvc_condition, wait_isvc
+from tests.e2e.conftest import hostpath_claim, isvc_condition, wait_isvc
 from tests.e2e.test_e2e_formats import ELEMENTS, LABELS, TEXTS, Models, _add_sub, _classify, _tag
 from tests.support.cluster import Cluster, wait_until
 
@@ -133,33 +133,8 @@ def _samples(text: str, metric: str) -> dict[str, float]:
 
 
 def _manifests(ns: str, root: Path, budget: int) -> list[dict[str, Any]]:
-    storage = {"storage": "1Gi"}
-    volume = f"e2e-pool-models-{ns}"
     docs: list[dict[str, Any]] = [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": volume},
-            "spec": {
-                "capacity": storage,
-                "accessModes": ["ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(root), "type": "Directory"},
-                "claimRef": {"namespace": ns, "name": CLAIM},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": CLAIM, "namespace": ns},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": volume,
-                "resources": {"requests": storage},
-            },
-        },
+        *hostpath_claim(ns, CLAIM, f"e2e-pool-models-{ns}", root, "ReadOnlyMany"),
         {
             "apiVersion": "kubeinfer.io/v1alpha1",
             "kind": "ModelPool",
