@@ -7,6 +7,7 @@ CLI (used by ``make cluster-up`` / ``make cluster-down``)::
     python hack/cluster.py status                  # pids, ports, health
     python hack/cluster.py down                    # stops everything recorded, removes what it made
     python hack/cluster.py leftovers               # what a stopped node left on this machine (none)
+    python hack/cluster.py preload                 # the built images into the node's image store, no node
 
 Python API (tests, the demo, the benchmarks)::
 
@@ -466,9 +467,31 @@ def kubeconfig_for_service_account(
 # ----------------------------------------------------------------------------- CLI
 
 
+def _preload(workdir: Path, bin_dir: Path) -> None:
+    """``preload``: the built images into the node's image store with a containerd of its own (in
+    ``WORKDIR/../preload``), no node. `make test` runs it beside the unit and integration tiers, so the
+    e2e session's node finds the images current instead of importing them (minutes after a rebuild).
+    Raises ClusterError (an image error included)."""
+    from hack.images import ImageError
+
+    t0 = time.monotonic()
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        done = nodes.preload(
+            workdir.resolve().parent / "preload",
+            bin_dir=bin_dir.resolve(),
+            load_images=_load_built_images(say),
+            say=say,
+        )
+    except ImageError as e:
+        raise ClusterError(str(e)) from e
+    if done:
+        say(f"# images preloaded in {time.monotonic() - t0:.0f} s")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("command", choices=["up", "down", "status", "leftovers"])
+    ap.add_argument("command", choices=["up", "down", "status", "leftovers", "preload"])
     ap.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="default: .cache/cluster")
     ap.add_argument("--bin-dir", type=Path, default=DEFAULT_BIN_DIR, help="default: .cache/bin")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
@@ -495,6 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if left:
                 print("left behind:\n  " + "\n  ".join(left), file=sys.stderr)
                 return 1
+        elif args.command == "preload":
+            _preload(args.workdir, args.bin_dir)
         elif args.command == "leftovers":
             left = leftovers(args.workdir)
             print("\n".join(left) if left else "nothing left behind")

@@ -24,13 +24,14 @@ is refused with a message that says how to stop the first.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ from hack.procs import ClusterError
 IMAGE_STORE = Path(os.environ.get("KUBEINFER_IMAGE_STORE", "/var/lib/kubeinfer/containerd"))
 #: Which work directory runs this machine's node (JSON: workdir, pids, start times).
 MACHINE_RECORD = Path("/run/kubeinfer-node.json")
+#: Held (flock) by whoever starts a containerd on IMAGE_STORE: an image preload for as long as its
+#: containerd runs, a node's start while it launches its own. Two containerds on one store would share
+#: its metadata database.
+STORE_LOCK = IMAGE_STORE.parent / f".{IMAGE_STORE.name}.lock"
 RUNC = Path("/usr/sbin/runc")
 #: Image of every pod's sandbox (built locally by hack/images.py: no registry is reachable).
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
@@ -434,9 +439,10 @@ def start(
     started: dict[str, subprocess.Popen[bytes]] = {}
     try:
         paths.containerd_config.write_text(containerd_config(paths, cni_conf_dir))
-        started["containerd"] = launch(
-            "containerd", [str(bin_dir / "containerd"), "--config", str(paths.containerd_config)]
-        )
+        with store_lock(say):  # an image preload's containerd stops first; its pid is recorded before release
+            started["containerd"] = launch(
+                "containerd", [str(bin_dir / "containerd"), "--config", str(paths.containerd_config)]
+            )
         ctr = [str(bin_dir / "ctr"), "--address", str(paths.containerd_socket)]
         _wait(
             lambda: procs.run([*ctr, "version"], check=False, timeout=5) != "",
@@ -580,6 +586,80 @@ def _read_sysctl(key: str) -> str:
         return Path("/proc/sys", key).read_text().strip()
     except OSError:
         return ""
+
+
+@contextlib.contextmanager
+def store_lock(say: Say) -> Iterator[None]:
+    """Hold STORE_LOCK (flock, exclusive) for the ``with`` block, waiting for its holder if there is
+    one (saying so). Raises OSError when the lock file cannot be made."""
+    STORE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with STORE_LOCK.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for the containerd that holds {STORE_LOCK} (an image preload) to stop")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def preload(
+    workdir: Path,
+    *,
+    bin_dir: Path,
+    load_images: Callable[[Path, str], None],
+    timeout: float = 60.0,
+    say: Say,
+) -> bool:
+    """Load images into IMAGE_STORE with a containerd of its own and no node, then stop it: what a
+    node's start would import (minutes for the 6 GB runtime image after a rebuild) is done ahead,
+    e.g. while other tests run, and the node's start then finds the images current.
+
+    ``workdir`` holds that containerd's socket, state and log and is removed afterwards;
+    ``load_images(ctr_path, socket)`` imports (hack/images.load). Holds STORE_LOCK throughout, so a
+    node's start waits for it. Returns False, loading nothing, when a node already runs on this
+    machine (its containerd owns the store; its start loaded the images). Raises ClusterError when a
+    binary is missing, not root, or containerd exits or is not up within ``timeout`` seconds; what
+    ``load_images`` raises passes through. containerd is stopped in every case.
+    """
+    for name in ("containerd", "ctr"):
+        if not os.access(bin_dir / name, os.X_OK):
+            raise ClusterError(f"missing {bin_dir / name}; run `make setup`")
+    if os.geteuid() != 0:
+        raise ClusterError("containerd needs root: run as root")
+    with store_lock(say):
+        other = running_elsewhere(workdir)
+        if other is not None:
+            say(f"a node runs on this machine (work directory {other}): its containerd owns the images")
+            return False
+        paths = NodePaths(workdir)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        IMAGE_STORE.mkdir(parents=True, exist_ok=True)
+        paths.containerd_config.write_text(containerd_config(paths, paths.net))
+        log = workdir / "containerd.log"
+        env = {**os.environ, "PATH": f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"}
+        cmd = [str(bin_dir / "containerd"), "--config", str(paths.containerd_config)]
+        p = procs.spawn(cmd, log, True, env)
+        try:
+            ctr = [str(bin_dir / "ctr"), "--address", str(paths.containerd_socket)]
+            deadline = time.monotonic() + timeout
+            while procs.run([*ctr, "version"], check=False, timeout=5) == "":
+                tail = f"; log tail:\n{procs.log_tail(log)}"
+                if p.poll() is not None:
+                    raise ClusterError(f"containerd exited with code {p.returncode}{tail}")
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"containerd not up after {timeout:.0f} s{tail}")
+                time.sleep(0.5)
+            load_images(bin_dir / "ctr", str(paths.containerd_socket))
+        finally:
+            procs.terminate(p.pid, procs.proc_start_time(p.pid))
+            with contextlib.suppress(ChildProcessError):
+                p.wait(timeout=5)
+            _unmount_under((paths.root,))
+            shutil.rmtree(workdir, ignore_errors=True)
+    return True
 
 
 # ----------------------------------------------------------------------------- stop

@@ -131,3 +131,39 @@ def test_a_second_node_on_the_machine_is_refused_naming_the_running_one(
         json.dumps({"workdir": "/elsewhere", "pids": {"kubelet": 2**22 + 7}, "start_times": {}})
     )
     assert node.running_elsewhere(tmp_path / "mine") is None
+
+
+def test_the_store_lock_makes_a_second_holder_wait_and_say_for_what(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image preload holds the store's lock while its containerd runs: a node's start waits for it
+    (two containerds on one store would share its metadata database)."""
+    import threading
+
+    monkeypatch.setattr(node, "STORE_LOCK", tmp_path / "store.lock")
+    said: list[str] = []
+    order: list[str] = []
+    held = threading.Event()
+    release = threading.Event()
+
+    def preload() -> None:
+        with node.store_lock(said.append):
+            order.append("preload holds")
+            held.set()
+            release.wait(5)
+            order.append("preload releases")
+
+    t = threading.Thread(target=preload)
+    t.start()
+    assert held.wait(5)
+    threading.Timer(0.3, release.set).start()
+    with node.store_lock(said.append):
+        order.append("node holds")
+    t.join(5)
+    assert order == ["preload holds", "preload releases", "node holds"]
+    assert len(said) == 1 and "waiting for the containerd" in said[0] and "store.lock" in said[0]
+
+
+def test_preload_refuses_without_its_binaries(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match=r"missing .*containerd.*make setup"):
+        node.preload(tmp_path / "w", bin_dir=tmp_path / "bin", load_images=lambda _c, _s: None, say=print)
