@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kubeinfer.contract import formats as table
 from kubeinfer.contract.batching import MAX_QUEUE_DELAY_LIMIT_SECONDS
-from kubeinfer.contract.instances import MAX_INSTANCES
 
 # the names of formats, engines, tasks, quantization modes and devices are the contract's
 from kubeinfer.contract.formats import AggregationStrategy as AggregationStrategy
@@ -30,6 +29,7 @@ from kubeinfer.contract.formats import ModelFormat as ModelFormat
 from kubeinfer.contract.formats import Overflow as Overflow
 from kubeinfer.contract.formats import Quantization as Quantization
 from kubeinfer.contract.formats import Task as Task
+from kubeinfer.contract.instances import MAX_INSTANCES
 
 Datatype = Literal[
     "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"

@@ -123,6 +123,8 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
             shutdown_delay_seconds=SHUTDOWN_DELAY_SECONDS,
         ),
         device=spec.runtime.device,
+        # set only when given: left unset (one), runtime.yaml reads as it did before instances existed
+        **({} if spec.model.instances is None else {"instances": spec.model.instances}),
     )
     if spec.runtime.engine is not None:  # unset: the format's default, runtime.yaml reads as before
         cfg.model = cfg.model.model_copy(update={"engine": spec.runtime.engine})
@@ -142,6 +144,11 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
     return cfg
 
 
+#: The key of the instance count in the data :func:`config_hash` hashes: ``runtime.yaml``'s former name
+#: for it, with which every file had it.
+_INSTANCES_HASH_KEY = "executors"
+
+
 def config_hash(isvc: api.InferenceService) -> str:
     """Hash of the runtime configuration WITHOUT its ``batching`` section.
 
@@ -152,6 +159,9 @@ def config_hash(isvc: api.InferenceService) -> str:
     # existed keeps its hash and an operator upgrade rolls no pod
     data: dict[str, Any] = runtime_config(isvc, 0.0).file_data()
     data.pop("batching", None)
+    # the instance count under the key the file had for it before it was named instances (and always
+    # wrote): the pods of a service from before the rename keep their hash
+    data[_INSTANCES_HASH_KEY] = data.pop("instances", 1)
     digest: str = stable_hash(data)
     return digest
 

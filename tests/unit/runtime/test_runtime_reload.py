@@ -149,7 +149,8 @@ def test_the_former_executors_flag_sets_instances_with_a_warning(caplog: pytest.
     assert [r.getMessage() for r in caplog.records] == ["--executors is deprecated: it is now --instances"]
     # every reload applies it too; --instances, when also given, wins
     assert overrides_from(args)(RuntimeConfig()).instances == 3
-    assert load_config(build_parser().parse_args(["serve", "--executors", "3", "--instances", "2"])).instances == 2
+    both = build_parser().parse_args(["serve", "--executors", "3", "--instances", "2"])
+    assert load_config(both).instances == 2
 
 
 def test_instances_in_the_file_and_the_former_name_refused() -> None:
