@@ -123,8 +123,6 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
             shutdown_delay_seconds=SHUTDOWN_DELAY_SECONDS,
         ),
         device=spec.runtime.device,
-        # set only when given: left unset (one), runtime.yaml reads as it did before instances existed
-        **({} if spec.model.instances is None else {"instances": spec.model.instances}),
     )
     if spec.runtime.engine is not None:  # unset: the format's default, runtime.yaml reads as before
         cfg.model = cfg.model.model_copy(update={"engine": spec.runtime.engine})
@@ -134,6 +132,8 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
         cfg.model = cfg.model.model_copy(update={"aggregation_strategy": spec.model.aggregation_strategy})
     if spec.model.overflow is not None:  # unset: refuse
         cfg.model = cfg.model.model_copy(update={"overflow": spec.model.overflow})
+    if spec.model.instances is not None:  # unset: one, runtime.yaml reads as it did before the field
+        cfg = cfg.model_copy(update={"instances": spec.model.instances})  # within the same contract bound
     if spec.model.max_text_tokens is not None:  # unset: the runtime's default
         cfg.limits = cfg.limits.model_copy(update={"max_text_tokens": spec.model.max_text_tokens})
     if spec.cache.enabled:  # left off, runtime.yaml reads as it did before the cache existed
