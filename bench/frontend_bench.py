@@ -152,7 +152,7 @@ def plane_baseline(model_dir: str, requests: int) -> int:
     out: dict[str, Any] = {}
 
     async def run() -> None:
-        plane = DataPlane(cfg.model.name, RuntimeMetrics(cfg.model.name), cfg.executors, cfg.cache)
+        plane = DataPlane(cfg.model.name, RuntimeMetrics(cfg.model.name), cfg.instances, cfg.cache)
         plane.attach(model, BatchSettings.from_config(cfg.batching))
 
         async def one(i: int) -> None:

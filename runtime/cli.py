@@ -1,7 +1,7 @@
 """``kubeinfer-runtime``: the runtime's command line.
 
 ``kubeinfer-runtime serve [--config PATH] [--model SRC] [--quantization Q] [--max-batch-size N]
-[--max-queue-delay SECONDS] [--port P] [--grpc-port P] [--host H] [--device auto|cpu|cuda] [--executors N]
+[--max-queue-delay SECONDS] [--port P] [--grpc-port P] [--host H] [--device auto|cpu|cuda] [--instances N]
 [--http-workers N]``
 
 ``kubeinfer-runtime fetch --source URI --dest DIR [--sha256 HEX] [--s3-endpoint URL] [--s3-region REGION]
@@ -89,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="gRPC port (0 = any free port); default 8081")
     serve.add_argument("--host", help="bind address")
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    serve.add_argument("--executors", type=int, help="executor threads (model instances)")
+    serve.add_argument(
+        "--instances",
+        type=int,
+        help="model instances (instances; Triton's instance_group count): executor threads on one queue",
+    )
+    # the former name of --instances, still read (an InferenceService's spec.runtime.args may carry it)
+    serve.add_argument("--executors", type=int, help=argparse.SUPPRESS)
     serve.add_argument(
         "--http-workers",
         type=int,
@@ -290,7 +296,7 @@ FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "grpc_port": ("server", "grpc_port"),
     "host": ("server", "host"),
     "device": (None, "device"),
-    "executors": (None, "executors"),
+    "instances": (None, "instances"),
     "http_workers": ("server", "http_workers"),
 }
 
@@ -310,6 +316,10 @@ def overrides_from(args: argparse.Namespace) -> Callable[[RuntimeConfig], Runtim
     return apply
 
 
+#: A flag's former name (argparse attribute) -> its name now: the former is still read, with a warning.
+RENAMED_FLAGS: dict[str, str] = {"executors": "instances"}
+
+
 #: Command-line flag -> the ``repository`` field it overrides (``--model-repository`` creates the section).
 REPOSITORY_FLAGS: dict[str, str] = {
     "model_repository": "path",
@@ -319,7 +329,15 @@ REPOSITORY_FLAGS: dict[str, str] = {
 
 
 def load_config(args: argparse.Namespace) -> RuntimeConfig:
-    """The file (or the defaults without ``--config``) with the flags applied."""
+    """The file (or the defaults without ``--config``) with the flags applied. A flag of
+    :data:`RENAMED_FLAGS` is logged once as deprecated and set in ``args`` under its new name (unless
+    that is given too), so the overrides of every reload apply it."""
+    for old, new in RENAMED_FLAGS.items():
+        value = getattr(args, old)
+        if value is not None:
+            log.warning("--%s is deprecated: it is now --%s", old.replace("_", "-"), new)
+            if getattr(args, new) is None:
+                setattr(args, new, value)
     base = RuntimeConfig.load(args.config) if args.config else RuntimeConfig()
     cfg = overrides_from(args)(base)
     changes = {key: getattr(args, flag) for flag, key in REPOSITORY_FLAGS.items() if getattr(args, flag)}

@@ -29,6 +29,7 @@ from kubeinfer.contract.formats import ModelFormat as ModelFormat
 from kubeinfer.contract.formats import Overflow as Overflow
 from kubeinfer.contract.formats import Quantization as Quantization
 from kubeinfer.contract.formats import Task as Task
+from kubeinfer.contract.instances import MAX_INSTANCES
 
 Datatype = Literal[
     "BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64", "FP16", "BF16", "FP32", "FP64", "BYTES"
@@ -378,6 +379,10 @@ _SERVER_DEFAULTS_LEFT_OUT = (
 )
 
 
+#: The former name of ``instances`` in this file: refused with a message naming ``instances``.
+_RENAMED_INSTANCES = "executors"
+
+
 class RuntimeConfig(_Strict):
     """The whole runtime configuration (``runtime.yaml``)."""
 
@@ -389,11 +394,24 @@ class RuntimeConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     device: Device = "auto"
-    executors: int = Field(default=1, ge=1, le=16, description="Model instances (executor threads).")
+    instances: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_INSTANCES,
+        description="Model instances (Triton's instance_group count): executor threads taking batches from "
+        "the one queue at once, all on the model's device.",
+    )
     repository: RepositoryConfig | None = Field(
         default=None,
         description="Serve a model repository (several models, loaded on demand) instead of ``model``.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and _RENAMED_INSTANCES in data:
+            raise ValueError(f"{_RENAMED_INSTANCES} is now instances (the model's instance count)")
+        return data
 
     @model_validator(mode="after")
     def _rules(self) -> RuntimeConfig:
@@ -407,7 +425,7 @@ class RuntimeConfig(_Strict):
         # (section, field) left out when unset: no per-level queue limits, the default share, no token
         # budget, no quality gate, the format's default engine, the task detected from the model
         # directory, the task's default aggregation, overflow refused, one warmup size, the first-request
-        # warmup
+        # warmup (and one instance, below)
         unset = [
             ("batching", "priority_queue_sizes", not self.batching.priority_queue_sizes),
             ("batching", "priority_min_share", "priority_min_share" not in self.batching.model_fields_set),
@@ -432,6 +450,8 @@ class RuntimeConfig(_Strict):
             del data["cache"]
         if self.repository is None:  # one model
             del data["repository"]
+        if self.instances == 1:  # one instance: the file reads as one an earlier runtime reads too
+            del data["instances"]
         return data
 
     def to_yaml(self) -> str:

@@ -346,16 +346,17 @@ class DataPlane:
     Args:
         model_name: the model this runtime serves (requests for another get 404).
         metrics: the runtime's metrics (requests, in flight; the batcher's).
-        executors: batch executor threads for the batcher.
+        instances: the model's instances (``instances`` of the runtime config): the batcher's executor
+            threads.
         cache: the response cache's settings (``cache.enabled``: ``kubeinfer.runtime.cache``).
     """
 
     def __init__(
-        self, model_name: str, metrics: RuntimeMetrics, executors: int = 1, cache: CacheConfig | None = None
+        self, model_name: str, metrics: RuntimeMetrics, instances: int = 1, cache: CacheConfig | None = None
     ) -> None:
         self.model_name = model_name
         self.metrics = metrics
-        self.executors = executors
+        self.instances = instances
         self.model: ServableModel | None = None
         self.batcher: Batcher | None = None
         self.draining = False
@@ -373,7 +374,7 @@ class DataPlane:
         """Serve ``model`` (loaded and warmed up): start its batcher on the running loop; ready.
 
         Raises ``ValueError`` for settings the batcher refuses (over the warmed maximum batch)."""
-        batcher = Batcher(model, settings, executors=self.executors, metrics=self.metrics)
+        batcher = Batcher(model, settings, executors=self.instances, metrics=self.metrics)
         batcher.start()
         self._declared = {s.name: s.datatype for s in model.outputs}
         self.model = model
@@ -441,7 +442,7 @@ class DataPlane:
             model_metadata_doc(self.model),
             self.batcher.settings,
             optional_inputs=self.model.request_inputs,
-            executors=self.executors,
+            instances=self.instances,
             device=self.model.device,
             cache=self.cache is not None,
             parameters=self.model.parameters(),

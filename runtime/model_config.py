@@ -23,8 +23,8 @@ disagree:
   (``max_queue_size``: with several levels kubeinfer's limit is one for the whole queue, Triton's one
   per level, so it is not reported). Every queue policy has ``allow_timeout_override``: a request's
   ``timeout`` parameter is honoured.
-- ``instance_group``: the executor threads (``executors``) on the model's device, ``KIND_CPU`` or
-  ``KIND_GPU`` with its index.
+- ``instance_group``: the model's instances (the runtime config's ``instances``, one executor thread
+  each) on the model's device, ``KIND_CPU`` or ``KIND_GPU`` with its index.
 - ``response_cache``: ``enable`` when the response cache is on.
 - ``parameters``: the model's own settings (``ServableModel.parameters``) as ``string_value``s: a text
   model's ``max_text_tokens`` (tokens per text), ``max_sequence_length`` (its window, tokens) and
@@ -151,10 +151,11 @@ def dynamic_batching(settings: BatchingInForce) -> dict[str, Any]:
     return doc
 
 
-def instance_group(executors: int, device: str) -> dict[str, Any]:
-    """Triton's ``ModelInstanceGroup`` of ``executors`` threads on ``device`` (``cpu``, ``cuda``,
-    ``cuda:N``): ``KIND_CPU``, or ``KIND_GPU`` with ``gpus: [N]`` (0 when the device names no index)."""
-    doc: dict[str, Any] = {"name": "kubeinfer", "count": executors}
+def instance_group(instances: int, device: str) -> dict[str, Any]:
+    """Triton's ``ModelInstanceGroup`` of ``instances`` (executor threads) on ``device`` (``cpu``,
+    ``cuda``, ``cuda:N``): ``KIND_CPU``, or ``KIND_GPU`` with ``gpus: [N]`` (0 when the device names no
+    index)."""
+    doc: dict[str, Any] = {"name": "kubeinfer", "count": instances}
     if device.startswith("cuda"):
         index = device.partition(":")[2]
         doc["kind"] = "KIND_GPU"
@@ -169,7 +170,7 @@ def model_config_doc(
     settings: BatchingInForce,
     *,
     optional_inputs: Collection[str] = (),
-    executors: int = 1,
+    instances: int = 1,
     device: str = "cpu",
     cache: bool = False,
     parameters: Mapping[str, str] | None = None,
@@ -181,7 +182,8 @@ def model_config_doc(
             ``inputs`` and ``outputs`` (``name``, ``datatype``, ``shape`` with the batch first).
         settings: the batching settings in force.
         optional_inputs: names of the inputs a request may leave out (``ServableModel.request_inputs``).
-        executors: executor threads running batches (``executors`` of the runtime config).
+        instances: the model's instances, executor threads running batches (``instances`` of the
+            runtime config).
         device: the model's device (``cpu``, ``cuda:0``).
         cache: the response cache is on.
         parameters: the model's own settings a client may want to know (``ServableModel.parameters``:
@@ -206,7 +208,7 @@ def model_config_doc(
         "input": [tensor_config(s, optional=s["name"] in optional_inputs) for s in metadata["inputs"]],
         "output": [tensor_config(s) for s in metadata["outputs"]],
         "dynamic_batching": dynamic_batching(settings),
-        "instance_group": [instance_group(executors, device)],
+        "instance_group": [instance_group(instances, device)],
         "response_cache": {"enable": cache},
     }
     if parameters:

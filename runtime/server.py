@@ -109,9 +109,9 @@ class RuntimeServer:
         self.cfg = cfg
         self._ipc_address = ipc_address
         self.model_name = cfg.model.name
-        self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.executors)
+        self.metrics = metrics if metrics is not None else RuntimeMetrics(cfg.model.name, cfg.instances)
         #: What every transport calls: admission, validation, the batcher, metrics, errors.
-        self.plane = DataPlane(cfg.model.name, self.metrics, cfg.executors, cfg.cache)
+        self.plane = DataPlane(cfg.model.name, self.metrics, cfg.instances, cfg.cache)
         #: The REST routes (``RestApp``); None in a model process of the repository mode (IPC only).
         self.rest: RestApp | None = None if ipc_address else rest_app(self.plane, cfg)
         self.host = cfg.server.host

@@ -15,4 +15,6 @@ dispatch) from that data and never writes it a second time.
   pods, the model repository's flat layout (``<model>.yaml``) and where it is mounted.
 - ``batching``: the max queue delay's bound (seconds), which the CRD's rules, both sides' checks and the
   pool's termination grace read.
+- ``instances``: the bound of a model's instance count (Triton's ``instance_group`` count), which the CRD's
+  schema and both sides' checks read.
 """

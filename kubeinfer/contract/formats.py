@@ -502,6 +502,15 @@ RULES: tuple[Rule, ...] = (
         message="{device} cuda requires {gpus} > 0",
         sides=(OPERATOR,),
     ),
+    # the runtime places every instance of its model on one device (cuda:0): a second GPU would sit idle
+    Rule(
+        "one-gpu-per-replica",
+        ok=any_of(Is("gpus", 0), Is("gpus", 1)),
+        subject="gpus",
+        message="{gpus} must be 0 or 1: the runtime runs every instance of the model on one GPU (cuda:0), "
+        "so more GPUs per replica would sit idle; scale out with spec.replicas",
+        sides=(OPERATOR,),
+    ),
     Rule(
         "engine-runs-format",
         ok=any_of(

@@ -46,6 +46,7 @@ from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
 from kubeinfer.contract import sources as contract
 from kubeinfer.contract.batching import MAX_QUEUE_DELAY_LIMIT_SECONDS
+from kubeinfer.contract.instances import MAX_INSTANCES
 
 #: Served model name when ``model.uri`` is the bundled default and ``model.name`` is unset.
 DEFAULT_MODEL_NAME = "minilm"
@@ -127,6 +128,17 @@ class ModelSpec(_Spec):
         "refused with 413, whatever overflow says; the window is at most the model's 256 tokens, so "
         "above that this is the budget of a text overflow chunk splits (the runtime's "
         "limits.max_text_tokens). Unset: 512.",
+    )
+    instances: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_INSTANCES,
+        description="Instances of the model in each replica (Triton's instance_group count): that many "
+        "batches of its one queue run at once, each on an executor thread of the model's process, all on "
+        "the replica's one device (the GPU, cuda:0, or the CPU), sharing one copy of the weights (a pt2 "
+        "AOTInductor package loads one runner per instance). More than one helps where a batch leaves the "
+        "device idle part of the time (tokenization, small batches, several CPU cores); the runtime's "
+        "instances and the model configuration's instance_group count. Unset: 1.",
     )
     name: str | None = Field(
         default=None,

@@ -48,17 +48,11 @@ def _pool_decides() -> list[tuple[str, Any]]:
 
 def _pooled_resources(resources: ResourcesSpec) -> dict[str, Any]:
     """``resources`` as JSON without ``gpus``: a pooled InferenceService may say ``gpus: 0`` (its model
-    runs on the CPU, which the format rules ask of an onnxruntime model) but no more than 1."""
+    runs on the CPU, which the format rules ask of an onnxruntime model) or 1 (the only other count
+    ``ResourcesSpec`` accepts)."""
     data: dict[str, Any] = resources.model_dump(by_alias=True, mode="json")
     del data["gpus"]
     return data
-
-
-#: A pooled InferenceService's ``resources.gpus``: 0 (its model on the CPU) or 1 (the default).
-_POOL_GPUS_MESSAGE = (
-    "spec.resources.gpus of an InferenceService with spec.pool may only be 0 (its model on the CPU) or 1: "
-    "the pool's resources decide the pod's GPUs"
-)
 
 
 #: The guards of an InferenceService's own pods that a pool does not apply yet: a pooled one that set
@@ -113,12 +107,6 @@ class InferenceServiceSpec(_Spec):
                         "FieldValueForbidden",
                     )
                     for field in _POOL_UNGUARDED
-                ),
-                _cel(
-                    "!has(self.pool) || self.resources.gpus <= 1",
-                    _POOL_GPUS_MESSAGE,
-                    ".resources.gpus",
-                    "FieldValueForbidden",
                 ),
                 _cel(
                     f"!has(self.pool) || {pooled_uri_cel()}",
@@ -190,8 +178,6 @@ class InferenceServiceSpec(_Spec):
                 value = value.model_dump(by_alias=True, mode="json")
             if value != default:
                 raise ValueError(_pool_message(name))
-        if self.resources.gpus > 1:
-            raise ValueError(_POOL_GPUS_MESSAGE)
         if self.server.auth is not None:
             raise ValueError(_pool_unguarded_message("auth"))
         if self.server.allow_from is not None:

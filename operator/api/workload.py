@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from kubeinfer.operator.api.base import _Spec
+from kubeinfer.operator.api.base import _check_table, _Spec, _table_rules
 from kubeinfer.operator.api.formats import Quantity
 from kubeinfer.runtime.config import Device, Engine
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 
 from kubeinfer import __version__
 
@@ -30,7 +30,15 @@ class Toleration(_Spec):
 class ResourcesSpec(_Spec):
     """Per-replica resources and placement."""
 
-    gpus: int = Field(default=1, ge=0, le=16, description="nvidia.com/gpu per replica.")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [*_table_rules("resources")]})
+
+    gpus: int = Field(
+        default=1,
+        ge=0,
+        description="nvidia.com/gpu per replica: 0 (the CPU) or 1. The runtime runs every instance of a "
+        "model on one GPU (cuda:0), so more is refused rather than left idle: scale out with replicas; "
+        "more instances of a model share its GPU (an InferenceService's spec.model.instances).",
+    )
     gpu_product: str | None = Field(
         default=None,
         max_length=63,
@@ -41,6 +49,11 @@ class ResourcesSpec(_Spec):
     memory: Quantity = Field(default="8Gi", description="Memory request and limit.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    @model_validator(mode="after")
+    def _rules(self) -> ResourcesSpec:
+        _check_table("resources", self)
+        return self
 
 
 class EnvVar(_Spec):

@@ -132,6 +132,8 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
         cfg.model = cfg.model.model_copy(update={"aggregation_strategy": spec.model.aggregation_strategy})
     if spec.model.overflow is not None:  # unset: refuse
         cfg.model = cfg.model.model_copy(update={"overflow": spec.model.overflow})
+    if spec.model.instances is not None:  # unset: one, runtime.yaml reads as it did before the field
+        cfg = cfg.model_copy(update={"instances": spec.model.instances})  # within the same contract bound
     if spec.model.max_text_tokens is not None:  # unset: the runtime's default
         cfg.limits = cfg.limits.model_copy(update={"max_text_tokens": spec.model.max_text_tokens})
     if spec.cache.enabled:  # left off, runtime.yaml reads as it did before the cache existed
@@ -140,6 +142,11 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
         # set only with auth: left unset, runtime.yaml reads as it did before authentication existed
         cfg.server = cfg.server.model_copy(update={"bearer_token_env": api.BEARER_TOKEN_ENV})
     return cfg
+
+
+#: The key of the instance count in the data :func:`config_hash` hashes: ``runtime.yaml``'s former name
+#: for it, with which every file had it.
+_INSTANCES_HASH_KEY = "executors"
 
 
 def config_hash(isvc: api.InferenceService) -> str:
@@ -152,6 +159,9 @@ def config_hash(isvc: api.InferenceService) -> str:
     # existed keeps its hash and an operator upgrade rolls no pod
     data: dict[str, Any] = runtime_config(isvc, 0.0).file_data()
     data.pop("batching", None)
+    # the instance count under the key the file had for it before it was named instances (and always
+    # wrote): the pods of a service from before the rename keep their hash
+    data[_INSTANCES_HASH_KEY] = data.pop("instances", 1)
     digest: str = stable_hash(data)
     return digest
 

@@ -319,8 +319,9 @@ def _declared_for_aoti(cfg: RuntimeConfig, runner: Any, path: Path) -> Signature
 
 
 def _load_aoti(path: Path, device: torch.device, runners: int) -> Any:
-    """``aoti_load_package`` on ``device`` with ``runners`` model instances (one per executor thread:
-    a call waits for a free one), after checking the package was compiled for the device's type.
+    """``aoti_load_package`` on ``device`` with ``runners`` model runners (the config's ``instances``, one
+    per executor thread: a call waits for a free one), after checking the package was compiled for the
+    device's type.
 
     Raises:
         ValueError: a package compiled for another device type; the loader's own error, as one line.
@@ -367,7 +368,7 @@ def load_pt2(cfg: RuntimeConfig) -> Pt2Model:
     signature = program_signature(program) if program is not None else None
     module: Callable[..., Any]
     if contents.aoti:
-        module = _load_aoti(path, device, cfg.executors)
+        module = _load_aoti(path, device, cfg.instances)
         engine = "AOTInductor"
         if signature is None:
             signature = _declared_for_aoti(cfg, module, path)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from kubeinfer.operator import api
 
+from kubeinfer.contract.instances import MAX_INSTANCES
 from tests.integration.operator.test_operator_validation import BASE, _merge
 from tests.support.cluster import Cluster
 
@@ -43,6 +44,10 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         {"quantization": {"mode": "int8-dynamic", "skipModules": [""]}},
         "spec.quantization.skipModules[0]",
     ),
+    # a model's instances out of the contract's bounds
+    ("zero-instances", {"model": {"instances": 0}}, "spec.model.instances"),
+    ("many-instances", {"model": {"instances": MAX_INSTANCES + 1}}, "spec.model.instances"),
+    ("string-instances", {"model": {"instances": "2"}}, "spec.model.instances"),
     # a node-selector label value: these got a 422 on the Deployment (Ready=False ReconcileFailed)
     (
         "long-gpu-product",
@@ -139,3 +144,69 @@ def test_a_renamed_field_is_refused_naming_the_new_one(
     )
     assert result.returncode != 0, f"accepted: {manifest}"
     assert f"spec.autoscaling.{old} is now spec.autoscaling.{new}" in result.stderr, result.stderr
+
+
+def _dry_run(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> Any:
+    return cluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False
+    )
+
+
+#: The API server's refusal of more than one GPU per replica: the field and why.
+_GPUS_WHY = (
+    "spec.resources.gpus must be 0 or 1: the runtime runs every instance of the model on one GPU (cuda:0)"
+)
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["own", "pooled"])
+@pytest.mark.parametrize("gpus", [2, 8])
+def test_more_than_one_gpu_is_refused_saying_why(
+    cluster: Cluster, crds: None, namespace: str, gpus: int, pooled: bool
+) -> None:
+    spec: dict[str, Any] = (
+        # what a pooled InferenceService may write: the pool decides cpu and memory
+        {"pool": "small", "model": {"uri": "/models/m", "format": "onnx"}, "resources": {"gpus": gpus}}
+        if pooled
+        else _merge(BASE["spec"], {"resources": {"gpus": gpus}, "runtime": {"device": "auto"}})
+    )
+    result = _dry_run(cluster, namespace, {**BASE, "spec": spec})
+    assert result.returncode != 0, result.stdout
+    assert _GPUS_WHY in result.stderr, result.stderr
+
+
+def test_a_pool_of_more_than_one_gpu_is_refused_saying_why(
+    cluster: Cluster, crds: None, namespace: str
+) -> None:
+    pool = {
+        "apiVersion": "kubeinfer.io/v1alpha1",
+        "kind": "ModelPool",
+        "metadata": {"name": "small"},
+        "spec": {"memoryBudget": "1Gi", "resources": {"gpus": 2, "cpu": "1", "memory": "2Gi"}},
+    }
+    result = _dry_run(cluster, namespace, pool)
+    assert result.returncode != 0, result.stdout
+    assert _GPUS_WHY in result.stderr, result.stderr
+    pool["spec"]["resources"]["gpus"] = 1
+    accepted = _dry_run(cluster, namespace, pool)
+    assert accepted.returncode == 0, accepted.stderr
+
+
+def test_instances_and_one_gpu_are_accepted_and_unset_stays_unset(
+    cluster: Cluster, crds: None, namespace: str
+) -> None:
+    one_gpu = _merge(
+        BASE,
+        {
+            "spec": {
+                "model": {"instances": MAX_INSTANCES},
+                "resources": {"gpus": 1},
+                "runtime": {"device": "cuda"},
+            }
+        },
+    )
+    result = _dry_run(cluster, namespace, {**one_gpu, "metadata": {"name": "ok"}})
+    assert result.returncode == 0, result.stderr
+    plain = cluster.kubectl(
+        "apply", "--dry-run=server", "-o", "yaml", "-n", namespace, "-f", "-", input=yaml.safe_dump(BASE)
+    )
+    assert "instances" not in yaml.safe_load(plain.stdout)["spec"]["model"]

@@ -41,7 +41,7 @@ GRID: dict[str, tuple[Any, ...]] = {
     "calibration": (None, "/data/calibration.txt"),
     "skip_modules": ((), ("encoder.layer.0",)),
     "warmup_dims": (None, (8, 16)),
-    "gpus": (0, 1),
+    "gpus": (0, 1, 2),
     "device": table.DEVICES,
 }
 
@@ -334,6 +334,7 @@ def test_the_scopes() -> None:
     assert scopes["torchscript-declares-tensors"] == "model"
     assert scopes["int8-static-calibrates"] == "quantization"
     assert scopes["engine-runs-format"] == ""
+    assert scopes["one-gpu-per-replica"] == "resources"
     runtime = {r.name: table.scope(r, RUNTIME) for r in table.rules(RUNTIME)}
     assert runtime == {
         "torchscript-declares-tensors": "model",
@@ -386,7 +387,7 @@ SAMPLE = _sample(2500)
 
 def test_the_operator_refuses_what_the_table_says() -> None:
     for v in SAMPLE:
-        broken = _first_broken(OPERATOR, v, ("model", "quantization", ""))
+        broken = _first_broken(OPERATOR, v, ("model", "quantization", "resources", ""))
         error = _error(lambda v=v: api.InferenceServiceSpec.from_k8s(operator_spec(v)))
         if broken is None:
             assert error is None, (v, error)

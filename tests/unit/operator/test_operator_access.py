@@ -104,6 +104,7 @@ def test_auth_rolls_the_pods_and_its_hash_ignores_the_field_when_off() -> None:
     ).file_data()  # what runtime.yaml holds: optional fields at default left out
     data.pop("batching")
     assert "bearer_token_env" not in data["server"] and "http_workers" not in data["server"]
+    data["executors"] = 1  # the instance count, hashed under the file's former key for it (config_hash)
     assert config_hash(off) == stable_hash(data)
 
 

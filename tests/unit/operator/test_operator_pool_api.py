@@ -50,7 +50,6 @@ def test_pool_needs_a_budget() -> None:
     [
         ({"resources": {"cpu": "4"}}, "spec.resources"),
         ({"resources": {"memory": "1Gi"}}, "spec.resources"),
-        ({"resources": {"gpus": 2}}, "spec.resources.gpus"),
         ({"replicas": 3}, "spec.replicas"),
         ({"autoscaling": {"enabled": True}}, "spec.autoscaling"),
         ({"autoscaling": {"enabled": True, "minReplicas": 0}}, "spec.autoscaling"),
@@ -96,7 +95,6 @@ def test_crd_rules_of_a_pooled_isvc_name_each_field() -> None:
         ".model.uri",
         ".replicas",
         ".resources",
-        ".resources.gpus",
         ".server.allowFrom",
         ".server.auth",
     ]

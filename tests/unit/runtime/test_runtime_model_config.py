@@ -142,7 +142,7 @@ def test_the_scheduler_reports_priorities_queue_limits_instances_and_the_cache()
         default_priority_level=2,
         priority_queue_sizes={3: 5, 1: 50},
     )
-    doc = model_config_doc(metadata, settings, executors=2, device="cuda:1", cache=True)
+    doc = model_config_doc(metadata, settings, instances=2, device="cuda:1", cache=True)
     config = parsed(doc)
     batching = config.dynamic_batching
     assert batching.max_queue_delay_microseconds == 1

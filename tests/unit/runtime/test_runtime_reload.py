@@ -12,6 +12,8 @@ from kubeinfer.runtime.cli import build_parser, load_config, overrides_from
 from kubeinfer.runtime.config import BatchingConfig, RuntimeConfig
 from kubeinfer.runtime.reload import ConfigWatcher
 
+from kubeinfer.contract.instances import MAX_INSTANCES
+
 
 def configmap_volume(root: Path, text: str, version: int) -> None:
     """Write ``runtime.yaml`` as the kubelet does: a timestamped dir, ``..data`` swapped by rename."""
@@ -104,11 +106,12 @@ def test_cli_flags_override_and_are_validated() -> None:
 
 
 def test_every_serve_flag_overrides_its_config_field() -> None:
-    from kubeinfer.runtime.cli import FLAG_FIELDS, REPOSITORY_FLAGS
+    from kubeinfer.runtime.cli import FLAG_FIELDS, RENAMED_FLAGS, REPOSITORY_FLAGS
 
     serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
     flags = {a.dest for a in serve._actions if a.dest not in ("help", "config", "log_level")}
-    assert flags == set(FLAG_FIELDS) | set(REPOSITORY_FLAGS)
+    assert flags == set(FLAG_FIELDS) | set(REPOSITORY_FLAGS) | set(RENAMED_FLAGS)
+    assert set(RENAMED_FLAGS.values()) <= set(FLAG_FIELDS)
     args = build_parser().parse_args(
         [
             "serve",
@@ -128,14 +131,36 @@ def test_every_serve_flag_overrides_its_config_field() -> None:
             "::1",
             "--device",
             "cpu",
-            "--executors",
+            "--instances",
             "3",
         ]
     )
     cfg = load_config(args)
-    assert (cfg.model.source, cfg.quantization.mode, cfg.device, cfg.executors) == ("/m", "bf16", "cpu", 3)
+    assert (cfg.model.source, cfg.quantization.mode, cfg.device, cfg.instances) == ("/m", "bf16", "cpu", 3)
     assert (cfg.batching.max_batch_size, cfg.batching.max_queue_delay_seconds) == (7, 0.25)
     assert (cfg.server.port, cfg.server.grpc_port, cfg.server.host) == (9, 10, "::1")
+
+
+def test_the_former_executors_flag_sets_instances_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    args = build_parser().parse_args(["serve", "--executors", "3"])
+    with caplog.at_level(logging.WARNING, logger="kubeinfer.runtime.cli"):
+        cfg = load_config(args)
+    assert cfg.instances == 3
+    assert [r.getMessage() for r in caplog.records] == ["--executors is deprecated: it is now --instances"]
+    # every reload applies it too; --instances, when also given, wins
+    assert overrides_from(args)(RuntimeConfig()).instances == 3
+    both = build_parser().parse_args(["serve", "--executors", "3", "--instances", "2"])
+    assert load_config(both).instances == 2
+
+
+def test_instances_in_the_file_and_the_former_name_refused() -> None:
+    assert "instances" not in RuntimeConfig().file_data()  # one instance: runtime.yaml reads as before
+    two = RuntimeConfig.from_yaml("instances: 2\n")
+    assert two.instances == 2 and RuntimeConfig.from_yaml(two.to_yaml()).instances == 2
+    with pytest.raises(pydantic.ValidationError, match="executors is now instances"):
+        RuntimeConfig.from_yaml("executors: 2\n")
+    with pytest.raises(pydantic.ValidationError, match="instances"):
+        RuntimeConfig.from_yaml(f"instances: {MAX_INSTANCES + 1}\n")
 
 
 def test_the_repository_flags_make_the_repository_section() -> None:
