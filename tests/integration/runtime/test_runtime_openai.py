@@ -131,7 +131,6 @@ def test_errors_come_in_openais_shape_and_are_counted(runtime: RuntimeProcess) -
 
 def test_v2_and_openai_requests_batch_together(runtime: RuntimeProcess) -> None:
     client = openai.OpenAI(base_url=f"{runtime.url}/v1", api_key="unused", max_retries=0)
-    v2 = httpclient.InferenceServerClient(runtime.address, concurrency=2)  # two requests at once
     inp = httpclient.InferInput("text", [1], "BYTES")
     inp.set_data_from_numpy(np.array([b"from v2"], dtype=object))
     tries = []
@@ -141,7 +140,10 @@ def test_v2_and_openai_requests_batch_together(runtime: RuntimeProcess) -> None:
     for _ in range(3):
         before = stats(runtime)
         sizes_before = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}  # type: ignore[union-attr,index]
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        # a client per try: tritonclient's sockets belong to the gevent hub of the thread that opened
+        # them, and a try's pool threads are gone at the next ("cannot switch to a different thread")
+        v2 = httpclient.InferenceServerClient(runtime.address, concurrency=2)  # two requests at once
+        with v2, concurrent.futures.ThreadPoolExecutor(3) as pool:
             futures = [
                 pool.submit(client.embeddings.create, model="tiny", input=["from openai", "and again"]),
                 pool.submit(v2.infer, "tiny", [inp]),
