@@ -7,6 +7,7 @@ embedder whose windowed answer equals the whole request's."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -327,7 +328,7 @@ async def test_windows_passed_over_run_under_a_continuous_load_of_short_requests
     windows = [ran.index(v) for v in (300.0, 301.0, 302.0)]
     # each window runs after WINDOW_PART_MAX_PASSES short batches at most (one more, taken ahead while
     # the window before it ran, when it queues), and the long request ends while shorts still wait
-    gaps = [windows[0] - 1] + [b - a - 1 for a, b in zip(windows, windows[1:], strict=False)]
+    gaps = [windows[0] - 1] + [b - a - 1 for a, b in itertools.pairwise(windows)]
     assert all(gap <= WINDOW_PART_MAX_PASSES + 1 for gap in gaps), ran
     assert windows[-1] < ran.index(30.0), ran
     assert sorted(ran) == sorted([7.0, 300.0, 301.0, 302.0, *range(1, 31)])
