@@ -85,8 +85,9 @@ submission time: a waiting part makes its level's batch due) but records no queu
 its level is its request's. A failed part fails its request alone (bisection isolates it from its
 batch-mates) and no later part queues; a client that leaves drops the part still queued and the later
 ones. Once the last part has its outputs, the model's ``merge`` joins them (an embedder pools each
-text's windows). The cost: one chunked request no longer runs its windows in one batch, nor on several
-executors at once, and at a level busy with short requests it finishes at their pace.
+text's windows, a token classifier tags each text from its windows' logits). The cost: one chunked
+request no longer runs its windows in one batch, nor on several executors at once, and at a level busy
+with short requests it finishes at their pace.
 
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
 request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
