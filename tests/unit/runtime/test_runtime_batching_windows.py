@@ -208,6 +208,27 @@ async def test_priority_holds_for_every_window() -> None:
     assert model.firsts == [[1.0], [300.0], [301.0], [302.0], [2.0, 3.0]], model.firsts
 
 
+async def test_a_levels_windows_do_not_join_a_higher_levels_while_its_short_requests_wait() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, priority_min_share=0.0)
+    try:
+        blocker = asyncio.ensure_future(batcher.infer(rows(7), priority=2))
+        await started(model.started)
+        low_long = asyncio.ensure_future(batcher.infer(rows(400), priority=2))
+        short = asyncio.ensure_future(batcher.infer(rows(1), priority=2))
+        high_long = asyncio.ensure_future(batcher.infer(rows(300), priority=1))
+        await asyncio.sleep(0.02)
+        model.gate.set()
+        await asyncio.gather(blocker, low_long, short, high_long)
+    finally:
+        await batcher.drain(5)
+    # 400 would fit the batches of 300's windows, but the short request of its level goes first
+    assert model.firsts == [[7.0], [300.0], [301.0], [302.0], [1.0], [400.0], [401.0], [402.0], [403.0]], (
+        model.firsts
+    )
+
+
 async def test_drain_waits_for_a_chunked_requests_last_window() -> None:
     model = WindowedFake(delay=0.01)
     batcher = batcher_of(model)
