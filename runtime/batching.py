@@ -81,7 +81,8 @@ most, one window per chunked request (a 10,000-character text is 11 windows, ~36
 CPU cores; queued as one request, every short request behind it waited for all of them). The request
 takes one place in the queue, is admitted (and shed, after its level's whole requests) as one, and its
 ``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
-submission time: a waiting part makes its level's batch due) but records no queue time of its own, and
+submission time: while a part waits, the next batch is due at once, so the short requests ahead of
+it do not wait out ``max_queue_delay_seconds`` first) but records no queue time of its own, and
 its level is its request's. A failed part fails its request alone (bisection isolates it from its
 batch-mates) and no later part queues; a client that leaves drops the part still queued and the later
 ones. Once the last part has its outputs, the model's ``merge`` joins them (an embedder pools each
@@ -861,7 +862,7 @@ class Batcher:
         requests of the head's batch key (at most ``max_batch_size + 1`` per level, found within a
         window of ``_KEY_SCAN_WINDOW`` times that many) among the level's whole requests, or among its
         window parts where those go first (``parts_first``); and the oldest queued request's enqueue
-        time (window parts included: a waiting part makes its level's batch due)."""
+        time (window parts included: while a part waits, the next batch is due at once)."""
         ordered: list[QueuedRequest] = []
         oldest: float | None = None
         limit = self._settings.max_batch_size + 1
