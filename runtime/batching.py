@@ -37,9 +37,10 @@ Policy (``plan_batch``, pure, unit-tested without threads):
 - Preferred batch sizes (Triton's ``preferred_batch_size``): a prefix with exactly a preferred rows
   count also counts as full (the largest such prefix is taken).
 - A batch is taken when an executor is idle (fewer batches in flight than executors) and one trigger
-  holds. So that tokenization of the next batch overlaps execution of the current one, a *full* batch
-  is also taken while all executors are busy, up to one extra batch per executor, and preprocessed
-  while it waits; a batch that is only *due* waits for an idle executor and keeps collecting rows.
+  holds. So that tokenization of the next batch overlaps execution of the current one, a *full* batch is
+  also taken while all executors are busy, up to one extra batch per executor, and preprocessed while it
+  waits (not a batch of window parts: "Windows" below); a batch that is only *due* waits for an idle
+  executor and keeps collecting rows.
 - While draining, every queued request is due at once.
 
 Per request: ``timeout`` (microseconds, Triton semantics) is enforced while queued by a timer on the
@@ -48,11 +49,11 @@ batch is taken it runs to completion.
 
 Load shedding (``Batcher._admit``): the queue holds at most ``max_queue_size`` requests, and a level
 with a limit in ``priority_queue_sizes`` (Triton's per-priority queue policy) at most that many. When
-the whole queue is full, an arrival of a higher priority than the lowest queued one displaces the
-newest request of the lowest queued level, which fails with 429; otherwise (its own level full, or
-nothing of a lower priority queued) the arrival fails at once with 429. Both carry a ``Retry-After``
-hint, and ``kubeinfer_shed_requests_total{priority, reason}`` counts them, so a tier is only shed
-after every lower tier.
+the whole queue is full, an arrival of a higher priority than the lowest queued one displaces the newest
+request of the lowest queued level (its whole requests before its window parts), which fails with 429;
+otherwise (its own level full, or nothing of a lower priority queued) the arrival fails at once with
+429. Both carry a ``Retry-After`` hint, and ``kubeinfer_shed_requests_total{priority, reason}`` counts
+them, so a tier is only shed after every lower tier.
 
 One request of more rows than ``max_batch_size`` (an OpenAI request of many texts) is queued as
 several pieces of at most ``max_batch_size`` rows (``Batcher.infer_pieces``, ``split_rows``), admitted
@@ -65,19 +66,29 @@ a request that has its outcome.
 Windows (a text model's ``overflow: chunk``): a request with a text longer than the model's window runs
 as its windows (``ServableModel.window_parts``, tokenized once at submission), in parts of about one
 window's padded tokens (``pack_windows``), queued ONE AT A TIME (``Batcher._infer_windows``): the next
-part joins its priority level when the one before has its outputs, behind one batch of the requests
-queued there (``part_place``), so parts and other batches take turns (parts batch with parts only,
-``WINDOW_PARTS_KEY``: a window would pad a batch's short rows to its length): a short request waits
-behind a chunked one for about the batch of one part, not for all its windows (without this a
-10,000-character text was one queued request of 11 windows, ~360 ms of compute on two CPU cores, that
-every short request behind it waited for), and at overload the chunked request waits for one batch per
-part, not for the whole queue each time. The request takes one place in the queue, is admitted (and
-shed) as one, and its ``timeout`` holds until its first part starts; a later part is due at once (it
-keeps its request's submission time) but records no queue time of its own, and its level is its
-request's. A failed part fails its request alone (bisection isolates it from its batch-mates) and no
-later part queues; a client that leaves drops the part still queued and the later ones. Once the last
-part has its outputs, the model's ``merge`` joins them (an embedder pools each text's windows). The
-cost: one chunked request no longer runs its windows in one batch, nor on several executors at once.
+part queues when the one before has its outputs, so a batch of parts holds at most one part of each
+chunked request (parts batch with parts only, ``WINDOW_PARTS_KEY``: a window would pad a batch's short
+rows to its length). Parts wait in their priority level BELOW its whole requests: the level's next
+batch is of its whole requests while one waits, of its parts (oldest first) when none waits, or when
+``WINDOW_PART_MAX_PASSES`` (4) batches of its whole requests were taken while its parts waited
+(``parts_first``: aging, so a chunked request finishes under any load of short ones, at about a fifth
+of its level's batches); and a batch of parts is never taken ahead while every executor is busy
+(``plan_batch``'s ``look_ahead``). So a short request never waits behind a part that has not started,
+except an aged one (one batch of parts after every 4 batches of its level's whole requests, at most)
+and a higher level's parts (priority orders parts as it orders whole requests; ``priority_min_share``
+counts a level's parts and whole requests as one level's); it waits for the batch of parts running at
+most, one window per chunked request (a 10,000-character text is 11 windows, ~360 ms of compute on two
+CPU cores; queued as one request, every short request behind it waited for all of them). The request
+takes one place in the queue, is admitted (and shed, after its level's whole requests) as one, and its
+``timeout`` holds until its first part starts; a later part is due at once (it keeps its request's
+submission time: while a part waits, the next batch is due at once, so the short requests ahead of
+it do not wait out ``max_queue_delay_seconds`` first) but records no queue time of its own, and
+its level is its request's. A failed part fails its request alone (bisection isolates it from its
+batch-mates) and no later part queues; a client that leaves drops the part still queued and the later
+ones. Once the last part has its outputs, the model's ``merge`` joins them (an embedder pools each
+text's windows, a token classifier tags each text from its windows' logits). The cost: one chunked
+request no longer runs its windows in one batch, nor on several executors at once, and at a level busy
+with short requests it finishes at their pace.
 
 Every request gets exactly one response: its outputs, or one ``ServingError``/``InputError``. A
 request whose ``infer`` is cancelled (its client left: the transports cancel the task that awaits it)
@@ -199,6 +210,7 @@ def plan_batch(
     preferred_batch_sizes: Sequence[int] = (),
     arrival_gap: float | None = None,
     max_batch_tokens: int | None = None,
+    look_ahead: bool = True,
 ) -> Plan:
     """Decide which requests form the next batch (pure; see the module docstring for the rules).
 
@@ -220,6 +232,9 @@ def plan_batch(
             rows times its longest row's ``tokens``): a request that would take the batch over it ends
             the batch (which is then full, as when rows do not fit); a first request over it alone runs
             alone. None: no budget.
+        look_ahead: whether a full batch is taken ahead while every executor is busy (False for a
+            batch of window parts: taken ahead, it would run before a short request that arrives
+            meanwhile, which is to go first; nothing of it is left to preprocess either).
     """
     if not ordered or oldest_enqueued is None:
         return Plan(0, None)
@@ -232,7 +247,7 @@ def plan_batch(
         if full or due:
             return Plan(len(picked), None, full, tuple(picked))
         return Plan(0, due_at)
-    if in_flight < 2 * executors and full:
+    if look_ahead and in_flight < 2 * executors and full:
         return Plan(len(picked), None, full, tuple(picked))
     return Plan(0, None)
 
@@ -322,6 +337,31 @@ def earn_turns(
     return after
 
 
+#: The most batches of a priority level's whole requests taken while a window part of that level waits;
+#: then the level's parts head its next batch (``parts_first``). So at most this many batches of short
+#: requests (and the batches of higher levels, as priority orders) run between a waiting part and the
+#: batch of parts that takes it, or the one before it when more parts wait than a batch holds; a
+#: chunked request finishes under any load of short ones, at about 1 / (this + 1) of its level's batches.
+WINDOW_PART_MAX_PASSES = 4
+
+
+def parts_first(whole_queued: bool, passed: int, max_passes: int = WINDOW_PART_MAX_PASSES) -> bool:
+    """Whether a priority level's window parts head its next batch rather than its whole requests (pure;
+    see "Windows" in the module docstring).
+
+    Args:
+        whole_queued: a whole request (not a window part) of the level is queued.
+        passed: batches of the level's whole requests taken since its parts last ran, or since the
+            first of those waiting was queued.
+        max_passes: the bound on ``passed`` (``WINDOW_PART_MAX_PASSES``): a level's parts passed over
+            by this many batches go first.
+
+    Returns True when no whole request of the level waits, or its parts were passed over ``max_passes``
+    times.
+    """
+    return not whole_queued or passed >= max_passes
+
+
 #: The batch key of every window part (``ServableModel.window_parts``): parts share batches with each
 #: other only, never with whole requests, whose short rows they would pad to a window's length.
 WINDOW_PARTS_KEY = ("window parts",)
@@ -358,7 +398,12 @@ class Batcher:
         self.metrics = metrics
         self._check(settings)
         self._settings = settings
-        self._levels: dict[int, dict[int, QueuedRequest]] = {}
+        self._levels: dict[int, dict[int, QueuedRequest]] = {}  # level -> its whole requests, in order
+        # level -> its window parts queued (``WINDOW_PARTS_KEY``), in order: below the level's whole
+        # requests (see "Windows" in the module docstring)
+        self._parts: dict[int, dict[int, QueuedRequest]] = {}
+        # level -> batches of its whole requests taken while its parts waited (``parts_first``)
+        self._passed: dict[int, int] = {}
         self._turns: dict[int, float] = {}  # level -> turns earned by waiting (``earn_turns``)
         self._arrivals: collections.deque[float] = collections.deque()  # submission times, loop clock
         # consecutive submissions that were a sequential client's follow-ups (nothing else queued or
@@ -452,10 +497,11 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        for level in self._levels.values():
-            for req in level.values():
-                req.fail(ServingError("server shutting down", 503))
-        self._levels.clear()
+        for queue in (self._levels, self._parts):
+            for level in queue.values():
+                for req in level.values():
+                    req.fail(ServingError("server shutting down", 503))
+            queue.clear()
         self._queued = 0
         self.executor.close()
 
@@ -591,10 +637,9 @@ class Batcher:
     async def _infer_windows(
         self, windowed: WindowParts, level: int, timeout_us: int | None
     ) -> dict[str, np.ndarray]:
-        """Run a request as its window parts (``ServableModel.window_parts``), one queued at a time: the
-        next part joins the queue behind what arrived while the one before ran, so other requests'
-        batches run between them (see "Windows" in the module docstring). Returns ``windowed.merge``
-        of the parts' outputs.
+        """Run a request as its window parts (``ServableModel.window_parts``), one queued at a time, each
+        below the whole requests of its level, so short requests' batches go first (see "Windows" in
+        the module docstring). Returns ``windowed.merge`` of the parts' outputs.
 
         Raises what ``infer`` raises: 429 (no place for its first part), 504 (``timeout_us`` passed
         before its first part started), a failed part's error (its later parts never queue), 500 when
@@ -632,11 +677,11 @@ class Batcher:
     def _queue_part(
         self, inputs: Mapping[str, np.ndarray], rows: int, tokens: int, level: int, submitted: float
     ) -> QueuedRequest:
-        """Queue a later part of a request run as windows in ``level`` behind one batch of the requests
-        queued there (``part_place``): not an arrival (the arrival estimate and the admission counted
-        its request once), no queue timeout (its request started), its request's submission time
-        ``submitted`` as its own (it is due at once). Raises ``ServingError`` 503 once ``close`` ran (no
-        dispatcher would take it)."""
+        """Queue a later part of a request run as windows at the end of ``level``'s parts (below its
+        whole requests; see "Windows" in the module docstring): not an arrival (the arrival estimate and
+        the admission counted its request once), no queue timeout (its request started), its request's
+        submission time ``submitted`` as its own (it is due at once). Raises ``ServingError`` 503 once
+        ``close`` ran (no dispatcher would take it)."""
         if self._closed:
             raise ServingError("server shutting down", 503)
         loop = asyncio.get_running_loop()
@@ -650,14 +695,7 @@ class Batcher:
             tokens=tokens,
             queue_time=False,
         )
-        queued = self._levels.setdefault(level, {})
-        place = part_place([r.rows for r in queued.values()], self._settings.max_batch_size)
-        if place == len(queued):
-            queued[req.seq] = req
-        else:  # a dict keeps its insertion order: rebuilt with the part in its place
-            items = list(queued.items())
-            items.insert(place, (req.seq, req))
-            self._levels[level] = dict(items)
+        self._place(req)
         self._queued += 1
         self._idle.clear()
         self._judge_early = True
@@ -698,13 +736,25 @@ class Batcher:
             )
             if timeout_us:  # 0 = no timeout (Triton)
                 req.timer = loop.call_at(req.enqueued + timeout_us / 1e6, self._expire, req)
-            self._levels.setdefault(level, {})[req.seq] = req
+            self._place(req)
             reqs.append(req)
         self._queued += len(reqs)
         self._idle.clear()
         self._publish_queue()
         self._changed.set()
         return reqs
+
+    def _place(self, req: QueuedRequest) -> None:
+        """Put ``req`` at the end of its level's queue: a window part (``WINDOW_PARTS_KEY``) in the
+        level's parts, below its whole requests; the first part to wait there has been passed over by
+        none of them yet."""
+        if req.key == WINDOW_PARTS_KEY:
+            parts = self._parts.setdefault(req.level, {})
+            if not parts:
+                self._passed[req.level] = 0
+            parts[req.seq] = req
+        else:
+            self._levels.setdefault(req.level, {})[req.seq] = req
 
     def _rows(self, inputs: Mapping[str, np.ndarray], overflow: str | None = None) -> int:
         """The request's rows (``model.validate``, ``overflow`` its narrowed policy); 413 beyond the
@@ -731,7 +781,7 @@ class Batcher:
         room for every one, by displacing the newest requests of the lowest levels below ``level``.
         Raises ``ServingError`` 429 with ``Retry-After`` when they are refused (nothing displaced)."""
         s = self._settings
-        queued_here = len(self._levels.get(level, ()))
+        queued_here = len(self._levels.get(level, ())) + len(self._parts.get(level, ()))
         level_limit = s.priority_queue_sizes.get(level)
         if level_limit is not None and queued_here + count > level_limit:
             self._shed(level, "refused")
@@ -742,9 +792,16 @@ class Batcher:
         over = self._queued + count - s.max_queue_size
         if over <= 0:
             return
-        victims: list[QueuedRequest] = []  # the newest of the lowest level first
-        for lowest in sorted((lv for lv in self._levels if lv > level), reverse=True):
-            victims.extend(itertools.islice(reversed(self._levels[lowest].values()), over - len(victims)))
+        # the newest whole requests of the lowest level first, then its window parts (a part's
+        # request may have run windows already, work that displacing it would waste)
+        victims: list[QueuedRequest] = []
+        below = {lv for lv, reqs in itertools.chain(self._levels.items(), self._parts.items()) if reqs}
+        for lowest in sorted((lv for lv in below if lv > level), reverse=True):
+            newest = itertools.chain(
+                reversed(self._levels.get(lowest, {}).values()),
+                reversed(self._parts.get(lowest, {}).values()),
+            )
+            victims.extend(itertools.islice(newest, over - len(victims)))
             if len(victims) == over:
                 break
         if len(victims) < over:
@@ -770,7 +827,7 @@ class Batcher:
         self.metrics.shed_requests.labels(self.metrics.model, str(level), reason).inc()
 
     def _remove(self, req: QueuedRequest) -> bool:
-        level = self._levels.get(req.level)
+        level = (self._parts if req.key == WINDOW_PARTS_KEY else self._levels).get(req.level)
         if level is None or level.pop(req.seq, None) is None:
             return False
         if req.timer is not None:
@@ -803,23 +860,32 @@ class Batcher:
     def _ordered(self) -> tuple[list[QueuedRequest], float | None]:
         """The candidates of the next batch in service order: the head request and, per level, the
         requests of the head's batch key (at most ``max_batch_size + 1`` per level, found within a
-        window of ``_KEY_SCAN_WINDOW`` times that many), and the oldest queued request's enqueue time."""
+        window of ``_KEY_SCAN_WINDOW`` times that many) among the level's whole requests, or among its
+        window parts where those go first (``parts_first``); and the oldest queued request's enqueue
+        time (window parts included: while a part waits, the next batch is due at once)."""
         ordered: list[QueuedRequest] = []
         oldest: float | None = None
         limit = self._settings.max_batch_size + 1
         head_key: Hashable = None
         have_head = False
-        levels = sorted(level for level, reqs in self._levels.items() if reqs)
+        levels = sorted(
+            {level for level, reqs in self._levels.items() if reqs}
+            | {level for level, reqs in self._parts.items() if reqs}
+        )
         if len(levels) > 1 and self._turns:
             first = head_level(levels, self._turns)
             levels.remove(first)
             levels.insert(0, first)
         for level in levels:
-            reqs = self._levels[level]
-            head = next(iter(reqs.values()))
-            oldest = head.enqueued if oldest is None else min(oldest, head.enqueued)
+            whole = self._levels.get(level) or {}
+            parts = self._parts.get(level) or {}
+            for queue in (whole, parts):
+                if queue:
+                    enqueued = next(iter(queue.values())).enqueued
+                    oldest = enqueued if oldest is None else min(oldest, enqueued)
+            reqs = parts if parts and parts_first(bool(whole), self._passed.get(level, 0)) else whole
             if not have_head:
-                head_key, have_head = head.key, True
+                head_key, have_head = next(iter(reqs.values())).key, True
             found = 0
             for req in itertools.islice(reqs.values(), limit * _KEY_SCAN_WINDOW):
                 if req.key == head_key:
@@ -876,6 +942,7 @@ class Batcher:
                 preferred_batch_sizes=s.preferred_batch_sizes,
                 arrival_gap=self.arrival_gap(now) if early else None,
                 max_batch_tokens=s.max_batch_tokens,
+                look_ahead=bool(ordered) and ordered[0].key != WINDOW_PARTS_KEY,
             )
             if plan.take:
                 self._take([ordered[i] for i in plan.picked])
@@ -888,11 +955,22 @@ class Batcher:
         """Take ``batch`` out of the queue and hand it to the executor; the levels it leaves waiting
         earn turns (``earn_turns``)."""
         for req in batch:
-            self._levels[req.level].pop(req.seq)
+            (self._parts if req.key == WINDOW_PARTS_KEY else self._levels)[req.level].pop(req.seq)
             req.taken = True
+        # a batch of parts resets its levels' count of passes; one of whole requests adds one to
+        # each of its levels whose parts it leaves waiting (``parts_first``)
+        of_parts = batch[0].key == WINDOW_PARTS_KEY
+        for level in {req.level for req in batch}:
+            if of_parts:
+                self._passed[level] = 0
+            elif self._parts.get(level):
+                self._passed[level] = self._passed.get(level, 0) + 1
         share = self._settings.priority_min_share
-        if share > 0 and (self._turns or len(self._levels) > 1):
-            waiting = [level for level, reqs in self._levels.items() if reqs]
+        if share > 0 and (self._turns or len(self._levels.keys() | self._parts.keys()) > 1):
+            waiting = sorted(
+                {level for level, reqs in self._levels.items() if reqs}
+                | {level for level, reqs in self._parts.items() if reqs}
+            )
             self._turns = earn_turns(self._turns, batch[0].level, waiting, share)
         self._queued -= len(batch)
         self._in_flight += 1
@@ -910,26 +988,6 @@ class Batcher:
             self._check_idle()
             self._judge_early = True
             self._changed.set()
-
-
-def part_place(queued_rows: Sequence[int], max_batch_size: int) -> int:
-    """Where the next part of a request run as windows joins its level's queue (pure): behind the
-    requests that fill one batch (the first request, and the ones after it while their rows stay
-    within ``max_batch_size``), ahead of the rest; so a chunked request's parts and the other requests'
-    batches take turns, and neither waits for the whole of the other.
-
-    Args:
-        queued_rows: the rows of each request queued at the part's level, in queue order.
-        max_batch_size: rows per batch.
-
-    Returns the position (0..len(queued_rows)) to insert the part at.
-    """
-    rows = 0
-    for place, count in enumerate(queued_rows):
-        if place and rows + count > max_batch_size:
-            return place
-        rows += count
-    return len(queued_rows)
 
 
 def split_rows(inputs: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:

@@ -43,7 +43,13 @@ KServe serve it), for a reranker (inputs ``query`` and ``text`` BYTES [-1], outp
 - ``model``: the served model's name (another name: 404, code ``model_not_found``); may be left out;
 - ``query``: a string; ``documents``: a non-empty list of strings (or of ``{"text": ...}`` objects);
 - ``top_n``: how many results, the best first (default: all; more than the documents: all);
-- ``return_documents``: also return each result's document (default false).
+- ``return_documents``: also return each result's document (default false);
+- ``truncate`` (text-embeddings-inference's field, as for embeddings): ``true`` keeps the query whole
+  and cuts a longer pair's document to the model's window (transformers' ``truncation="only_second"``),
+  ``false`` refuses the pair (413); either may only narrow the service's ``overflow`` policy (a reranker
+  truncates or refuses: ``truncate: true`` on a service that refuses is a 400 naming ``truncate``);
+  absent: the service's policy. A query that alone leaves no room for the document is a 413 naming
+  ``query`` either way.
 
 Each document is one (query, document) row of the request's one call to the plane (queued as pieces of
 at most ``batching.max_batch_size`` rows, batched with every other request). The answer is ``{"results":
@@ -181,17 +187,23 @@ def parse_embeddings_request(body: bytes | bytearray | memoryview) -> dict[str, 
         isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
     ):
         raise OpenAIError(f"'dimensions' must be a positive integer, got {dimensions!r}", param="dimensions")
-    truncate = doc.get("truncate")
-    if truncate is not None and not isinstance(truncate, bool):
-        raise OpenAIError(f"'truncate' must be true or false, got {truncate!r:.40}", param="truncate")
-    overflow = None if truncate is None else ("truncate" if truncate else "refuse")
     return {
         "model": model,
         "texts": texts,
         "encoding_format": encoding,
         "dimensions": dimensions,
-        "overflow": overflow,
+        "overflow": _overflow(doc),
     }
+
+
+def _overflow(doc: Mapping[str, Any]) -> str | None:
+    """The ``overflow`` parameter of a body's ``truncate`` (text-embeddings-inference's field): true ->
+    ``truncate``, false -> ``refuse``, absent -> None (the service's policy). Raises ``OpenAIError`` 400
+    (param ``truncate``) for anything but a boolean."""
+    truncate = doc.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise OpenAIError(f"'truncate' must be true or false, got {truncate!r:.40}", param="truncate")
+    return None if truncate is None else ("truncate" if truncate else "refuse")
 
 
 def check_size(param: str, rows: int, columns: int, payload: int, limits: LimitsConfig) -> None:
@@ -251,12 +263,14 @@ def embedding_tensors(metadata: dict[str, Any]) -> tuple[str, str, int]:
 
 def parse_rerank_request(body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The fields of a ``/v1/rerank`` body: ``model`` (str or None), ``query`` (str), ``documents``
-    (list of str), ``top_n`` (int or None), ``return_documents`` (bool).
+    (list of str), ``top_n`` (int or None), ``return_documents`` (bool), ``overflow`` (the ``truncate``
+    field as the overflow parameter: ``truncate``, ``refuse`` or None).
 
     Raises:
         OpenAIError: 400 naming the field: not JSON or no object, a ``model`` that is no string, no
             string ``query``, ``documents`` not a non-empty list of strings or ``{"text": str}`` objects,
-            a ``top_n`` that is no positive integer, a ``return_documents`` that is no boolean.
+            a ``top_n`` that is no positive integer, a ``return_documents`` or ``truncate`` that is no
+            boolean.
     """
     doc = _decode_object(body)
     model = doc.get("model")
@@ -280,6 +294,7 @@ def parse_rerank_request(body: bytes | bytearray | memoryview) -> dict[str, Any]
         "documents": documents,
         "top_n": top_n,
         "return_documents": return_documents,
+        "overflow": _overflow(doc),
     }
 
 
@@ -418,7 +433,7 @@ class OpenAIRoutes:
         queries = np.full(len(documents), query, dtype=object)  # one bytes object, not a copy a row
         columns = {"query": queries, "text": texts}
         scores, tokens = await self._run_rows(
-            received, columns, "score", {"query": "query", "text": "documents"}
+            received, columns, "score", {"query": "query", "text": "documents"}, req["overflow"]
         )
         doc = {
             "results": rerank_results(scores, documents, req["top_n"], req["return_documents"]),

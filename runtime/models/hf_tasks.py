@@ -56,7 +56,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple, get_args
@@ -72,6 +72,9 @@ from kubeinfer.runtime.models.base import (
     REPORT_SCORE_DEVIATION_MAX,
     REPORT_SCORE_DEVIATION_MEAN,
     TOKEN_COUNTS,
+    WINDOWS_INPUT,
+    WindowParts,
+    pack_windows,
 )
 from kubeinfer.runtime.models.device import configure_torch, resolve_device
 from kubeinfer.runtime.models.huggingface import (
@@ -345,6 +348,8 @@ class TaggedBatch(TokenizedBatch):
             (``start``, ``end``).
         special: each tensor row's special-tokens mask, int64 [its tokens] (1 for [CLS], [SEP]).
         strategies: each row's aggregation strategy (its request's).
+        parts: a batch of window parts (``TokenClassifierModel.window_parts``): each tensor row one
+            window of its own, no texts; ``execute`` answers each window's logits (``WINDOW_LOGITS``).
     """
 
     texts: list[str]
@@ -352,6 +357,13 @@ class TaggedBatch(TokenizedBatch):
     offsets: list[np.ndarray]
     special: list[np.ndarray]
     strategies: list[str]
+    parts: bool = field(default=False, kw_only=True)
+
+
+#: The output of a batch of a chunked token classifier's window parts (``TokenClassifierModel.window_parts``):
+#: object [windows], each window's logits at its tokens (float32 [tokens, num_labels]), from which its
+#: request's ``merge`` tags the texts. Only the batcher sees it: a request's answer is ``entities``.
+WINDOW_LOGITS = "__window_logits__"
 
 
 class TokenWindow(NamedTuple):
@@ -393,7 +405,9 @@ class TokenClassifierModel(TextModel):
     of entities that overlap, the longer one, or on a tie the higher score). As with the pipeline's
     ``stride``, strategy ``none`` (one entity per token of a window) cannot be merged: a chunked
     service needs another default (``ValueError`` at load) and a request naming ``none`` for a text
-    longer than the window gets 400.
+    longer than the window gets 400. A request with such a text is queued as parts of its windows
+    (``window_parts``, as an embedder's), below short requests; a request whose texts each fit one
+    window runs whole.
 
     Args:
         module: a ``*ForTokenClassification`` model.
@@ -521,7 +535,11 @@ class TokenClassifierModel(TextModel):
 
     def preprocess(self, batch: Sequence[Mapping[str, np.ndarray]]) -> TaggedBatch:
         """Tokenize the rows of all requests in order, padded to the longest row in this batch, each
-        row with its request's strategy; with ``overflow: chunk``, as windows (``tokenize_windows``)."""
+        row with its request's strategy; with ``overflow: chunk``, as windows (``tokenize_windows``).
+        A batch of window parts (``window_parts``: ``WINDOWS_INPUT``, tokenized at submission; parts
+        batch with parts only) is its windows padded, one tensor row each."""
+        if batch and WINDOWS_INPUT in batch[0]:
+            return self._parts_batch([w for request in batch for w in request[WINDOWS_INPUT]])
         texts: list[str] = []
         strategies: list[str] = []
         for request in batch:
@@ -643,6 +661,88 @@ class TokenClassifierModel(TextModel):
             strategies=chosen,
         )
 
+    def _parts_batch(self, windows: Sequence[np.ndarray]) -> TaggedBatch:
+        """Windows (int64 token ids each, special tokens included) padded on the right into int64
+        tensors [windows, longest window], each window a row of its own (``TaggedBatch.parts``)."""
+        longest = max((len(w) for w in windows), default=0)
+        ids = np.full((len(windows), longest), int(self.tokenizer.pad_token_id or 0), dtype=np.int64)
+        mask = np.zeros((len(windows), longest), dtype=np.int64)
+        for i, w in enumerate(windows):
+            ids[i, : len(w)] = w
+            mask[i, : len(w)] = 1
+        columns = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)}
+        return TaggedBatch(
+            tensors={k: torch.from_numpy(v) for k, v in columns.items() if k in self._forward_args},
+            rows=len(windows),
+            windows=tuple(range(len(windows))),
+            texts=[],
+            positions=[np.arange(len(w), dtype=np.int64) for w in windows],
+            offsets=[],
+            special=[],
+            strategies=[],
+            parts=True,
+        )
+
+    def window_parts(
+        self, inputs: Mapping[str, np.ndarray], max_rows: int, overflow: str | None = None
+    ) -> WindowParts | None:
+        """With ``overflow: chunk``, a validated request with a text longer than the window as its
+        windows (``tokenize_windows``'s, tokenized here once), in parts of at most ``max_rows`` windows
+        and one window's padded tokens (``pack_windows``), for the batcher to queue one after another
+        below short requests. A part's ``execute`` answers its windows' logits (``WINDOW_LOGITS``); the
+        ``merge`` finds each text's entities from its windows' (``entities``: merged as the pipeline
+        merges its ``stride`` chunks) with the request's strategy, and answers ``entities`` and
+        ``TOKEN_COUNTS`` as ``execute`` answers the whole request. None when every text fits one
+        window, or the request narrowed the policy to refuse: the request runs whole."""
+        if self.overflow != "chunk" or overflow == "refuse":
+            return None
+        texts = _decode_rows("text", inputs["text"])
+        window = self.max_sequence_length
+        if all(len(t.encode("utf-8")) + self._special_tokens <= window for t in texts):
+            return None  # a token covers at least a byte: every text fits
+        strategy = self.strategy_of(inputs.get(AGGREGATION_INPUT))
+        tagged = self.tokenize_windows(texts, [strategy] * len(texts))
+        owners = tagged.windows or ()
+        if len(owners) == len(texts):
+            return None  # each text is one window
+        ids = tagged.tensors["input_ids"].numpy()
+        windows = [ids[i, positions] for i, positions in enumerate(tagged.positions)]
+        lengths = [len(w) for w in windows]
+        ranges = pack_windows(lengths, window, max_rows)
+        parts: list[dict[str, np.ndarray]] = []
+        for span in ranges:
+            column = np.empty(len(span), dtype=object)
+            for i, w in enumerate(span):
+                column[i] = windows[w]
+            parts.append({WINDOWS_INPUT: column})
+
+        def merge(outputs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+            logits = [row for out in outputs for row in out[WINDOW_LOGITS]]
+            if len(logits) != len(windows):
+                raise ValueError(f"{len(logits)} windows' logits for {len(windows)} windows")
+            grouped: list[list[TokenWindow]] = [[] for _ in texts]
+            for i, (owner, row_logits) in enumerate(zip(owners, logits, strict=True)):
+                grouped[owner].append(
+                    TokenWindow(
+                        torch.from_numpy(windows[i]),
+                        torch.from_numpy(row_logits),
+                        tagged.offsets[i],
+                        tagged.special[i],
+                    )
+                )
+            out = np.empty(len(texts), dtype=object)
+            for row, row_windows in enumerate(grouped):
+                found = self.entities(texts[row], row_windows, strategy)
+                out[row] = json.dumps(found, ensure_ascii=False).encode("utf-8")
+            return {"entities": out, TOKEN_COUNTS: self.token_counts(tagged)}
+
+        return WindowParts(
+            parts=parts,
+            rows=[len(span) for span in ranges],
+            tokens=[max(lengths[span.start : span.stop]) for span in ranges],
+            merge=merge,
+        )
+
     def _encode_unpadded(self, texts: Sequence[str]) -> tuple[dict[str, Any], list[Any], list[Any]]:
         """The tokenizer call's token columns, offsets and special-tokens masks, padded here on the right
         (``_padded``)."""
@@ -728,8 +828,14 @@ class TokenClassifierModel(TextModel):
 
     def execute(self, prepared: TokenizedBatch) -> dict[str, np.ndarray]:
         """``entities`` object [rows] (UTF-8 JSON arrays, see the class docstring) and ``TOKEN_COUNTS``
-        int64 [rows]."""
+        int64 [rows]; for a batch of window parts (``TaggedBatch.parts``) ``WINDOW_LOGITS`` object
+        [windows] instead."""
         assert isinstance(prepared, TaggedBatch)
+        if prepared.parts:  # window parts: each window's logits, tagged by its request's merge
+            by_window = np.empty(prepared.rows, dtype=object)
+            for i, row_logits in enumerate(self.tensor_row_logits(prepared)):
+                by_window[i] = row_logits.to(torch.float32).numpy()
+            return {WINDOW_LOGITS: by_window}
         ids = prepared.tensors["input_ids"]
         owners = range(prepared.rows) if prepared.windows is None else prepared.windows
         grouped: list[list[TokenWindow]] = [[] for _ in range(prepared.rows)]

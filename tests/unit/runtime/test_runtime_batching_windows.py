@@ -1,18 +1,26 @@
-"""A request run as windows (``overflow: chunk``) queues one part at a time, so a short request waits
-behind it for one part's batch, not for all its windows: the pure packing, the batcher with a fake model
-whose "long" requests run as windows (order of batches, failure, cancellation, timeout, drain), and a
-tiny real embedder whose windowed answer equals the whole request's."""
+"""A request run as windows (``overflow: chunk``) queues one part at a time, each below the whole requests
+of its priority level (aged so that it still runs), so a short request never waits behind a window that
+has not started: the pure packing and ordering, the batcher with a fake model whose "long" requests run
+as windows (order of batches, aging, failure, cancellation, timeout, shedding, drain), and a tiny real
+embedder whose windowed answer equals the whole request's."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
-from kubeinfer.runtime.batching import Batcher, BatchSettings, ServingError, part_place
+from kubeinfer.runtime.batching import (
+    WINDOW_PART_MAX_PASSES,
+    Batcher,
+    BatchSettings,
+    ServingError,
+    parts_first,
+)
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import load_model
 from kubeinfer.runtime.models.base import WindowParts, pack_windows
@@ -200,6 +208,27 @@ async def test_priority_holds_for_every_window() -> None:
     assert model.firsts == [[1.0], [300.0], [301.0], [302.0], [2.0, 3.0]], model.firsts
 
 
+async def test_a_levels_windows_do_not_join_a_higher_levels_while_its_short_requests_wait() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, priority_min_share=0.0)
+    try:
+        blocker = asyncio.ensure_future(batcher.infer(rows(7), priority=2))
+        await started(model.started)
+        low_long = asyncio.ensure_future(batcher.infer(rows(400), priority=2))
+        short = asyncio.ensure_future(batcher.infer(rows(1), priority=2))
+        high_long = asyncio.ensure_future(batcher.infer(rows(300), priority=1))
+        await asyncio.sleep(0.02)
+        model.gate.set()
+        await asyncio.gather(blocker, low_long, short, high_long)
+    finally:
+        await batcher.drain(5)
+    # 400 would fit the batches of 300's windows, but the short request of its level goes first
+    assert model.firsts == [[7.0], [300.0], [301.0], [302.0], [1.0], [400.0], [401.0], [402.0], [403.0]], (
+        model.firsts
+    )
+
+
 async def test_drain_waits_for_a_chunked_requests_last_window() -> None:
     model = WindowedFake(delay=0.01)
     batcher = batcher_of(model)
@@ -256,15 +285,15 @@ async def test_a_windowed_answer_equals_the_whole_requests(embedder: TextEmbeddi
     np.testing.assert_allclose(pieces["embedding"][10], whole["embedding"][1], atol=1e-6)
 
 
-def test_a_part_joins_behind_one_batch_of_its_level() -> None:
-    assert part_place([], 4) == 0
-    assert part_place([1], 4) == 1
-    assert part_place([1, 1, 1, 1, 1, 1], 4) == 4
-    assert part_place([3, 2, 1], 4) == 1  # the second does not fit the first's batch
-    assert part_place([9, 1], 4) == 1  # a first request over the batch alone is one batch
+def test_a_levels_parts_go_first_when_none_of_its_whole_requests_waits_or_once_passed_over() -> None:
+    assert parts_first(whole_queued=False, passed=0)
+    assert not parts_first(whole_queued=True, passed=0)
+    assert not parts_first(whole_queued=True, passed=WINDOW_PART_MAX_PASSES - 1)
+    assert parts_first(whole_queued=True, passed=WINDOW_PART_MAX_PASSES)
+    assert parts_first(whole_queued=True, passed=2, max_passes=2)
 
 
-async def test_at_overload_windows_and_other_batches_take_turns() -> None:
+async def test_at_overload_short_requests_go_before_the_windows_still_to_run() -> None:
     model = WindowedFake()
     model.gate = threading.Event()
     batcher = batcher_of(model, max_batch_size=2)
@@ -277,8 +306,76 @@ async def test_at_overload_windows_and_other_batches_take_turns() -> None:
         await asyncio.gather(long, *shorts)
     finally:
         await batcher.drain(5)
-    # [1, 2] was taken ahead while 300 ran; 301 then joins behind one batch ([3, 4]), not the tail
-    assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 4.0], [301.0], [5.0, 6.0], [302.0]], model.firsts
+    # [1, 2] was taken ahead while 300 ran; 301 then waits below every short batch queued, not
+    # between them
+    assert model.firsts == [[300.0], [1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [301.0], [302.0]], model.firsts
+
+
+async def test_a_window_queued_first_is_not_taken_ahead_of_a_short_request() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, max_batch_size=1)  # every batch is full: a candidate to take ahead
+    try:
+        blocker = asyncio.ensure_future(batcher.infer(rows(7)))
+        await started(model.started)
+        long = asyncio.ensure_future(batcher.infer(rows(300)))  # its first window queues, not taken
+        await asyncio.sleep(0.02)
+        short = asyncio.ensure_future(batcher.infer(rows(1)))
+        await asyncio.sleep(0.02)
+        model.gate.set()
+        await asyncio.gather(blocker, long, short)
+    finally:
+        await batcher.drain(5)
+    assert model.firsts == [[7.0], [1.0], [300.0], [301.0], [302.0]], model.firsts
+
+
+async def test_windows_passed_over_run_under_a_continuous_load_of_short_requests() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, max_batch_size=1)
+    try:
+        blocker = asyncio.ensure_future(batcher.infer(rows(7)))
+        await started(model.started)
+        long = asyncio.ensure_future(batcher.infer(rows(300)))
+        await asyncio.sleep(0.01)
+        # a backlog of short requests larger than the chunked request's whole run: one always waits
+        shorts = [asyncio.ensure_future(batcher.infer(rows(v))) for v in range(1, 31)]
+        await asyncio.sleep(0.02)
+        model.gate.set()
+        await asyncio.gather(blocker, long, *shorts)
+    finally:
+        await batcher.drain(5)
+    ran = [firsts[0] for firsts in model.firsts]
+    windows = [ran.index(v) for v in (300.0, 301.0, 302.0)]
+    # each window runs after WINDOW_PART_MAX_PASSES short batches at most (one more, taken ahead while
+    # the window before it ran, when it queues), and the long request ends while shorts still wait
+    gaps = [windows[0] - 1] + [b - a - 1 for a, b in itertools.pairwise(windows)]
+    assert all(gap <= WINDOW_PART_MAX_PASSES + 1 for gap in gaps), ran
+    assert windows[-1] < ran.index(30.0), ran
+    assert sorted(ran) == sorted([7.0, 300.0, 301.0, 302.0, *range(1, 31)])
+
+
+async def test_a_full_queue_displaces_a_whole_request_before_a_window() -> None:
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, max_batch_size=1, max_queue_size=2)
+    try:
+        blocker = asyncio.ensure_future(batcher.infer(rows(7), priority=2))
+        await started(model.started)
+        ahead = asyncio.ensure_future(batcher.infer(rows(8), priority=2))  # taken ahead
+        await asyncio.sleep(0.02)
+        short = asyncio.ensure_future(batcher.infer(rows(1), priority=2))
+        long = asyncio.ensure_future(batcher.infer(rows(300), priority=2))  # the newest queued
+        await asyncio.sleep(0.02)
+        high = asyncio.ensure_future(batcher.infer(rows(2), priority=1))
+        with pytest.raises(ServingError) as err:
+            await short
+        model.gate.set()
+        await asyncio.gather(blocker, ahead, long, high)
+    finally:
+        await batcher.drain(5)
+    assert err.value.status == 429
+    assert [firsts[0] for firsts in model.firsts] == [7.0, 8.0, 2.0, 300.0, 301.0, 302.0], model.firsts
 
 
 async def test_a_close_between_two_windows_answers_503_not_never() -> None:

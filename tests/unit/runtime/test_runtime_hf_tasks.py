@@ -411,6 +411,56 @@ async def test_reranker_pairs_batch_and_v1_rerank_answers_in_the_cohere_shape(se
     assert r.status_code == 400 and "'query' is missing" in r.json()["error"]
 
 
+async def test_v1_rerank_truncate_keeps_the_query_whole_and_cuts_the_document(dirs: dict[str, Path]) -> None:
+    window = 24
+    model_cfg = {"name": "tiny", "source": str(dirs["reranker"]), "max_sequence_length": window}
+    long = " ".join(f"word{i} and more" for i in range(40))  # far over the 24-token window
+    documents = [long, DOCS[0]]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(dirs["reranker"]))
+    module = transformers.AutoModelForSequenceClassification.from_pretrained(str(dirs["reranker"])).eval()
+    with torch.inference_mode():
+        expected = [
+            torch.sigmoid(
+                module(
+                    **tokenizer(QUERY, doc, truncation="only_second", max_length=window, return_tensors="pt")
+                ).logits[0, 0]
+            ).item()
+            for doc in documents
+        ]
+    body = {"query": QUERY, "documents": documents}
+    for overflow, cases in [
+        (
+            "truncate",
+            [  # the service truncates: absent or true cut the document, false refuses it
+                (None, 200, None),
+                (True, 200, None),
+                (False, 413, "documents"),
+                ("yes", 400, "truncate"),
+            ],
+        ),
+        ("refuse", [(None, 413, "documents"), (True, 400, "truncate"), (False, 413, "documents")]),
+    ]:
+        cfg = tiny_hf_config(dirs["reranker"], model={**model_cfg, "overflow": overflow})
+        model = load_model(cfg)
+        model.max_batch_size = 4
+        server = RuntimeServer(cfg)
+        server.attach(model, BatchSettings(max_batch_size=4))
+        try:
+            transport = httpx.ASGITransport(app=server.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                for truncate, status, param in cases:
+                    sent = body if truncate is None else {**body, "truncate": truncate}
+                    r = await client.post("/v1/rerank", json=sent)
+                    assert r.status_code == status, (overflow, truncate, r.text)
+                    if status != 200:
+                        assert r.json()["error"]["param"] == param, (overflow, truncate, r.text)
+                        continue
+                    scores = {res["index"]: res["relevance_score"] for res in r.json()["results"]}
+                    np.testing.assert_allclose([scores[0], scores[1]], expected, atol=1e-5)
+        finally:
+            server.close()
+
+
 def test_rerank_results_order_ties_and_top_n() -> None:
     scores = np.array([0.5, 0.9, 0.5, 0.1], np.float32)
     results = rerank_results(scores, ["a", "b", "c", "d"], None, False)

@@ -7,6 +7,7 @@ own tokenizer, model and pipeline."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,48 @@ def test_chunk_tags_the_windows_transformers_stride_tags(
     assert all(0 <= e["start"] < e["end"] <= len(TAGGED) for e in got[1])
     tokenizer = transformers.AutoTokenizer.from_pretrained(dirs["tagger"])
     assert out[TOKEN_COUNTS].tolist() == [len(tokenizer(t)["input_ids"]) for t in (SHORT, TAGGED)]
+
+
+@pytest.mark.parametrize("strategy", ["simple", "average"])
+async def test_a_chunked_taggers_windows_queue_as_parts_and_tag_as_the_whole_request(
+    dirs: dict[str, Path], strategy: str
+) -> None:
+    model = load_model(
+        tiny_hf_config(
+            dirs["tagger"],
+            model={
+                "name": "tiny",
+                "source": str(dirs["tagger"]),
+                "max_sequence_length": WINDOW,
+                "overflow": "chunk",
+                "aggregation_strategy": "first",
+            },
+        )
+    )
+    assert isinstance(model, TextModel)
+    model.max_batch_size = 4
+    inputs = {"text": texts(SHORT, TAGGED), "aggregation_strategy": texts(strategy)}
+    whole = model.execute(model.preprocess([inputs]))
+    parts = model.window_parts(inputs, 4)
+    assert parts is not None and len(parts.parts) > 3 and max(parts.rows) <= 4
+    assert all(tokens <= WINDOW for tokens in parts.tokens)
+    assert model.window_parts({"text": texts(SHORT)}, 4) is None  # one window: runs whole
+    assert model.window_parts(inputs, 4, "refuse") is None
+    batcher = Batcher(model, BatchSettings(max_batch_size=4), metrics=RuntimeMetrics("tiny"))
+    batcher.start()
+    try:
+        out, short = await asyncio.gather(batcher.infer(inputs), batcher.infer({"text": texts(SHORT)}))
+    finally:
+        await batcher.drain(5)
+    for got, expected in zip(out["entities"], whole["entities"], strict=True):
+        got_entities, expected_entities = json.loads(got), json.loads(expected)
+        assert [{**e, "score": 0} for e in got_entities] == [{**e, "score": 0} for e in expected_entities]
+        np.testing.assert_allclose(
+            [e["score"] for e in got_entities], [e["score"] for e in expected_entities], atol=1e-5
+        )
+    assert json.loads(out["entities"][1])  # the long text has entities
+    assert out[TOKEN_COUNTS].tolist() == whole[TOKEN_COUNTS].tolist()
+    assert json.loads(short["entities"][0]) is not None
 
 
 def test_chunk_tagging_refuses_what_it_cannot_merge(dirs: dict[str, Path]) -> None:
