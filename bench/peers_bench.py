@@ -1,7 +1,7 @@
 """kubeinfer against the servers its users compare it with, like with like: each peer at the best of its
 documented settings, and on the same engine and model file as kubeinfer where it can be.
 
-    make bench-peers                          # installs the peers' venvs, then runs this (about 35 minutes)
+    make bench-peers                          # installs the peers' venvs, then runs this (35 to 40 minutes)
     .venv/bin/python bench/peers_bench.py     # -> bench/results/peers.json
     .venv/bin/python bench/peers_bench.py --quick --noisy --out /tmp/peers.json   # smoke: about 5 minutes
 
@@ -30,9 +30,10 @@ of ``--order`` is started once per setting of a short grid over the settings its
 (MLServer: ``parallel_workers`` 0, 1 (its default) and 2, ``max_batch_size``, ``max_batch_time``, for
 torch also torch's own thread count; LitServe: ``workers_per_device``, ``max_batch_size``,
 ``batch_timeout``; infinity: ``--batch-size`` and torch's thread count), and each setting gets a coarse
-rate probe per text kind: the ramp of the search below with ``--search-seconds`` points and no
-bisection. The setting with the highest rate at the SLO is kept, per text kind; every setting tried and
-its figures are in the JSON (``search``). ``--quick`` tries only the first setting of each grid.
+rate probe per text kind: the ramp of the search below with ``--search-seconds`` points, no
+bisection and a 1 s warmup. The setting with the highest rate at the SLO is kept, per text kind;
+every setting tried and its figures are in the JSON (``search``). ``--quick`` tries only the first
+setting of each grid.
 
 **Texts** (``TEXT_KINDS``): ``sentences``, one random held-out sentence per request (the sentences of
 ``make bench-runtime``), and ``passages``, held-out sentences joined until each has at least 100
@@ -162,6 +163,8 @@ DEFAULT_ORDER = (
 )  # fmt: skip
 #: ``--quick``: every server once.
 QUICK_ORDER = DEFAULT_ORDER[:-1]
+#: Seconds of warmup before each text kind of a setting's probe (the probe is coarse: a short warmup).
+SEARCH_WARMUP_SECONDS = 1.0
 #: Rate multiplier between two points of the ramp.
 STEP = 1.4
 #: A server's answers match kubeinfer's when the cosine of every probed text is at least this.
@@ -588,13 +591,15 @@ async def max_slo_rate(
 @dataclass(frozen=True)
 class Search:
     """How one server start is measured: the text kinds, where each kind's search starts (req/s), the
-    seconds of each ramp point, the bisection rounds and the seconds of each."""
+    seconds of each ramp point, the bisection rounds and the seconds of each, the seconds of warmup
+    before each kind's search."""
 
     kinds: tuple[str, ...]
     starts: dict[str, float]
     step_seconds: float
     refine: int
     refine_seconds: float
+    warmup_seconds: float
 
 
 def same_model_check(
@@ -672,8 +677,8 @@ async def visit(
                 return point
 
             start = search.starts[kind]
-            progress(f"{name} {kind}: warmup {args.warmup_seconds:.0f} s at {start / 2:.0f}/s")
-            await rb.run_rate(session, endpoint.url, bodies, start / 2, args.warmup_seconds, args.seed)
+            progress(f"{name} {kind}: warmup {search.warmup_seconds:.0f} s at {start / 2:.0f}/s")
+            await rb.run_rate(session, endpoint.url, bodies, start / 2, search.warmup_seconds, args.seed)
             found = await max_slo_rate(
                 measure, start, search.step_seconds, search.refine, search.refine_seconds
             )
@@ -721,7 +726,8 @@ def search_peer(
         try:
             with start_server(name, setting, model_path, graph, workdir, args) as (endpoint, _):
                 ready = time.monotonic() - t0
-                search = Search(TEXT_KINDS, dict(starts), args.search_seconds, 0, 0.0)
+                warmup = min(args.warmup_seconds, SEARCH_WARMUP_SECONDS)
+                search = Search(TEXT_KINDS, dict(starts), args.search_seconds, 0, 0.0, warmup)
                 result = asyncio.run(visit(name, endpoint, texts, references, search, args))
         except RuntimeError as exc:
             progress(f"search {name}: {setting} failed: {str(exc)[:500]}")
@@ -1048,7 +1054,9 @@ def run_visits(
                 ready = time.monotonic() - t0
                 progress(f"{name} ready in {ready:.0f} s")
                 own = {**first_starts(args), **starts.get(name, {})}
-                search = Search(kinds, own, args.step_seconds, args.refine, args.refine_seconds)
+                search = Search(
+                    kinds, own, args.step_seconds, args.refine, args.refine_seconds, args.warmup_seconds
+                )
                 result = asyncio.run(visit(name, endpoint, texts, references, search, args))
             result.update(
                 {
