@@ -16,8 +16,10 @@ pooling, L2-normalized, 256 tokens at most), in precision-matched pairs (``PAIRS
   ``bench/peers/litserve_onnx.py``). Both peers open the very file kubeinfer serves (its graph cache:
   ``hf_onnx.int8_dynamic_path``, made by loading the model in this process first) with the same
   tokenizer and session options, on kubeinfer's intra-op thread count (``default_threads``: the CPUs
-  less one). infinity-emb is not in this pair: its ONNX engine goes through optimum, which exports and
-  optimizes a graph of its own from the model directory rather than opening a given file.
+  less one). infinity-emb is not in this pair: its ONNX engine (optimum's
+  ``ORTModelForFeatureExtraction``, infinity-emb 0.0.78's ``transformer/embedder/optimum.py``) runs a
+  graph for its ``last_hidden_state`` and pools it itself, and kubeinfer's graph ends in its pooled,
+  normalized ``embedding``: infinity cannot serve that file.
 - **torch fp32**: ``kubeinfer-torch`` (the same runtime on its torch engine) against ``mlserver-torch``
   (MLServer with ``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as
   kubeinfer's torch engine) and ``infinity-torch`` (infinity-emb 0.0.78, ``infinity_emb v2``, torch
