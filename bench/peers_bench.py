@@ -1,60 +1,76 @@
-"""kubeinfer against the servers its users compare it with: MLServer and infinity-emb, same model, same load.
+"""kubeinfer against the servers its users compare it with, like with like: each peer at the best of its
+documented settings, and on the same engine and model file as kubeinfer where it can be.
 
-    make bench-peers                          # installs the peers' venvs, then runs this
+    make bench-peers                          # installs the peers' venvs, then runs this (35 to 40 minutes)
     .venv/bin/python bench/peers_bench.py     # -> bench/results/peers.json
+    .venv/bin/python bench/peers_bench.py --quick --noisy --out /tmp/peers.json   # smoke: about 5 minutes
 
-**Servers** (``SERVERS``), each alone on the machine with its own defaults, serving the bundled
-all-MiniLM-L6-v2 (mean pooling, L2-normalized, 256 tokens at most):
+**Servers** (``SERVERS``), each alone on the machine, serving the bundled all-MiniLM-L6-v2 (mean
+pooling, L2-normalized, 256 tokens at most), in precision-matched pairs (``PAIRS``):
 
-- ``kubeinfer``: ``kubeinfer-runtime serve``, engine ``onnxruntime``, quantization ``int8-dynamic``: its
-  best configuration at cosine >= 0.99 to fp32 (its load report's ``quantization_cosine_mean_ratio`` is
-  recorded; ``docs/runtime.md`` has the recipe), max batch 32, the default max queue delay and thread count.
-- ``kubeinfer-fp32``: the same runtime, ``onnxruntime`` without quantization (cosine 1.0 to torch).
-- ``kubeinfer-2threads``: ``kubeinfer`` with two intra-op threads instead of the default one (the
-  model sharing both cores with the front end and the tokenizer): what thread placement gives.
-- ``kubeinfer-torch``: the same runtime on the torch engine, fp32; not in the default order (``--order``
-  adds it: the engine comparison is ``make bench-runtime``'s).
-- ``mlserver``: MLServer 1.7.1 (``.cache/peer-mlserver``) with the runtime class a user writes for it
-  (``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as kubeinfer's torch engine)
-  and adaptive batching (``--mlserver-batch`` 16, ``--mlserver-delay`` 10 ms: the configuration of the
-  measurement that set the targets); its other settings are its defaults (one inference worker process).
-- ``mlserver-1thread``, ``infinity-1thread``: the same peers with torch on one intra-op thread
-  (``OMP_NUM_THREADS=1``): the setting a user who profiles them on a small node picks; not in the
-  default order (``--order`` adds them).
-- ``infinity``: infinity-emb 0.0.78 (``.cache/peer-infinity``), ``infinity_emb v2`` with the torch
-  engine on the CPU, batch size 32 (its default), its other defaults.
+- **int8, the same graph file**: ``kubeinfer`` (``kubeinfer-runtime serve``, engine ``onnxruntime``,
+  ``int8-dynamic``, max batch 32, the default queue delay and thread count: its best configuration at
+  cosine >= 0.99 to fp32) against ``mlserver-onnx`` (MLServer 1.7.1, ``.cache/peer-mlserver``, with
+  the runtime class a user writes around an ONNX graph, ``bench/peers/mlserver_onnx.py``) and
+  ``litserve-onnx`` (LitServe 0.2.19, ``.cache/peer-litserve``, its ``LitAPI`` and batching,
+  ``bench/peers/litserve_onnx.py``). Both peers open the very file kubeinfer serves (its graph cache:
+  ``hf_onnx.int8_dynamic_path``, made by loading the model in this process first) with the same
+  tokenizer and session options, on kubeinfer's intra-op thread count (``default_threads``: the CPUs
+  less one). infinity-emb is not in this pair: its ONNX engine (optimum's
+  ``ORTModelForFeatureExtraction``, infinity-emb 0.0.78's ``transformer/embedder/optimum.py``) runs a
+  graph for its ``last_hidden_state`` and pools it itself, and kubeinfer's graph ends in its pooled,
+  normalized ``embedding``: infinity cannot serve that file.
+- **torch fp32**: ``kubeinfer-torch`` (the same runtime on its torch engine) against ``mlserver-torch``
+  (MLServer with ``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as
+  kubeinfer's torch engine) and ``infinity-torch`` (infinity-emb 0.0.78, ``infinity_emb v2``, torch
+  engine on the CPU).
+- Not in the default order (``--order`` adds them): ``kubeinfer-fp32`` (ONNX Runtime fp32) and
+  ``kubeinfer-2threads`` (``kubeinfer`` with two intra-op threads).
+
+**Each peer at its best** (``peer_settings``, ``search_peer``): before the measured visits, each peer
+of ``--order`` is started once per setting of a short grid over the settings its documentation names
+(MLServer: ``parallel_workers`` 0, 1 (its default) and 2, ``max_batch_size``, ``max_batch_time``, for
+torch also torch's own thread count; LitServe: ``workers_per_device``, ``max_batch_size``,
+``batch_timeout``; infinity: ``--batch-size`` and torch's thread count), and each setting gets a coarse
+rate probe per text kind: the ramp of the search below with ``--search-seconds`` points, no
+bisection and a 1 s warmup. The setting with the highest rate at the SLO is kept, per text kind;
+every setting tried and its figures are in the JSON (``search``). ``--quick`` tries only the first
+setting of each grid.
 
 **Texts** (``TEXT_KINDS``): ``sentences``, one random held-out sentence per request (the sentences of
 ``make bench-runtime``), and ``passages``, held-out sentences joined until each has at least 100
 MiniLM tokens. Every server gets the same requests in the same order: v2 JSON in, v2 JSON out for
-kubeinfer and MLServer (``/v2/models/minilm/infer``, input ``text`` BYTES [1], no binary extension,
-which MLServer does not speak); OpenAI ``/embeddings`` for infinity (its only API).
+kubeinfer, MLServer and LitServe (``/v2/models/minilm/infer``, input ``text`` BYTES [1], no binary
+extension, which MLServer does not speak); OpenAI ``/embeddings`` for infinity (its only API).
 
-**Order** (``--order``, default ``DEFAULT_ORDER``): servers run one at a time, each visit starting the
-server, checking that it serves the same model (cosine of its embeddings of 32 sentences and 8
-passages to sentence-transformers' in this process, recorded; a server under 0.99 is reported, not
-hidden), warming it up, then finding its highest rate at P99 <= 100 ms for each text kind, then
-stopping it. kubeinfer and MLServer are visited twice in A-B-A fashion (kubeinfer, MLServer, ...,
-MLServer, kubeinfer; kubeinfer-fp32, infinity and kubeinfer-2threads once, between them), so a drift
-of the machine shows as a difference between a server's own visits; a server's figure is the median
-of its visits.
+**Same answers**: each server start (search or visit) first embeds 32 sentences and 8 passages, one
+request each, and compares them with sentence-transformers' in this process and with kubeinfer's own
+answers for the same texts (its model loaded in this process as the runtime loads it, one text per
+call: the int8 graph for the int8 pair, the torch engine for fp32): ``same_model_check``, recorded; a
+server under cosine 0.999 to kubeinfer's answers is reported, not hidden.
+
+**Order** (``--order``, default ``DEFAULT_ORDER``): the measured visits run one server at a time,
+each starting it (a peer with its best setting for the text kind; two starts when the kinds' best
+settings differ), checking its answers, warming it up, finding its highest rate at P99 <= 100 ms,
+then stopping it. kubeinfer is visited first and last, so a drift of the machine shows as a difference
+between its own visits; a server's figure is the median of its visits. Every visit records the
+machine's load average at its start and end.
 
 **The search** (``max_slo_rate``): open-loop Poisson arrivals (``runtime_bench.run_rate``: seeded,
 latency from the scheduled arrival, the same aiohttp client), from ``--start-rate`` (or 0.7 of the
-server's previous visit) up by x1.4 per ``--step-seconds`` point until a point misses the SLO (P99 >=
-100 ms or under 99 % answered 200), then ``--refine`` rounds of bisection at geometric midpoints,
-``--refine-seconds`` each. A start that misses halves the rate until one passes. Every point keeps
-P50, P99, the throughput, errors, and the server's CPU seconds per request (its whole process tree,
-psutil) and the client's.
+server's previous visit or of its best setting's probe) up by x1.4 per ``--step-seconds`` point until a
+point misses the SLO (P99 >= 100 ms or under 99 % answered 200), then ``--refine`` rounds of bisection
+at geometric midpoints, ``--refine-seconds`` each. A start that misses halves the rate until one
+passes. Every point keeps P50, P99, the throughput, errors, and the server's CPU seconds per request
+(its whole process tree, psutil).
 
 **Figures** (``summarize``): per text kind, each server's highest rate at the SLO (median of its
-visits, and each visit's), and the ratios the targets are stated in: kubeinfer / MLServer (target >=
-4 at cosine >= 0.99), kubeinfer-fp32 / MLServer (target >= 1.5), kubeinfer / infinity. The script
-reports; it asserts no target.
+visits, and each visit's), the P99 at every rate it was offered (``p99_by_rate``: the tail beside the
+peers'), the setting it ran with, each kubeinfer / peer ratio, and per pair the ratio of kubeinfer to
+the best peer of its precision (``pairs``). The script reports; it asserts no target.
 
 Like every benchmark that measures, it runs under ``bench/quiet.py`` (the bench lock; no measurement
-over a 1-minute load of 0.5 unless ``--noisy``, and then the JSON says so). Run time at the defaults:
-about 3 minutes a visit (server start, the checks, two searches), 20 to 25 minutes for the seven visits.
+over a 1-minute load of 0.5 unless ``--noisy``, and then the JSON says so).
 """
 
 from __future__ import annotations
@@ -96,7 +112,11 @@ SLO_P99_SECONDS = rb.SLO_P99_SECONDS
 PASSAGE_TOKENS = 100
 TEXT_KINDS = ("sentences", "passages")
 #: The venvs ``make bench-peers`` installs (``hack/setup.sh --peers``, from requirements/NAME.txt).
-PEER_VENVS = {"mlserver": ROOT / ".cache" / "peer-mlserver", "infinity": ROOT / ".cache" / "peer-infinity"}
+PEER_VENVS = {
+    "mlserver": ROOT / ".cache" / "peer-mlserver",
+    "litserve": ROOT / ".cache" / "peer-litserve",
+    "infinity": ROOT / ".cache" / "peer-infinity",
+}
 #: kubeinfer's configurations: (engine, quantization mode, intra-op threads or None for the runtime's
 #: default: the CPUs less one, so one core stays for the event loop, HTTP and tokenization).
 KUBEINFER: dict[str, tuple[str, str, int | None]] = {
@@ -105,28 +125,94 @@ KUBEINFER: dict[str, tuple[str, str, int | None]] = {
     "kubeinfer-torch": ("torch", "none", None),
     "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2),
 }
-#: Peer configurations beside each peer's defaults: torch on one intra-op thread (``OMP_NUM_THREADS=1``,
-#: which torch reads at import). On two cores a peer's default two threads spin-wait against its own
-#: HTTP process: 20 to 30 ms of CPU per sentence where one thread needs about 5.
-ONE_THREAD = {"mlserver-1thread": "mlserver", "infinity-1thread": "infinity"}
-SERVERS = (*KUBEINFER, "mlserver", "infinity", *ONE_THREAD)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer server: which venv's server (``PEER_VENVS``) and which engine it runs: ``onnxruntime``
+    (kubeinfer's int8 graph file) or ``torch`` (fp32)."""
+
+    server: str
+    engine: str
+
+
+PEERS = {
+    "mlserver-onnx": Peer("mlserver", "onnxruntime"),
+    "litserve-onnx": Peer("litserve", "onnxruntime"),
+    "mlserver-torch": Peer("mlserver", "torch"),
+    "infinity-torch": Peer("infinity", "torch"),
+}
+SERVERS = (*KUBEINFER, *PEERS)
+#: Precision-matched pairs: (name, the kubeinfer server, its peers on the same precision and engine kind).
+PAIRS = (
+    ("int8", "kubeinfer", ("mlserver-onnx", "litserve-onnx")),
+    ("torch_fp32", "kubeinfer-torch", ("mlserver-torch", "infinity-torch")),
+)
+#: The kubeinfer configuration whose answers a server's are compared with (``same_model_check``).
+KUBEINFER_REFERENCE = {
+    **{
+        name: "kubeinfer" if mode == "int8-dynamic" else "kubeinfer-torch"
+        for name, (_, mode, _t) in KUBEINFER.items()
+    },
+    **{
+        name: "kubeinfer" if peer.engine == "onnxruntime" else "kubeinfer-torch"
+        for name, peer in PEERS.items()
+    },
+}
 DEFAULT_ORDER = (
-    "kubeinfer", "mlserver", "kubeinfer-fp32", "infinity", "kubeinfer-2threads", "mlserver", "kubeinfer",
+    "kubeinfer", "mlserver-onnx", "litserve-onnx", "kubeinfer-torch", "mlserver-torch", "infinity-torch",
+    "kubeinfer",
 )  # fmt: skip
+#: ``--quick``: every server once.
+QUICK_ORDER = DEFAULT_ORDER[:-1]
+#: Seconds of warmup before each text kind of a setting's probe (the probe is coarse: a short warmup).
+SEARCH_WARMUP_SECONDS = 1.0
 #: Rate multiplier between two points of the ramp.
 STEP = 1.4
-#: The ratios the targets are stated in: (name, numerator server, denominator server, target or None).
+#: A server's answers match kubeinfer's when the cosine of every probed text is at least this.
+SAME_ANSWER_COSINE = 0.999
+#: The ratios of each kubeinfer server to each peer of its pair: (name, numerator, denominator).
 RATIOS = (
-    ("kubeinfer_to_mlserver", "kubeinfer", "mlserver", 4.0),
-    ("kubeinfer_fp32_to_mlserver", "kubeinfer-fp32", "mlserver", 1.5),
-    ("kubeinfer_to_infinity", "kubeinfer", "infinity", None),
-    ("kubeinfer_fp32_to_infinity", "kubeinfer-fp32", "infinity", None),
-    ("mlserver_to_infinity", "mlserver", "infinity", None),
-    ("kubeinfer_2threads_to_kubeinfer", "kubeinfer-2threads", "kubeinfer", None),
-    ("kubeinfer_to_mlserver_1thread", "kubeinfer", "mlserver-1thread", 4.0),
-    ("kubeinfer_fp32_to_mlserver_1thread", "kubeinfer-fp32", "mlserver-1thread", 1.5),
-    ("kubeinfer_to_infinity_1thread", "kubeinfer", "infinity-1thread", None),
+    *(
+        (f"{kube.replace('-', '_')}_to_{peer.replace('-', '_')}", kube, peer)
+        for _, kube, peers in PAIRS
+        for peer in peers
+    ),
+    ("kubeinfer_2threads_to_kubeinfer", "kubeinfer-2threads", "kubeinfer"),
 )
+
+
+def peer_settings(name: str, threads: int) -> list[dict[str, Any]]:
+    """The settings ``search_peer`` tries for peer ``name`` (one of ``PEERS``), the first being the one
+    ``--quick`` uses; ``threads`` is kubeinfer's intra-op thread count, which the ONNX Runtime peers
+    use as it does. A ``threads`` of None in a setting is the library's own default (torch: one
+    thread per core). Raises ``KeyError`` for an unknown peer.
+
+    - MLServer: ``parallel_workers`` (0: inference in the server's process; 1, its default: one worker
+      process; 2), ``max_batch_size`` and ``max_batch_time`` (seconds) of its adaptive batching;
+      torch also at torch's own thread count.
+    - LitServe: ``workers_per_device``, ``max_batch_size``, ``batch_timeout`` (seconds).
+    - infinity: ``batch_size`` and torch's thread count.
+    """
+    peer = PEERS[name]
+    if peer.server == "mlserver":
+        grid = [
+            (0, 16, 0.01), (0, 32, 0.005), (0, 8, 0.002), (1, 16, 0.01), (2, 16, 0.01),
+        ]  # fmt: skip
+        out: list[dict[str, Any]] = [
+            {"parallel_workers": w, "max_batch_size": b, "max_batch_time": t, "threads": threads}
+            for w, b, t in grid
+        ]
+        if peer.engine == "torch":
+            out.append({"parallel_workers": 0, "max_batch_size": 16, "max_batch_time": 0.01, "threads": None})
+        return out
+    if peer.server == "litserve":
+        grid = [(1, 16, 0.01), (1, 32, 0.005), (1, 8, 0.002), (2, 16, 0.01)]
+        return [
+            {"workers_per_device": w, "max_batch_size": b, "batch_timeout": t, "threads": threads}
+            for w, b, t in grid
+        ]
+    return [{"batch_size": b, "threads": t} for b, t in ((32, threads), (8, threads), (32, None), (8, None))]
 
 
 def progress(message: str) -> None:
@@ -188,29 +274,63 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --- the servers ----------------------------------------------------------------------------------
 
 
-def mlserver_folder(folder: Path, model_path: Path, ports: dict[str, int], batch: int, delay: float) -> Path:
-    """Write MLServer's ``settings.json`` (host 127.0.0.1 and ``ports``: http, grpc, metrics) and the
-    model's ``minilm/model-settings.json`` (``bench/peers/mlserver_minilm.py``'s class, adaptive
-    batching ``batch`` rows / ``delay`` seconds, ``parameters.uri`` = ``model_path``) under
-    ``folder``; returns ``folder``, the argument of ``mlserver start``."""
+#: MLServer's runtime class per engine (files of bench/peers/, on the server's PYTHONPATH).
+MLSERVER_CLASS = {"torch": "mlserver_minilm.MiniLM", "onnxruntime": "mlserver_onnx.MiniLMOnnx"}
+
+
+def mlserver_folder(
+    folder: Path, ports: dict[str, int], engine: str, model_path: Path, graph: Path, setting: dict[str, Any]
+) -> Path:
+    """Write MLServer's ``settings.json`` (host 127.0.0.1, ``ports``: http, grpc, metrics, and
+    ``setting["parallel_workers"]``) and the model's ``minilm/model-settings.json`` (the runtime class
+    of ``engine``, ``MLSERVER_CLASS``; adaptive batching ``setting["max_batch_size"]`` rows /
+    ``setting["max_batch_time"]`` seconds; ``parameters.uri``: ``model_path`` for torch, ``graph`` for
+    onnxruntime, whose class also gets ``parameters.extra`` ``tokenizer`` = ``model_path`` and
+    ``threads`` = ``setting["threads"]``) under ``folder``; returns ``folder``, the argument of
+    ``mlserver start``. Raises ``KeyError`` for an engine without a class."""
     (folder / MODEL).mkdir(parents=True, exist_ok=True)
     settings = {
         "host": "127.0.0.1",
         "http_port": ports["http"],
         "grpc_port": ports["grpc"],
         "metrics_port": ports["metrics"],
+        "parallel_workers": setting["parallel_workers"],
         "debug": False,
     }
     (folder / "settings.json").write_text(json.dumps(settings, indent=1))
+    parameters: dict[str, Any] = {"uri": str(model_path)}
+    if engine == "onnxruntime":
+        parameters = {
+            "uri": str(graph),
+            "extra": {"tokenizer": str(model_path), "threads": setting["threads"]},
+        }
     model = {
         "name": MODEL,
-        "implementation": "mlserver_minilm.MiniLM",
-        "max_batch_size": batch,
-        "max_batch_time": delay,
-        "parameters": {"uri": str(model_path)},
+        "implementation": MLSERVER_CLASS[engine],
+        "max_batch_size": setting["max_batch_size"],
+        "max_batch_time": setting["max_batch_time"],
+        "parameters": parameters,
     }
     (folder / MODEL / "model-settings.json").write_text(json.dumps(model, indent=1))
     return folder
+
+
+def litserve_command(
+    venv: Path, graph: Path, model_path: Path, port: int, setting: dict[str, Any]
+) -> list[str]:
+    """The command line of ``bench/peers/litserve_onnx.py`` in ``venv`` serving ``graph`` (tokenizer of
+    ``model_path``) on 127.0.0.1:``port`` with ``setting``'s ``threads``, ``max_batch_size``,
+    ``batch_timeout`` and ``workers_per_device``."""
+    return [
+        str(venv / "bin" / "python"), str(ROOT / "bench" / "peers" / "litserve_onnx.py"),
+        "--graph", str(graph),
+        "--tokenizer", str(model_path),
+        "--threads", str(setting["threads"]),
+        "--port", str(port),
+        "--max-batch-size", str(setting["max_batch_size"]),
+        "--batch-timeout", str(setting["batch_timeout"]),
+        "--workers-per-device", str(setting["workers_per_device"]),
+    ]  # fmt: skip
 
 
 def infinity_command(venv: Path, model_path: Path, port: int, batch: int) -> list[str]:
@@ -226,6 +346,12 @@ def infinity_command(venv: Path, model_path: Path, port: int, batch: int) -> lis
         "--host", "127.0.0.1",
         "--port", str(port),
     ]  # fmt: skip
+
+
+def torch_threads_env(threads: int | None) -> dict[str, str]:
+    """The environment that sets torch's intra-op threads (``OMP_NUM_THREADS``, read at import), none
+    for torch's own default."""
+    return {} if threads is None else {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 @dataclass(frozen=True)
@@ -295,12 +421,18 @@ PEER_ENV = {"HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NO
 
 @contextlib.contextmanager
 def start_server(
-    name: str, model_path: Path, workdir: Path, args: argparse.Namespace
+    name: str,
+    setting: dict[str, Any] | None,
+    model_path: Path,
+    graph: Path,
+    workdir: Path,
+    args: argparse.Namespace,
 ) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
-    """Start server ``name`` (one of ``SERVERS``) serving the bundled MiniLM; yield its ``Endpoint``
-    and what it reports about itself (versions, configuration; for kubeinfer its load report). Raises
-    ``RuntimeError`` (the server's log tail) when it does not start, ``FileNotFoundError`` when a
-    peer's venv is missing (``make bench-peers`` installs it)."""
+    """Start server ``name`` (one of ``SERVERS``) serving the bundled MiniLM; a peer with ``setting``
+    (one of ``peer_settings``; None for kubeinfer), the ONNX Runtime peers on the graph file ``graph``.
+    Yield its ``Endpoint`` and what it reports about itself (configuration; for kubeinfer its load
+    report). Raises ``RuntimeError`` (the server's log tail) when it does not start,
+    ``FileNotFoundError`` when a peer's venv is missing (``make bench-peers`` installs it)."""
     from hack.procs import free_port
 
     log = workdir / f"{name}.log"
@@ -330,33 +462,38 @@ def start_server(
             }
             yield Endpoint(f"{rt.url}/v2/models/{MODEL}/infer", v2_body, v2_embeddings, rt.pid), about
         return
-    threads_env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if name in ONE_THREAD else {}
-    name = ONE_THREAD.get(name, name)
-    venv = PEER_VENVS[name]
+    peer = PEERS[name]
+    if setting is None:
+        raise ValueError(f"{name}: a peer needs a setting (peer_settings)")
+    venv = PEER_VENVS[peer.server]
     if not (venv / "bin" / "python").exists():
         raise FileNotFoundError(f"{venv} is missing: `make bench-peers` installs the peers' venvs")
-    if name == "mlserver":
+    about = {
+        "setting": setting,
+        "engine": peer.engine,
+        "graph": str(graph) if peer.engine == "onnxruntime" else None,
+    }
+    threads_env = torch_threads_env(setting["threads"]) if peer.engine == "torch" else {}
+    # the runtime classes import each other by name from bench/peers/
+    env = {**PEER_ENV, **threads_env, "PYTHONPATH": str(ROOT / "bench" / "peers")}
+    if peer.server == "mlserver":
         ports = {k: free_port() for k in ("http", "grpc", "metrics")}
-        folder = mlserver_folder(
-            workdir / "mlserver", model_path, ports, args.mlserver_batch, args.mlserver_delay
-        )
+        folder = mlserver_folder(workdir / name, ports, peer.engine, model_path, graph, setting)
         base = f"http://127.0.0.1:{ports['http']}"
-        env = {**PEER_ENV, **threads_env, "PYTHONPATH": str(ROOT / "bench" / "peers")}
         cmd = [str(venv / "bin" / "mlserver"), "start", str(folder)]
         with peer_process(cmd, f"{base}/v2/models/{MODEL}/ready", log, env, args.start_timeout) as pid:
-            about = {
-                "batching": {"max_batch_size": args.mlserver_batch, "max_batch_time": args.mlserver_delay}
-            }
             yield Endpoint(f"{base}/v2/models/{MODEL}/infer", v2_body, v2_embeddings, pid), about
         return
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = infinity_command(venv, model_path, port, args.infinity_batch)
-    with peer_process(cmd, f"{base}/health", log, {**PEER_ENV, **threads_env}, args.start_timeout) as pid:
-        yield (
-            Endpoint(f"{base}/embeddings", openai_body, openai_embeddings, pid),
-            {"batch_size": args.infinity_batch},
-        )
+    if peer.server == "litserve":
+        cmd = litserve_command(venv, graph, model_path, port, setting)
+        with peer_process(cmd, f"{base}/health", log, env, args.start_timeout) as pid:
+            yield Endpoint(f"{base}/v2/models/{MODEL}/infer", v2_body, v2_embeddings, pid), about
+        return
+    cmd = infinity_command(venv, model_path, port, setting["batch_size"])
+    with peer_process(cmd, f"{base}/health", log, env, args.start_timeout) as pid:
+        yield Endpoint(f"{base}/embeddings", openai_body, openai_embeddings, pid), about
 
 
 def _kubeinfer_report(metrics_text: str) -> dict[str, float]:
@@ -379,7 +516,7 @@ def _kubeinfer_report(metrics_text: str) -> dict[str, float]:
 def peer_versions() -> dict[str, str | None]:
     """The installed version of each peer's server package (None when its venv is missing)."""
     out: dict[str, str | None] = {}
-    for name, package in (("mlserver", "mlserver"), ("infinity", "infinity_emb")):
+    for name, package in (("mlserver", "mlserver"), ("litserve", "litserve"), ("infinity", "infinity_emb")):
         python = PEER_VENVS[name] / "bin" / "python"
         if not python.exists():
             out[name] = None
@@ -453,35 +590,75 @@ async def max_slo_rate(
     return {"max_slo_rps": best, "first_miss_rps": miss, "points": points}
 
 
+@dataclass(frozen=True)
+class Search:
+    """How one server start is measured: the text kinds, where each kind's search starts (req/s), the
+    seconds of each ramp point, the bisection rounds and the seconds of each, the seconds of warmup
+    before each kind's search."""
+
+    kinds: tuple[str, ...]
+    starts: dict[str, float]
+    step_seconds: float
+    refine: int
+    refine_seconds: float
+    warmup_seconds: float
+
+
+def same_model_check(
+    got: dict[str, np.ndarray], reference: dict[str, np.ndarray], kubeinfer: dict[str, np.ndarray]
+) -> dict[str, dict[str, Any]]:
+    """Per text kind, a server's vectors ``got`` (float32 [rows, dim]) against sentence-transformers'
+    (``reference``) and kubeinfer's answers for the same texts (``kubeinfer``; a kind missing there is
+    left out): the min and mean cosines, and ``same_as_kubeinfer`` (every cosine >=
+    ``SAME_ANSWER_COSINE``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, vectors in got.items():
+        st = cosines(vectors, reference[kind])
+        entry: dict[str, Any] = {
+            "cosine_min": float(st.min()), "cosine_mean": float(st.mean()), "texts": len(vectors),
+        }  # fmt: skip
+        if kind in kubeinfer:
+            ki = cosines(vectors, kubeinfer[kind])
+            entry["cosine_min_to_kubeinfer"] = float(ki.min())
+            entry["same_as_kubeinfer"] = bool(ki.min() >= SAME_ANSWER_COSINE)
+        out[kind] = entry
+    return out
+
+
 async def visit(
-    name: str, endpoint: Endpoint, texts: dict[str, list[str]], reference: dict[str, np.ndarray],
-    starts: dict[str, float], args: argparse.Namespace,
+    name: str, endpoint: Endpoint, texts: dict[str, list[str]], references: dict[str, dict[str, np.ndarray]],
+    search: Search, args: argparse.Namespace,
 ) -> dict[str, Any]:  # fmt: skip
-    """One visit of a started server: the same-model check, the warmup, then ``max_slo_rate`` for each
-    text kind; the visit's figures."""
+    """One start of a server: the answers checked (``same_model_check``; ``references``: ``"st"`` and
+    each kubeinfer configuration's in-process answers, ``kubeinfer_answers``), then for each kind of
+    ``search.kinds`` a warmup and ``max_slo_rate``; the figures, with the machine's load average at
+    the start and the end."""
+    load_start = os.getloadavg()
     async with rb.client_session() as session:
-        check = {}
+        got = {}
         for kind in TEXT_KINDS:
-            probe = texts[kind][: len(reference[kind])]
-            got = []
-            for text in probe:
+            rows = []
+            for text in texts[kind][: len(references["st"][kind])]:
                 async with session.post(endpoint.url, data=endpoint.body(text)) as response:
                     body = await response.read()
                     if response.status != 200:
                         raise RuntimeError(f"{name}: {response.status} {body[:300]!r}")
-                    got.append(endpoint.vectors(json.loads(body))[0])
-            cos = cosines(np.stack(got), reference[kind])
-            check[kind] = {
-                "cosine_min": float(cos.min()),
-                "cosine_mean": float(cos.mean()),
-                "texts": len(probe),
-            }
+                    rows.append(endpoint.vectors(json.loads(body))[0])
+            got[kind] = np.stack(rows)
+        check = same_model_check(got, references["st"], references.get(KUBEINFER_REFERENCE[name], {}))
         progress(
-            f"{name}: same model? cosine to sentence-transformers min "
-            + ", ".join(f"{k} {v['cosine_min']:.4f}" for k, v in check.items())
+            f"{name}: same answers? min cosine to sentence-transformers / to kubeinfer: "
+            + ", ".join(
+                f"{k} {v['cosine_min']:.4f} / {v.get('cosine_min_to_kubeinfer', math.nan):.4f}"
+                for k, v in check.items()
+            )
         )
+        if not all(v.get("same_as_kubeinfer", True) for v in check.values()):
+            progress(
+                f"{name}: ANSWERS DIFFER from kubeinfer's (cosine < {SAME_ANSWER_COSINE}, same_model_check)"
+            )
         result: dict[str, Any] = {"server": name, "same_model_check": check, "texts": {}}
-        for kind in TEXT_KINDS:
+        for kind in search.kinds:
             bodies = [endpoint.body(t) for t in texts[kind]]
             seed = args.seed
 
@@ -501,14 +678,74 @@ async def visit(
                 progress(line)
                 return point
 
-            start = starts.get(kind, args.start_rate if kind == "sentences" else args.start_rate / 4)
-            progress(f"{name} {kind}: warmup {args.warmup_seconds:.0f} s at {start / 2:.0f}/s")
-            await rb.run_rate(session, endpoint.url, bodies, start / 2, args.warmup_seconds, args.seed)
-            found = await max_slo_rate(measure, start, args.step_seconds, args.refine, args.refine_seconds)
+            start = search.starts[kind]
+            progress(f"{name} {kind}: warmup {search.warmup_seconds:.0f} s at {start / 2:.0f}/s")
+            await rb.run_rate(session, endpoint.url, bodies, start / 2, search.warmup_seconds, args.seed)
+            found = await max_slo_rate(
+                measure, start, search.step_seconds, search.refine, search.refine_seconds
+            )
             slo_ms = SLO_P99_SECONDS * 1000
             progress(f"{name} {kind}: highest rate at P99 <= {slo_ms:.0f} ms: {found['max_slo_rps']:.1f}/s")
             result["texts"][kind] = found
+    result["loadavg_start"], result["loadavg_end"] = list(load_start), list(os.getloadavg())
     return result
+
+
+def first_starts(args: argparse.Namespace) -> dict[str, float]:
+    """Where a server's first search starts, per text kind: ``--start-rate`` for sentences, a quarter
+    of it for passages."""
+    return {"sentences": args.start_rate, "passages": args.start_rate / 4}
+
+
+def best_settings(tried: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Per text kind, the index in ``tried`` (``search_peer``'s settings, each with ``texts``: kind ->
+    ``{"max_slo_rps": ...}``) of the highest rate at the SLO; the first of equals; a kind no setting
+    measured is left out."""
+    out: dict[str, int] = {}
+    for kind in TEXT_KINDS:
+        rates = [
+            (t["texts"][kind]["max_slo_rps"], -i) for i, t in enumerate(tried) if kind in t.get("texts", {})
+        ]
+        if rates:
+            out[kind] = -max(rates)[1]
+    return out
+
+
+def search_peer(
+    name: str, settings: Sequence[dict[str, Any]], model_path: Path, graph: Path, workdir: Path,
+    texts: dict[str, list[str]], references: dict[str, dict[str, np.ndarray]], args: argparse.Namespace,
+) -> dict[str, Any]:  # fmt: skip
+    """Start peer ``name`` once per setting of ``settings`` and probe each text kind coarsely (the ramp
+    of ``max_slo_rate`` with ``--search-seconds`` points, no bisection; each setting's search starts at
+    0.7 of the best rate so far). Returns ``{"settings": [{"setting", "ready_seconds", "texts", ...}],
+    "best": {kind: index}}``; a setting whose server does not start is kept with its ``error``."""
+    tried: list[dict[str, Any]] = []
+    starts = first_starts(args)
+    best_rate: dict[str, float] = {}
+    for i, setting in enumerate(settings, 1):
+        progress(f"search {name} {i}/{len(settings)}: {setting}")
+        t0 = time.monotonic()
+        try:
+            with start_server(name, setting, model_path, graph, workdir, args) as (endpoint, _):
+                ready = time.monotonic() - t0
+                warmup = min(args.warmup_seconds, SEARCH_WARMUP_SECONDS)
+                search = Search(TEXT_KINDS, dict(starts), args.search_seconds, 0, 0.0, warmup)
+                result = asyncio.run(visit(name, endpoint, texts, references, search, args))
+        except RuntimeError as exc:
+            progress(f"search {name}: {setting} failed: {str(exc)[:500]}")
+            tried.append({"setting": setting, "error": str(exc)[-3000:]})
+            continue
+        result.update({"setting": setting, "ready_seconds": ready, "visit_seconds": time.monotonic() - t0})
+        tried.append(result)
+        for kind, found in result["texts"].items():
+            best_rate[kind] = max(best_rate.get(kind, 0.0), found["max_slo_rps"])
+            if best_rate[kind]:
+                starts[kind] = 0.7 * best_rate[kind]
+    best = best_settings(tried)
+    for kind, index in best.items():
+        rate = tried[index]["texts"][kind]["max_slo_rps"]
+        progress(f"search {name} {kind}: best {tried[index]['setting']} ({rate:.0f}/s in the probe)")
+    return {"settings": tried, "best": best}
 
 
 # --- the engine's own limit ------------------------------------------------------------------------
@@ -560,16 +797,41 @@ def in_process_limits(
 # --- the figures ----------------------------------------------------------------------------------
 
 
+def ratios_and_pairs(by_server: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``summarize``'s ``ratios`` and ``pairs`` of one text kind from its servers' figures."""
+    ratios = {}
+    for rname, num, den in RATIOS:
+        if num in by_server and den in by_server and by_server[den]["max_slo_rps"] > 0:
+            ratios[rname] = {"value": by_server[num]["max_slo_rps"] / by_server[den]["max_slo_rps"]}
+            if "limit_rps" in by_server[num]:
+                ratios[rname]["ceiling"] = by_server[num]["limit_rps"] / by_server[den]["max_slo_rps"]
+    pairs = {}
+    for pname, kube, peers in PAIRS:
+        ran = [(by_server[p]["max_slo_rps"], p) for p in peers if p in by_server]
+        if kube in by_server and ran and max(ran)[0] > 0:
+            rate, best = max(ran)
+            pairs[pname] = {
+                "kubeinfer": kube,
+                "best_peer": best,
+                "value": by_server[kube]["max_slo_rps"] / rate,
+            }
+    return {"ratios": ratios, "pairs": pairs}
+
+
 def summarize(
     visits: Sequence[dict[str, Any]], limits: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Per text kind: each server's highest rate at the SLO (``max_slo_rps``: the median over its
-    visits; ``by_visit``: each visit's, in order), the P50 and P99 at that rate in its best visit, and
-    ``ratios``: for each of ``RATIOS`` whose servers both ran, ``{value, target, meets_target}``
-    (``meets_target`` None for a ratio without a target). With ``limits`` (``in_process_limits``), a
-    kubeinfer server also has ``limit_rps`` (its engine's in-process rows/s) and ``served_to_limit``
-    (target 0.85), and each ratio whose numerator has a limit has ``ceiling``: the ratio it would
-    reach served at that limit, the most any front end could give that engine."""
+    visits; ``by_visit``: each visit's, in order), the P50 and P99 at that rate in its best visit
+    (``at_max``), the P99 at every rate it was offered in its visits (``p99_by_rate``: ``[rate, P99
+    seconds, met the SLO]``, by rate) and a peer's ``settings`` (those its visits ran with);
+    ``ratios``: for each of ``RATIOS`` whose servers both ran and whose denominator served something,
+    ``{"value"}``; ``pairs``: for each of ``PAIRS`` whose kubeinfer server and at least one peer
+    serving something ran, ``{"kubeinfer", "best_peer", "value"}``, kubeinfer's rate over its best
+    peer's. With ``limits`` (``in_process_limits``), a kubeinfer server also has ``limit_rps`` (its
+    engine's in-process rows/s) and ``served_to_limit``, and each ratio whose numerator has a limit has
+    ``ceiling``: the ratio it would reach served at that limit, the most any front end could give that
+    engine."""
     out: dict[str, Any] = {}
     for kind in TEXT_KINDS:
         by_server: dict[str, dict[str, Any]] = {}
@@ -577,8 +839,13 @@ def summarize(
             found = v["texts"].get(kind)
             if found is None:
                 continue
-            entry = by_server.setdefault(v["server"], {"by_visit": [], "at_max": None})
+            entry = by_server.setdefault(v["server"], {"by_visit": [], "at_max": None, "p99_by_rate": []})
             entry["by_visit"].append(found["max_slo_rps"])
+            if v.get("setting") is not None:
+                entry.setdefault("settings", []).append(v["setting"])
+            entry["p99_by_rate"] += [
+                [p["offered_rps"], p.get("p99_seconds"), bool(p.get("meets_slo"))] for p in found["points"]
+            ]
             passing = [
                 p for p in found["points"] if p.get("meets_slo") and p["offered_rps"] == found["max_slo_rps"]
             ]
@@ -592,27 +859,18 @@ def summarize(
                 }
         for name, entry in by_server.items():
             entry["max_slo_rps"] = statistics.median(entry["by_visit"])
+            entry["p99_by_rate"].sort(key=lambda r: r[0])
             limit = (limits or {}).get(name, {}).get(kind)
             if limit:
                 entry["limit_rps"] = limit["rows_per_second"]
                 entry["served_to_limit"] = entry["max_slo_rps"] / limit["rows_per_second"]
-        ratios = {}
-        for rname, num, den, target in RATIOS:
-            if num in by_server and den in by_server and by_server[den]["max_slo_rps"] > 0:
-                value = by_server[num]["max_slo_rps"] / by_server[den]["max_slo_rps"]
-                ratios[rname] = {
-                    "value": value,
-                    "target": target,
-                    "meets_target": None if target is None else value >= target,
-                }
-                if "limit_rps" in by_server[num]:
-                    ratios[rname]["ceiling"] = by_server[num]["limit_rps"] / by_server[den]["max_slo_rps"]
-        out[kind] = {"servers": by_server, "ratios": ratios}
+        out[kind] = {"servers": by_server, **ratios_and_pairs(by_server)}
     return out
 
 
 def table(summary: dict[str, Any]) -> list[str]:
-    """The summary as text lines: per text kind, each server's rate (visits) and the ratios."""
+    """The summary as text lines: per text kind, each server's rate (visits), P99 at every rate
+    offered, the ratios and the pairs."""
     lines = []
     for kind, fig in summary.items():
         lines.append(f"{kind}: highest rate at P99 <= {SLO_P99_SECONDS * 1000:.0f} ms")
@@ -624,15 +882,20 @@ def table(summary: dict[str, Any]) -> list[str]:
             limit = ""
             if "limit_rps" in entry:
                 limit = f"; {entry['served_to_limit']:.0%} of its in-process {entry['limit_rps']:.0f} rows/s"
-            lines.append(f"  {name:16s} {entry['max_slo_rps']:7.1f}/s  (visits {visits}; {p50}{p99}{limit})")
-        for rname, r in fig["ratios"].items():
-            target = (
-                ""
-                if r["target"] is None
-                else f" (target >= {r['target']}: {'met' if r['meets_target'] else 'not met'})"
+            lines.append(f"  {name:18s} {entry['max_slo_rps']:7.1f}/s  (visits {visits}; {p50}{p99}{limit})")
+            if entry.get("settings"):
+                lines.append(f"    setting {entry['settings'][0]}")
+            tail = ", ".join(
+                f"{r:.3g}:{p * 1000:.0f}" for r, p, _ in entry["p99_by_rate"] if p is not None and p == p
             )
+            lines.append(f"    P99 ms by rate: {tail}")
+        for rname, r in fig["ratios"].items():
             ceiling = f"; x{r['ceiling']:.2f} at its engine's in-process limit" if "ceiling" in r else ""
-            lines.append(f"  {rname}: x{r['value']:.2f}{target}{ceiling}")
+            lines.append(f"  {rname}: x{r['value']:.2f}{ceiling}")
+        for pname, pair in fig["pairs"].items():
+            lines.append(
+                f"  pair {pname}: {pair['kubeinfer']} / {pair['best_peer']} (best peer) x{pair['value']:.2f}"
+            )
     return lines
 
 
@@ -642,7 +905,15 @@ def table(summary: dict[str, Any]) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench/peers_bench.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--order", default=",".join(DEFAULT_ORDER), help=f"servers in visit order, of {', '.join(SERVERS)}"
+        "--order",
+        default=None,
+        help=f"servers in visit order, of {', '.join(SERVERS)} (default {','.join(DEFAULT_ORDER)})",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: every server once, the first setting of each peer (no settings search), "
+        "2 s points, no bisection, 64 texts, no in-process limit; with --noisy and --out under /tmp",
     )
     parser.add_argument(
         "--start-rate",
@@ -650,21 +921,24 @@ def _parser() -> argparse.ArgumentParser:
         default=40.0,
         help="first rate of a sentences search, req/s (passages: a quarter)",
     )
-    parser.add_argument("--step-seconds", type=float, default=6.0, help="seconds of each ramp point")
-    parser.add_argument("--refine", type=int, default=3, help="bisection rounds after the ramp")
+    parser.add_argument("--step-seconds", type=float, default=None, help="seconds of each ramp point (6)")
+    parser.add_argument("--refine", type=int, default=None, help="bisection rounds after the ramp (3)")
     parser.add_argument("--refine-seconds", type=float, default=10.0, help="seconds of each bisection point")
     parser.add_argument(
-        "--warmup-seconds", type=float, default=5.0, help="seconds of load before each search"
+        "--search-seconds", type=float, default=3.0, help="seconds of each point of a peer setting's probe"
     )
-    parser.add_argument("--texts", type=int, default=512, help="distinct requests per text kind")
-    parser.add_argument("--mlserver-batch", type=int, default=16, help="MLServer max_batch_size")
-    parser.add_argument("--mlserver-delay", type=float, default=0.01, help="MLServer max_batch_time, seconds")
-    parser.add_argument("--infinity-batch", type=int, default=32, help="infinity-emb --batch-size")
+    parser.add_argument(
+        "--warmup-seconds", type=float, default=None, help="seconds of load before each search (3)"
+    )
+    parser.add_argument("--texts", type=int, default=None, help="distinct requests per text kind (512)")
     parser.add_argument(
         "--start-timeout", type=float, default=300.0, help="seconds a server may take to be ready"
     )
     parser.add_argument(
-        "--limit-repeats", type=int, default=15, help="batches timed for the in-process limit (0: skip it)"
+        "--limit-repeats",
+        type=int,
+        default=None,
+        help="batches timed for the in-process limit (15; 0: skip it)",
     )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
@@ -672,11 +946,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The options ``--quick`` changes, (full run, quick run), unless given.
+QUICK_DEFAULTS = {
+    "step_seconds": (6.0, 2.0),
+    "refine": (3, 0),
+    "warmup_seconds": (3.0, 1.0),
+    "texts": (512, 64),
+    "limit_repeats": (15, 0),
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options (``--help``); ``order`` becomes a list of known server names (``SystemExit`` with
-    the unknown one named otherwise)."""
+    the unknown one named otherwise); ``--quick`` sets ``QUICK_DEFAULTS``' quick values of the options
+    not given and the order ``QUICK_ORDER``."""
     parser = _parser()
     args = parser.parse_args(argv)
+    for key, (full, quick) in QUICK_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else full)
+    if args.order is None:
+        args.order = ",".join(QUICK_ORDER if args.quick else DEFAULT_ORDER)
     order = [s.strip() for s in args.order.split(",") if s.strip()]
     unknown = [s for s in order if s not in SERVERS]
     if unknown or not order:
@@ -707,47 +997,138 @@ def load_texts(args: argparse.Namespace) -> tuple[Path, dict[str, list[str]], di
     return model_path, texts, reference
 
 
+def kubeinfer_answers(
+    names: Sequence[str], texts: dict[str, list[str]], counts: dict[str, int]
+) -> tuple[dict[str, dict[str, np.ndarray]], Path]:
+    """kubeinfer's answers for the probe texts (the first ``counts[kind]`` of each kind), from each
+    configuration of ``names`` (``KUBEINFER`` names) loaded in this process as the runtime loads it,
+    one text per call as one request is served: ``{name: {kind: float32 [rows, dim]}}``; and the int8
+    graph file kubeinfer's ``onnxruntime`` engine serves (its graph cache, made now when absent: the
+    file the ONNX Runtime peers open). Raises ``FileNotFoundError`` when the graph is not there after
+    the load."""
+    import gc
+
+    from kubeinfer.runtime.models.device import default_threads
+    from kubeinfer.runtime.models.hf_onnx import export_path, int8_dynamic_path
+    from kubeinfer.runtime.models.huggingface import bundled_model_dir
+
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name in dict.fromkeys(["kubeinfer", *names]):
+        engine, mode, threads = KUBEINFER[name]
+        progress(f"kubeinfer's answers in process: {name} ({engine}, {mode})")
+        model = rb.load_in_process(engine, mode, threads or default_threads())
+        out[name] = {
+            kind: np.concatenate([model.embed_texts([t]) for t in texts[kind][: counts[kind]]])
+            for kind in TEXT_KINDS
+        }
+        del model
+        gc.collect()
+    graph = int8_dynamic_path(export_path(bundled_model_dir()))
+    if not graph.is_file():
+        raise FileNotFoundError(f"kubeinfer's int8 graph {graph} is missing after loading the model")
+    return out, graph
+
+
+def run_visits(
+    args: argparse.Namespace, searches: dict[str, dict[str, Any]], starts: dict[str, dict[str, float]],
+    model_path: Path, graph: Path, workdir: Path, texts: dict[str, list[str]],
+    references: dict[str, dict[str, np.ndarray]],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The measured visits of ``args.order``, each a peer with its best setting per text kind
+    (``searches``' ``best``), each search starting at ``starts`` (per server and kind; updated with
+    0.7 of each visit's rate); the visits' figures in order."""
+    visits: list[dict[str, Any]] = []
+    progress(f"{len(args.order)} visits: {', '.join(args.order)}")
+    for i, name in enumerate(args.order, 1):
+        # a peer runs each text kind with its best setting: one start per distinct setting
+        runs: list[tuple[dict[str, Any] | None, tuple[str, ...]]] = [(None, TEXT_KINDS)]
+        if name in PEERS:
+            tried, best = searches[name]["settings"], searches[name]["best"]
+            by_index: dict[int, tuple[str, ...]] = {}
+            for kind in TEXT_KINDS:
+                if kind in best:
+                    by_index[best[kind]] = (*by_index.get(best[kind], ()), kind)
+            runs = [(tried[index]["setting"], kinds) for index, kinds in by_index.items()]
+        for setting, kinds in runs:
+            progress(f"visit {i}/{len(args.order)}: starting {name}" + (f" {setting}" if setting else ""))
+            t0 = time.monotonic()
+            with start_server(name, setting, model_path, graph, workdir, args) as (endpoint, about):
+                ready = time.monotonic() - t0
+                progress(f"{name} ready in {ready:.0f} s")
+                own = {**first_starts(args), **starts.get(name, {})}
+                search = Search(
+                    kinds, own, args.step_seconds, args.refine, args.refine_seconds, args.warmup_seconds
+                )
+                result = asyncio.run(visit(name, endpoint, texts, references, search, args))
+            result.update(
+                {
+                    "setting": setting,
+                    "about": about,
+                    "ready_seconds": ready,
+                    "visit_seconds": time.monotonic() - t0,
+                }
+            )
+            starts.setdefault(name, {}).update(
+                {k: 0.7 * f["max_slo_rps"] for k, f in result["texts"].items() if f["max_slo_rps"]}
+            )
+            visits.append(result)
+    return visits
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the visits (``parse_args``' options) under the bench lock and write ``--out``."""
+    """Run the settings searches and the visits (``parse_args``' options) under the bench lock and
+    write ``--out``."""
     args = parse_args(argv)
-    peers_used = {ONE_THREAD.get(n, n) for n in args.order}
-    missing = [n for n in peers_used if n in PEER_VENVS and not (PEER_VENVS[n] / "bin" / "python").exists()]
+    peers_used = {PEERS[n].server for n in args.order if n in PEERS}
+    missing = [n for n in peers_used if not (PEER_VENVS[n] / "bin" / "python").exists()]
     if missing:
         print(
             f"peers_bench: no venv for {', '.join(sorted(missing))}: run `make bench-peers`", file=sys.stderr
         )
         return 1
+    from kubeinfer.runtime.models.device import default_threads
+
+    threads = default_threads()
     with quiet.quiet_run("peers_bench", args, log=progress) as run:
         started = time.monotonic()
         model_path, texts, reference = load_texts(args)
         tokens = {k: [len(t.split()) for t in v] for k, v in texts.items()}
+        counts = {k: len(v) for k, v in reference.items()}
+        answers, graph = kubeinfer_answers([KUBEINFER_REFERENCE[n] for n in args.order], texts, counts)
+        references = {"st": reference, **answers}
         limits = (
             in_process_limits(args.order, texts, args.limit_repeats, args.seed) if args.limit_repeats else {}
         )
-        progress(f"{len(args.order)} visits: {', '.join(args.order)}")
-        visits: list[dict[str, Any]] = []
+        searches: dict[str, dict[str, Any]] = {}
         starts: dict[str, dict[str, float]] = {}
         with tempfile.TemporaryDirectory(prefix="kubeinfer-peers-") as tmp:
-            for i, name in enumerate(args.order, 1):
-                progress(f"visit {i}/{len(args.order)}: starting {name}")
-                t0 = time.monotonic()
-                with start_server(name, model_path, Path(tmp), args) as (endpoint, about):
-                    ready = time.monotonic() - t0
-                    progress(f"{name} ready in {ready:.0f} s")
-                    result = asyncio.run(visit(name, endpoint, texts, reference, starts.get(name, {}), args))
-                result.update(
-                    {"about": about, "ready_seconds": ready, "visit_seconds": time.monotonic() - t0}
+            workdir = Path(tmp)
+            for name in dict.fromkeys(n for n in args.order if n in PEERS):
+                settings = peer_settings(name, threads)
+                if args.quick:
+                    searches[name] = {
+                        "settings": [{"setting": settings[0]}],
+                        "best": dict.fromkeys(TEXT_KINDS, 0),
+                    }
+                    continue
+                searches[name] = search_peer(
+                    name, settings, model_path, graph, workdir, texts, references, args
                 )
                 starts[name] = {
-                    k: 0.7 * f["max_slo_rps"] for k, f in result["texts"].items() if f["max_slo_rps"]
+                    kind: 0.7 * searches[name]["settings"][i]["texts"][kind]["max_slo_rps"]
+                    for kind, i in searches[name]["best"].items()
+                    if searches[name]["settings"][i]["texts"][kind]["max_slo_rps"]
                 }
-                visits.append(result)
+            visits = run_visits(args, searches, starts, model_path, graph, workdir, texts, references)
         summary = summarize(visits, limits)
         result_json = {
             "model": MODEL,
             "slo_p99_seconds": SLO_P99_SECONDS,
             "order": args.order,
+            "quick": args.quick,
             "versions": peer_versions(),
+            "intra_op_threads": threads,
+            "graph": graph.name,
             "texts": {
                 k: {
                     "count": len(v),
@@ -757,6 +1138,7 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in texts.items()
             },
             "in_process": limits,
+            "search": searches,
             "summary": summary,
             "visits": visits,
             "elapsed_seconds": time.monotonic() - started,

@@ -63,6 +63,8 @@ TOOLS: Mapping[str, str] = {
 #: they cannot share the lock.
 PEERS: Mapping[str, str] = {
     "peer-mlserver": "MLServer 1.7.1 (Seldon) with adaptive batching: it pins fastapi<0.116 and protobuf<7",
+    "peer-litserve": "LitServe 0.2.19 (Lightning AI) over onnxruntime, no torch: a baseline, not a dependency"
+    " (it would add fastapi to the lock)",
     "peer-infinity": "infinity-emb 0.0.78: it pins numpy<2 and sentence-transformers<4 (transformers<5)",
 }
 #: The platform every file is compiled for (the images' Python; Debian bookworm has glibc 2.36).

@@ -5,7 +5,8 @@
 #   bash hack/setup.sh --python-only   step 1 only (.venv from the lock + the package), for `make lint`
 #   bash hack/setup.sh --binaries-only steps 4-7 only (Go toolchain check + the Go-built binaries)
 #   bash hack/setup.sh --peers         only the peer servers `make bench-peers` measures kubeinfer against:
-#                                      .cache/peer-mlserver, .cache/peer-infinity (hack/lock.py PEERS), as step 9
+#                                      .cache/peer-mlserver, .cache/peer-litserve, .cache/peer-infinity
+#                                      (hack/lock.py PEERS), as step 9
 #   bash hack/setup.sh --perf-analyzer step 10 only (Triton's perf_analyzer)
 #
 # Steps:
@@ -140,9 +141,10 @@ setup_tool_envs() {
 }
 # The peers of `make bench-peers` (hack/lock.py PEERS): not installed by a plain `make setup`, which
 # the tests need; each is a few GB (torch and its CUDA wheels again) and a few minutes.
-PEER_ENVS=(peer-mlserver peer-infinity)
+PEER_ENVS=(peer-mlserver peer-litserve peer-infinity)
 setup_peer_envs() {
-  echo "[setup peers] bench-peers servers: .cache/peer-mlserver (MLServer), .cache/peer-infinity (infinity-emb)"
+  echo "[setup peers] bench-peers servers: .cache/peer-mlserver (MLServer), .cache/peer-litserve (LitServe),"
+  echo "  .cache/peer-infinity (infinity-emb)"
   install_envs "${PEER_ENVS[@]}"
 }
 

@@ -18,13 +18,77 @@ peers = load_bench("peers_bench")
 rb = load_bench("runtime_bench")
 
 
-def test_defaults_visit_kubeinfer_and_mlserver_twice_a_b_a() -> None:
+def test_defaults_visit_kubeinfer_first_and_last_and_every_peer() -> None:
     args = peers.parse_args([])
     assert args.order == list(peers.DEFAULT_ORDER)
     assert args.order[0] == args.order[-1] == "kubeinfer"
-    assert args.order.count("mlserver") == 2 and "infinity" in args.order and "kubeinfer-fp32" in args.order
+    assert set(peers.PEERS) <= set(args.order) and "kubeinfer-torch" in args.order
+    assert (args.step_seconds, args.refine, args.texts, args.limit_repeats) == (6.0, 3, 512, 15)
     assert Path(args.out) == peers.ROOT / "bench" / "results" / "peers.json"
-    assert args.noisy is False
+    assert args.noisy is False and args.quick is False
+
+
+def test_quick_visits_every_server_once_with_tiny_durations_unless_told_otherwise() -> None:
+    args = peers.parse_args(["--quick"])
+    assert args.order == list(peers.QUICK_ORDER) and len(set(args.order)) == len(args.order)
+    assert set(peers.PEERS) <= set(args.order)
+    assert (args.step_seconds, args.refine, args.texts, args.limit_repeats) == (2.0, 0, 64, 0)
+    told = peers.parse_args(["--quick", "--step-seconds", "4", "--order", "kubeinfer,litserve-onnx"])
+    assert told.step_seconds == 4.0 and told.order == ["kubeinfer", "litserve-onnx"] and told.refine == 0
+
+
+def test_pairs_match_precision_and_every_server_has_a_kubeinfer_reference() -> None:
+    for _, kube, pair_peers in peers.PAIRS:
+        engine, mode, _ = peers.KUBEINFER[kube]
+        want = "onnxruntime" if mode == "int8-dynamic" else "torch"
+        assert engine == want and all(peers.PEERS[p].engine == want for p in pair_peers)
+        assert all(peers.KUBEINFER_REFERENCE[p] == kube for p in pair_peers)
+    assert set(peers.KUBEINFER_REFERENCE) == set(peers.SERVERS)
+
+
+def test_peer_settings_cover_the_documented_knobs() -> None:
+    for name, peer in peers.PEERS.items():
+        settings = peers.peer_settings(name, threads=1)
+        assert len(settings) >= 2 and len({json.dumps(s, sort_keys=True) for s in settings}) == len(settings)
+        if peer.engine == "onnxruntime":  # the same intra-op threads as kubeinfer
+            assert {s["threads"] for s in settings} == {1}
+        else:
+            assert {s["threads"] for s in settings} == {1, None}
+    mlserver = peers.peer_settings("mlserver-onnx", 1)
+    assert {s["parallel_workers"] for s in mlserver} == {0, 1, 2}
+    assert len({(s["max_batch_size"], s["max_batch_time"]) for s in mlserver}) >= 3
+    litserve = peers.peer_settings("litserve-onnx", 1)
+    assert {s["workers_per_device"] for s in litserve} == {1, 2}
+    assert len({(s["max_batch_size"], s["batch_timeout"]) for s in litserve}) >= 3
+    assert {s["batch_size"] for s in peers.peer_settings("infinity-torch", 1)} == {8, 32}
+    with pytest.raises(KeyError):
+        peers.peer_settings("triton", 1)
+
+
+def test_best_settings_per_kind_first_of_equals_failed_starts_skipped() -> None:
+    def tried(sentences: float, passages: float) -> dict[str, Any]:
+        return {"texts": {"sentences": {"max_slo_rps": sentences}, "passages": {"max_slo_rps": passages}}}
+
+    runs = [tried(100, 20), {"setting": {}, "error": "exited"}, tried(300, 10), tried(300, 30)]
+    assert peers.best_settings(runs) == {"sentences": 2, "passages": 3}
+    assert peers.best_settings([{"error": "exited"}]) == {}
+
+
+def test_same_model_check_against_kubeinfer_answers() -> None:
+    a = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    off = np.array([[1.0, 0.0], [0.1, 1.0]], dtype=np.float32)
+    check = peers.same_model_check({"sentences": a}, {"sentences": a}, {"sentences": off})
+    s = check["sentences"]
+    assert s["cosine_min"] == pytest.approx(1.0) and s["texts"] == 2
+    assert (
+        s["cosine_min_to_kubeinfer"] == pytest.approx(1 / np.sqrt(1.01)) and s["same_as_kubeinfer"] is False
+    )
+    assert peers.same_model_check({"sentences": a}, {"sentences": a}, {"sentences": a})["sentences"][
+        "same_as_kubeinfer"
+    ]
+    assert (
+        "same_as_kubeinfer" not in peers.same_model_check({"sentences": a}, {"sentences": a}, {})["sentences"]
+    )
 
 
 def test_unknown_server_in_order_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,17 +122,43 @@ def test_request_bodies_and_answers() -> None:
 
 def test_mlserver_settings(tmp_path: Path) -> None:
     ports = {"http": 1001, "grpc": 1002, "metrics": 1003}
-    folder = peers.mlserver_folder(tmp_path / "m", Path("/models/minilm"), ports, batch=16, delay=0.01)
+    setting = {"parallel_workers": 0, "max_batch_size": 16, "max_batch_time": 0.01, "threads": 1}
+    model_dir, graph = Path("/models/minilm"), Path("/cache/minilm-int8.onnx")
+    folder = peers.mlserver_folder(tmp_path / "t", ports, "torch", model_dir, graph, setting)
     settings = json.loads((folder / "settings.json").read_text())
     assert (
         settings["http_port"] == 1001 and settings["grpc_port"] == 1002 and settings["metrics_port"] == 1003
     )
+    assert settings["parallel_workers"] == 0
     model = json.loads((folder / "minilm" / "model-settings.json").read_text())
     assert model["implementation"] == "mlserver_minilm.MiniLM"
     assert model["max_batch_size"] == 16 and model["max_batch_time"] == 0.01
-    assert model["parameters"]["uri"] == "/models/minilm"
-    # the class it names is the file the benchmark ships
-    assert (peers.ROOT / "bench" / "peers" / "mlserver_minilm.py").read_text().count("class MiniLM(") == 1
+    assert model["parameters"] == {"uri": "/models/minilm"}
+    onnx = peers.mlserver_folder(
+        tmp_path / "o", ports, "onnxruntime", model_dir, graph, {**setting, "threads": 3}
+    )
+    model = json.loads((onnx / "minilm" / "model-settings.json").read_text())
+    assert model["implementation"] == "mlserver_onnx.MiniLMOnnx"
+    assert model["parameters"] == {
+        "uri": "/cache/minilm-int8.onnx", "extra": {"tokenizer": "/models/minilm", "threads": 3},
+    }  # fmt: skip
+    # the classes they name are the files the benchmark ships
+    folder_of = peers.ROOT / "bench" / "peers"
+    assert (folder_of / "mlserver_minilm.py").read_text().count("class MiniLM(") == 1
+    assert (folder_of / "mlserver_onnx.py").read_text().count("class MiniLMOnnx(") == 1
+
+
+def test_litserve_command() -> None:
+    setting = {"workers_per_device": 2, "max_batch_size": 32, "batch_timeout": 0.005, "threads": 1}
+    cmd = peers.litserve_command(Path("/v"), Path("/g.onnx"), Path("/models/minilm"), 8123, setting)
+    assert cmd[:2] == ["/v/bin/python", str(peers.ROOT / "bench" / "peers" / "litserve_onnx.py")]
+    flags = dict(zip(cmd[2::2], cmd[3::2], strict=True))
+    assert flags == {
+        "--graph": "/g.onnx", "--tokenizer": "/models/minilm", "--threads": "1", "--port": "8123",
+        "--max-batch-size": "32", "--batch-timeout": "0.005", "--workers-per-device": "2",
+    }  # fmt: skip
+    assert peers.torch_threads_env(None) == {}
+    assert peers.torch_threads_env(1)["OMP_NUM_THREADS"] == "1"
 
 
 def test_infinity_command() -> None:
@@ -122,57 +212,72 @@ def test_search_halves_a_start_that_misses_and_reports_zero_when_nothing_passes(
     assert nothing["max_slo_rps"] == 0.0 and len(nothing["points"]) == 7
 
 
-def _visit(server: str, sentences: float, passages: float) -> dict[str, Any]:
+def _visit(server: str, sentences: float, passages: float, setting: Any = None) -> dict[str, Any]:
     def found(rate: float) -> dict[str, Any]:
         point = {"offered_rps": rate, "meets_slo": True, "p50_seconds": 0.02, "p99_seconds": 0.08}
-        return {"max_slo_rps": rate, "points": [point, {"offered_rps": rate * 1.2, "meets_slo": False}]}
+        miss = {"offered_rps": rate * 1.2, "meets_slo": False, "p99_seconds": 0.3}
+        return {"max_slo_rps": rate, "points": [miss, point]}
 
-    return {"server": server, "texts": {"sentences": found(sentences), "passages": found(passages)}}
+    texts = {"sentences": found(sentences), "passages": found(passages)}
+    return {"server": server, "setting": setting, "texts": texts}
 
 
-def test_summary_takes_the_median_of_visits_and_states_the_targets() -> None:
+def test_summary_takes_the_median_of_visits_and_the_best_peer_of_each_pair() -> None:
     visits = [
         _visit("kubeinfer", 600, 120),
-        _visit("mlserver", 300, 50),
-        _visit("kubeinfer-fp32", 450, 80),
-        _visit("infinity", 100, 20),
-        _visit("mlserver", 200, 40),
+        _visit("mlserver-onnx", 300, 50, {"parallel_workers": 0}),
+        _visit("litserve-onnx", 400, 40, {"workers_per_device": 1}),
+        _visit("kubeinfer-torch", 250, 30),
+        _visit("mlserver-torch", 200, 20),
         _visit("kubeinfer", 500, 100),
     ]
     summary = peers.summarize(visits)
     s = summary["sentences"]
-    assert s["servers"]["kubeinfer"]["by_visit"] == [600, 500]
-    assert s["servers"]["kubeinfer"]["max_slo_rps"] == 550
-    assert s["servers"]["mlserver"]["max_slo_rps"] == 250
-    assert s["servers"]["kubeinfer"]["at_max"]["offered_rps"] == 600
-    ratio = s["ratios"]["kubeinfer_to_mlserver"]
-    assert ratio["value"] == pytest.approx(2.2) and ratio["target"] == 4.0 and ratio["meets_target"] is False
-    fp32 = s["ratios"]["kubeinfer_fp32_to_mlserver"]
-    assert fp32["value"] == pytest.approx(1.8) and fp32["meets_target"] is True
-    assert s["ratios"]["kubeinfer_to_infinity"]["meets_target"] is None
-    assert summary["passages"]["ratios"]["kubeinfer_to_mlserver"]["value"] == pytest.approx(110 / 45)
+    k = s["servers"]["kubeinfer"]
+    assert k["by_visit"] == [600, 500] and k["max_slo_rps"] == 550
+    assert k["at_max"]["offered_rps"] == 600 and "settings" not in k
+    # every rate offered, in order, with its P99: the tail beside the peers'
+    assert k["p99_by_rate"] == [
+        [500, 0.08, True],
+        [600, 0.08, True],
+        [600.0, 0.3, False],
+        [720.0, 0.3, False],
+    ]
+    assert s["servers"]["mlserver-onnx"]["settings"] == [{"parallel_workers": 0}]
+    assert s["ratios"]["kubeinfer_to_mlserver_onnx"]["value"] == pytest.approx(550 / 300)
+    assert s["ratios"]["kubeinfer_to_litserve_onnx"]["value"] == pytest.approx(550 / 400)
+    assert s["pairs"]["int8"] == {"kubeinfer": "kubeinfer", "best_peer": "litserve-onnx", "value": 550 / 400}
+    assert s["pairs"]["torch_fp32"]["best_peer"] == "mlserver-torch"
+    assert s["pairs"]["torch_fp32"]["value"] == pytest.approx(1.25)
+    assert "kubeinfer_torch_to_infinity_torch" not in s["ratios"]
+    p = summary["passages"]
+    assert p["pairs"]["int8"]["best_peer"] == "mlserver-onnx" and p["pairs"]["int8"][
+        "value"
+    ] == pytest.approx(2.2)
     lines = peers.table(summary)
-    assert any("kubeinfer_to_mlserver: x2.20 (target >= 4.0: not met)" in line for line in lines)
+    assert any("pair int8: kubeinfer / litserve-onnx (best peer) x1.38" in line for line in lines)
+    assert any("P99 ms by rate: 500:80, 600:80, 600:300, 720:300" in line for line in lines)
 
 
-def test_summary_skips_a_ratio_whose_denominator_did_not_run_or_served_nothing() -> None:
-    summary = peers.summarize([_visit("kubeinfer", 600, 100), _visit("mlserver", 0, 0)])
-    assert "kubeinfer_to_mlserver" not in summary["sentences"]["ratios"]
-    assert "kubeinfer_to_infinity" not in summary["sentences"]["ratios"]
+def test_summary_skips_a_ratio_and_a_pair_whose_peers_did_not_run_or_served_nothing() -> None:
+    summary = peers.summarize([_visit("kubeinfer", 600, 100), _visit("mlserver-onnx", 0, 0)])
+    assert "kubeinfer_to_mlserver_onnx" not in summary["sentences"]["ratios"]
+    assert "kubeinfer_to_litserve_onnx" not in summary["sentences"]["ratios"]
+    assert summary["sentences"]["pairs"] == {}
 
 
 def test_missing_peer_venv_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any) -> None:
     monkeypatch.setitem(peers.PEER_VENVS, "mlserver", tmp_path / "absent")
-    assert peers.main(["--order", "kubeinfer,mlserver"]) == 1
+    assert peers.main(["--order", "kubeinfer,mlserver-onnx"]) == 1
     assert "make bench-peers" in capsys.readouterr().err
 
 
 def test_summary_with_the_in_process_limit_gives_the_served_share_and_the_ceiling() -> None:
     limits = {"kubeinfer": {"sentences": {"rows_per_second": 640.0}, "passages": {"rows_per_second": 64.0}}}
-    summary = peers.summarize([_visit("kubeinfer", 544, 48), _visit("mlserver", 320, 40)], limits)
+    summary = peers.summarize([_visit("kubeinfer", 544, 48), _visit("mlserver-onnx", 320, 40)], limits)
     k = summary["sentences"]["servers"]["kubeinfer"]
     assert k["limit_rps"] == 640.0 and k["served_to_limit"] == pytest.approx(0.85)
-    ratio = summary["sentences"]["ratios"]["kubeinfer_to_mlserver"]
+    ratio = summary["sentences"]["ratios"]["kubeinfer_to_mlserver_onnx"]
     assert ratio["value"] == pytest.approx(1.7) and ratio["ceiling"] == pytest.approx(2.0)
-    assert "limit_rps" not in summary["sentences"]["servers"]["mlserver"]
+    assert "limit_rps" not in summary["sentences"]["servers"]["mlserver-onnx"]
     assert any("x2.00 at its engine's in-process limit" in line for line in peers.table(summary))
