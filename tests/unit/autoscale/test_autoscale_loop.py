@@ -591,6 +591,7 @@ async def test_autoscale_loop_pool_adds_replicas_where_a_service_would_halve_its
     r = await a.tick_pool(pool_body(), {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}, models)
     assert r is not None and r.decision is not None
     assert r.decision.replicas > 2 and not r.decision.max_queue_delay_changed
+    assert rec.calls[1] == ("patch scale kubeinfer-autoscaler", {"spec": {"replicas": r.decision.replicas}})
     assert r.decision.max_queue_delay_seconds == pytest.approx(0.010)
     assert loop.pool_max_queue_delay(models) == pytest.approx(0.010)
     assert loop.pool_max_queue_delay([]) == pytest.approx(float(api.BatchingSpec().max_queue_delay))
@@ -619,7 +620,7 @@ async def test_autoscale_loop_pool_scales_in_when_idle_after_its_window() -> Non
 
 
 async def test_autoscale_loop_pool_ticks_once_per_interval_and_not_when_off() -> None:
-    a, rec, canned = pool_scaler([0.0, 5.0, 15.0])
+    a, rec, _ = pool_scaler([0.0, 5.0, 15.0])
     deployment = {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
     assert await a.tick_pool(pool_body(), deployment) is not None
     assert await a.tick_pool(pool_body(), deployment) is None  # 5 s later: another member's timer

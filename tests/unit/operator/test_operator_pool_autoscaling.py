@@ -105,9 +105,8 @@ def test_pool_status_removes_the_autoscalers_fields_with_autoscaling_off() -> No
 def test_pool_queries_select_the_pools_pods_over_all_its_models() -> None:
     q = signals.pool_queries("ml", "small", "60s", {"queue_size": 'sum(my_queue{pool="{name}"})'})
     sel = 'namespace="ml",pool="small"'
-    assert q.p99 == (
-        f"histogram_quantile(0.99, sum by (le) (rate(kubeinfer_request_duration_seconds_bucket{{{sel}}}[60s])))"
-    )
+    bucket = f"kubeinfer_request_duration_seconds_bucket{{{sel}}}"
+    assert q.p99 == f"histogram_quantile(0.99, sum by (le) (rate({bucket}[60s])))"
     assert q.request_rate == f"sum(rate(kubeinfer_requests_total{{{sel}}}[60s]))"
     assert q.inflight == f"sum(kubeinfer_inflight_requests{{{sel}}})"
     assert sel in q.arrival_rate and sel in q.sample_age and all(sel in g for g in q.gpu_utilization)
