@@ -1,17 +1,20 @@
 """A ModelPool with ``spec.autoscaling``: who owns its Deployment's replicas (the operator's apply leaves
 them to the autoscaler, as an InferenceService's), Ready against the autoscaler's count, the
-autoscaler's status fields removed with autoscaling off, and the PromQL over the pool's pods. The
-autoscaler's tick of a pool is in tests/unit/autoscale/test_autoscale_loop.py."""
+autoscaler's status fields removed with autoscaling off, the pool's status write pinned to the version it
+read, and the PromQL over the pool's pods. The autoscaler's tick of a pool is in
+tests/unit/autoscale/test_autoscale_loop.py, its wiring in
+tests/unit/operator/test_operator_controllers.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.operator import api, conditions
+from kubeinfer.operator import api, conditions, k8s
 from kubeinfer.operator.autoscale import signals
 from kubeinfer.operator.builders import build_pool_deployment
 from kubeinfer.operator.builders.common import pool_selector_labels
 from kubeinfer.operator.reconcile import pool as planner
+from kubeinfer.operator.reconcile.pool_reconciler import PoolReconciler
 from kubeinfer.operator.reconcile.replicas import pool_replicas
 
 from kubeinfer.contract.pool import POOL_LABEL
@@ -117,3 +120,27 @@ def test_pool_queries_select_the_pools_pods_over_all_its_models() -> None:
     # the label the queries select on is the one the pool's Deployment sets on its pods
     assert pool_selector_labels("small")[POOL_LABEL] == "small"
     assert signals.POOL_TARGET_LABEL == "pool"
+
+
+class _Patches:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def patch_merge(
+        self, path: str, patch: dict[str, Any], *, field_manager: str, subresource: str | None = None
+    ) -> dict[str, Any]:
+        self.sent.append((path, patch))
+        return patch
+
+
+async def test_the_pools_status_write_pins_the_version_it_read_when_it_sends_conditions() -> None:
+    # the autoscaler writes AutoscalingActive into the same list: a write from an older copy would drop it
+    kube = _Patches()
+    pools = PoolReconciler(kube)  # type: ignore[arg-type]
+    body = {"metadata": {"name": "small", "namespace": "ml", "resourceVersion": "41"}, "status": {}}
+    await pools._write_status(body, {"conditions": [{"type": "Ready", "status": "True"}], "models": 1})
+    await pools._write_status(body, {"models": 2})
+    (path, first), (_, second) = kube.sent
+    assert path == k8s.MODEL_POOL.path("ml", "small")
+    assert first["metadata"] == {"resourceVersion": "41"} and first["status"]["models"] == 1
+    assert second == {"status": {"models": 2}}
