@@ -144,16 +144,28 @@ class PoolReconciler:
 
     async def _write_status(self, body: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
         """Merge-patch the ``desired`` status fields that differ from ``body``'s (none: no request;
-        ``resourceVersion`` pinned when conditions are sent)."""
+        ``resourceVersion`` pinned when conditions are sent; a 409 leaves it to the next reconcile).
+
+        Raises:
+            k8s.KubeError: the API server refused or failed the write (409 aside).
+        """
         patch = status.status_patch(desired, body.get("status") or {})
         if not patch:
             return
         namespace, name = object_key(body)
         # conditions are a list replaced whole: pinned to the version read (status.merge_patch), so the
-        # autoscaler's AutoscalingActive written meanwhile is not lost (a 409 waits for the next event)
-        await self.kube.patch_merge(
-            k8s.MODEL_POOL.path(namespace, name),
-            status.merge_patch(patch, body),
-            field_manager=api.FIELD_MANAGER,
-            subresource="status",
-        )
+        # autoscaler's AutoscalingActive written meanwhile is not lost. A 409 means a newer pool, whose
+        # watch event reconciles it again: not worth a warning.
+        try:
+            await self.kube.patch_merge(
+                k8s.MODEL_POOL.path(namespace, name),
+                status.merge_patch(patch, body),
+                field_manager=api.FIELD_MANAGER,
+                subresource="status",
+            )
+        except k8s.TransientError as exc:
+            if exc.status != 409:
+                raise
+            logger.debug(
+                "ModelPool %s/%s: status not written (a newer version exists): %s", namespace, name, exc
+            )

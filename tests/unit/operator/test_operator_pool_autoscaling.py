@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubeinfer.operator import api, conditions, k8s
 from kubeinfer.operator.autoscale import signals
 from kubeinfer.operator.builders import build_pool_deployment
@@ -123,13 +124,16 @@ def test_pool_queries_select_the_pools_pods_over_all_its_models() -> None:
 
 
 class _Patches:
-    def __init__(self) -> None:
+    def __init__(self, error: k8s.KubeError | None = None) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.error = error
 
     async def patch_merge(
         self, path: str, patch: dict[str, Any], *, field_manager: str, subresource: str | None = None
     ) -> dict[str, Any]:
         self.sent.append((path, patch))
+        if self.error is not None:
+            raise self.error
         return patch
 
 
@@ -144,3 +148,12 @@ async def test_the_pools_status_write_pins_the_version_it_read_when_it_sends_con
     assert path == k8s.MODEL_POOL.path("ml", "small")
     assert first["metadata"] == {"resourceVersion": "41"} and first["status"]["models"] == 1
     assert second == {"status": {"models": 2}}
+
+    # a 409 (the autoscaler wrote meanwhile) waits for the newer version's event; another error is raised
+    conflict = _Patches(k8s.TransientError("conflict", status=409))
+    await PoolReconciler(conflict)._write_status(body, {"models": 3})  # type: ignore[arg-type]
+    assert len(conflict.sent) == 1
+    with pytest.raises(k8s.TransientError):
+        await PoolReconciler(_Patches(k8s.TransientError("busy", status=503)))._write_status(  # type: ignore[arg-type]
+            body, {"models": 3}
+        )
