@@ -518,7 +518,8 @@ REASONS: tuple[Reason, ...] = (
     _signal_problem(
         METRICS_MISSING,
         "no series: the runtime pods are not scraped, or their targets lack the "
-        "`namespace`/`inferenceservice` labels",
+        "`namespace`/`inferenceservice` labels (a ModelPool's: `pool`; a pool with no model loaded has "
+        "no request series)",
         "see the chart's PodMonitor in [Install](install.md#install-on-a-real-cluster)",
     ),
     _signal_problem(

@@ -20,6 +20,7 @@ from kubeinfer.operator.autoscale import loop
 from kubeinfer.operator.builders import activator_peer, scraper_peer
 from kubeinfer.operator.peering import ensure_peering
 from kubeinfer.operator.reconcile.capabilities import ClusterCapabilities
+from kubeinfer.operator.reconcile.pool import pool_members
 from kubeinfer.operator.reconcile.pool_poller import PoolPoller
 from kubeinfer.operator.reconcile.pool_reconciler import PoolReconciler
 from kubeinfer.operator.reconcile.reconciler import Lookup, Reconciler
@@ -184,6 +185,7 @@ class Controllers:
         if event_type == "DELETED":
             self.pools.forget(namespace, name)
             self.poller.forget(namespace, name)
+            self.autoscaler.forget_pool(namespace, name)
         else:
             await self.pools.reconcile(body, isvcs, lookup)
         pooled = [
@@ -199,12 +201,17 @@ class Controllers:
     ) -> None:
         """Read the ready replicas' model repository indexes of the ModelPool ``body`` (as watched) unless
         it was read within ``pool_poll_seconds`` (the timers of its InferenceServices call this); when
-        what they say changed, reconcile the pool and its InferenceServices (their statuses)."""
+        what they say changed, reconcile the pool and its InferenceServices (their statuses). Then the
+        pool's autoscaler tick (:meth:`loop.Autoscaler.tick_pool`: at most one per interval, a no-op with
+        its autoscaling off) over the models it serves."""
         namespace, name = object_key(body)
         if (body.get("metadata") or {}).get("deletionTimestamp"):
             return
+        isvcs = list(isvcs)
         if await self.poller.poll_if_due(namespace, name):
             await self.pool_event("MODIFIED", body, isvcs, lookup)
+        models = pool_members(name, namespace, isvcs).models
+        await self.autoscaler.tick_pool(body, lookup("Deployment", namespace, name), models)
 
     async def pools_of_namespace(
         self,

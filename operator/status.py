@@ -254,7 +254,8 @@ Desire = Callable[[Mapping[str, Any]], Mapping[str, Any] | None]
 
 @dataclass
 class StatusWriter:
-    """The one writer of InferenceService status, for one field manager (see the module docstring).
+    """The one writer of InferenceService status (or, with ``path``, of another kind's: the autoscaler's
+    of a ModelPool), for one field manager (see the module docstring).
 
     ``client``: the API client; ``field_manager``: who writes (``kubeinfer``,
     ``kubeinfer-autoscaler``).
@@ -262,6 +263,8 @@ class StatusWriter:
 
     client: StatusClient
     field_manager: str
+    #: the API path of an object of the kind written, from its namespace and name
+    path: Callable[[str, str], str] = isvc_path
     _stored: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
     def latest(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -288,7 +291,7 @@ class StatusWriter:
         if not patch:
             return StatusWrite(body, {})
         stored = await self.client.patch_merge(
-            isvc_path(*object_key(body)),
+            self.path(*object_key(body)),
             merge_patch(patch, body),
             field_manager=self.field_manager,
             subresource="status",
@@ -318,6 +321,6 @@ class StatusWriter:
             return await self.write(current, desired)
 
         written = await self.client.retry_on_conflict(
-            isvc_path(*object_key(body)), body, attempt, attempts=attempts
+            self.path(*object_key(body)), body, attempt, attempts=attempts
         )
         return written if written is not None else StatusWrite({}, {})

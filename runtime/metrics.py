@@ -53,6 +53,10 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
 The same calls (``count_request``, ``observe_queue``, ``observe_batch``) feed ``statistics``, the
 model's statistics of Triton's statistics extension (``kubeinfer.runtime.statistics``), so the two
 never disagree.
+
+:func:`merge_expositions` makes one exposition of several processes' (the model repository mode's
+``/metrics``: the repository's series and each loaded model's process's, each of those labelled with its
+``model``).
 """
 
 from __future__ import annotations
@@ -61,13 +65,15 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from kubeinfer.runtime.service_time import ServiceTimeFit
 from kubeinfer.runtime.startup import COLD_START_BUCKETS, ColdStart
 from kubeinfer.runtime.statistics import ModelStatistics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 #: Width of the sliding window of the CPU utilization figure, seconds.
 UTILIZATION_WINDOW_SECONDS = 30.0
@@ -77,6 +83,39 @@ UTILIZATION_WINDOW_SECONDS = 30.0
 #: ``[l, r*l]`` so the relative error is at most ``r - 1`` (true value at ``l``, estimate at ``r*l``).
 #: With r = 1.09 the error bound is 9 % < 10 % (the autoscaler's requirement) across the covered range.
 DURATION_BUCKET_RATIO = 1.09
+
+
+class _Families:
+    """A collector of metric families already collected (:func:`merge_expositions`)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def merge_expositions(texts: Iterable[bytes]) -> bytes:
+    """One Prometheus text exposition of several (UTF-8 bytes each, as ``generate_latest`` writes them):
+    a family that several carry (each model process's ``kubeinfer_request_duration_seconds``, say) is
+    written once with the samples of all, in the order of ``texts``. The series must differ (each model
+    process labels its own with ``model``): a series twice would be refused by Prometheus's scrape.
+
+    Raises:
+        ValueError: a text is not an exposition.
+    """
+    families: dict[str, Metric] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text.decode()):
+            have = families.get(family.name)
+            if have is None:
+                families[family.name] = family
+            else:
+                have.samples.extend(family.samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families.values()))
+    merged: bytes = generate_latest(registry)
+    return merged
 
 
 def geometric_buckets(low: float, high: float, ratio: float) -> tuple[float, ...]:

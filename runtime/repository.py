@@ -72,6 +72,7 @@ from kubeinfer.runtime.dataplane import MODEL_VERSION, Decoder, InferCall
 from kubeinfer.runtime.errors import HTTPError, InferenceError
 from kubeinfer.runtime.frontend import RemotePlane
 from kubeinfer.runtime.grpc_server import create_grpc_server
+from kubeinfer.runtime.metrics import merge_expositions
 from kubeinfer.runtime.residency import Resident, expected_bytes, plan_evictions
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -631,8 +632,16 @@ class ModelRepository:
         raise HTTPError("shared memory is not supported in the model repository mode", 400)
 
     async def metrics_text(self) -> bytes:
-        """The repository's metrics (the models' request metrics stay in their processes)."""
-        return generate_latest(self.metrics.registry)
+        """The repository's metrics and each loaded model's process's (its request metrics, queue,
+        utilization, each labelled with its ``model``), as one exposition (``metrics.merge_expositions``):
+        the series a pool's autoscaler reads over the pool's pods. A process that does not answer (it is
+        stopping) is left out of this scrape."""
+        texts = [generate_latest(self.metrics.registry)]
+        for model in list(self._models.values()):
+            if model.state == READY and model.plane is not None:
+                with contextlib.suppress(InferenceError):
+                    texts.append(await model.plane.metrics_text())
+        return merge_expositions(texts)
 
     # ----- dataplane.Repository --------------------------------------------------------------------
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from kubeinfer.operator.api.base import _cel, _identity, _Spec, _Status
+from kubeinfer.operator.api.autoscaling import AutoscalingSpec, MaxQueueDelayBounds
+from kubeinfer.operator.api.base import _cel, _cel_at_default, _identity, _Spec, _Status
 from kubeinfer.operator.api.formats import Quantity, cpu_cores
-from kubeinfer.operator.api.status import Condition
+from kubeinfer.operator.api.status import AutoscalerDecisionStatus, Condition, ObservedSignals
 from kubeinfer.operator.api.workload import DEFAULT_IMAGE, ResourcesSpec
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -25,6 +26,34 @@ MODEL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
 #: The message of a budget above the pod's memory.
 _BUDGET_OVER_MEMORY = "spec.memoryBudget must not exceed spec.resources.memory (the pod's memory limit)"
 _ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN, max_length=63)]
+
+
+def _pool_autoscaling_refused() -> list[tuple[str, Any, str]]:
+    """The fields of ``spec.autoscaling`` that do not apply to a pool, each with its default as JSON and
+    why: a ModelPool must leave them out (or at their defaults). One list makes both the CEL rules and
+    the pydantic check (:meth:`ModelPoolSpec._rules`)."""
+    defaults = AutoscalingSpec().model_dump(by_alias=True, mode="json")
+    per_model = "the max queue delay is each model's (its InferenceService's spec.batching.maxQueueDelay)"
+    return [
+        ("maxQueueDelay", MaxQueueDelayBounds().model_dump(by_alias=True, mode="json"), per_model),
+        ("maxQueueDelayCooldown", defaults["maxQueueDelayCooldown"], per_model),
+        (
+            "scaleToZero",
+            None,
+            "a pool does not scale to zero (the activator holds an InferenceService's "
+            "requests, not a pool's)",
+        ),
+    ]
+
+
+def _pool_autoscaling_message(field: str, why: str) -> str:
+    return f"spec.autoscaling.{field} does not apply to a ModelPool ({why}): leave it out"
+
+
+#: A pool's floor: it keeps a replica (no scale to zero).
+_POOL_MIN_REPLICAS_MESSAGE = (
+    "spec.autoscaling.minReplicas must be at least 1 on a ModelPool (a pool does not scale to zero)"
+)
 
 
 class PoolRuntimeSpec(_Spec):
@@ -52,13 +81,37 @@ class ModelPoolSpec(_Spec):
                     ".resources.gpuProduct",
                     "FieldValueInvalid",
                 ),
+                *(
+                    _cel(
+                        f"!has(self.autoscaling) || {_cel_at_default(f'self.autoscaling.{field}', default)}",
+                        _pool_autoscaling_message(field, why),
+                        f".autoscaling.{field}",
+                        "FieldValueForbidden",
+                    )
+                    for field, default, why in _pool_autoscaling_refused()
+                ),
+                _cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) "
+                    "|| self.autoscaling.minReplicas >= 1",
+                    _POOL_MIN_REPLICAS_MESSAGE,
+                    ".autoscaling.minReplicas",
+                    "FieldValueInvalid",
+                ),
             ]
         }
     )
 
     runtime: PoolRuntimeSpec = Field(default_factory=PoolRuntimeSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    replicas: int = Field(default=1, ge=1, le=1000, description="Replicas of the pool's runtime.")
+    replicas: int = Field(
+        default=1, ge=1, le=1000, description="Replicas of the pool's runtime when autoscaling is off."
+    )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec,
+        description="Replicas from the pool's signals over all its models (an InferenceService's fields and "
+        "units; maxQueueDelay, maxQueueDelayCooldown and scaleToZero do not apply: the max queue delay is "
+        "each model's, and a pool keeps at least 1 replica).",
+    )
     memory_budget: Quantity = Field(
         description="Resident bytes the loaded models of a replica may take together (the runtime's "
         "--memory-budget: the RSS of each model's process after load and warmup), e.g. 3Gi; at most "
@@ -77,6 +130,12 @@ class ModelPoolSpec(_Spec):
             raise ValueError(_BUDGET_OVER_MEMORY)
         if self.resources.gpu_product is not None and self.resources.gpus == 0:
             raise ValueError("spec.resources.gpuProduct requires spec.resources.gpus > 0")
+        scaling = self.autoscaling.model_dump(by_alias=True, mode="json")
+        for field, default, why in _pool_autoscaling_refused():
+            if scaling.get(field) != default:
+                raise ValueError(_pool_autoscaling_message(field, why))
+        if self.autoscaling.min_replicas < 1:
+            raise ValueError(_POOL_MIN_REPLICAS_MESSAGE)
         return self
 
     @classmethod
@@ -125,6 +184,12 @@ class ModelPoolStatus(_Status):
     )
     replica_models: list[PoolReplicaStatus] | None = Field(
         default=None, description="Each ready replica that answered its model repository index, by pod name."
+    )
+    observed: ObservedSignals | None = Field(
+        default=None, description="The pool's signals over all its models' requests (autoscaling on)."
+    )
+    last_decision: AutoscalerDecisionStatus | None = Field(
+        default=None, description="The autoscaler's last decision that changed the replicas."
     )
 
     @classmethod

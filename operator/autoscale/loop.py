@@ -52,9 +52,9 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 import pydantic
 from kubeinfer.operator import api, conditions, k8s, metrics, rfc3339, status
@@ -250,6 +250,8 @@ class _Memory:
     failures: int = 0
     retry_at: float = 0.0
     history_pending: bool = True
+    ticked_at: float | None = None
+    """Monotonic seconds of a ModelPool's last tick (its members' timers ask, the first one due ticks)."""
 
 
 @dataclass
@@ -265,6 +267,9 @@ class TickResult:
     scaled: bool = False
     stored: Mapping[str, Any] | None = None
 
+
+#: What the autoscaler scales: an InferenceService's Deployment or a ModelPool's.
+_Scaled: TypeAlias = api.InferenceService | api.ModelPool
 
 SignalsFactory = Callable[[], prometheus.PrometheusSignals]
 #: Awaited before a scale to 0 with the InferenceService as stored: whether its Service now routes to
@@ -291,16 +296,26 @@ class Autoscaler:
     monotonic: Callable[[], float] = time.monotonic
     wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     status_writer: status.StatusWriter = field(init=False)
+    pool_status_writer: status.StatusWriter = field(init=False)
     _signals: prometheus.PrometheusSignals | None = None
     _memory: dict[tuple[str, str], _Memory] = field(default_factory=dict)
+    _pool_memory: dict[tuple[str, str], _Memory] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.status_writer = status.StatusWriter(self.kube, api.AUTOSCALER_FIELD_MANAGER)
+        self.pool_status_writer = status.StatusWriter(
+            self.kube, api.AUTOSCALER_FIELD_MANAGER, path=k8s.MODEL_POOL.path
+        )
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the policy state and the status memory of one InferenceService."""
         self._memory.pop((namespace, name), None)
         self.status_writer.forget(namespace, name)
+
+    def forget_pool(self, namespace: str, name: str) -> None:
+        """Drop the policy state and the status memory of one ModelPool."""
+        self._pool_memory.pop((namespace, name), None)
+        self.pool_status_writer.forget(namespace, name)
 
     def close(self) -> None:
         """Close the Prometheus client (a later tick would open a new one)."""
@@ -308,9 +323,10 @@ class Autoscaler:
             self._signals.close()
             self._signals = None
 
-    def _memory_for(self, isvc: api.InferenceService, now: float) -> _Memory:
+    def _memory_for(self, isvc: _Scaled, now: float) -> _Memory:
+        memory = self._pool_memory if isinstance(isvc, api.ModelPool) else self._memory
         key = (isvc.namespace, isvc.name)
-        mem = self._memory.get(key)
+        mem = memory.get(key)
         if mem is None:
             last = isvc.status.last_decision
             when = rfc3339.parse_time(last.time if last else None)
@@ -323,7 +339,7 @@ class Autoscaler:
                     last_max_queue_delay_change_age=age,
                 )
             )
-            self._memory[key] = mem
+            memory[key] = mem
         return mem
 
     async def tick(
@@ -445,6 +461,115 @@ class Autoscaler:
             )
         return result
 
+    async def tick_pool(
+        self,
+        body: Mapping[str, Any],
+        deployment: Mapping[str, Any] | None,
+        models: Sequence[api.InferenceService] = (),
+    ) -> TickResult | None:
+        """One control step for the ModelPool ``body``, at most one per ``0.9 * interval_seconds`` (the
+        timers of its InferenceServices ask; the first one due ticks); ``deployment``: the pool's
+        Deployment as last seen; ``models``: the InferenceServices it serves (their longest max queue
+        delay is the policy's, held fixed: :func:`pool_max_queue_delay`). Returns ``None`` when nothing
+        was due, autoscaling is off, the pool is being deleted or its spec is invalid (its reconcile
+        reports that). API errors are logged, not raised: the next tick tries again.
+
+        The same pure policy as an InferenceService's, on the pool's signals over all its models
+        (:func:`signals.pool_queries`); replicas through the Deployment's scale subresource, an Event
+        ``Autoscaled`` on the ModelPool, its ``status.lastDecision``, ``observed`` and AutoscalingActive
+        as an InferenceService's. No max queue delay, no scale to zero, no quantization figures."""
+        try:
+            pool = api.ModelPool.from_body(body)
+        except pydantic.ValidationError:
+            return None
+        if not pool.spec.autoscaling.enabled or (body.get("metadata") or {}).get("deletionTimestamp"):
+            self.forget_pool(pool.namespace, pool.name)
+            return None
+        now = self.monotonic()
+        mem = self._memory_for(pool, now)
+        if mem.ticked_at is not None and now - mem.ticked_at < 0.9 * self.interval_seconds:
+            return None
+        mem.ticked_at = now
+        try:
+            return await self._tick_pool(pool, body, deployment, pool_max_queue_delay(models), mem, now)
+        except k8s.KubeError as exc:
+            logger.warning(
+                "autoscale ModelPool %s/%s: API error, next tick retries: %s", pool.namespace, pool.name, exc
+            )
+            return None
+
+    async def _tick_pool(
+        self,
+        pool: api.ModelPool,
+        body: Mapping[str, Any],
+        deployment: Mapping[str, Any] | None,
+        delay: float,
+        mem: _Memory,
+        now: float,
+    ) -> TickResult:
+        spec = pool.spec.autoscaling
+        ns, name = pool.namespace, pool.name
+        wall = self.wall()
+        when = rfc3339.format_time(wall)
+        if deployment is None:
+            no_deployment = status.ConditionState("False", conditions.NO_DEPLOYMENT, "no Deployment yet")
+            await self._write_status(pool, body, {}, no_deployment, when)
+            return TickResult(None, conditions.NO_DEPLOYMENT)
+        if now < mem.retry_at:  # Prometheus was unavailable: wait out the back-off, read nothing
+            return TickResult(None, mem.signal_problem or conditions.ACTIVE)
+        queries = sig.pool_queries(
+            ns,
+            name,
+            prom_duration(spec.window),
+            spec.queries.model_dump(),
+            arrival_window=prom_duration(2 * self.interval_seconds),
+        )
+        if self._signals is None:
+            self._signals = self.signals_factory()
+        # the max queue delay is each model's: held at the longest, never a lever of the pool's policy
+        policy = replace(
+            policy_from_spec(spec, stale_after_seconds=spec.window),
+            max_queue_delay_min_seconds=delay,
+            max_queue_delay_max_seconds=delay,
+        )
+        gpus = pool.spec.resources.gpus
+        reading = _worded(
+            await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds), gpus
+        )
+        self._note_reading(pool, mem, reading, now)
+        if mem.history_pending and reading.condition_reason is None:
+            await self._restore_history(pool, mem, queries.arrival_rate, policy, now, wall)
+        dstatus = deployment.get("status") or {}
+        current = Current(
+            replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
+            max_queue_delay_seconds=delay,
+            ready_replicas=int(dstatus.get("readyReplicas") or 0),
+        )
+        decision = decide(reading.observation, current, policy, mem.state, now)
+        decision = replace(decision, reason=wording.for_device(decision.reason, gpus=gpus))
+        mem.state = decision.state
+        result = TickResult(decision, reading.condition_reason or conditions.ACTIVE)
+        fields = decision_status(decision, reading.observation, when)
+        if "lastDecision" in fields:  # the max queue delay is no decision of a pool's
+            del fields["lastDecision"]["maxQueueDelay"]
+        written = await self._write_status(
+            pool, body, fields, condition_of(reading, decision), when, reading.observation
+        )
+        result.wrote_status = written.sent
+        if decision.replicas_changed:
+            await self.kube.patch_merge(
+                k8s.DEPLOYMENT.path(ns, name),
+                {"spec": {"replicas": decision.replicas}},
+                field_manager=api.AUTOSCALER_FIELD_MANAGER,
+                subresource="scale",
+            )
+            result.scaled = True
+            logger.info("autoscale ModelPool %s/%s: %s", ns, name, decision.reason)
+            await self.kube.record_event(
+                api.pool_reference(body), reason=conditions.AUTOSCALED, message=decision.reason
+            )
+        return result
+
     async def _read_quantization(
         self, isvc: api.InferenceService, reading: sig.Reading
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -488,7 +613,7 @@ class Autoscaler:
 
     async def _restore_history(
         self,
-        isvc: api.InferenceService,
+        isvc: _Scaled,
         mem: _Memory,
         promql: str,
         policy: Policy,
@@ -527,9 +652,7 @@ class Autoscaler:
             policy.burst_memory_seconds,
         )
 
-    def _note_reading(
-        self, isvc: api.InferenceService, mem: _Memory, reading: sig.Reading, now: float
-    ) -> None:
+    def _note_reading(self, isvc: _Scaled, mem: _Memory, reading: sig.Reading, now: float) -> None:
         """Log a signal problem once, on its transition (WARNING for a fault of Prometheus or of a
         query, INFO for missing or unusable values, INFO when the signals are readable again; the
         full error is at DEBUG in ``signals``), and back off while Prometheus is unavailable:
@@ -543,7 +666,8 @@ class Autoscaler:
         else:
             mem.failures, mem.retry_at = 0, 0.0
         if reason != mem.signal_problem:
-            where = f"autoscale {isvc.namespace}/{isvc.name}"
+            kind = "ModelPool " if isinstance(isvc, api.ModelPool) else ""
+            where = f"autoscale {kind}{isvc.namespace}/{isvc.name}"
             if reason is None:
                 logger.info("%s: signals readable again", where)
             elif reason in (conditions.PROMETHEUS_UNAVAILABLE, conditions.QUERY_ERROR):
@@ -559,7 +683,7 @@ class Autoscaler:
 
     async def _write_status(
         self,
-        isvc: api.InferenceService,
+        isvc: _Scaled,
         body: Mapping[str, Any],
         fields: Mapping[str, Any],
         condition: status.ConditionState,
@@ -572,7 +696,7 @@ class Autoscaler:
         (:func:`quantization_patch`) through :attr:`status_writer`: only what differs, a 409
         re-reads the object and computes them again, unless its generation moved (the decision was for
         the old spec). Returns what was written (``sent``: a request was sent; ``stored``: the object
-        as stored)."""
+        as stored). A ModelPool's through :attr:`pool_status_writer`."""
 
         def desire(current: Mapping[str, Any]) -> dict[str, Any] | None:
             if status.generation_of(current) != isvc.generation:
@@ -597,7 +721,16 @@ class Autoscaler:
                     full["observed"] = observed_status(observation, when)
             return full
 
-        return await self.status_writer.update(body, desire)
+        writer = self.pool_status_writer if isinstance(isvc, api.ModelPool) else self.status_writer
+        return await writer.update(body, desire)
+
+
+def pool_max_queue_delay(models: Sequence[api.InferenceService]) -> float:
+    """The max queue delay a ModelPool's policy holds fixed, float seconds: the longest of its ``models``'
+    ``spec.batching.maxQueueDelay`` (the worst a request of the pool may wait for its batch), the
+    default's without models. The autoscaler does not tune a pool's: each model has its own."""
+    default = float(api.BatchingSpec().max_queue_delay)
+    return max((float(m.spec.batching.max_queue_delay) for m in models), default=default)
 
 
 def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:
@@ -614,8 +747,13 @@ def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:
 
 def _for_device(reading: sig.Reading, isvc: api.InferenceService) -> sig.Reading:
     """``reading`` with its unknown reason in the words of ``isvc``'s device (:mod:`wording`)."""
+    return _worded(reading, isvc.spec.resources.gpus)
+
+
+def _worded(reading: sig.Reading, gpus: int) -> sig.Reading:
+    """``reading`` with its unknown reason in the words of a pod with ``gpus`` GPUs (:mod:`wording`)."""
     unknown = reading.observation.unknown_reason
     if unknown is None:
         return reading
-    worded = wording.for_device(unknown, gpus=isvc.spec.resources.gpus)
+    worded = wording.for_device(unknown, gpus=gpus)
     return replace(reading, observation=replace(reading.observation, unknown_reason=worded))

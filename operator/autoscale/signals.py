@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from kubeinfer.operator import conditions
@@ -70,6 +70,7 @@ __all__ = [
     "default_queries",
     "parse_history",
     "parse_quantization",
+    "pool_queries",
     "quantization_query",
     "read_signals",
 ]
@@ -105,11 +106,18 @@ class Queries:
     """The runtime's max batch size in force, rows; ``""`` = not queried."""
 
 
-def _selector(namespace: str, name: str) -> str:
-    def esc(v: str) -> str:
-        return v.replace("\\", "\\\\").replace('"', '\\"')
+#: The target label of a ModelPool's pods' series (the chart's PodMonitor relabels the pods' label
+#: ``kubeinfer.io/pool``, which the pool's Deployment sets, to it), as ``inferenceservice`` is an
+#: InferenceService's.
+POOL_TARGET_LABEL = "pool"
 
-    return f'namespace="{esc(namespace)}",inferenceservice="{esc(name)}"'
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _selector(namespace: str, name: str, label: str = "inferenceservice") -> str:
+    return f'namespace="{_esc(namespace)}",{label}="{_esc(name)}"'
 
 
 def default_queries(
@@ -129,7 +137,38 @@ def default_queries(
             ``api.PromQueries``' fields); ``""`` keeps the default. Placeholders ``{namespace}``,
             ``{name}`` and ``{window}`` are replaced.
     """
-    sel = _selector(namespace, name)
+    return _queries(_selector(namespace, name), namespace, name, window, overrides, arrival_window)
+
+
+def pool_queries(
+    namespace: str,
+    pool: str,
+    window: str,
+    overrides: Mapping[str, str] | None = None,
+    *,
+    arrival_window: str = "30s",
+) -> Queries:
+    """The queries of one ModelPool: :func:`default_queries`' over the series of the pool's pods
+    (``namespace="<ns>",pool="<pool>"``, :data:`POOL_TARGET_LABEL`), so over every model the pool serves:
+    the P99 of all its models' requests, their queues, the pods' utilization, the arrival rate. Without
+    s(b) and the max batch size (each model has its own fit and its own batches; an average over models
+    is no one's), so the SLO-capacity rule is off and the reactive law decides. ``{name}`` in an override
+    is the pool's name."""
+    full = _queries(
+        _selector(namespace, pool, POOL_TARGET_LABEL), namespace, pool, window, overrides, arrival_window
+    )
+    return replace(full, service_time_a="", service_time_c="", max_batch_size="")
+
+
+def _queries(
+    sel: str,
+    namespace: str,
+    name: str,
+    window: str,
+    overrides: Mapping[str, str] | None,
+    arrival_window: str,
+) -> Queries:
+    """:func:`default_queries` over the series that ``sel`` selects."""
 
     def fill(q: str) -> str:
         return q.replace("{namespace}", namespace).replace("{name}", name).replace("{window}", window)

@@ -16,7 +16,7 @@ a claim already mounted changes the ConfigMap only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from kubeinfer.operator import api
 from kubeinfer.operator.builders.common import (
@@ -118,9 +118,15 @@ def pool_args(pool: api.ModelPool, pinned: Sequence[str]) -> list[str]:
 
 
 def build_pool_deployment(
-    pool: api.ModelPool, pinned: Sequence[str], *, claims: Sequence[str] = ()
+    pool: api.ModelPool,
+    pinned: Sequence[str],
+    *,
+    claims: Sequence[str] = (),
+    replicas: int | Literal["spec"] | None = "spec",
 ) -> dict[str, Any]:
-    """The ``apps/v1`` Deployment ``<pool>``: ``spec.replicas`` pods of the runtime (``spec.runtime.image``)
+    """The ``apps/v1`` Deployment ``<pool>``: ``replicas`` pods (``"spec"``: ``spec.replicas``; the
+    reconciler passes ``reconcile.replicas.pool_replicas``'s count, ``None`` leaving the field out of the
+    apply for the autoscaler that owns it) of the runtime (``spec.runtime.image``)
     serving the model repository ``<pool>-repository`` mounted whole (no ``items``: see the module's
     docstring) at ``REPOSITORY_DIR``, under ``spec.memoryBudget``, with ``pinned`` loaded at start and
     the PersistentVolumeClaims ``claims`` (:func:`pool_claims`) mounted read-only as an
@@ -133,6 +139,8 @@ def build_pool_deployment(
     ServiceAccount token, the REST port 8080 and gRPC port 8081 by name.
     """
     spec = pool.spec
+    if replicas == "spec":
+        replicas = spec.replicas
     claim_vols, claim_mounts = claim_volumes(claims)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -176,7 +184,7 @@ def build_pool_deployment(
         "kind": "Deployment",
         "metadata": _metadata(pool, pool.name),
         "spec": {
-            "replicas": spec.replicas,
+            **({} if replicas is None else {"replicas": replicas}),
             "selector": {"matchLabels": pool_selector_labels(pool.name)},
             "strategy": ROLLING_UPDATE,
             "template": {

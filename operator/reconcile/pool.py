@@ -100,9 +100,11 @@ def pool_ready(
             conditions.POOL_NAME_TAKEN,
             f"Deployment {pool.name} exists and is not this pool's: nothing of the pool was applied",
         )
-    ready, _ = _ready_counts(deployment)
-    words = f"{ready}/{pool.spec.replicas} replicas ready"
-    if deployment is not None and ready >= pool.spec.replicas:
+    ready, desired = _ready_counts(deployment)
+    # with autoscaling on, the autoscaler's count (the Deployment's) is the one to be ready
+    wanted = desired if pool.spec.autoscaling.enabled and deployment is not None else pool.spec.replicas
+    words = f"{ready}/{wanted} replicas ready"
+    if deployment is not None and ready >= wanted:
         return ConditionState("True", conditions.POOL_READY, words)
     return ConditionState("False", conditions.POOL_NOT_READY, words)
 
@@ -126,18 +128,27 @@ def pool_status(
 ) -> dict[str, Any]:
     """The ModelPool's status fields (camelCase): ``observedGeneration``, ``conditions`` (Ready,
     :func:`pool_ready`), ``models`` (InferenceServices it serves), ``replicas`` and ``readyReplicas``
-    (its Deployment's, 0 without one), and from ``index`` (its ready replicas' model repository indexes)
-    :func:`poolindex.pool_usage`'s fields (removed while no replica answered)."""
+    (its Deployment's, 0 without one), ``observed`` and ``lastDecision`` removed and AutoscalingActive
+    with them while autoscaling is off (the autoscaler writes them), and from ``index`` (its ready
+    replicas' model repository indexes) :func:`poolindex.pool_usage`'s fields (removed while no replica
+    answered)."""
     counts = status.counts(None if name_taken else deployment)
     ready = pool_ready(pool, deployment, name_taken=name_taken)
+    conds = _with_stalled(
+        ready_conditions(current_status, ready, now, pool.generation), ready, now, pool.generation
+    )
+    # the autoscaler's fields (``observed``, ``lastDecision``, AutoscalingActive) go with autoscaling off
+    autoscaled: dict[str, Any] = {}
+    if not pool.spec.autoscaling.enabled:
+        conds = status.remove_condition(conds, conditions.CONDITION_AUTOSCALING_ACTIVE)
+        autoscaled = {"observed": None, "lastDecision": None}
     return {
         "observedGeneration": pool.generation,
-        "conditions": _with_stalled(
-            ready_conditions(current_status, ready, now, pool.generation), ready, now, pool.generation
-        ),
+        "conditions": conds,
         "models": len(members.models),
         "replicas": counts["replicas"],
         "readyReplicas": counts["readyReplicas"],
+        **autoscaled,
         **pool_usage(None if name_taken else index, str(pool.spec.memory_budget)),
     }
 

@@ -28,6 +28,7 @@ from kubeinfer.operator.reconcile.pool import (
 )
 from kubeinfer.operator.reconcile.poolindex import PoolIndex
 from kubeinfer.operator.reconcile.reconciler import Lookup, apply_if_changed
+from kubeinfer.operator.reconcile.replicas import pool_replicas
 from kubeinfer.operator.reconcile.report import ready_conditions
 from kubeinfer.operator.status import ConditionState, generation_of, object_key, resource_version
 
@@ -112,7 +113,10 @@ class PoolReconciler:
             desired_objects = [
                 build_pool_configmap(pool, members.models),
                 build_pool_deployment(
-                    pool, pinned_in_force(pool, members), claims=pool_claims(members.models)
+                    pool,
+                    pinned_in_force(pool, members),
+                    claims=pool_claims(members.models),
+                    replicas=pool_replicas(pool, deployment),
                 ),
             ]
             for obj in desired_objects:
@@ -139,14 +143,29 @@ class PoolReconciler:
         return members
 
     async def _write_status(self, body: Mapping[str, Any], desired: Mapping[str, Any]) -> None:
-        """Merge-patch the ``desired`` status fields that differ from ``body``'s (none: no request)."""
+        """Merge-patch the ``desired`` status fields that differ from ``body``'s (none: no request;
+        ``resourceVersion`` pinned when conditions are sent; a 409 leaves it to the next reconcile).
+
+        Raises:
+            k8s.KubeError: the API server refused or failed the write (409 aside).
+        """
         patch = status.status_patch(desired, body.get("status") or {})
         if not patch:
             return
         namespace, name = object_key(body)
-        await self.kube.patch_merge(
-            k8s.MODEL_POOL.path(namespace, name),
-            {"status": patch},
-            field_manager=api.FIELD_MANAGER,
-            subresource="status",
-        )
+        # conditions are a list replaced whole: pinned to the version read (status.merge_patch), so the
+        # autoscaler's AutoscalingActive written meanwhile is not lost. A 409 means a newer pool, whose
+        # watch event reconciles it again: not worth a warning.
+        try:
+            await self.kube.patch_merge(
+                k8s.MODEL_POOL.path(namespace, name),
+                status.merge_patch(patch, body),
+                field_manager=api.FIELD_MANAGER,
+                subresource="status",
+            )
+        except k8s.TransientError as exc:
+            if exc.status != 409:
+                raise
+            logger.debug(
+                "ModelPool %s/%s: status not written (a newer version exists): %s", namespace, name, exc
+            )

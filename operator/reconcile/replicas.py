@@ -119,15 +119,33 @@ def desired_replicas(
     if woken:
         return 1
     lo = replica_floor(isvc, activator=activator)
-    hi: int = spec.autoscaling.max_replicas
+    return autoscaled_replicas(deployment, lo, spec.autoscaling.max_replicas, initial_replicas(isvc))
+
+
+def autoscaled_replicas(deployment: Mapping[str, Any] | None, lo: int, hi: int, initial: int) -> int | None:
+    """``spec.replicas`` to apply to a Deployment whose replicas the autoscaler decides (an
+    InferenceService's or a ModelPool's), or ``None`` to leave it out: ``initial`` when creating; then the
+    current value clamped to ``[lo, hi]``, left out when another manager owns it within bounds, included
+    while the operator is its only owner (so that an apply does not drop it to the default)."""
     if deployment is None:
-        return initial_replicas(isvc)
+        return initial
     current = int((deployment.get("spec") or {}).get("replicas", 1))
     if current < lo or current > hi:
         return min(max(current, lo), hi)
     if replicas_managers(deployment) - {api.FIELD_MANAGER}:
         return None
     return current
+
+
+def pool_replicas(pool: api.ModelPool, deployment: Mapping[str, Any] | None) -> int | None:
+    """``spec.replicas`` for a ModelPool's applied Deployment, or ``None`` to leave it out: autoscaling off,
+    ``spec.replicas``; on, :func:`autoscaled_replicas` within ``[minReplicas, maxReplicas]`` (a pool keeps
+    at least 1 replica: no scale to zero), starting at ``minReplicas``."""
+    scaling = pool.spec.autoscaling
+    if not scaling.enabled:
+        return pool.spec.replicas
+    lo = max(1, scaling.min_replicas)
+    return autoscaled_replicas(deployment, lo, scaling.max_replicas, lo)
 
 
 def initial_replicas(isvc: api.InferenceService) -> int:

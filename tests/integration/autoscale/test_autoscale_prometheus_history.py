@@ -8,7 +8,10 @@ and checks that the history read back carries what the policy holds for a level 
 (``headroom.left_level``): the decision of an operator restarted after the drop keeps the replicas of
 the level, where one that relearns from nothing follows the traffic down. The third writes a past with
 recurring bursts into the TSDB (``PrometheusServer.backfill``, as the end-to-end burst-headroom test
-does) and checks that it reads back exactly and gives the burst headroom's count.
+does) and checks that it reads back exactly and gives the burst headroom's count. A ModelPool's
+signals (``signals.pool_queries``) are read from two pool replicas, each serving the merged ``/metrics``
+of two model processes (``metrics.merge_expositions``, as the runtime's model repository mode does):
+summed over the pool's pods and models, and no InferenceService's.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from dataclasses import dataclass
 import pytest
 from kubeinfer.operator.autoscale.policy import Current, Observation, Policy, State, decide, restore_arrivals
 from kubeinfer.operator.autoscale.prometheus import PrometheusConfig, PrometheusSignals
-from kubeinfer.operator.autoscale.signals import default_queries
-from kubeinfer.runtime.metrics import RuntimeMetrics
-from prometheus_client import start_http_server
+from kubeinfer.operator.autoscale.signals import default_queries, pool_queries
+from kubeinfer.runtime.metrics import RuntimeMetrics, merge_expositions
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from hack.devtools.prom import PrometheusError, PrometheusServer, Series
 
@@ -214,3 +219,70 @@ def test_a_backfill_promtool_refuses_is_an_error_and_the_server_runs_again(
         prometheus.backfill([Series("m", {"0bad": "label name"}, [(time.time() - 60, 1.0)])])
     assert prometheus.running
     assert prometheus.query("vector(1)")[0]["value"][1] == "1"
+
+
+class _PoolReplica:
+    """A pool replica's ``/metrics``: the merged exposition of its model processes' metrics."""
+
+    def __init__(self, models: list[RuntimeMetrics]) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        merged = merge_expositions(generate_latest(m.registry) for m in self.models)
+        return iter(text_string_to_metric_families(merged.decode()))
+
+
+def test_autoscale_pool_signals_sum_the_pools_pods_and_models(prometheus: PrometheusServer) -> None:
+    # two replicas of the pool "small"; replica 0 serves models a and b, replica 1 model a
+    replicas = [[RuntimeMetrics("a"), RuntimeMetrics("b")], [RuntimeMetrics("a")]]
+    rates = [(20.0, 0.01), (10.0, 0.05), (10.0, 0.01)]  # requests/s and seconds, per model process
+    processes = [m for models in replicas for m in models]
+    for m in processes:
+        m.inflight.set(1)
+    stop = threading.Event()
+
+    def count(metrics: RuntimeMetrics, rate: float, seconds: float) -> None:
+        while not stop.wait(1 / rate):
+            metrics.count_request(200, seconds)
+
+    counters = [
+        threading.Thread(target=count, args=(m, r, d), daemon=True)
+        for m, (r, d) in zip(processes, rates, strict=True)
+    ]
+    servers = []
+    for models in replicas:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_PoolReplica(models))  # type: ignore[arg-type]
+        servers.append(start_http_server(0, addr="127.0.0.1", registry=registry))
+    client = PrometheusSignals(PrometheusConfig(url=prometheus.url))
+    try:
+        for t in counters:
+            t.start()
+        targets = [f"127.0.0.1:{server.server_port}" for server, _ in servers]
+        prometheus.set_targets(
+            [(t, {"namespace": "t", "pool": "small", "pod": f"small-{i}"}) for i, t in enumerate(targets)]
+        )
+        for t in targets:
+            prometheus.wait_for_scrape(t, timeout=60)
+        time.sleep(8)
+        reading = client.read(pool_queries("t", "small", "6s", arrival_window="3s"), 30.0)
+        obs = reading.observation
+        print(obs)
+        assert reading.condition_reason is None, obs.unknown_reason
+        # the pool's rate is every model's on every replica (40/s; sleep-paced counters run a little under)
+        assert obs.request_rate is not None and 0.6 * 40 <= obs.request_rate <= 1.2 * 40
+        assert obs.inflight_requests == 3.0
+        # the P99 of all the pool's requests: a quarter take 50 ms, so the 99th percentile is in their bucket
+        assert obs.p99_seconds is not None and 0.03 < obs.p99_seconds <= 0.08
+        assert obs.service_time_a_seconds is None and obs.max_batch_size is None  # no s(b) of a pool
+        # an InferenceService of the pool's name selects none of the pool's series
+        missing = client.read(default_queries("t", "small", "6s"), 30.0)
+        assert missing.condition_reason == "MetricsMissing"
+    finally:
+        stop.set()
+        for t in counters:
+            t.join(5)
+        client.close()
+        for server, thread in servers:
+            server.shutdown()
+            thread.join(5)

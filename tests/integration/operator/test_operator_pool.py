@@ -209,6 +209,27 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("pool-budget-over-memory", _pool("pool", memoryBudget="5Gi"), "spec.memoryBudget"),
     ("pool-zero-replicas", _pool("pool", replicas=0), "spec.replicas"),
+    # what of spec.autoscaling does not apply to a pool (the max queue delay is each model's; no zero)
+    (
+        "pool-max-queue-delay",
+        _pool("pool", autoscaling={"enabled": True, "maxQueueDelay": {"max": "20ms"}}),
+        "spec.autoscaling.maxQueueDelay",
+    ),
+    (
+        "pool-max-queue-delay-cooldown",
+        _pool("pool", autoscaling={"maxQueueDelayCooldown": "30s"}),
+        "spec.autoscaling.maxQueueDelayCooldown",
+    ),
+    (
+        "pool-to-zero",
+        _pool("pool", autoscaling={"enabled": True, "minReplicas": 0}),
+        "spec.autoscaling.minReplicas",
+    ),
+    (
+        "pool-autoscaling-bounds",
+        _pool("pool", autoscaling={"minReplicas": 3, "maxReplicas": 2}),
+        "spec.autoscaling.minReplicas",
+    ),
 ]
 
 
@@ -235,8 +256,13 @@ def test_the_api_server_refuses_naming_the_field(
     [
         _pooled("ok", "small", resources={"gpus": 0, "cpu": "2", "memory": "8Gi"}, replicas=1),
         _pooled("claimed", "small", model={"uri": "pvc://models/bert", "format": "onnx"}),
+        _pool(
+            "scaled",
+            autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetP99": "300ms"},
+        ),
+        _pool("written-out", autoscaling={"maxQueueDelay": {"min": "1ms", "max": "50ms"}}),
     ],
-    ids=["defaults-written-out", "pvc-model"],
+    ids=["defaults-written-out", "pvc-model", "pool-autoscaling", "pool-refused-at-defaults"],
 )
 def test_a_pooled_isvc_is_accepted(cluster: Cluster, op_namespace: str, manifest: dict[str, Any]) -> None:
     result = cluster.kubectl(

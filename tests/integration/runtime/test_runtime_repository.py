@@ -196,6 +196,9 @@ def test_concurrent_first_requests_share_one_load(runtime: RuntimeProcess) -> No
     assert [r.status_code for r in responses] == [200] * 8, [r.text for r in responses]
     assert _metric(runtime, "kubeinfer_model_loads_total", model="a", outcome="success") == loads + 1
     assert _metric(runtime, "nv_model_load_duration_secs", model="a", version="1") > 0
+    # the model process's request metrics are on the pod's /metrics (a pool's autoscaler reads them)
+    assert _metric(runtime, "kubeinfer_requests_total", model="a", code="200") >= 8
+    assert _metric(runtime, "kubeinfer_request_duration_seconds_count", model="a") >= 8
 
 
 def test_a_broken_model_fails_alone_with_its_name_and_cause(runtime: RuntimeProcess) -> None:

@@ -21,11 +21,16 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        #: the path of each patch, in order
+        self.paths: list[str] = []
+        #: the kind of each Event's involved object, in order
+        self.involved: list[str] = []
 
     async def patch_merge(
         self, path: str, patch: dict[str, Any], *, field_manager: str, subresource: str | None = None
     ) -> dict[str, Any]:
         self.calls.append((f"patch {subresource} {field_manager}", patch))
+        self.paths.append(path)
         # what the API server stores, less all but the patch; an old resourceVersion, so that the
         # status writer keeps comparing with the bodies the test hands in
         return {**patch, "metadata": {"resourceVersion": "0"}}
@@ -38,6 +43,7 @@ class Recorder:
         self, involved: dict[str, Any], *, reason: str, message: str, type_: str = "Normal"
     ) -> None:
         self.calls.append(("event", reason))
+        self.involved.append(str(involved.get("kind")))
 
     async def get(self, path: str) -> dict[str, Any] | None:
         return None
@@ -515,3 +521,118 @@ def test_autoscale_loop_quantization_patch_removes_what_is_no_longer_said() -> N
     }
     assert loop.quantization_patch({"quantization": {**tagger, "time": "T2"}}, tagger, "T3") == {}
     assert loop.quantization_patch({}, None, "T3") == {}
+
+
+# ----- a ModelPool's tick: the same policy on the pool's signals, over its Deployment -----------------
+
+
+def pool_body(status: dict[str, Any] | None = None, **autoscaling: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.POOL_KIND,
+        "metadata": {"name": "small", "namespace": "ns", "generation": 1, "resourceVersion": "7", "uid": "p"},
+        "spec": {
+            "memoryBudget": "1Gi",
+            "autoscaling": {"enabled": True, "targetP99": "200ms", "maxReplicas": 6, **autoscaling},
+        },
+        "status": status or {},
+    }
+
+
+def pooled_model(name: str, delay: str) -> api.InferenceService:
+    return api.InferenceService.from_body(
+        {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"pool": "small", "model": {"uri": "/models/x"}, "batching": {"maxQueueDelay": delay}},
+        }
+    )
+
+
+def pool_scaler(times: list[float]) -> tuple[loop.Autoscaler, Recorder, CannedSignals]:
+    """An autoscaler whose monotonic clock reads ``times`` in turn (one read per pool tick)."""
+    rec, canned = Recorder(), CannedSignals()
+    clock = iter(times)
+    a = loop.Autoscaler(
+        kube=rec,  # type: ignore[arg-type]
+        signals_factory=lambda: canned,  # type: ignore[arg-type,return-value]
+        monotonic=lambda: float(next(clock)),
+        wall=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    )
+    return a, rec, canned
+
+
+async def test_autoscale_loop_pool_scales_out_under_load_through_its_deployments_scale() -> None:
+    a, rec, canned = pool_scaler([0.0])
+    canned.reading = Reading(Observation(0.5, 0.95, 100.0, 500.0, 1.0), None)
+    r = await a.tick_pool(pool_body(), {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}})
+    assert (
+        r is not None and r.scaled and r.decision is not None and r.decision.replicas == 5
+    )  # ceil(2 · 0.5 / 0.2)
+    assert [c[0] for c in rec.calls] == [
+        "patch status kubeinfer-autoscaler",
+        "patch scale kubeinfer-autoscaler",
+        "event",
+    ]
+    assert rec.paths == [k8s.MODEL_POOL.path("ns", "small"), k8s.DEPLOYMENT.path("ns", "small")]
+    assert rec.calls[1][1] == {"spec": {"replicas": 5}} and rec.involved == ["ModelPool"]
+    written = rec.calls[0][1]["status"]
+    assert written["lastDecision"]["replicas"] == 5 and "maxQueueDelay" not in written["lastDecision"]
+    assert "maxQueueDelay" not in written and written["observed"]["p99Seconds"] == 0.5
+    (cond,) = written["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("AutoscalingActive", "True", "Active")
+
+
+async def test_autoscale_loop_pool_adds_replicas_where_a_service_would_halve_its_delay() -> None:
+    # P99 over target while the pods are not busy: a service halves its max queue delay first; a pool's
+    # is each model's, held at the longest of its models' (10 ms here), so the pool adds replicas
+    a, rec, canned = pool_scaler([0.0])
+    canned.reading = Reading(Observation(0.4, 0.2, 5.0, 3.0, 1.0), None)
+    models = [pooled_model("a", "5ms"), pooled_model("b", "10ms")]
+    r = await a.tick_pool(pool_body(), {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}, models)
+    assert r is not None and r.decision is not None
+    assert r.decision.replicas > 2 and not r.decision.max_queue_delay_changed
+    assert rec.calls[1] == ("patch scale kubeinfer-autoscaler", {"spec": {"replicas": r.decision.replicas}})
+    assert r.decision.max_queue_delay_seconds == pytest.approx(0.010)
+    assert loop.pool_max_queue_delay(models) == pytest.approx(0.010)
+    assert loop.pool_max_queue_delay([]) == pytest.approx(float(api.BatchingSpec().max_queue_delay))
+
+
+async def test_autoscale_loop_pool_scales_in_when_idle_after_its_window() -> None:
+    # stabilization 30 s, cooldown 15 s: ticks at 0, 15, 30, 45 s (the pool's members' timers ask)
+    a, rec, canned = pool_scaler([0.0, 15.0, 30.0, 45.0])
+    canned.reading = Reading(Observation(0.02, 0.05, 2.0, 0.0, 1.0, inflight_requests=0.0), None)
+    spec = {"scaleDownStabilization": "30s", "scaleDownCooldown": "15s", "minReplicas": 1}
+    deployment = {"spec": {"replicas": 4}, "status": {"readyReplicas": 4}}
+    status: dict[str, Any] = {}
+    replicas = []
+    for _ in range(4):
+        rec.calls.clear()
+        r = await a.tick_pool(pool_body(status, **spec), deployment)
+        assert r is not None and r.decision is not None
+        for kind, patch in rec.calls:
+            if kind == "patch status kubeinfer-autoscaler":
+                status.update(patch["status"])
+            if kind == "patch scale kubeinfer-autoscaler":
+                deployment["spec"]["replicas"] = patch["spec"]["replicas"]
+        replicas.append(deployment["spec"]["replicas"])
+    assert replicas[0] == 4 and replicas[-1] < 4, replicas  # held through the window, then fewer
+    assert status["lastDecision"]["replicas"] == replicas[-1]
+
+
+async def test_autoscale_loop_pool_ticks_once_per_interval_and_not_when_off() -> None:
+    a, rec, _ = pool_scaler([0.0, 5.0, 15.0])
+    deployment = {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
+    assert await a.tick_pool(pool_body(), deployment) is not None
+    assert await a.tick_pool(pool_body(), deployment) is None  # 5 s later: another member's timer
+    assert await a.tick_pool(pool_body(), deployment) is not None
+    rec.calls.clear()
+    off = pool_body()
+    off["spec"]["autoscaling"]["enabled"] = False
+    assert await a.tick_pool(off, deployment) is None and rec.calls == []
+
+
+async def test_autoscale_loop_pool_without_deployment_says_so() -> None:
+    a, rec, _ = pool_scaler([0.0])
+    r = await a.tick_pool(pool_body(), None)
+    assert r is not None and r.condition_reason == "NoDeployment"
+    assert rec.paths == [k8s.MODEL_POOL.path("ns", "small")]

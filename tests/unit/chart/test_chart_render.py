@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.operator.api import DEFAULT_IMAGE
+from kubeinfer.operator.autoscale.signals import POOL_TARGET_LABEL
 
 from kubeinfer import __version__
+from kubeinfer.contract.pool import POOL_LABEL
 from tests.unit.chart.helm_render import CHART, HELM, by_kind, of_component, render
 
 pytestmark = pytest.mark.skipif(not HELM.exists(), reason="helm not built: run `make setup`")
@@ -181,7 +183,12 @@ def test_chart_monitoring_objects_only_when_asked_or_available() -> None:
         (pm,) = by_kind(docs, "PodMonitor")
         (sm,) = by_kind(docs, "ServiceMonitor")
         relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
-        assert {r["targetLabel"] for r in relabel} == {"namespace", "inferenceservice"}
+        assert {r["targetLabel"] for r in relabel} == {"namespace", "inferenceservice", POOL_TARGET_LABEL}
+        # a pool's pods: the label its Deployment sets, under the name the autoscaler's queries select on
+        (pool,) = [r for r in relabel if r["targetLabel"] == POOL_TARGET_LABEL]
+        assert pool["sourceLabels"] == [
+            "__meta_kubernetes_pod_label_" + POOL_LABEL.replace(".", "_").replace("/", "_")
+        ]
         assert pm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "kubeinfer-runtime"
         assert sm["spec"]["endpoints"][0]["port"] == "metrics"
 

@@ -146,3 +146,40 @@ def test_handlers_register_with_the_settings_intervals_and_nothing_at_import() -
     assert {h.id for h in registry._activities.get_all_handlers()} >= {"startup", "cleanup"}
     default = kopf.get_default_registry()
     assert not [h for h in default._spawning.get_all_handlers() if h.id in ("resync", "autoscale")]
+
+
+async def test_a_pooled_services_timer_ticks_its_pools_autoscaler_with_the_pools_models() -> None:
+    c, _ = controllers()
+    seen: list[tuple[Any, Any, list[str]]] = []
+
+    async def not_due(namespace: str, pool: str) -> bool:
+        return False
+
+    async def tick_pool(body: Any, deployment: Any, models: Any = ()) -> None:
+        seen.append((body, deployment, [m.name for m in models]))
+
+    c.poller.poll_if_due = not_due  # type: ignore[method-assign]
+    c.autoscaler.tick_pool = tick_pool  # type: ignore[method-assign]
+    pool = {"metadata": {"name": "small", "namespace": "ns"}, "spec": {"memoryBudget": "1Gi"}}
+
+    def isvc(name: str, pool: str, namespace: str = "ns") -> dict[str, Any]:
+        spec = {"pool": pool, "model": {"uri": "/models/x", "name": name}}
+        return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+    deployment = {"metadata": {"name": "small"}, "spec": {"replicas": 2}}
+
+    def lookup(kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return deployment if (kind, namespace, name) == ("Deployment", "ns", "small") else None
+
+    members = [isvc("b", "small"), isvc("a", "small"), isvc("c", "other"), isvc("d", "small", "elsewhere")]
+    await c.poll_pool(pool, iter(members), lookup)
+    assert seen == [(pool, deployment, ["a", "b"])]
+
+
+async def test_a_deleted_pool_is_forgotten_by_the_autoscaler() -> None:
+    c, _ = controllers()
+    c.autoscaler._pool_memory[("ns", "small")] = loop_memory()
+    c.autoscaler.pool_status_writer._stored[("ns", "small")] = BODY
+    await c.pool_event("DELETED", {"metadata": {"name": "small", "namespace": "ns"}}, [], nothing)
+    assert ("ns", "small") not in c.autoscaler._pool_memory
+    assert ("ns", "small") not in c.autoscaler.pool_status_writer._stored

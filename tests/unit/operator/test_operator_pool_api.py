@@ -32,12 +32,74 @@ def test_pool_defaults_and_budget_bytes() -> None:
         ({"memoryBudget": "9Gi"}, "spec.memoryBudget"),  # above resources.memory (8Gi)
         ({"memoryBudget": "0"}, "memoryBudget"),
         ({"pinned": ["Not_A_Name"]}, "pinned"),
-        ({"autoscaling": {"enabled": True}}, "autoscaling"),  # not a field of a pool (a later step)
+        # what does not apply to a pool: the max queue delay is each model's, and no scale to zero
+        ({"autoscaling": {"maxQueueDelay": {"max": "20ms"}}}, r"spec\.autoscaling\.maxQueueDelay "),
+        ({"autoscaling": {"maxQueueDelayCooldown": "30s"}}, r"spec\.autoscaling\.maxQueueDelayCooldown"),
+        ({"autoscaling": {"enabled": True, "minReplicas": 0}}, r"spec\.autoscaling\.minReplicas"),
+        (
+            {"autoscaling": {"enabled": True, "minReplicas": 0, "scaleToZero": {"idleAfter": "1m"}}},
+            r"spec\.autoscaling\.scaleToZero",
+        ),
+        # the InferenceService's bounds, under the same names
+        ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, r"spec\.autoscaling\.minReplicas"),
+        ({"autoscaling": {"maxScaleUpStep": 0}}, "maxScaleUpStep"),
     ],
 )
 def test_pool_refusals_name_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=field):
         _pool(**spec)
+
+
+def test_pool_autoscaling_has_the_inference_services_fields() -> None:
+    pool = _pool(
+        replicas=2,
+        autoscaling={
+            "enabled": True,
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "targetP99": "150ms",
+            "window": "30s",
+            "scaleDownStabilization": "2m",
+            "scaleUpCooldown": "10s",
+            "maxScaleUpStep": 2,
+            "gpuUtilization": {"low": 0.4, "high": 0.7},
+        },
+    )
+    scaling = pool.spec.autoscaling
+    assert isinstance(scaling, api.AutoscalingSpec)  # one model, the InferenceService's
+    assert (scaling.target_p99, scaling.window, scaling.scale_down_stabilization) == (0.15, 30, 120)
+    assert (scaling.max_replicas, scaling.max_scale_up_step, pool.spec.replicas) == (8, 2, 2)
+    # the refused fields written out at their defaults are accepted (as on a pooled InferenceService)
+    _pool(autoscaling={"maxQueueDelay": {"min": "1ms", "max": "50ms"}, "maxQueueDelayCooldown": "15s"})
+
+
+def test_pool_autoscaling_cel_and_pydantic_say_the_same() -> None:
+    spec = crdgen.model_pool_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = {r["fieldPath"]: r for r in spec["x-kubernetes-validations"]}
+    for field, value in (
+        ("maxQueueDelay", {"max": "20ms"}),
+        ("maxQueueDelayCooldown", "30s"),
+    ):
+        rule = rules[f".autoscaling.{field}"]
+        assert (
+            rule["rule"].startswith("!has(self.autoscaling) || ") and rule["reason"] == "FieldValueForbidden"
+        )
+        with pytest.raises(pydantic.ValidationError) as err:
+            _pool(autoscaling={field: value})
+        assert rule["message"] in str(err.value)  # one message, from one rule
+    delay = rules[".autoscaling.maxQueueDelay"]["rule"]
+    assert "self.autoscaling.maxQueueDelay.min == '1ms'" in delay and "maxQueueDelay.max == '50ms'" in delay
+    assert rules[".autoscaling.scaleToZero"]["rule"] == (
+        "!has(self.autoscaling) || !has(self.autoscaling.scaleToZero)"
+    )
+    floor = rules[".autoscaling.minReplicas"]
+    assert "self.autoscaling.minReplicas >= 1" in floor["rule"]
+    with pytest.raises(pydantic.ValidationError) as err:
+        _pool(autoscaling={"enabled": True, "minReplicas": 0})
+    assert floor["message"] in str(err.value)
+    # the InferenceService's own rules of spec.autoscaling come with the shared model
+    inner = spec["properties"]["autoscaling"]["x-kubernetes-validations"]
+    assert any(r["fieldPath"] == ".minReplicas" and "self.maxReplicas" in r["rule"] for r in inner)
 
 
 def test_pool_needs_a_budget() -> None:
@@ -122,10 +184,14 @@ def test_pool_crd() -> None:
     spec = schema["properties"]["spec"]
     assert spec["required"] == ["memoryBudget"] and schema["required"] == ["spec"]
     assert spec["properties"]["replicas"]["minimum"] == 1
-    assert "autoscaling" not in spec["properties"]
+    assert "targetP99" in spec["properties"]["autoscaling"]["properties"]
     assert spec["properties"]["pinned"]["items"]["pattern"]
     assert [r["fieldPath"] for r in spec["x-kubernetes-validations"]] == [
         ".memoryBudget",
         ".resources.gpuProduct",
+        ".autoscaling.maxQueueDelay",
+        ".autoscaling.maxQueueDelayCooldown",
+        ".autoscaling.scaleToZero",
+        ".autoscaling.minReplicas",
     ]
     assert set(schema["properties"]["status"]["properties"]) >= {"conditions", "observedGeneration", "models"}

@@ -9,8 +9,15 @@ import types
 
 import numpy as np
 import pytest
-from kubeinfer.runtime.metrics import DURATION_BUCKET_RATIO, DURATION_BUCKETS, BusyTracker, RuntimeMetrics
-from prometheus_client import generate_latest
+from kubeinfer.runtime.metrics import (
+    DURATION_BUCKET_RATIO,
+    DURATION_BUCKETS,
+    BusyTracker,
+    RuntimeMetrics,
+    merge_expositions,
+)
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def histogram_quantile(q: float, bounds: list[float], cumulative: list[float]) -> float:
@@ -115,3 +122,33 @@ def test_the_success_count_is_exported_at_zero_before_any_request() -> None:
     must show 0 (idle: scale to zero may take it), not no series (MetricsMissing, forever)."""
     text = generate_latest(RuntimeMetrics("m").registry).decode()
     assert 'kubeinfer_requests_total{code="200",model="m"} 0.0' in text
+
+
+def test_merged_exposition_writes_each_family_once_with_every_models_series() -> None:
+    # the model repository mode's /metrics: the repository's series and each model process's
+    a, b = RuntimeMetrics("a"), RuntimeMetrics("b")
+    a.count_request(200, 0.01)
+    b.count_request(200, 0.02)
+    b.count_request(500, 0.3)
+    repository = CollectorRegistry()
+    Gauge("kubeinfer_repository_resident_bytes", "bytes", registry=repository).set(5)
+    texts = [generate_latest(repository), generate_latest(a.registry), generate_latest(b.registry)]
+    merged = merge_expositions(texts).decode()
+    assert merged.count("# TYPE kubeinfer_request_duration_seconds histogram") == 1
+    assert merged.count("# TYPE kubeinfer_requests_total counter") == 1
+    families = {f.name: f for f in text_string_to_metric_families(merged)}
+    requests = {
+        (s.labels["model"], s.labels["code"]): s.value
+        for s in families["kubeinfer_requests"].samples
+        if s.name == "kubeinfer_requests_total"
+    }
+    assert requests == {("a", "200"): 1.0, ("b", "200"): 1.0, ("b", "500"): 1.0}
+    counts = {
+        s.labels["model"]: s.value
+        for s in families["kubeinfer_request_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert counts == {"a": 1.0, "b": 2.0}
+    assert families["kubeinfer_repository_resident_bytes"].samples[0].value == 5.0
+    # one process's exposition is written back as it was
+    assert merge_expositions([generate_latest(a.registry)]) == generate_latest(a.registry)
