@@ -18,11 +18,9 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 
-def model_configs(http_address: str, grpc_address: str, model: str) -> tuple[dict[str, Any], Any]:
-    """The model's configuration over HTTP (the JSON document) and as Triton's ``ModelConfig`` message.
-
-    Asserts that HTTP and gRPC answer the same message, both parsed into ``ModelConfig``.
-    """
+def model_config_pair(http_address: str, grpc_address: str, model: str) -> tuple[dict[str, Any], Any, Any]:
+    """The model's configuration over HTTP (the JSON document), and over HTTP and gRPC as Triton's
+    ``ModelConfig`` messages, read one after the other (a hot reload may land between the two reads)."""
     http = httpclient.InferenceServerClient(http_address)
     grpc = grpcclient.InferenceServerClient(grpc_address)
     try:
@@ -32,7 +30,16 @@ def model_configs(http_address: str, grpc_address: str, model: str) -> tuple[dic
         http.close()
         grpc.close()
     config = json_format.ParseDict(doc, model_config_pb2.ModelConfig())
-    assert json_format.ParseDict(over_grpc["config"], model_config_pb2.ModelConfig()) == config
+    return doc, config, json_format.ParseDict(over_grpc["config"], model_config_pb2.ModelConfig())
+
+
+def model_configs(http_address: str, grpc_address: str, model: str) -> tuple[dict[str, Any], Any]:
+    """The model's configuration over HTTP (the JSON document) and as Triton's ``ModelConfig`` message.
+
+    Asserts that HTTP and gRPC answer the same message, both parsed into ``ModelConfig``.
+    """
+    doc, config, over_grpc = model_config_pair(http_address, grpc_address, model)
+    assert over_grpc == config
     return doc, config
 
 

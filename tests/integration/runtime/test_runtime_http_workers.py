@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hack.devtools.runtime_proc import RuntimeProcess
 from hack.devtools.runtime_tiny import tiny_hf_config, tiny_hf_dir
-from tests.support.model_config import assert_unknown_model_is_not_found, model_configs, tensors
+from tests.support.model_config import assert_unknown_model_is_not_found, model_config_pair, tensors
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -283,12 +283,17 @@ def test_the_model_configuration_crosses_the_front_ends_with_the_delay_in_force(
     process: a hot reload's batching settings are in the next answer."""
 
     def wait_for(batch: int, delay_us: int) -> Any:
+        # both front ends answer the new settings (one read of each; a reload landing between the
+        # two reads shows as a disagreement, read again)
         deadline = time.monotonic() + 10
         while True:
-            _, cfg = model_configs(runtime.address, runtime.grpc_address, "tiny")
-            if (cfg.max_batch_size, cfg.dynamic_batching.max_queue_delay_microseconds) == (batch, delay_us):
+            _, cfg, over_grpc = model_config_pair(runtime.address, runtime.grpc_address, "tiny")
+            if over_grpc == cfg and (
+                cfg.max_batch_size,
+                cfg.dynamic_batching.max_queue_delay_microseconds,
+            ) == (batch, delay_us):
                 return cfg
-            assert time.monotonic() < deadline, f"the reload did not reach the configuration: {cfg}"
+            assert time.monotonic() < deadline, f"the reload did not reach both: {cfg} {over_grpc}"
             time.sleep(0.2)
 
     # the fixture's settings (an earlier test's reload back to them may still be on its way)
