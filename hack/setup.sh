@@ -108,6 +108,25 @@ setup_python() {
   fi
 }
 
+# A venv made through another path to the same directory (a git worktree whose .cache is a symlink to
+# this one) names that path in its scripts' interpreter lines, and once that path is gone every script
+# fails with "No such file or directory": point those lines at this directory's python (its only
+# absolute path that a script runs by; pyvenv.cfg names the base interpreter, not the venv).
+repoint_scripts() {
+  local dir="$1" f line n=0
+  for f in "$dir"/bin/*; do
+    [ -f "$f" ] && [ ! -L "$f" ] || continue
+    IFS= read -r line < "$f" 2>/dev/null || continue
+    case "$line" in
+      "#!$dir/bin/python"*) ;;
+      "#!"/*/bin/python*)
+        sed -i "1s|^#!.*/bin/python|#!$dir/bin/python|" "$f"
+        n=$((n + 1)) ;;
+    esac
+  done
+  if [ "$n" -gt 0 ]; then echo "  $(basename "$dir"): $n scripts pointed at $dir/bin/python"; fi
+}
+
 # ---------------------------------------------------------------- 8. test client venvs
 # One venv per client in .cache/NAME, from requirements/NAME.txt (every file pinned and hashed; `make
 # lock` compiles it alone from NAME.in). Rebuilt from scratch (--clear) when the file or .venv's
@@ -119,6 +138,7 @@ install_envs() {
     want="$( { cat "requirements/$name.txt"; .venv/bin/python -VV; } | sha256sum | cut -c1-16)"
     if [ -x "$dir/bin/python" ] && [ "$(cat "$STAMPS/$name" 2>/dev/null || true)" = "$want" ]; then
       echo "  $name: up to date (requirements/$name.txt unchanged)"
+      repoint_scripts "$dir"
       continue
     fi
     s=$(date +%s)
