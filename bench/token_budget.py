@@ -115,7 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--budgets",
-        default="off,1024,4096",
+        default="off,256,1024,4096",
         help="batching.max_batch_tokens values side by side, 'off' for none (a window is 256 tokens)",
     )
     parser.add_argument(
