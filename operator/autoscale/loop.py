@@ -401,29 +401,13 @@ class Autoscaler:
             spec.queries.model_dump(),
             arrival_window=prom_duration(2 * self.interval_seconds),  # two scrapes: a recent rate
         )
-        if self._signals is None:
-            self._signals = self.signals_factory()
         # Samples older than the query window are stale: the one threshold, applied by
         # policy.check_observation both when reading and when deciding.
         policy = policy_from_spec(spec, stale_after_seconds=window_s, activator=self.activator)
-        reading = _for_device(
-            await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds), isvc
+        delay = isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay)
+        reading, current, decision = await self._decide(
+            isvc, mem, queries, policy, deployment, delay, isvc.spec.resources.gpus, now, wall
         )
-        self._note_reading(isvc, mem, reading, now)
-        if mem.history_pending and reading.condition_reason is None:
-            await self._restore_history(isvc, mem, queries.arrival_rate, policy, now, wall)
-
-        dstatus = deployment.get("status") or {}
-        current = Current(
-            replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
-            max_queue_delay_seconds=isvc.spec.max_queue_delay_in_force(isvc.status.max_queue_delay),
-            ready_replicas=int(dstatus.get("readyReplicas") or 0),
-        )
-        decision = decide(reading.observation, current, policy, mem.state, now)
-        decision = replace(
-            decision, reason=wording.for_device(decision.reason, gpus=isvc.spec.resources.gpus)
-        )
-        mem.state = decision.state
         result = TickResult(decision, reading.condition_reason or conditions.ACTIVE)
 
         fields = decision_status(decision, reading.observation, when)
@@ -440,12 +424,7 @@ class Autoscaler:
         if to_zero and not await self._ready_for_zero(isvc, body, written, on_zero):
             return result  # the next tick decides again
         if decision.replicas_changed:
-            await self.kube.patch_merge(
-                k8s.DEPLOYMENT.path(ns, name),
-                {"spec": {"replicas": decision.replicas}},
-                field_manager=api.AUTOSCALER_FIELD_MANAGER,
-                subresource="scale",
-            )
+            await self._scale(ns, name, decision.replicas)
             result.scaled = True
         if decision.changed:
             metrics.count_decision(
@@ -524,30 +503,15 @@ class Autoscaler:
             spec.queries.model_dump(),
             arrival_window=prom_duration(2 * self.interval_seconds),
         )
-        if self._signals is None:
-            self._signals = self.signals_factory()
         # the max queue delay is each model's: held at the longest, never a lever of the pool's policy
         policy = replace(
             policy_from_spec(spec, stale_after_seconds=spec.window),
             max_queue_delay_min_seconds=delay,
             max_queue_delay_max_seconds=delay,
         )
-        gpus = pool.spec.resources.gpus
-        reading = _worded(
-            await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds), gpus
+        reading, _, decision = await self._decide(
+            pool, mem, queries, policy, deployment, delay, pool.spec.resources.gpus, now, wall
         )
-        self._note_reading(pool, mem, reading, now)
-        if mem.history_pending and reading.condition_reason is None:
-            await self._restore_history(pool, mem, queries.arrival_rate, policy, now, wall)
-        dstatus = deployment.get("status") or {}
-        current = Current(
-            replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
-            max_queue_delay_seconds=delay,
-            ready_replicas=int(dstatus.get("readyReplicas") or 0),
-        )
-        decision = decide(reading.observation, current, policy, mem.state, now)
-        decision = replace(decision, reason=wording.for_device(decision.reason, gpus=gpus))
-        mem.state = decision.state
         result = TickResult(decision, reading.condition_reason or conditions.ACTIVE)
         fields = decision_status(decision, reading.observation, when)
         if "lastDecision" in fields:  # the max queue delay is no decision of a pool's
@@ -557,18 +521,58 @@ class Autoscaler:
         )
         result.wrote_status = written.sent
         if decision.replicas_changed:
-            await self.kube.patch_merge(
-                k8s.DEPLOYMENT.path(ns, name),
-                {"spec": {"replicas": decision.replicas}},
-                field_manager=api.AUTOSCALER_FIELD_MANAGER,
-                subresource="scale",
-            )
+            await self._scale(ns, name, decision.replicas)
             result.scaled = True
             logger.info("autoscale ModelPool %s/%s: %s", ns, name, decision.reason)
             await self.kube.record_event(
                 api.pool_reference(body), reason=conditions.AUTOSCALED, message=decision.reason
             )
         return result
+
+    async def _decide(
+        self,
+        obj: _Scaled,
+        mem: _Memory,
+        queries: sig.Queries,
+        policy: Policy,
+        deployment: Mapping[str, Any],
+        max_queue_delay: float,
+        gpus: int,
+        now: float,
+        wall: dt.datetime,
+    ) -> tuple[sig.Reading, Current, Decision]:
+        """The step an InferenceService's tick and a ModelPool's share: read ``queries`` (the reason in
+        the words of a pod with ``gpus`` GPUs), note the reading (:meth:`_note_reading`), read the arrival
+        history back once, and the pure policy's decision for ``deployment`` (its replicas and Ready
+        replicas) with ``max_queue_delay`` (float seconds) in force; ``mem.state`` becomes the decision's."""
+        if self._signals is None:
+            self._signals = self.signals_factory()
+        reading = _worded(
+            await asyncio.to_thread(self._signals.read, queries, policy.stale_after_seconds), gpus
+        )
+        self._note_reading(obj, mem, reading, now)
+        if mem.history_pending and reading.condition_reason is None:
+            await self._restore_history(obj, mem, queries.arrival_rate, policy, now, wall)
+        dstatus = deployment.get("status") or {}
+        current = Current(
+            replicas=int((deployment.get("spec") or {}).get("replicas", 1)),
+            max_queue_delay_seconds=max_queue_delay,
+            ready_replicas=int(dstatus.get("readyReplicas") or 0),
+        )
+        decision = decide(reading.observation, current, policy, mem.state, now)
+        decision = replace(decision, reason=wording.for_device(decision.reason, gpus=gpus))
+        mem.state = decision.state
+        return reading, current, decision
+
+    async def _scale(self, namespace: str, name: str, replicas: int) -> None:
+        """Set the replicas of Deployment ``namespace/name`` through its scale subresource (field manager
+        ``kubeinfer-autoscaler``). Raises ``k8s.KubeError``."""
+        await self.kube.patch_merge(
+            k8s.DEPLOYMENT.path(namespace, name),
+            {"spec": {"replicas": replicas}},
+            field_manager=api.AUTOSCALER_FIELD_MANAGER,
+            subresource="scale",
+        )
 
     async def _read_quantization(
         self, isvc: api.InferenceService, reading: sig.Reading
@@ -743,11 +747,6 @@ def from_settings(kube: k8s.Kube, settings: Settings) -> Autoscaler:
         interval_seconds=settings.autoscale_interval_seconds,
         activator=settings.activator_enabled,
     )
-
-
-def _for_device(reading: sig.Reading, isvc: api.InferenceService) -> sig.Reading:
-    """``reading`` with its unknown reason in the words of ``isvc``'s device (:mod:`wording`)."""
-    return _worded(reading, isvc.spec.resources.gpus)
 
 
 def _worded(reading: sig.Reading, gpus: int) -> sig.Reading:
