@@ -64,7 +64,8 @@ lint: ## ruff, mypy (strict on kubeinfer/contract/, kubeinfer/shared/, operator/
 	@# mypy and import-linter cannot follow setuptools' package-dir mapping: give them a symlinked
 	@# kubeinfer/ tree, so kubeinfer.* imports are checked (not Any) and modules get their real names.
 	@# One at a time per checkout (flock): a second `make lint` removed that tree and shared mypy's
-	@# cache under a running one (mypy INTERNAL ERROR on whichever module it was reading).
+	@# cache under a running one (mypy INTERNAL ERROR on whichever module it was reading). mypy's cache
+	@# lives beside the tree, in .cache/mypy, so that a second run checks only what changed.
 	@mkdir -p .cache && flock .cache/lint.lock bash -c '\
 	  set -e; rm -rf .cache/lintroot && mkdir -p .cache/lintroot/kubeinfer; \
 	  ln -s "$(CURDIR)/kubeinfer/__init__.py" .cache/lintroot/kubeinfer/__init__.py; \
@@ -74,7 +75,8 @@ lint: ## ruff, mypy (strict on kubeinfer/contract/, kubeinfer/shared/, operator/
 	  ln -s "$(CURDIR)/runtime" .cache/lintroot/kubeinfer/runtime; \
 	  ln -s "$(CURDIR)/activator" .cache/lintroot/kubeinfer/activator; \
 	  cd .cache/lintroot; \
-	  echo "mypy --config-file pyproject.toml kubeinfer"; "$(CURDIR)/.venv/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" kubeinfer; \
+	  echo "mypy --config-file pyproject.toml kubeinfer"; \
+	  "$(CURDIR)/.venv/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" --cache-dir "$(CURDIR)/.cache/mypy" kubeinfer; \
 	  echo "lint-imports"; "$(CURDIR)/.venv/bin/lint-imports" --no-cache "$(CURDIR)/pyproject.toml"'
 
 lock: ## rewrite the lock, requirements/*.txt, from pyproject.toml's ranges (uv pip compile; pins kept); UPGRADE=1: newest allowed, UPGRADE=NAME: that package
