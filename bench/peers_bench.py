@@ -24,8 +24,10 @@ pooling, L2-normalized, 256 tokens at most), in precision-matched pairs (``PAIRS
   (MLServer with ``bench/peers/mlserver_minilm.py``: the same tokenizer, torch and pooling as
   kubeinfer's torch engine) and ``infinity-torch`` (infinity-emb 0.0.78, ``infinity_emb v2``, torch
   engine on the CPU).
-- Not in the default order (``--order`` adds them): ``kubeinfer-fp32`` (ONNX Runtime fp32) and
-  ``kubeinfer-2threads`` (``kubeinfer`` with two intra-op threads).
+- Not in the default order (``--order`` adds them): ``kubeinfer-fp32`` (ONNX Runtime fp32),
+  ``kubeinfer-2threads`` (``kubeinfer`` with two intra-op threads) and ``kubeinfer-2instances``
+  (``kubeinfer`` with ``instances: 2``: two batches computed at once, each on the default threads; its
+  ratios to the int8 peers are in ``ratios``).
 
 **Each peer at its best** (``peer_settings``, ``search_peer``): before the measured visits, each peer
 of ``--order`` is started once per setting of a short grid over the settings its documentation names
@@ -118,12 +120,14 @@ PEER_VENVS = {
     "infinity": ROOT / ".cache" / "peer-infinity",
 }
 #: kubeinfer's configurations: (engine, quantization mode, intra-op threads or None for the runtime's
-#: default: the CPUs less one, so one core stays for the event loop, HTTP and tokenization).
-KUBEINFER: dict[str, tuple[str, str, int | None]] = {
-    "kubeinfer": ("onnxruntime", "int8-dynamic", None),
-    "kubeinfer-fp32": ("onnxruntime", "none", None),
-    "kubeinfer-torch": ("torch", "none", None),
-    "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2),
+#: default: the CPUs less one, so one core stays for the event loop, HTTP and tokenization; instances:
+#: ``instances``, batches of the one queue computed at once, each on that many threads).
+KUBEINFER: dict[str, tuple[str, str, int | None, int]] = {
+    "kubeinfer": ("onnxruntime", "int8-dynamic", None, 1),
+    "kubeinfer-fp32": ("onnxruntime", "none", None, 1),
+    "kubeinfer-torch": ("torch", "none", None, 1),
+    "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2, 1),
+    "kubeinfer-2instances": ("onnxruntime", "int8-dynamic", None, 2),
 }
 
 
@@ -152,7 +156,7 @@ PAIRS = (
 KUBEINFER_REFERENCE = {
     **{
         name: "kubeinfer" if mode == "int8-dynamic" else "kubeinfer-torch"
-        for name, (_, mode, _t) in KUBEINFER.items()
+        for name, (_, mode, _t, _i) in KUBEINFER.items()
     },
     **{
         name: "kubeinfer" if peer.engine == "onnxruntime" else "kubeinfer-torch"
@@ -179,6 +183,11 @@ RATIOS = (
         for peer in peers
     ),
     ("kubeinfer_2threads_to_kubeinfer", "kubeinfer-2threads", "kubeinfer"),
+    ("kubeinfer_2instances_to_kubeinfer", "kubeinfer-2instances", "kubeinfer"),
+    *(
+        (f"kubeinfer_2instances_to_{peer.replace('-', '_')}", "kubeinfer-2instances", peer)
+        for peer in PAIRS[0][2]
+    ),
 )
 
 
@@ -442,13 +451,14 @@ def start_server(
 
         from hack.devtools.runtime_proc import RuntimeProcess
 
-        engine, mode, threads = KUBEINFER[name]
+        engine, mode, threads, instances = KUBEINFER[name]
         cfg = RuntimeConfig.model_validate(
             {
                 "model": {"engine": engine},
                 "quantization": {"mode": mode},
                 "device": "cpu",
                 "batching": {"max_batch_size": 32, "max_queue_size": 4096},
+                "instances": instances,
             }
         )
         env = {THREADS_ENV: str(threads)} if threads else {}
@@ -457,6 +467,7 @@ def start_server(
                 "engine": engine,
                 "quantization": mode,
                 "threads": threads or "default",
+                "instances": instances,
                 "batching": cfg.batching.model_dump(mode="json"),
                 "report": _kubeinfer_report(rt.metrics_text()),
             }
@@ -762,15 +773,16 @@ def in_process_limits(
     ``LIMIT_BATCH`` random texts of each kind (``preprocess`` + ``execute``, one batch at a time):
     ``{name: {kind: {"rows_per_second": LIMIT_BATCH / median seconds, "batch_seconds": median}}}``.
     That is the most a server of that engine could serve with full batches and nothing else on its
-    thread: the ceiling of its served rate, whatever the front end does."""
+    thread: the ceiling of its served rate, whatever the front end does. A configuration of several
+    instances has no such figure (its batches run side by side on other threads): it is left out."""
     import gc
 
     from kubeinfer.runtime.models.device import default_threads
 
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, Any]] = {}
-    for name in dict.fromkeys(n for n in names if n in KUBEINFER):
-        engine, mode, threads = KUBEINFER[name]
+    for name in dict.fromkeys(n for n in names if n in KUBEINFER and KUBEINFER[n][3] == 1):
+        engine, mode, threads, _ = KUBEINFER[name]
         t = threads or default_threads()
         progress(f"in process: {name} ({engine}, {mode}, {t} thread(s)), {repeats} batches of {LIMIT_BATCH}")
         model = rb.load_in_process(engine, mode, t)
@@ -1014,7 +1026,7 @@ def kubeinfer_answers(
 
     out: dict[str, dict[str, np.ndarray]] = {}
     for name in dict.fromkeys(["kubeinfer", *names]):
-        engine, mode, threads = KUBEINFER[name]
+        engine, mode, threads, _ = KUBEINFER[name]
         progress(f"kubeinfer's answers in process: {name} ({engine}, {mode})")
         model = rb.load_in_process(engine, mode, threads or default_threads())
         out[name] = {

@@ -39,11 +39,15 @@ def test_quick_visits_every_server_once_with_tiny_durations_unless_told_otherwis
 
 def test_pairs_match_precision_and_every_server_has_a_kubeinfer_reference() -> None:
     for _, kube, pair_peers in peers.PAIRS:
-        engine, mode, _ = peers.KUBEINFER[kube]
+        engine, mode, _, instances = peers.KUBEINFER[kube]
         want = "onnxruntime" if mode == "int8-dynamic" else "torch"
-        assert engine == want and all(peers.PEERS[p].engine == want for p in pair_peers)
+        assert engine == want and instances == 1 and all(peers.PEERS[p].engine == want for p in pair_peers)
         assert all(peers.KUBEINFER_REFERENCE[p] == kube for p in pair_peers)
     assert set(peers.KUBEINFER_REFERENCE) == set(peers.SERVERS)
+    # two instances of the int8 graph: compared with kubeinfer's one and with each int8 peer
+    assert peers.KUBEINFER["kubeinfer-2instances"] == ("onnxruntime", "int8-dynamic", None, 2)
+    two = {(num, den) for _, num, den in peers.RATIOS if num == "kubeinfer-2instances"}
+    assert two == {("kubeinfer-2instances", p) for p in ("kubeinfer", "mlserver-onnx", "litserve-onnx")}
 
 
 def test_peer_settings_cover_the_documented_knobs() -> None:
