@@ -5,17 +5,19 @@ texts, with and without ``batching.max_batch_tokens``.
 ``bench/results/token_budget.json``.
 
 One real ``kubeinfer-runtime serve`` process (``hack/devtools/runtime_proc.py``) per ``--overflow`` mode
-(``chunk``: a long text runs as its windows of the model's 256 tokens, pooled; ``truncate``: it is cut
-to the window) serves the bundled all-MiniLM-L6-v2 (``int8-dynamic``, as the demo; default batching: 32
-rows, 5 ms; ``limits.max_text_tokens`` 4096, so that a 10,000-character text, about 2,600 tokens, is
-chunked, not refused). It gets open-loop Poisson load at ``--rate`` (latency from each request's
-scheduled arrival, as ``runtime_bench.run_rate`` measures it): each request, drawn with probability
-``--long-share`` (5 %), one ``--long-chars``-character text (held-out sentences joined, a number of its
-own in front) or else one short held-out sentence. The token budgets (``--budgets``: ``off``, i.e. no
-``max_batch_tokens``, and the values given) are switched in the same process through the watched config
-file (hot reload, seen in the runtime's log), interleaved within each repeat in an order that rotates
-from repeat to repeat, and every budget of a repeat gets the same arrivals and the same texts (one seed
-per repeat), so the machine's drift and the draw of long requests hit them alike.
+(``chunk``: a long text runs as its windows of the model's 256 tokens, pooled; ``truncate``: it is cut to
+the window) and per ``--instances`` count (default 1; ``1,2`` measures two instances after one, each with
+the default intra-op threads, keyed ``"chunk, 2 instances"``) serves the bundled all-MiniLM-L6-v2
+(``int8-dynamic``, as the demo; default batching: 32 rows, 5 ms; ``limits.max_text_tokens`` 4096, so that
+a 10,000-character text, about 2,600 tokens, is chunked, not refused). It gets open-loop Poisson load at
+``--rate`` (latency from each request's scheduled arrival, as ``runtime_bench.run_rate`` measures it):
+each request, drawn with probability ``--long-share`` (5 %), one ``--long-chars``-character text
+(held-out sentences joined, a number of its own in front) or else one short held-out sentence. The token
+budgets (``--budgets``: ``off``, i.e. no ``max_batch_tokens``, and the values given) are switched in the
+same process through the watched config file (hot reload, seen in the runtime's log), interleaved within
+each repeat in an order that rotates from repeat to repeat, and every budget of a repeat gets the same
+arrivals and the same texts (one seed per repeat), so the machine's drift and the draw of long requests
+hit them alike.
 
 Per point: the short requests' P50, P99 and maximum, the long requests' P50, P99 and maximum (a few
 dozen per point: their P99 is near their maximum), errors of each (a request not answered 200 within
@@ -127,6 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--repeats", type=int, default=5, help="points per budget and mode (medians over them)"
     )
+    parser.add_argument(
+        "--instances",
+        default="1",
+        help="the model's instance counts, one runtime each per overflow mode (1,2: side by side; "
+        "executor threads on the one queue, each with the default intra-op threads)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "token_budget.json"))
     quiet.add_arguments(parser)
@@ -141,6 +149,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--overflow: {', '.join(unknown) or 'none given'}; choose from {', '.join(OVERFLOWS)}")
     if not 0.0 < args.long_share < 1.0:
         parser.error("--long-share must be between 0 and 1 (exclusive)")
+    try:
+        args.instances = [int(n) for n in _csv(args.instances)]
+    except ValueError:
+        parser.error(f"--instances: whole numbers, comma-separated: {args.instances!r}")
+    if not args.instances or min(args.instances) < 1:
+        parser.error("--instances: at least 1 each")
     if args.rate <= 0 or args.seconds <= 0:
         parser.error("--rate and --seconds must be positive")
     if args.repeats < 1:
@@ -252,16 +266,18 @@ def summarize(points: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 # --- the runtime ----------------------------------------------------------------------------------
 
 
-def runtime_config(args: argparse.Namespace, overflow: str, workdir: Path) -> Any:
-    """The ``RuntimeConfig`` served in mode ``overflow``: ``--model`` on the CPU (the tiny BERT written
-    under ``workdir``) named :data:`MODEL`, default batching with room to queue (4096),
-    ``limits.max_text_tokens`` :data:`MAX_TEXT_TOKENS`, no token budget (switched later)."""
+def runtime_config(args: argparse.Namespace, overflow: str, workdir: Path, instances: int = 1) -> Any:
+    """The ``RuntimeConfig`` served in mode ``overflow`` with ``instances`` model instances: ``--model``
+    on the CPU (the tiny BERT written under ``workdir``) named :data:`MODEL`, default batching with room
+    to queue (4096), ``limits.max_text_tokens`` :data:`MAX_TEXT_TOKENS`, no token budget (switched
+    later)."""
     from kubeinfer.runtime.config import RuntimeConfig
 
     sections: dict[str, Any] = {
         "batching": {"max_queue_size": 4096},
         "limits": {"max_text_tokens": MAX_TEXT_TOKENS},
         "device": "cpu",
+        "instances": instances,
     }
     if args.model == TINY:
         from hack.devtools.runtime_tiny import tiny_hf_dir
@@ -324,16 +340,24 @@ def point_line(where: str, point: dict[str, Any]) -> str:
     )
 
 
-async def measure_mode(args: argparse.Namespace, overflow: str, workdir: Path) -> dict[str, Any]:
-    """One ``--overflow`` mode: start its runtime, warm both request kinds, then the repeats with every
-    budget, interleaved (module docstring)."""
+def mode_name(overflow: str, instances: int) -> str:
+    """The key of one runtime's figures: the overflow mode, and the instance count when not 1."""
+    return overflow if instances == 1 else f"{overflow}, {instances} instances"
+
+
+async def measure_mode(
+    args: argparse.Namespace, overflow: str, workdir: Path, instances: int = 1
+) -> dict[str, Any]:
+    """One ``--overflow`` mode with ``instances`` model instances: start its runtime, warm both request
+    kinds, then the repeats with every budget, interleaved (module docstring)."""
     from kubeinfer.runtime.models.huggingface import heldout_sentences
 
     from hack.devtools.runtime_proc import RuntimeProcess
 
-    cfg = runtime_config(args, overflow, workdir)
+    cfg = runtime_config(args, overflow, workdir, instances)
     sentences = heldout_sentences()
-    progress(f"starting kubeinfer-runtime: {args.model}, overflow {overflow} (load + warmup)")
+    name = mode_name(overflow, instances)
+    progress(f"starting kubeinfer-runtime: {args.model}, overflow {name} (load + warmup)")
     points: dict[str, list[dict[str, Any]]] = {budget_name(b): [] for b in args.budgets}
     with RuntimeProcess(cfg) as rt:
         progress(f"runtime ready at {rt.url} (pid {rt.pid})")
@@ -354,18 +378,24 @@ async def measure_mode(args: argparse.Namespace, overflow: str, workdir: Path) -
                         in_force = budget
                     point = await run_point(rt, session, args, bodies, long, seed)
                     points[budget_name(budget)].append(point)
-                    where = f"{overflow} repeat {repeat + 1}/{args.repeats} budget {budget_name(budget)}"
+                    where = f"{name} repeat {repeat + 1}/{args.repeats} budget {budget_name(budget)}"
                     progress(point_line(where, point))
     return {**summarize(points), "batching": cfg.batching.model_dump(mode="json")}
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """Every ``--overflow`` mode in turn; the figures (module docstring)."""
-    by_overflow = {mode: await measure_mode(args, mode, workdir) for mode in args.overflow}
+    """Every ``--overflow`` mode with every ``--instances`` count in turn; the figures (module
+    docstring), keyed by ``mode_name``."""
+    by_overflow = {
+        mode_name(mode, n): await measure_mode(args, mode, workdir, n)
+        for mode in args.overflow
+        for n in args.instances
+    }
     return {
         "model": args.model,
         "quantization": args.quantization if args.model == MODEL else "none",
         "rate_rps": args.rate,
+        "instances": args.instances,
         "long_share": args.long_share,
         "long_chars": args.long_chars,
         "seconds_per_point": args.seconds,

@@ -27,7 +27,7 @@ def test_defaults_fit_the_task() -> None:
     assert args.overflow == ["chunk", "truncate"] and args.budgets[0] is None and len(args.budgets) > 1
     assert args.long_share == 0.05 and args.long_chars == 10_000 and args.repeats >= 3
     assert Path(args.out) == Path(rb.ROOT) / "bench" / "results" / "token_budget.json"
-    assert args.noisy is False
+    assert args.noisy is False and args.instances == [1]
     # load per mode: repeats x budgets x seconds, within the ~5 minutes a mode is sized for
     assert args.repeats * len(args.budgets) * args.seconds <= 300
 
@@ -42,6 +42,8 @@ def test_defaults_fit_the_task() -> None:
         (["--long-share", "1"], "--long-share"),
         (["--repeats", "0"], "--repeats"),
         (["--seconds", "0"], "--seconds"),
+        (["--instances", "0"], "--instances: at least 1 each"),
+        (["--instances", "two"], "--instances: whole numbers"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(
@@ -51,6 +53,15 @@ def test_bad_options_exit_2_with_one_line(
         token_budget.parse_args(argv)
     assert raised.value.code == 2
     assert words in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_each_instance_count_is_a_runtime_of_its_own_keyed_by_mode_and_count(tmp_path: Path) -> None:
+    args = token_budget.parse_args(["--model", "tiny", "--instances", "1,2"])
+    assert args.instances == [1, 2]
+    assert [token_budget.mode_name("chunk", n) for n in args.instances] == ["chunk", "chunk, 2 instances"]
+    (tmp_path / "tiny").mkdir()  # the tiny model's directory exists: nothing is written
+    assert token_budget.runtime_config(args, "chunk", tmp_path, 2).instances == 2
+    assert token_budget.runtime_config(args, "chunk", tmp_path).instances == 1
 
 
 def test_every_budget_of_a_repeat_gets_the_same_requests() -> None:
