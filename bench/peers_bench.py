@@ -88,6 +88,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -763,28 +764,62 @@ def search_peer(
 
 #: Rows per batch of the in-process limit (kubeinfer's max batch size).
 LIMIT_BATCH = 32
+#: Smaller batches timed alone beside it (``small_batch_seconds``): under P99 <= 100 ms a 100-token
+#: passage's batches stay this small.
+SMALL_BATCHES = (1, 2, 4, 8)
+
+
+def _instances_rate(model: Any, batches: Sequence[np.ndarray], threads: int, instances: int) -> float:
+    """Rows/s of ``batches`` run by ``instances`` threads at once on the one ``model`` (each taking the
+    next batch when its last is done, as the runtime's executor threads take batches from its queue):
+    all rows over the wall time from the first start to the last end."""
+    import concurrent.futures
+
+    queue = list(batches)
+    lock = threading.Lock()
+
+    def worker() -> int:
+        rows = 0
+        while True:
+            with lock:
+                if not queue:
+                    return rows
+                batch = queue.pop()
+            rb._timed_batch(model, batch, threads)
+            rows += len(batch)
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(instances) as pool:
+        rows = sum(pool.map(lambda _: worker(), range(instances)))
+    return rows / (time.perf_counter() - t0)
 
 
 def in_process_limits(
     names: Sequence[str], texts: dict[str, list[str]], repeats: int, seed: int
 ) -> dict[str, dict[str, Any]]:
-    """For each kubeinfer configuration of ``names`` (with its default thread count, 1 on two cores):
-    the model loaded in this process as the runtime loads it, warmed up, then ``repeats`` batches of
-    ``LIMIT_BATCH`` random texts of each kind (``preprocess`` + ``execute``, one batch at a time):
-    ``{name: {kind: {"rows_per_second": LIMIT_BATCH / median seconds, "batch_seconds": median}}}``.
-    That is the most a server of that engine could serve with full batches and nothing else on its
-    thread: the ceiling of its served rate, whatever the front end does. A configuration of several
-    instances has no such figure (its batches run side by side on other threads): it is left out."""
+    """For each kubeinfer configuration of ``names`` (with its default thread count, 1 on two cores): the
+    model loaded in this process as the runtime loads it, warmed up, then ``repeats`` batches of
+    ``LIMIT_BATCH`` random texts of each kind (``preprocess`` + ``execute``): ``{name: {kind:
+    {"rows_per_second", "batch_seconds", "small_batch_seconds", "threads", "instances"}}}``
+    (``small_batch_seconds``: the median seconds of a batch of each of ``SMALL_BATCHES`` rows, alone).
+    One instance: one batch at a time, rows/s = ``LIMIT_BATCH`` / the median batch's seconds. Several:
+    that many threads take the batches at once on the one model (``_instances_rate``), rows/s = all rows
+    / the wall time, ``batch_seconds`` the median batch alone before them. That is the most a server of
+    that engine could serve with full batches and nothing else on the machine: the ceiling of its served
+    rate, whatever the front end does (with ``instances`` as the CPUs, every core computing)."""
     import gc
 
     from kubeinfer.runtime.models.device import default_threads
 
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, Any]] = {}
-    for name in dict.fromkeys(n for n in names if n in KUBEINFER and KUBEINFER[n][3] == 1):
-        engine, mode, threads, _ = KUBEINFER[name]
+    for name in dict.fromkeys(n for n in names if n in KUBEINFER):
+        engine, mode, threads, instances = KUBEINFER[name]
         t = threads or default_threads()
-        progress(f"in process: {name} ({engine}, {mode}, {t} thread(s)), {repeats} batches of {LIMIT_BATCH}")
+        progress(
+            f"in process: {name} ({engine}, {mode}, {instances} x {t} thread(s)), "
+            f"{repeats} batches of {LIMIT_BATCH}"
+        )
         model = rb.load_in_process(engine, mode, t)
         model.warmup(LIMIT_BATCH, 1)
         figures = {}
@@ -798,8 +833,23 @@ def in_process_limits(
             for batch in batches[:2]:
                 rb._timed_batch(model, batch, t)
             median = statistics.median(rb._timed_batch(model, batch, t) for batch in batches[2:])
-            figures[kind] = {"rows_per_second": LIMIT_BATCH / median, "batch_seconds": median, "threads": t}
-            progress(f"  {kind}: {LIMIT_BATCH / median:.0f} rows/s ({median * 1000:.1f} ms a batch)")
+            rate = LIMIT_BATCH / median
+            if instances > 1:
+                rate = _instances_rate(model, batches[2:] * instances, t, instances)
+            # small batches, the sizes a P99 of SLO_P99_SECONDS leaves room for on long texts
+            small = {
+                b: statistics.median(rb._timed_batch(model, batch[:b], t) for batch in batches[2:])
+                for b in SMALL_BATCHES
+            }
+            figures[kind] = {
+                "rows_per_second": rate,
+                "batch_seconds": median,
+                "small_batch_seconds": {str(b): seconds for b, seconds in small.items()},
+                "threads": t,
+                "instances": instances,
+            }
+            sizes = ", ".join(f"s({b}) {seconds * 1000:.0f} ms" for b, seconds in small.items())
+            progress(f"  {kind}: {rate:.0f} rows/s ({median * 1000:.1f} ms a batch alone; {sizes})")
         out[name] = figures
         del model
         gc.collect()
@@ -952,6 +1002,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="batches timed for the in-process limit (15; 0: skip it)",
     )
+    parser.add_argument(
+        "--limits-only",
+        action="store_true",
+        help="only the in-process limits of the kubeinfer configurations of --order (the engine's "
+        "ceiling on this machine; a few minutes), no server started",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     quiet.add_arguments(parser)
@@ -1087,11 +1143,22 @@ def run_visits(
     return visits
 
 
+def _write(args: argparse.Namespace, argv: list[str] | None, run: Any, result: dict[str, Any]) -> Path:
+    """``result`` with the command and ``run``'s stamp (machine, load, noisy) written to ``--out``."""
+    result = run.stamp(
+        {**result, "command": ["bench/peers_bench.py", *(sys.argv[1:] if argv is None else argv)]}
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the settings searches and the visits (``parse_args``' options) under the bench lock and
     write ``--out``."""
     args = parse_args(argv)
-    peers_used = {PEERS[n].server for n in args.order if n in PEERS}
+    peers_used = {PEERS[n].server for n in args.order if n in PEERS and not args.limits_only}
     missing = [n for n in peers_used if not (PEER_VENVS[n] / "bin" / "python").exists()]
     if missing:
         print(
@@ -1104,6 +1171,12 @@ def main(argv: list[str] | None = None) -> int:
     with quiet.quiet_run("peers_bench", args, log=progress) as run:
         started = time.monotonic()
         model_path, texts, reference = load_texts(args)
+        if args.limits_only:
+            limits = in_process_limits(args.order, texts, args.limit_repeats or 15, args.seed)
+            result = {"model": MODEL, "intra_op_threads": threads, "order": args.order, "in_process": limits}
+            out = _write(args, argv, run, {**result, "elapsed_seconds": time.monotonic() - started})
+            progress(f"wrote {out}{' (noisy: not a source of figures)' if run.noisy else ''}")
+            return 0
         tokens = {k: [len(t.split()) for t in v] for k, v in texts.items()}
         counts = {k: len(v) for k, v in reference.items()}
         answers, graph = kubeinfer_answers([KUBEINFER_REFERENCE[n] for n in args.order], texts, counts)
@@ -1154,12 +1227,8 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary,
             "visits": visits,
             "elapsed_seconds": time.monotonic() - started,
-            "command": ["bench/peers_bench.py", *(sys.argv[1:] if argv is None else argv)],
         }
-        result_json = run.stamp(result_json)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result_json, indent=1) + "\n", encoding="utf-8")
+        out = _write(args, argv, run, result_json)
     for line in table(summary):
         progress(line)
     progress(f"wrote {out}{' (noisy: not a source of figures)' if run.noisy else ''}")

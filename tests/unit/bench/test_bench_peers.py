@@ -4,6 +4,7 @@ search, the figures). No server is started, nothing is measured."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from pathlib import Path
@@ -285,3 +286,38 @@ def test_summary_with_the_in_process_limit_gives_the_served_share_and_the_ceilin
     assert ratio["value"] == pytest.approx(1.7) and ratio["ceiling"] == pytest.approx(2.0)
     assert "limit_rps" not in summary["sentences"]["servers"]["mlserver-onnx"]
     assert any("x2.00 at its engine's in-process limit" in line for line in peers.table(summary))
+
+
+class _CountingModel:
+    """A model whose batch waits until ``instances`` batches run at once (at most 2 s: an engine's run
+    releases the GIL), counting the rows and the most batches seen running together."""
+
+    def __init__(self, instances: int) -> None:
+        import threading
+
+        self.rows = self.running = self.most = 0
+        self.lock = threading.Lock()
+        self.together = threading.Barrier(instances)
+
+    def preprocess(self, requests: list[dict[str, Any]]) -> list[Any]:
+        return [r["text"] for r in requests]
+
+    def execute(self, batch: list[Any]) -> None:
+        import threading
+
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.together.wait(timeout=2.0)  # the last batches may have no partner
+        with self.lock:
+            self.running -= 1
+            self.rows += sum(len(b) for b in batch)
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_instances_rate_runs_every_batch_once_with_that_many_at_once(instances: int) -> None:
+    batches = [np.array([b"x"] * 4, dtype=object) for _ in range(10)]
+    model = _CountingModel(instances)
+    rate = peers._instances_rate(model, batches, 1, instances)
+    assert model.rows == 40 and model.most == instances and rate > 0
