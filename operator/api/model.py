@@ -361,7 +361,9 @@ class BatchingSpec(_Spec):
         "overflow chunk a longer row counts as its windows laid end to end): a "
         "request that would pass it waits for the next batch, so a long text does not pad a batch of "
         "short ones to its length (TEI's max_batch_tokens). One window's tokens (256 for the bundled "
-        "MiniLM) keeps short requests' P99 lowest beside long ones, which then take longer. Hot-reloaded. "
+        "MiniLM) keeps short requests' P99 lowest beside long ones, which then take longer; with two "
+        "instances (spec.model.instances) on a two-core replica a short request also runs beside a batch "
+        "of windows. Hot-reloaded. "
         "Unset: rows alone bound a batch (maxBatchSize).",
     )
 
