@@ -47,13 +47,16 @@ Per request: ``timeout`` (microseconds, Triton semantics) is enforced while queu
 event loop: when it expires before the request's batch is taken, the request fails with 504. Once a
 batch is taken it runs to completion.
 
-Load shedding (``Batcher._admit``): the queue holds at most ``max_queue_size`` requests, and a level
+Load shedding (``Batcher._admit``): the queue admits at most ``max_queue_size`` requests, and a level
 with a limit in ``priority_queue_sizes`` (Triton's per-priority queue policy) at most that many. When
 the whole queue is full, an arrival of a higher priority than the lowest queued one displaces the newest
 request of the lowest queued level (its whole requests before its window parts), which fails with 429;
 otherwise (its own level full, or nothing of a lower priority queued) the arrival fails at once with
 429. Both carry a ``Retry-After`` hint, and ``kubeinfer_shed_requests_total{priority, reason}`` counts
-them, so a tier is only shed after every lower tier.
+them, so a tier is only shed after every lower tier. An arrival displaces at most as many requests as
+places it takes, also when the queue holds more than ``max_queue_size``: a chunked request's later
+window queues without admission ("Windows" below), and a smaller ``max_queue_size`` keeps the requests
+already queued.
 
 One request of more rows than ``max_batch_size`` (an OpenAI request of many texts) is queued as
 several pieces of at most ``max_batch_size`` rows (``Batcher.infer_pieces``, ``split_rows``), admitted
@@ -789,7 +792,10 @@ class Batcher:
                 f"{queued_here} requests queued at priority {level}, limit {level_limit}"
                 + (f"; this one needs {count} places" if count > 1 else "")
             )
-        over = self._queued + count - s.max_queue_size
+        # never more than the places it takes: the queue may hold more than max_queue_size (a chunked
+        # request's later window queues without admission, a smaller max_queue_size keeps what is
+        # queued), and one arrival does not shed the requests admitted before it down to the size
+        over = min(self._queued + count - s.max_queue_size, count)
         if over <= 0:
             return
         # the newest whole requests of the lowest level first, then its window parts (a part's

@@ -389,3 +389,34 @@ async def test_a_close_between_two_windows_answers_503_not_never() -> None:
     with pytest.raises(ServingError) as err:
         await asyncio.wait_for(long, 5)
     assert err.value.status == 503 and model.firsts == [[300.0]]
+
+
+async def test_an_arrival_displaces_one_request_when_a_later_window_filled_the_queue_past_its_size() -> None:
+    # a later window queues without admission (its request holds its place from its first window on),
+    # so the queue may hold more than max_queue_size; a high-priority arrival still displaces one
+    # request for its one place, not every request down to the size
+    model = WindowedFake()
+    model.gate = threading.Event()
+    batcher = batcher_of(model, max_batch_size=8, max_queue_size=2)
+    try:
+        long = asyncio.ensure_future(batcher.infer(rows(300), priority=2))
+        await started(model.started)  # its first window runs
+        batcher.update_settings(BatchSettings(max_batch_size=8, max_queue_delay_seconds=10, max_queue_size=2))
+        first = asyncio.ensure_future(batcher.infer(rows(1), priority=2))  # not full, not due: wait
+        second = asyncio.ensure_future(batcher.infer(rows(2), priority=2))
+        await asyncio.sleep(0.02)
+        model.gate.set()  # the first window ends; the second queues: three queued
+        for _ in range(200):
+            if batcher.queued == 3:
+                break
+            await asyncio.sleep(0.005)
+        assert batcher.queued == 3
+        high = asyncio.ensure_future(batcher.infer(rows(3), priority=1))
+        with pytest.raises(ServingError) as err:
+            await second
+        await asyncio.sleep(0.02)
+        assert not first.done()  # kept: the arrival needed one place
+    finally:
+        await batcher.drain(5)
+    await asyncio.gather(long, first, high)
+    assert err.value.status == 429
