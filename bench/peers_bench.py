@@ -88,7 +88,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -775,23 +774,10 @@ def _instances_rate(model: Any, batches: Sequence[np.ndarray], threads: int, ins
     all rows over the wall time from the first start to the last end."""
     import concurrent.futures
 
-    queue = list(batches)
-    lock = threading.Lock()
-
-    def worker() -> int:
-        rows = 0
-        while True:
-            with lock:
-                if not queue:
-                    return rows
-                batch = queue.pop()
-            rb._timed_batch(model, batch, threads)
-            rows += len(batch)
-
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(instances) as pool:
-        rows = sum(pool.map(lambda _: worker(), range(instances)))
-    return rows / (time.perf_counter() - t0)
+        list(pool.map(lambda batch: rb._timed_batch(model, batch, threads), batches))
+    return sum(len(batch) for batch in batches) / (time.perf_counter() - t0)
 
 
 def in_process_limits(
