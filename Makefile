@@ -23,34 +23,19 @@ PYTEST_DURATIONS := --durations=30 --durations-min=1
 
 # The unit and integration tiers on two workers, a test file per worker at a time (module fixtures stay
 # whole): their tests wait on processes and servers as much as they compute, so two take about 60 % of
-# one's wall time on 2 cores. One pytest per tier, so that each tier's time is its own. The e2e tier
-# alone after them: one node cluster per machine, and its timing-sensitive cases (the autoscaler's
-# loop on the node) want the CPU to themselves. Every tier runs even if one before it failed.
+# one's wall time on 2 cores. One pytest per tier, so that each tier's time is its own.
 PYTEST_WORKERS := -n 2 --dist loadfile
 # The integration tier on three: its tests wait longer still (runtime processes starting, API servers),
 # and side by side on the quiet 2-core machine three workers took it from 633 s to 496 s (the CPU busy
 # 74 % of the time with two, 87 % with three).
 INTEGRATION_WORKERS := -n 3 --dist loadfile
 
-# Meanwhile `hack/cluster.py preload` loads the built images into the node's image store (a
-# containerd of its own, niced: after a runtime image rebuild, as on CI, its export and import take
-# about two minutes that the e2e session's start would otherwise wait for); the e2e tier waits for it.
-PRELOAD_LOG := .cache/logs/preload.log
-
-test: images ## setup and images, then the unit and integration tests (two and three workers) while the images load into the node's store, then the end-to-end (real node) tests; prints the 30 slowest and each tier's time
-	@mkdir -p $(dir $(PRELOAD_LOG)); \
-	  nice -n 10 $(PY) hack/cluster.py preload >$(PRELOAD_LOG) 2>&1 & preload=$$!; \
-	  trap 'kill $$preload 2>/dev/null' EXIT; \
-	  rc=0; \
-	  for tier in "$(PYTEST_WORKERS) tests/unit" "$(INTEGRATION_WORKERS) tests/integration" "tests/e2e"; do \
-	    if [ "$$tier" = tests/e2e ]; then \
-	      wait $$preload || echo "image preload failed (the e2e session loads the images itself):" >&2; \
-	      tail -n 4 $(PRELOAD_LOG) >&2; \
-	    fi; \
-	    $(PY) -m pytest $(PYTEST_DURATIONS) $$tier; r=$$?; \
-	    if [ $$r -eq 5 ]; then echo "pytest collected no tests ($$tier): failing" >&2; r=1; fi; \
-	    if [ $$rc -eq 0 ]; then rc=$$r; fi; \
-	  done; exit $$rc
+# hack/test.sh: the unit tier while the images load into the node's image store, then the integration
+# tier beside the e2e tier (one node cluster per machine: the e2e tier is one pytest; its modules that
+# time the node's CPU run last, after the integration tier). Every tier runs even if one before it failed.
+test: images ## setup and images, then the unit tests while the images load into the node's store, then the integration tests beside the end-to-end (real node) tests; prints the 30 slowest and each tier's time
+	@bash hack/test.sh $(PY) "$(PYTEST_DURATIONS) $(PYTEST_WORKERS)" "$(PYTEST_DURATIONS) $(INTEGRATION_WORKERS)" \
+	  "$(PYTEST_DURATIONS)"
 
 test-unit: ## unit tests only (no setup of the control plane; two workers)
 	@$(PY) -m pytest $(PYTEST_DURATIONS) $(PYTEST_WORKERS) tests/unit

@@ -16,6 +16,11 @@
   their graph cache (``spec.server.graphCache``, as a user with many replicas of one model would): the
   first pod of the session exports and quantizes the model, every later one loads those graphs (a
   250m replica Ready in about 10 s instead of about 40). Its ``claim(namespace)`` makes the claim.
+- ``quiet_node`` (a marker of test files): files whose assertions time the node's CPU (the autoscaler's
+  closed loop, a burst learned and met, bounds in seconds on what the node does) run after every other
+  file of the session, and first wait for the lock named by ``KUBEINFER_QUIET_NODE_LOCK``: the lock that
+  the tier `make test` runs beside this one holds while it runs (``hack/test.sh``). Unset (this tier
+  alone), nothing waits.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,7 @@ from hack.devtools.prom import (
 )
 from hack.podnetwork import NODE_IP
 from tests.support.cluster import Cluster, wait_until
+from tests.support.tierlock import wait_for_quiet_node
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeinfer"
@@ -51,10 +58,58 @@ OPERATOR_PODS = "app.kubernetes.io/name=kubeinfer,app.kubernetes.io/component=op
 #: ``helm install`` flags of the tests' releases: the operator's readiness probed every 2 s from 1 s
 #: (the chart's default, 5 s then every 10 s, keeps a started operator un-Ready for up to 10 s more;
 #: the tests start one several times: installs, a rollout restart, a scale back to 1). Same endpoint.
+#: The environment variable that names the lock of a tier running beside this one (``hack/test.sh``).
+QUIET_NODE_LOCK_ENV = "KUBEINFER_QUIET_NODE_LOCK"
+#: Seconds a ``quiet_node`` file waits for that lock before it fails: the integration tier's budget, twice.
+QUIET_NODE_WAIT_SECONDS = 1440.0
 FAST_READINESS = (
     "--set", "readinessProbe.initialDelaySeconds=1",
     "--set", "readinessProbe.periodSeconds=2",
 )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "quiet_node: the file times the node's CPU: it runs after the others, once no tier runs beside "
+        f"this one (the lock ${QUIET_NODE_LOCK_ENV} names)",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``quiet_node`` files after every other (a stable sort: each part keeps its order)."""
+    items.sort(key=lambda item: item.get_closest_marker("quiet_node") is not None)
+
+
+_QUIET_NODE_HELD = pytest.StashKey[Any]()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before the first ``quiet_node`` test (outside pytest-timeout's timer, which starts inside this
+    wrapper): the node to this tier alone (see the module docstring). Held shared to the session's end;
+    past ``QUIET_NODE_WAIT_SECONDS`` the tests run anyway, with a line saying so."""
+    lock = os.environ.get(QUIET_NODE_LOCK_ENV)
+    config = item.config
+    if lock and item.get_closest_marker("quiet_node") is not None and _QUIET_NODE_HELD not in config.stash:
+        capture = config.pluginmanager.getplugin("capturemanager")
+
+        def say(line: str) -> None:  # past the capture: the run's log shows why it pauses
+            with capture.global_and_fixture_disabled():
+                print(f"\n{item.nodeid}: {line}", flush=True)
+
+        t0 = time.monotonic()
+        try:
+            config.stash[_QUIET_NODE_HELD] = wait_for_quiet_node(
+                Path(lock), timeout=QUIET_NODE_WAIT_SECONDS, say=say
+            )
+        except TimeoutError as e:
+            config.stash[_QUIET_NODE_HELD] = None
+            say(f"{e}: the quiet_node files run beside it")
+        else:
+            if (waited := time.monotonic() - t0) >= 1.0:
+                say(f"waited {waited:.0f} s")
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ from tests.support.cluster import Cluster, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "scaled"
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.quiet_node]
 
 #: Closed-loop clients in phase 2 = this x target P99 x one replica's measured capacity (requests/s):
 #: by Little's law their mean wait is about this many times the target.

@@ -64,7 +64,7 @@ from tests.support.cluster import Cluster, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "bursty"
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.quiet_node]
 
 TARGET_P99 = 1.0  # seconds
 MAX_BATCH = 8

@@ -7,12 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.e2e.conftest import OPERATOR_NAMESPACE, OPERATOR_PODS, isvc_condition, wait_isvc
 from tests.support.cluster import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: A namespace's deletion within a minute is a bound in seconds on what the node does.
+pytestmark = pytest.mark.quiet_node
 
 
 def _isvc(name: str, **spec: Any) -> dict[str, Any]:

@@ -44,7 +44,7 @@ DENIED = re.compile(
     r'HTTP/1\.1" 403|\bstatus[=:]\s*403\b|\b403 Forbidden'
 )
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.quiet_node]
 
 
 def _isvc(namespace: str, graph_cache: str) -> dict[str, Any]:

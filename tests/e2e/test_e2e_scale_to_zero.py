@@ -53,7 +53,7 @@ from tests.e2e.conftest import OPERATOR_NAMESPACE, isvc_condition, wait_isvc
 from tests.support.cluster import Cluster, wait_until
 from tests.support.storage import FileServer
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.quiet_node]
 
 NAME = "zero"
 #: The services of the module: the 1 REST request then the drain; the 10 gRPC calls then the activator
