@@ -484,6 +484,68 @@ def test_burst_base_trend_and_burst() -> None:
     assert _burst_base(1600.0, 1000.0, 1.8) == 1000.0
 
 
+def test_inside_a_burst_the_headroom_stands_on_the_lowest_reading_of_the_lead() -> None:
+    # The burst-headroom e2e's scale-in, replayed on its figures: min 3, max 4 replicas, s(b) = 34.75 ms
+    # x b (28.8/s per replica at full batches of 8), a level of 48.7/s with x1.95 bursts of 30 s every
+    # 4 minutes learned, and a live x1.4 burst read at 65/s. On the level, 65/s is under halfway to x1.95
+    # (71.8/s): a rise carried ahead, 2 x 65 - 48.7 = 81.3/s, x1.95 → 4 replicas kept. One reading of the
+    # last minute at 43.8/s (10 % under the level, the arrival rate's irate noise) is the floor: 65/s is
+    # over halfway from it, inside a burst, and the headroom stands on it, 1.95 x 43.8 = 85.5/s, which
+    # 3 replicas serve (86.3/s): the bursts are still learned and the count is three.
+    policy = Policy(
+        min_replicas=3,
+        max_replicas=4,
+        target_p99_seconds=1.0,
+        gpu_low=0.05,
+        gpu_high=0.95,
+        max_queue_delay_min_seconds=0.005,
+        max_queue_delay_max_seconds=0.02,
+        scale_down_stabilization_seconds=30,
+        scale_up_cooldown_seconds=4,
+        scale_down_cooldown_seconds=5,
+        max_queue_delay_cooldown_seconds=10,
+        stale_after_seconds=20,
+    )
+    obs = Observation(
+        0.42,
+        0.61,
+        request_rate=68.2,
+        queue_size=2.0,
+        inflight_requests=8.0,
+        sample_age_seconds=1.0,
+        arrival_rate=65.0,
+        service_time_a_seconds=0.0,
+        service_time_c_seconds=0.0347498,
+        max_batch_size=8,
+    )
+
+    def past_burst(age: int) -> bool:
+        return 300 < age < 1740 and (age - 300) % 240 < 30
+
+    def history(dip: float) -> list[tuple[float, float]]:
+        """5 s samples of the last 30 minutes: the level, the past's bursts, the live burst's last 25 s
+        and, 40 s ago, one reading ``dip`` x the level."""
+        level = 48.7
+        return [
+            (age, level * (1.4 if age <= 25 else dip if age == 40 else 1.95 if past_burst(age) else 1.0))
+            for age in range(5, 1800, 5)
+        ]
+
+    four = Current(4, 0.02, ready_replicas=4)
+    for dip, replicas in ((1.0, 4), (0.9, 3)):
+        state = restore_arrivals(SETTLED, history(dip), now=0.0, policy=policy)
+        t = Tick.of(obs, four, policy, state, 0.0)
+        assert t.burst is not None and t.burst.factor == pytest.approx(1.95) and t.burst.bursts == 6
+        assert t.burst.level == pytest.approx(48.7 * dip)
+        assert t.needed == replicas, (dip, t.needed)
+        assert decide(obs, four, policy, state, 0.0).replicas == replicas
+    # A replay in a fresh State (a restarted controller: first_seen unknown) never scales in: it waits
+    # for a first stabilization window. Comparing a running operator's scale-in with it needs first_seen.
+    fresh = restore_arrivals(State(), history(0.9), now=0.0, policy=policy)
+    held = decide(obs, four, policy, fresh, 0.0)
+    assert held.replicas == 4 and "stabilization window" in held.reason, held.reason
+
+
 def test_burst_headroom_stands_on_the_arrivals_not_on_a_backlog_draining() -> None:
     # Just after a burst the replicas complete 2700/s (the backlog draining) while 2000/s arrive. The
     # headroom is x1.8 of what arrives: 3600/s at full capacity → 4. Standing on the completions (the
