@@ -61,6 +61,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -77,6 +78,7 @@ from typing import Any
 
 import numpy as np
 import quiet
+from frontend_floor import starlette_app
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -86,13 +88,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SLO_P99_SECONDS = 0.100
-FLOOR_RESPONSE = json.dumps(
-    {
-        "model_name": "floor",
-        "model_version": "1",
-        "outputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0, 0.0, 0.0, 0.0]}],
-    }
-).encode()
+#: granian's venv (``hack/setup.sh --bench-granian``): granian alone, reading this .venv's packages after its
+#: own through ``KUBEINFER_BENCH_SITE_PACKAGES`` (hack/lock.py OVERLAYS).
+GRANIAN_VENV = ROOT / ".cache" / "bench-granian"
+#: The granian floors measured by default (``--granian``): ``parse_granian_settings``'s syntax.
+DEFAULT_GRANIAN = "asgi/1,asgi/2,rsgi/1,rsgi/2"
 
 
 def progress(message: str) -> None:
@@ -107,16 +107,7 @@ def floor_server(host: str) -> int:
     """Serve the fixed response on the runtime's HTTP stack until SIGTERM (``--floor-server``)."""
     import uvicorn
     from kubeinfer.runtime.process import event_loop_factory
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
 
-    async def infer(request: Request) -> Response:
-        await request.body()
-        return Response(FLOOR_RESPONSE, 200, media_type="application/json")
-
-    app = Starlette(routes=[Route("/v2/models/{name}/infer", infer, methods=["POST"])])
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -124,11 +115,89 @@ def floor_server(host: str) -> int:
     sock.listen(2048)
     sock.setblocking(False)
     print(f"listening on http://{host}:{sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(app, lifespan="off", log_level=logging.WARNING, access_log=False)
+    config = uvicorn.Config(starlette_app(), lifespan="off", log_level=logging.WARNING, access_log=False)
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GranianSettings:
+    """One granian floor server: its interface and threads, the rest fixed at what granian documents
+    for a small machine (one worker: the runtime's one process; uvloop, as the runtime's loop; HTTP/1
+    only, as the clients speak; no websockets; one blocking thread, the only value granian takes on
+    ASGI and RSGI; the runtime's backlog, 2048).
+
+    ``interface`` ``asgi`` serves ``frontend_floor.starlette_app`` (the uvicorn floor's app), ``rsgi``
+    ``frontend_floor.rsgi_app`` (no framework). ``runtime_threads``: granian's Rust I/O threads per
+    worker; ``runtime_mode``: ``auto`` (granian picks: ``st`` for RSGI on one thread, else ``mt``),
+    ``st`` or ``mt``."""
+
+    interface: str
+    runtime_threads: int = 1
+    runtime_mode: str = "auto"
+    loop: str = "uvloop"
+    http: str = "1"
+    blocking_threads: int = 1
+    backlog: int = 2048
+    workers: int = 1
+
+    @property
+    def label(self) -> str:
+        """``asgi t1``, ``rsgi t2 st``: the key of its figures in the JSON."""
+        mode = "" if self.runtime_mode == "auto" else f" {self.runtime_mode}"
+        return f"{self.interface} t{self.runtime_threads}{mode}"
+
+    def argv(self, host: str, port: int) -> list[str]:
+        """granian's command-line arguments (after ``python -m granian``) serving on ``host:port``."""
+        target = "frontend_floor:starlette_app" if self.interface == "asgi" else "frontend_floor:rsgi_app"
+        return [
+            "--interface", self.interface, "--host", host, "--port", str(port),
+            "--workers", str(self.workers), "--runtime-threads", str(self.runtime_threads),
+            "--runtime-mode", self.runtime_mode, "--loop", self.loop, "--http", self.http, "--no-ws",
+            "--blocking-threads", str(self.blocking_threads), "--backlog", str(self.backlog),
+            "--log-level", "warning", "--no-access-log", "--working-dir", str(Path(__file__).parent),
+            *(["--factory"] if self.interface == "asgi" else []), target,
+        ]  # fmt: skip
+
+
+def parse_granian_settings(text: str) -> list[GranianSettings]:
+    """``--granian``: comma-separated ``INTERFACE[/THREADS[/MODE]]`` (``asgi/1,asgi/2,rsgi/1``): interface
+    ``asgi`` or ``rsgi``, runtime threads (default 1, an integer >= 1), runtime mode ``auto`` (default),
+    ``st`` or ``mt``. Empty (or only commas): no granian floor. Raises ``ValueError`` naming the item
+    and the field that is wrong, or a setting given twice."""
+    out: list[GranianSettings] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        fields = item.split("/")
+        if len(fields) > 3:
+            raise ValueError(f"--granian {item!r}: at most INTERFACE/THREADS/MODE")
+        interface = fields[0]
+        if interface not in ("asgi", "rsgi"):
+            raise ValueError(f"--granian {item!r}: interface {interface!r} is not asgi or rsgi")
+        threads = 1
+        if len(fields) > 1:
+            if not fields[1].isdigit() or int(fields[1]) < 1:
+                raise ValueError(f"--granian {item!r}: runtime threads {fields[1]!r} is not an integer >= 1")
+            threads = int(fields[1])
+        mode = fields[2] if len(fields) > 2 else "auto"
+        if mode not in ("auto", "st", "mt"):
+            raise ValueError(f"--granian {item!r}: runtime mode {mode!r} is not auto, st or mt")
+        settings = GranianSettings(interface, threads, mode)
+        if settings in out:
+            raise ValueError(f"--granian {item!r}: given twice")
+        out.append(settings)
+    return out
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the OS's pick; granian binds by number, so another process may
+    take it before granian does: then granian fails to start, with its message)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def plane_baseline(model_dir: str, requests: int) -> int:
@@ -182,7 +251,8 @@ def plane_baseline(model_dir: str, requests: int) -> int:
 
 
 class FloorProcess:
-    """The floor server as a subprocess (``pid``, ``url``)."""
+    """The uvicorn floor server as a subprocess (``pid``, ``url``; ``main_pid``: the process whose main
+    thread runs the event loop, itself)."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
@@ -207,6 +277,10 @@ class FloorProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def main_pid(self) -> int:
+        return self.pid
+
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -214,6 +288,83 @@ class FloorProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def granian_env(site_packages: str) -> dict[str, str]:
+    """The environment of a process of granian's venv: this one's, plus ``KUBEINFER_BENCH_SITE_PACKAGES``
+    (the overlay's .pth adds that directory after the venv's own packages: Starlette, uvloop and
+    kubeinfer come from the .venv this bench runs from) and ``PYTHONSAFEPATH`` (the working directory is
+    not put on ``sys.path``: the repository root's ``operator/`` would shadow the standard library's)."""
+    return {**os.environ, "KUBEINFER_BENCH_SITE_PACKAGES": site_packages, "PYTHONSAFEPATH": "1"}
+
+
+class GranianFloor:
+    """A granian floor server (``GranianSettings``) as a subprocess of granian's venv (``GRANIAN_VENV``):
+    ``pid`` granian's supervisor, ``main_pid`` its one worker (the process serving; its main thread runs
+    the event loop), ``port``. Raises ``FileNotFoundError`` when the venv is missing, ``RuntimeError``
+    (with granian's output) when it does not accept connections within ``start_timeout`` seconds."""
+
+    def __init__(
+        self, settings: GranianSettings, host: str = "127.0.0.1", start_timeout: float = 30.0
+    ) -> None:
+        self.settings = settings
+        self.host = host
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.main_pid = 0
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115  # granian's output; closed in __exit__
+
+    def __enter__(self) -> GranianFloor:
+        import sysconfig
+
+        import psutil
+
+        python = GRANIAN_VENV / "bin" / "python"
+        if not python.exists():
+            raise FileNotFoundError(
+                f"{GRANIAN_VENV} is missing: `bash hack/setup.sh --bench-granian` installs it"
+            )
+        self.port = free_port(self.host)
+        self.proc = subprocess.Popen(
+            [str(python), "-m", "granian", *self.settings.argv(self.host, self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
+            env=granian_env(sysconfig.get_path("purelib")),
+        )  # fmt: skip
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
+                children = psutil.Process(self.proc.pid).children()
+                if children:
+                    self.main_pid = children[0].pid
+                    return self
+            time.sleep(0.1)
+        self._log.seek(0)
+        tail = self._log.read().decode(errors="replace")[-2000:]
+        self.__exit__()
+        raise RuntimeError(f"granian {self.settings.label} did not start: {tail}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __exit__(self, *exc: object) -> None:
+        """SIGTERM to the supervisor (it stops its worker); after 10 s SIGKILL to both."""
+        import psutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            workers = psutil.Process(self.proc.pid).children(recursive=True)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            for worker in workers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    worker.kill()
+        self._log.close()
 
 
 # --- clients --------------------------------------------------------------------------------------
@@ -402,11 +553,15 @@ async def run_rate(
     duration: float,
     seed: int,
     pid: int,
+    main_pid: int | None = None,
 ) -> dict[str, float]:
-    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; server CPU from /proc."""
+    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; server CPU from /proc: of ``pid`` and
+    its children, and of the main thread of ``main_pid`` (default ``pid``: the process running the
+    event loop; granian's worker, a child of its supervisor)."""
     import psutil
 
     proc = psutil.Process(pid)
+    main_proc = proc if main_pid is None else psutil.Process(main_pid)
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration * 1.5) + 20))
     arrivals = arrivals[arrivals < duration]
@@ -425,7 +580,7 @@ async def run_rate(
             errors[status] += 1
 
     t_server0, t_front0 = pod_cpu(proc)
-    t_main0 = main_thread_cpu(proc)
+    t_main0 = main_thread_cpu(main_proc)
     t_client0 = time.process_time()
     start = loop.time() + 0.02
     tasks = []
@@ -439,7 +594,7 @@ async def run_rate(
     t_server1, t_front1 = pod_cpu(proc)
     front_cpu = t_front1 - t_front0
     server_cpu = t_server1 - t_server0 + front_cpu
-    main_cpu = main_thread_cpu(proc) - t_main0
+    main_cpu = main_thread_cpu(main_proc) - t_main0
     client_cpu = time.process_time() - t_client0
     n, ok = len(arrivals), len(latencies)
     lat = np.array(latencies) if latencies else np.array([float("inf")])
@@ -465,14 +620,18 @@ async def find_max_rate(
     pid: int,
     args: argparse.Namespace,
     start_rate: float,
+    main_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Rising rates until two fail, then ``args.refine`` bisection rounds; the figures of the best."""
+    """Rising rates until two fail, then ``args.refine`` bisection rounds; the figures of the best
+    (``main_pid``: ``run_rate``'s)."""
     points: list[dict[str, Any]] = []
-    await run_rate(call, payloads, min(start_rate, 100.0), 0.5, args.seed, pid)  # connections, caches
+    await run_rate(
+        call, payloads, min(start_rate, 100.0), 0.5, args.seed, pid, main_pid
+    )  # connections, caches
     # every server and encoding at the same rate too: CPU per request depends on the rate (batch sizes,
     # idle overheads), so the ratios to the floor are taken at this one
     ref_rate = args.ref_rate if start_rate >= args.start_rate else args.ref_rate / 10  # MiniLM: a tenth
-    ref = await run_rate(call, payloads, ref_rate, max(3.0, args.step_seconds), args.seed, pid)
+    ref = await run_rate(call, payloads, ref_rate, max(3.0, args.step_seconds), args.seed, pid, main_pid)
     cpu, main_cpu = ref["server_cpu_us_per_request"], ref["main_thread_cpu_us_per_request"]
     progress(
         f"{label:>14} {ref_rate:7.0f}/s (reference rate): server {cpu:5.0f} µs/req "
@@ -480,7 +639,9 @@ async def find_max_rate(
     )
 
     async def measure(rate: float, note: str) -> bool:
-        point = await run_rate(call, payloads, rate, args.step_seconds, args.seed + len(points), pid)
+        point = await run_rate(
+            call, payloads, rate, args.step_seconds, args.seed + len(points), pid, main_pid
+        )
         points.append(point)
         progress(
             f"{label:>14} {rate:7.0f}/s{note}: P50 {point['p50_seconds'] * 1e3:6.1f} ms, P99 "
@@ -753,6 +914,72 @@ async def plane_baseline_run(tiny_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+async def measure_floor(
+    label: str, server: FloorProcess | GranianFloor, args: argparse.Namespace, sentences: list[str]
+) -> dict[str, Any]:
+    """One floor server's figures: ``find_max_rate``'s (``cpu_us_per_request`` and ``max_rps`` at the
+    highest rate meeting the SLO, the reference rate's), and at ``--profile-rate`` the CPU per request
+    of its processes and of each thread (``thread_cpu``: granian's Rust threads apart from the event
+    loop's)."""
+    import psutil
+
+    client = HTTPClient("127.0.0.1", server.port)
+    payloads = request_payloads("127.0.0.1", server.port, "floor", "json", sentences)
+    try:
+        figures = await find_max_rate(
+            label, client.call, payloads, server.pid, args, args.start_rate, server.main_pid
+        )
+        proc = psutil.Process(server.pid)
+        before = thread_cpu(proc)
+        at_profile = await run_rate(
+            client.call, payloads, args.profile_rate, args.profile_seconds, 7, server.pid, server.main_pid
+        )
+        after = thread_cpu(proc)
+    finally:
+        client.close()
+    ok = max(at_profile["ok"], 1.0)
+    # thread_cpu names the runtime's processes; here the floor's own: uvicorn's one, granian's two
+    names = (
+        (("model process", "supervisor"), ("front ends", "worker"))
+        if isinstance(server, GranianFloor)
+        else (("model process", "server"),)
+    )
+    threads = {}
+    for key in after:
+        shown = key
+        for old, new in names:
+            shown = shown.replace(old, new, 1) if shown.startswith(old) else shown
+        threads[shown] = round((after[key] - before.get(key, 0.0)) / ok * 1e6, 1)
+    return {
+        "cpu_us_per_request": figures["cpu_us_per_request"],
+        "max_rps": figures["max_slo_rps"],
+        **{k: v for k, v in figures.items() if k not in ("cpu_us_per_request", "max_slo_rps")},
+        "profile_rate_rps": args.profile_rate,
+        "cpu_us_per_request_at_profile_rate": at_profile["server_cpu_us_per_request"],
+        "main_thread_cpu_us_per_request_at_profile_rate": at_profile["main_thread_cpu_us_per_request"],
+        "p99_seconds_at_profile_rate": at_profile["p99_seconds"],
+        "thread_us_per_request_at_profile_rate": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
+    }
+
+
+async def measure_floors(args: argparse.Namespace, sentences: list[str]) -> dict[str, Any]:
+    """uvicorn's floor (``floor``), then each of ``args.granian`` (``floor_granian``, by label, with its
+    settings): ``measure_floor``'s figures of each."""
+    out: dict[str, Any] = {}
+    progress("floor: the runtime's HTTP stack, fixed response, no model")
+    with FloorProcess() as floor:
+        out["floor"] = await measure_floor("floor", floor, args, sentences)
+    granian: dict[str, Any] = {}
+    for settings in args.granian:
+        progress(f"floor under granian {settings.label}: the same fixed response")
+        with GranianFloor(settings) as server:
+            figures = await measure_floor(f"granian {settings.label}", server, args, sentences)
+        granian[settings.label] = {"settings": dataclasses.asdict(settings), **figures}
+    if granian:
+        out["floor_granian"] = granian
+    return out
+
+
 async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models.huggingface import heldout_sentences
@@ -772,22 +999,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if tiny_dir is not None:
         result["plane_baseline"] = await plane_baseline_run(tiny_dir)
 
-    progress("floor: the runtime's HTTP stack, fixed response, no model")
-    with FloorProcess() as floor:
-        client = HTTPClient("127.0.0.1", floor.port)
-        payloads = request_payloads("127.0.0.1", floor.port, "floor", "json", sentences)
-        figures = await find_max_rate("floor", client.call, payloads, floor.pid, args, args.start_rate)
-        at_profile = await run_rate(
-            client.call, payloads, args.profile_rate, args.profile_seconds, 7, floor.pid
-        )
-        client.close()
-    result["floor"] = {
-        "cpu_us_per_request": figures["cpu_us_per_request"],
-        "max_rps": figures["max_slo_rps"],
-        **{k: v for k, v in figures.items() if k not in ("cpu_us_per_request", "max_slo_rps")},
-        "profile_rate_rps": args.profile_rate,
-        "cpu_us_per_request_at_profile_rate": at_profile["server_cpu_us_per_request"],
-    }
+    result.update(await measure_floors(args, sentences))
 
     models: list[tuple[str, RuntimeConfig, float]] = []
     if tiny_dir is not None:
@@ -817,6 +1029,36 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 else:
                     entry.setdefault(encoding, {"workers": {}})["workers"][str(workers)] = fig
     return result
+
+
+def granian_floor_ratios(
+    floor: dict[str, Any], granian: dict[str, dict[str, Any]]
+) -> dict[str, float | None]:
+    """Each granian floor (``{label: measure_floor's figures}``) over uvicorn's (``floor``), same run:
+    ``granian_<label>_cpu_over_uvicorn`` (server CPU per request, each at its own highest rate meeting
+    the SLO), ``..._cpu_over_uvicorn_at_ref_rate`` and ``..._at_profile_rate`` (both servers at one
+    offered rate), ``..._max_rps_over_uvicorn``; labels with spaces joined by ``_``. None where a
+    figure is missing or zero (no rate met the SLO)."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    out: dict[str, float | None] = {}
+    for label, fig in granian.items():
+        key = "granian_" + label.replace(" ", "_")
+        out[f"{key}_cpu_over_uvicorn"] = ratio(fig["cpu_us_per_request"], floor["cpu_us_per_request"])
+        out[f"{key}_cpu_over_uvicorn_at_ref_rate"] = (
+            ratio(fig["cpu_us_per_request_at_ref_rate"], floor["cpu_us_per_request_at_ref_rate"])
+            if fig["ref_rate_rps"] == floor["ref_rate_rps"]
+            else None
+        )
+        out[f"{key}_cpu_over_uvicorn_at_profile_rate"] = (
+            ratio(fig["cpu_us_per_request_at_profile_rate"], floor["cpu_us_per_request_at_profile_rate"])
+            if fig["profile_rate_rps"] == floor["profile_rate_rps"]
+            else None
+        )
+        out[f"{key}_max_rps_over_uvicorn"] = ratio(fig["max_rps"], floor["max_rps"])
+    return out
 
 
 def workers_speedup(figures: dict[str, Any]) -> dict[str, Any]:
@@ -894,6 +1136,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-rate", type=float, default=1000.0, help="the profile's rate, /s (at most 70 %% of the max)"
     )
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument(
+        "--granian",
+        default=DEFAULT_GRANIAN,
+        help="granian floors beside uvicorn's, INTERFACE[/THREADS[/MODE]],... (asgi|rsgi, runtime threads, "
+        "auto|st|mt); '' for none; needs `bash hack/setup.sh --bench-granian`",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "frontend.json"))
     quiet.add_arguments(parser)
@@ -905,6 +1153,14 @@ def main(argv: list[str] | None = None) -> int:
         return plane_baseline(args.plane_baseline, 3000)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    try:
+        args.granian = parse_granian_settings(args.granian)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.granian and not (GRANIAN_VENV / "bin" / "python").exists():
+        parser.error(
+            f"--granian: {GRANIAN_VENV} is missing: `bash hack/setup.sh --bench-granian` installs it"
+        )
     logging.basicConfig(level=logging.WARNING)
     with quiet.quiet_run("frontend_bench", args, log=progress) as run:
         return measure(args, argv, run)
@@ -937,6 +1193,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
                 ratios[f"{name}_{enc}_main_thread_over_floor_at_ref_rate"] = (
                     main / floor["cpu_us_per_request_at_ref_rate"]
                 )
+    ratios.update(granian_floor_ratios(floor, figures.get("floor_granian", {})))
     result = {
         **figures,
         "profile": profile_section(figures, args),
@@ -967,6 +1224,14 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
             "waves of N concurrent one-row requests: process CPU per request (main thread: the batcher's "
             "loop, validation, metrics; other threads: tokenization and the model); a transport adds to it",
         ],
+        "granian": (
+            "floor_granian: the same fixed response served by granian (one worker, its settings in each "
+            "entry: interface asgi with the floor's Starlette app, rsgi with no framework), measured like "
+            "the floor in this run; cpu_us_per_request is granian's supervisor and worker together, "
+            "main_thread_* the worker's main thread (the event loop); granian's Rust runtime threads parse "
+            "HTTP and run Python callbacks too (thread_us_per_request_at_profile_rate); ratios granian_* "
+            "over uvicorn's floor"
+        ),
         "elapsed_seconds": time.monotonic() - started,
         "command": ["bench/frontend_bench.py", *(sys.argv[1:] if argv is None else argv)],
     }
@@ -975,6 +1240,14 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     progress(f"floor: {floor['cpu_us_per_request']:.0f} µs/req, max {floor['max_rps']:.0f}/s")
+    for label, fig in figures.get("floor_granian", {}).items():
+        cpu = fig["cpu_us_per_request"]
+        progress(
+            f"floor under granian {label}: {cpu if cpu is None else round(cpu)} µs/req, max "
+            f"{fig['max_rps']:.0f}/s; at {fig['profile_rate_rps']:.0f}/s "
+            f"{fig['cpu_us_per_request_at_profile_rate']:.0f} µs/req (uvicorn "
+            f"{floor['cpu_us_per_request_at_profile_rate']:.0f})"
+        )
     for name in ("tiny", "minilm"):
         for enc, entry in figures.get(name, {}).items():
             for workers, one in entry.get("workers", {}).items():
