@@ -72,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -149,9 +150,12 @@ class GranianSettings:
         mode = "" if self.runtime_mode == "auto" else f" {self.runtime_mode}"
         return f"{self.interface} t{self.runtime_threads}{mode}"
 
-    def argv(self, host: str, port: int) -> list[str]:
-        """granian's command-line arguments (after ``python -m granian``) serving on ``host:port``."""
-        target = "frontend_floor:starlette_app" if self.interface == "asgi" else "frontend_floor:rsgi_app"
+    def argv(self, host: str, port: int, target: str | None = None) -> list[str]:
+        """granian's command-line arguments (after ``python -m granian``) serving on ``host:port``:
+        ``target`` (in bench/: an app factory for ``asgi``, an app for ``rsgi``; default the floor's app
+        of the interface)."""
+        if target is None:
+            target = "frontend_floor:starlette_app" if self.interface == "asgi" else "frontend_floor:rsgi_app"
         return [
             "--interface", self.interface, "--host", host, "--port", str(port),
             "--workers", str(self.workers), "--runtime-threads", str(self.runtime_threads),
@@ -298,24 +302,45 @@ def granian_env(site_packages: str) -> dict[str, str]:
     return {**os.environ, "KUBEINFER_BENCH_SITE_PACKAGES": site_packages, "PYTHONSAFEPATH": "1"}
 
 
-class GranianFloor:
-    """A granian floor server (``GranianSettings``) as a subprocess of granian's venv (``GRANIAN_VENV``):
-    ``pid`` granian's supervisor, ``main_pid`` its one worker (the process serving; its main thread runs
-    the event loop), ``port``. Raises ``FileNotFoundError`` when the venv is missing, ``RuntimeError``
-    (with granian's output) when it does not accept connections within ``start_timeout`` seconds."""
+class GranianServer:
+    """A granian server (``GranianSettings``) as a subprocess of granian's venv (``GRANIAN_VENV``): ``pid``
+    granian's supervisor, ``main_pid`` its one worker (the process serving; its main thread runs the
+    event loop), ``port``. ``target``: ``GranianSettings.argv``'s (default: the floor); ``env``: more
+    environment; ``ready_path``: started once ``GET ready_path`` answers 200 (default: once the port
+    accepts). Raises ``FileNotFoundError`` when the venv is missing, ``RuntimeError`` (with granian's
+    output) when it is not started within ``start_timeout`` seconds."""
 
     def __init__(
-        self, settings: GranianSettings, host: str = "127.0.0.1", start_timeout: float = 30.0
+        self,
+        settings: GranianSettings,
+        host: str = "127.0.0.1",
+        start_timeout: float = 30.0,
+        target: str | None = None,
+        env: dict[str, str] | None = None,
+        ready_path: str | None = None,
     ) -> None:
         self.settings = settings
         self.host = host
         self.start_timeout = start_timeout
+        self.target = target
+        self.env = env or {}
+        self.ready_path = ready_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.main_pid = 0
         self._log = tempfile.TemporaryFile()  # noqa: SIM115  # granian's output; closed in __exit__
 
-    def __enter__(self) -> GranianFloor:
+    def _started(self) -> bool:
+        if self.ready_path is None:
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+            return False
+        url = f"http://{self.host}:{self.port}{self.ready_path}"
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2.0) as response:
+            return bool(response.status == 200)
+        return False
+
+    def __enter__(self) -> GranianServer:
         import sysconfig
 
         import psutil
@@ -327,22 +352,26 @@ class GranianFloor:
             )
         self.port = free_port(self.host)
         self.proc = subprocess.Popen(
-            [str(python), "-m", "granian", *self.settings.argv(self.host, self.port)],
+            [str(python), "-m", "granian", *self.settings.argv(self.host, self.port, self.target)],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
-            env=granian_env(sysconfig.get_path("purelib")),
+            env={**granian_env(sysconfig.get_path("purelib")), **self.env},
         )  # fmt: skip
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
-            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
+            if self._started():
                 children = psutil.Process(self.proc.pid).children()
                 if children:
                     self.main_pid = children[0].pid
                     return self
             time.sleep(0.1)
-        self._log.seek(0)
-        tail = self._log.read().decode(errors="replace")[-2000:]
+        tail = self.log_text()[-3000:]
         self.__exit__()
         raise RuntimeError(f"granian {self.settings.label} did not start: {tail}")
+
+    def log_text(self) -> str:
+        """granian's output so far (its workers' and the app's logs)."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
 
     @property
     def pid(self) -> int:
@@ -866,8 +895,10 @@ async def profile_load(
 async def bench_server(
     name: str, host: str, port: int, grpc_port: int | None, pid: int, model: str, args: argparse.Namespace,
     start_rate: float, sentences: list[str], profile_dir: Path | None, encodings: tuple[str, ...],
+    main_pid: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every encoding of ``encodings`` against one runtime: ``{encoding: figures}``."""
+    """Every encoding of ``encodings`` against one runtime: ``{encoding: figures}`` (``main_pid``:
+    ``run_rate``'s)."""
     result: dict[str, Any] = {}
     for encoding in encodings:
         if encoding == "grpc" and grpc_port is None:
@@ -881,7 +912,9 @@ async def bench_server(
             client = HTTPClient(host, port)
             payloads = request_payloads(host, port, model, encoding, sentences)
         try:
-            figures = await find_max_rate(f"{name} {encoding}", client.call, payloads, pid, args, start_rate)
+            figures = await find_max_rate(
+                f"{name} {encoding}", client.call, payloads, pid, args, start_rate, main_pid
+            )
             if profile_dir is not None:
                 # at most 70 % of the max; at the reference rate when no rate met the SLO (a busy machine)
                 rate = min(args.profile_rate, 0.7 * figures["max_slo_rps"]) or figures["ref_rate_rps"]
@@ -915,7 +948,7 @@ async def plane_baseline_run(tiny_dir: Path) -> dict[str, Any] | None:
 
 
 async def measure_floor(
-    label: str, server: FloorProcess | GranianFloor, args: argparse.Namespace, sentences: list[str]
+    label: str, server: FloorProcess | GranianServer, args: argparse.Namespace, sentences: list[str]
 ) -> dict[str, Any]:
     """One floor server's figures: ``find_max_rate``'s (``cpu_us_per_request`` and ``max_rps`` at the
     highest rate meeting the SLO, the reference rate's), and at ``--profile-rate`` the CPU per request
@@ -941,7 +974,7 @@ async def measure_floor(
     # thread_cpu names the runtime's processes; here the floor's own: uvicorn's one, granian's two
     names = (
         (("model process", "supervisor"), ("front ends", "worker"))
-        if isinstance(server, GranianFloor)
+        if isinstance(server, GranianServer)
         else (("model process", "server"),)
     )
     threads = {}
@@ -972,7 +1005,7 @@ async def measure_floors(args: argparse.Namespace, sentences: list[str]) -> dict
     granian: dict[str, Any] = {}
     for settings in args.granian:
         progress(f"floor under granian {settings.label}: the same fixed response")
-        with GranianFloor(settings) as server:
+        with GranianServer(settings) as server:
             figures = await measure_floor(f"granian {settings.label}", server, args, sentences)
         granian[settings.label] = {"settings": dataclasses.asdict(settings), **figures}
     if granian:
@@ -1023,12 +1056,56 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     f"{name} w{workers}", rt.host, rt.port, gport, rt.pid, cfg.model.name, args, start,
                     sentences, profiled, encodings,
                 )  # fmt: skip
-            for encoding, fig in figures.items():
-                if "absent" in fig:
-                    entry.setdefault(encoding, {"workers": {}}).update(fig)
-                else:
-                    entry.setdefault(encoding, {"workers": {}})["workers"][str(workers)] = fig
+            file_figures(entry, figures, str(workers))
+    if tiny_dir is not None and args.granian_runtime is not None:
+        label = args.granian_runtime.label
+        for encoding, fig in (await granian_runtime_run(tiny_hf_config(tiny_dir), args, sentences)).items():
+            result["tiny"].setdefault(encoding, {"workers": {}})["granian"] = {label: fig}
     return result
+
+
+def file_figures(entry: dict[str, Any], figures: dict[str, Any], workers: str) -> None:
+    """``bench_server``'s figures into a model's ``{encoding: {"workers": {workers: figures}}}``; an
+    absent encoding's note (``{"absent": why}``) beside ``workers``."""
+    for encoding, fig in figures.items():
+        if "absent" in fig:
+            entry.setdefault(encoding, {"workers": {}}).update(fig)
+        else:
+            entry.setdefault(encoding, {"workers": {}})["workers"][workers] = fig
+
+
+async def granian_runtime_run(cfg: Any, args: argparse.Namespace, sentences: list[str]) -> dict[str, Any]:
+    """The tiny runtime (``cfg``, one process) with its ASGI app served by granian
+    (``bench/granian_runtime.py``, ``args.granian_runtime``'s settings): JSON and binary, as
+    ``bench_server`` measures them (gRPC is the runtime's own grpc.aio server either way)."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.server.http_workers = 1
+    cfg.server.shutdown_delay_seconds = 0  # leave at once: nothing routes to it
+    # as RuntimeProcess's --host/--port 0/--grpc-port 0: loopback, free ports (no uvicorn binds the
+    # HTTP one here; granian serves on its own)
+    cfg.server.host, cfg.server.port, cfg.server.grpc_port = "127.0.0.1", 0, 0
+    settings = args.granian_runtime
+    with tempfile.TemporaryDirectory(prefix="kubeinfer-granian-") as tmp:
+        path = Path(tmp) / "runtime.yaml"
+        path.write_text(cfg.to_yaml(), encoding="utf-8")
+        progress(f"tiny: starting the runtime's app under granian {settings.label} (load + warmup)")
+        server = GranianServer(
+            settings, start_timeout=300.0, target="granian_runtime:app",
+            env={"KUBEINFER_BENCH_RUNTIME_CONFIG": str(path)}, ready_path="/v2/health/ready",
+        )  # fmt: skip
+        with server:
+            progress(f"tiny: ready under granian at port {server.port} (worker pid {server.main_pid})")
+            figures = await bench_server(
+                f"tiny granian {settings.label}", server.host, server.port, None, server.pid, cfg.model.name,
+                args, args.start_rate, sentences, None, ("json", "binary"), server.main_pid,
+            )  # fmt: skip
+            errors = [
+                line for line in server.log_text().splitlines() if "Traceback" in line or " ERROR " in line
+            ]
+    for fig in figures.values():
+        fig["settings"] = dataclasses.asdict(settings)
+        fig["server_errors_logged"] = len(errors)
+    return figures
 
 
 def granian_floor_ratios(
@@ -1058,6 +1135,53 @@ def granian_floor_ratios(
             else None
         )
         out[f"{key}_max_rps_over_uvicorn"] = ratio(fig["max_rps"], floor["max_rps"])
+    return out
+
+
+def granian_runtime_ratios(figures: dict[str, Any]) -> dict[str, float | None]:
+    """The tiny runtime under granian (``figures["tiny"][encoding]["granian"][label]``) against the floor
+    under granian with the same settings (``figures["floor_granian"][label]``, when measured) and against
+    the runtime under uvicorn (one process, ``["workers"]["1"]``), same run:
+    ``tiny_<enc>_granian_<label>_cpu_over_granian_floor`` (each at its highest rate meeting the SLO),
+    ``..._cpu_over_granian_floor_at_ref_rate``, ``..._main_thread_over_granian_floor_at_ref_rate`` (the
+    worker's main thread over the floor's whole server), ``..._cpu_over_uvicorn_at_ref_rate`` and
+    ``..._max_rps_over_uvicorn``. None where a figure is missing or zero, or the reference rates differ."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    out: dict[str, float | None] = {}
+    floors = figures.get("floor_granian", {})
+    for enc, entry in figures.get("tiny", {}).items():
+        uvicorn = entry.get("workers", {}).get("1")
+        for label, fig in entry.get("granian", {}).items():
+            key = f"tiny_{enc}_granian_{label.replace(' ', '_')}"
+            floor = floors.get(label)
+            same_ref = floor is not None and floor["ref_rate_rps"] == fig["ref_rate_rps"]
+            out[f"{key}_cpu_over_granian_floor"] = (
+                ratio(fig["cpu_us_per_request"], floor["cpu_us_per_request"]) if floor else None
+            )
+            out[f"{key}_cpu_over_granian_floor_at_ref_rate"] = (
+                ratio(fig["cpu_us_per_request_at_ref_rate"], floor["cpu_us_per_request_at_ref_rate"])
+                if floor and same_ref
+                else None
+            )
+            out[f"{key}_main_thread_over_granian_floor_at_ref_rate"] = (
+                ratio(
+                    fig["main_thread_cpu_us_per_request_at_ref_rate"], floor["cpu_us_per_request_at_ref_rate"]
+                )
+                if floor and same_ref
+                else None
+            )
+            same = uvicorn is not None and uvicorn["ref_rate_rps"] == fig["ref_rate_rps"]
+            out[f"{key}_cpu_over_uvicorn_at_ref_rate"] = (
+                ratio(fig["cpu_us_per_request_at_ref_rate"], uvicorn["cpu_us_per_request_at_ref_rate"])
+                if uvicorn and same
+                else None
+            )
+            out[f"{key}_max_rps_over_uvicorn"] = (
+                ratio(fig["max_slo_rps"], uvicorn["max_slo_rps"]) if uvicorn else None
+            )
     return out
 
 
@@ -1142,6 +1266,11 @@ def main(argv: list[str] | None = None) -> int:
         help="granian floors beside uvicorn's, INTERFACE[/THREADS[/MODE]],... (asgi|rsgi, runtime threads, "
         "auto|st|mt); '' for none; needs `bash hack/setup.sh --bench-granian`",
     )
+    parser.add_argument(
+        "--granian-runtime",
+        default="asgi/1",
+        help="the tiny runtime's app under granian too, this setting (asgi[/THREADS[/MODE]]); '' for none",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "frontend.json"))
     quiet.add_arguments(parser)
@@ -1155,9 +1284,15 @@ def main(argv: list[str] | None = None) -> int:
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
     try:
         args.granian = parse_granian_settings(args.granian)
+        runtime = parse_granian_settings(args.granian_runtime)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.granian and not (GRANIAN_VENV / "bin" / "python").exists():
+    if len(runtime) > 1 or any(r.interface != "asgi" for r in runtime):
+        parser.error(
+            f"--granian-runtime {args.granian_runtime!r}: one setting, interface asgi (the runtime's app)"
+        )
+    args.granian_runtime = runtime[0] if runtime else None
+    if (args.granian or args.granian_runtime) and not (GRANIAN_VENV / "bin" / "python").exists():
         parser.error(
             f"--granian: {GRANIAN_VENV} is missing: `bash hack/setup.sh --bench-granian` installs it"
         )
@@ -1194,6 +1329,7 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
                     main / floor["cpu_us_per_request_at_ref_rate"]
                 )
     ratios.update(granian_floor_ratios(floor, figures.get("floor_granian", {})))
+    ratios.update(granian_runtime_ratios(figures))
     result = {
         **figures,
         "profile": profile_section(figures, args),
@@ -1230,7 +1366,10 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
             "the floor in this run; cpu_us_per_request is granian's supervisor and worker together, "
             "main_thread_* the worker's main thread (the event loop); granian's Rust runtime threads parse "
             "HTTP and run Python callbacks too (thread_us_per_request_at_profile_rate); ratios granian_* "
-            "over uvicorn's floor"
+            "over uvicorn's floor; tiny[encoding].granian: the tiny runtime's own app (RuntimeServer.app, "
+            "one process) served by granian (bench/granian_runtime.py: no uvicorn, no header/body read "
+            "timeouts), ratios tiny_*_granian_* over the granian floor of the same settings and over the "
+            "runtime under uvicorn"
         ),
         "elapsed_seconds": time.monotonic() - started,
         "command": ["bench/frontend_bench.py", *(sys.argv[1:] if argv is None else argv)],
@@ -1255,6 +1394,14 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
                 progress(
                     f"{name} {enc} workers {workers}: {cpu if cpu is None else round(cpu)} µs/req (all the "
                     f"pod's processes), max {one['max_slo_rps']:.0f}/s at P99 <= 100 ms"
+                )
+            for label, one in entry.get("granian", {}).items():
+                cpu = one["cpu_us_per_request"]
+                progress(
+                    f"{name} {enc} under granian {label}: {cpu if cpu is None else round(cpu)} µs/req, max "
+                    f"{one['max_slo_rps']:.0f}/s at P99 <= 100 ms; at {one['ref_rate_rps']:.0f}/s "
+                    f"{one['cpu_us_per_request_at_ref_rate']:.0f} µs/req (main thread "
+                    f"{one['main_thread_cpu_us_per_request_at_ref_rate']:.0f})"
                 )
     noisy = " (noisy: not a source of figures)" if run.noisy else ""
     progress(f"wrote {out} in {time.monotonic() - started:.0f} s{noisy}")
