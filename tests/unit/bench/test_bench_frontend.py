@@ -161,3 +161,69 @@ def test_starlette_floor_answers_infer_posts_only() -> None:
     assert _asgi(app, "POST", "/v2/models/floor/infer") == (200, floor.FLOOR_RESPONSE)
     assert _asgi(app, "POST", "/v2/models/floor/ready")[0] == 404
     assert _asgi(app, "GET", "/v2/models/floor/infer")[0] == 405
+
+
+def test_granian_runtime_option_takes_one_asgi_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("rsgi/1", "asgi/1,asgi/2"):
+        with pytest.raises(SystemExit) as info:
+            fb.main(["--granian-runtime", bad, "--out", "/nonexistent/never-written.json"])
+        assert info.value.code == 2
+        assert "one setting, interface asgi" in capsys.readouterr().err
+
+
+def _runtime(cpu: float, ref: float, main: float, rps: float, ref_rate: float = 300.0) -> dict[str, Any]:
+    return {
+        "cpu_us_per_request": cpu,
+        "max_slo_rps": rps,
+        "ref_rate_rps": ref_rate,
+        "cpu_us_per_request_at_ref_rate": ref,
+        "main_thread_cpu_us_per_request_at_ref_rate": main,
+    }
+
+
+def test_granian_runtime_ratios_compare_with_the_granian_floor_and_the_uvicorn_runtime() -> None:
+    figures = {
+        "floor_granian": {"asgi t1": _floor(50.0, 100.0, 80.0, 5000.0)},
+        "tiny": {
+            "json": {
+                "workers": {"1": _runtime(600.0, 1200.0, 400.0, 1000.0)},
+                "granian": {"asgi t1": _runtime(500.0, 900.0, 300.0, 1500.0)},
+            },
+            # no uvicorn figures, a granian setting with no floor of its own
+            "binary": {"workers": {}, "granian": {"asgi t2": _runtime(400.0, 800.0, 200.0, 2000.0)}},
+            "grpc": {"workers": {"1": _runtime(700.0, 1400.0, 500.0, 900.0)}},
+        },
+    }
+    got = fb.granian_runtime_ratios(figures)
+    assert got == {
+        "tiny_json_granian_asgi_t1_cpu_over_granian_floor": pytest.approx(10.0),
+        "tiny_json_granian_asgi_t1_cpu_over_granian_floor_at_ref_rate": pytest.approx(9.0),
+        "tiny_json_granian_asgi_t1_main_thread_over_granian_floor_at_ref_rate": pytest.approx(3.0),
+        "tiny_json_granian_asgi_t1_cpu_over_uvicorn_at_ref_rate": pytest.approx(0.75),
+        "tiny_json_granian_asgi_t1_max_rps_over_uvicorn": pytest.approx(1.5),
+        "tiny_binary_granian_asgi_t2_cpu_over_granian_floor": None,
+        "tiny_binary_granian_asgi_t2_cpu_over_granian_floor_at_ref_rate": None,
+        "tiny_binary_granian_asgi_t2_main_thread_over_granian_floor_at_ref_rate": None,
+        "tiny_binary_granian_asgi_t2_cpu_over_uvicorn_at_ref_rate": None,
+        "tiny_binary_granian_asgi_t2_max_rps_over_uvicorn": None,
+    }
+
+
+def test_runtime_under_granian_starts_no_uvicorn_and_its_serving_ends_when_http_closes() -> None:
+    from kubeinfer.runtime.config import RuntimeConfig
+
+    gr = load_bench("granian_runtime")
+
+    async def run() -> None:
+        server = gr.GranianServed(RuntimeConfig())
+        serving = asyncio.ensure_future(server._start_uvicorn())
+        await asyncio.sleep(0.01)
+        assert not serving.done() and server._uvicorn is None
+        server._close_http()
+        await asyncio.wait_for(serving, 1.0)
+
+    asyncio.run(run())
+    two = RuntimeConfig()
+    two.server.http_workers = 2
+    with pytest.raises(ValueError, match="http_workers must be 1"):
+        gr.GranianServed(two)._start_uvicorn()
