@@ -15,6 +15,13 @@ What runs, in ONE run on this machine (side by side, so the ratios share the mac
   body made by ``tritonclient.http.InferenceServerClient.generate_request_body``) and **grpc**
   (``ModelInfer`` with ``raw_input_contents``, when the runtime serves gRPC).
 
+- **granian beside uvicorn** (``--granian``, ``parse_granian_settings``): the floor's fixed response
+  served by granian 2.8.7 (``GranianSettings``: ASGI with the same Starlette app, RSGI with no
+  framework, one worker, uvloop, HTTP/1), from its own venv ``.cache/bench-granian``
+  (``hack/setup.sh --bench-granian``) that reads this .venv's packages, measured like the floor in
+  ``floor_granian``; and (``--granian-runtime``) the tiny runtime's own app served by granian
+  (``bench/granian_runtime.py``), JSON and binary, in ``tiny[encoding]["granian"]``.
+
 Per (server, encoding): open-loop Poisson arrivals at rising rates (x ``--rate-factor``), latency from
 each request's *scheduled* arrival (a slow client cannot hide queueing); a rate meets the SLO when P99
 <= 100 ms and >= 99 % of requests got 200. After the first two failing rates, ``--refine`` bisection
@@ -1364,8 +1371,9 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
             "floor_granian: the same fixed response served by granian (one worker, its settings in each "
             "entry: interface asgi with the floor's Starlette app, rsgi with no framework), measured like "
             "the floor in this run; cpu_us_per_request is granian's supervisor and worker together, "
-            "main_thread_* the worker's main thread (the event loop); granian's Rust runtime threads parse "
-            "HTTP and run Python callbacks too (thread_us_per_request_at_profile_rate); ratios granian_* "
+            "main_thread_* the worker's main thread (the event loop); granian's Rust runtime threads "
+            "(tokio-rt-worker: I/O, HTTP) and its blocking thread carry the rest "
+            "(thread_us_per_request_at_profile_rate); ratios granian_* "
             "over uvicorn's floor; tiny[encoding].granian: the tiny runtime's own app (RuntimeServer.app, "
             "one process) served by granian (bench/granian_runtime.py: no uvicorn, no header/body read "
             "timeouts), ratios tiny_*_granian_* over the granian floor of the same settings and over the "
