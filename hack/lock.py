@@ -71,12 +71,12 @@ PEERS: Mapping[str, str] = {
     " (it would add fastapi to the lock)",
     "peer-infinity": "infinity-emb 0.0.78: it pins numpy<2 and sentence-transformers<4 (transformers<5)",
 }
-#: Benchmark overlays, each a venv ``.cache/NAME`` with only what ``requirements/NAME.txt`` adds to .venv (which
-#: it reads after its own packages: ``hack/setup.sh`` OVERLAY_PTH), compiled from ``requirements/NAME.in`` with
-#: lock.txt as constraints; not in the lock, as no test or image needs them.
+#: Benchmark overlays, each a venv ``.cache/NAME`` with only what ``requirements/NAME.txt`` adds to .venv
+#: (which it reads after its own packages: ``hack/setup.sh`` OVERLAY_PTH), compiled from
+#: ``requirements/NAME.in`` with lock.txt as constraints; not in the lock, as no test or image needs them.
 OVERLAYS: Mapping[str, str] = {
-    "bench-granian": "granian 2.8.7, the HTTP server bench/frontend_bench.py measures beside uvicorn: a lever "
-    "under measurement, not a dependency",
+    "bench-granian": "granian 2.8.7, the HTTP server bench/frontend_bench.py measures beside uvicorn: a "
+    "lever under measurement, not a dependency",
 }
 #: The platform every file is compiled for (the images' Python; Debian bookworm has glibc 2.36).
 PYTHON_VERSION = "3.11"
