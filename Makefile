@@ -97,7 +97,8 @@ BENCH_NOISY := $(if $(filter 1,$(NOISY)),--noisy)
 bench-runtime: setup ## runtime benchmark, MiniLM on torch and ONNX Runtime, fp32 and int8-dynamic -> bench/results/runtime.json
 	$(PY) bench/runtime_bench.py $(BENCH_NOISY)
 
-bench-frontend: setup ## front-end CPU per request and max rate (REST JSON/binary, gRPC; floor) -> bench/results/frontend.json
+bench-frontend: setup ## front-end CPU per request and max rate (REST JSON/binary, gRPC; floor, under uvicorn and granian: venv .cache/bench-granian, installed here) -> bench/results/frontend.json
+	@bash hack/setup.sh --bench-granian
 	$(PY) bench/frontend_bench.py $(BENCH_NOISY)
 
 bench-operator: setup ## operator benchmark -> bench/results/operator.json

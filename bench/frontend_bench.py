@@ -15,6 +15,13 @@ What runs, in ONE run on this machine (side by side, so the ratios share the mac
   body made by ``tritonclient.http.InferenceServerClient.generate_request_body``) and **grpc**
   (``ModelInfer`` with ``raw_input_contents``, when the runtime serves gRPC).
 
+- **granian beside uvicorn** (``--granian``, ``parse_granian_settings``): the floor's fixed response
+  served by granian 2.8.7 (``GranianSettings``: ASGI with the same Starlette app, RSGI with no
+  framework, one worker, uvloop, HTTP/1), from its own venv ``.cache/bench-granian``
+  (``hack/setup.sh --bench-granian``) that reads this .venv's packages, measured like the floor in
+  ``floor_granian``; and (``--granian-runtime``) the tiny runtime's own app served by granian
+  (``bench/granian_runtime.py``), JSON and binary, in ``tiny[encoding]["granian"]``.
+
 Per (server, encoding): open-loop Poisson arrivals at rising rates (x ``--rate-factor``), latency from
 each request's *scheduled* arrival (a slow client cannot hide queueing); a rate meets the SLO when P99
 <= 100 ms and >= 99 % of requests got 200. After the first two failing rates, ``--refine`` bisection
@@ -61,6 +68,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -71,12 +79,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import quiet
+from frontend_floor import starlette_app
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -86,13 +96,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SLO_P99_SECONDS = 0.100
-FLOOR_RESPONSE = json.dumps(
-    {
-        "model_name": "floor",
-        "model_version": "1",
-        "outputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0, 0.0, 0.0, 0.0]}],
-    }
-).encode()
+#: granian's venv (``hack/setup.sh --bench-granian``): granian alone, reading this .venv's packages after its
+#: own through ``KUBEINFER_BENCH_SITE_PACKAGES`` (hack/lock.py OVERLAYS).
+GRANIAN_VENV = ROOT / ".cache" / "bench-granian"
+#: The granian floors measured by default (``--granian``): ``parse_granian_settings``'s syntax.
+DEFAULT_GRANIAN = "asgi/1,asgi/2,rsgi/1,rsgi/2"
 
 
 def progress(message: str) -> None:
@@ -107,16 +115,7 @@ def floor_server(host: str) -> int:
     """Serve the fixed response on the runtime's HTTP stack until SIGTERM (``--floor-server``)."""
     import uvicorn
     from kubeinfer.runtime.process import event_loop_factory
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
 
-    async def infer(request: Request) -> Response:
-        await request.body()
-        return Response(FLOOR_RESPONSE, 200, media_type="application/json")
-
-    app = Starlette(routes=[Route("/v2/models/{name}/infer", infer, methods=["POST"])])
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -124,11 +123,92 @@ def floor_server(host: str) -> int:
     sock.listen(2048)
     sock.setblocking(False)
     print(f"listening on http://{host}:{sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(app, lifespan="off", log_level=logging.WARNING, access_log=False)
+    config = uvicorn.Config(starlette_app(), lifespan="off", log_level=logging.WARNING, access_log=False)
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class GranianSettings:
+    """One granian floor server: its interface and threads, the rest fixed at what granian documents
+    for a small machine (one worker: the runtime's one process; uvloop, as the runtime's loop; HTTP/1
+    only, as the clients speak; no websockets; one blocking thread, the only value granian takes on
+    ASGI and RSGI; the runtime's backlog, 2048).
+
+    ``interface`` ``asgi`` serves ``frontend_floor.starlette_app`` (the uvicorn floor's app), ``rsgi``
+    ``frontend_floor.rsgi_app`` (no framework). ``runtime_threads``: granian's Rust I/O threads per
+    worker; ``runtime_mode``: ``auto`` (granian picks: ``st`` for RSGI on one thread, else ``mt``),
+    ``st`` or ``mt``."""
+
+    interface: str
+    runtime_threads: int = 1
+    runtime_mode: str = "auto"
+    loop: str = "uvloop"
+    http: str = "1"
+    blocking_threads: int = 1
+    backlog: int = 2048
+    workers: int = 1
+
+    @property
+    def label(self) -> str:
+        """``asgi t1``, ``rsgi t2 st``: the key of its figures in the JSON."""
+        mode = "" if self.runtime_mode == "auto" else f" {self.runtime_mode}"
+        return f"{self.interface} t{self.runtime_threads}{mode}"
+
+    def argv(self, host: str, port: int, target: str | None = None) -> list[str]:
+        """granian's command-line arguments (after ``python -m granian``) serving on ``host:port``:
+        ``target`` (in bench/: an app factory for ``asgi``, an app for ``rsgi``; default the floor's app
+        of the interface)."""
+        if target is None:
+            target = "frontend_floor:starlette_app" if self.interface == "asgi" else "frontend_floor:rsgi_app"
+        return [
+            "--interface", self.interface, "--host", host, "--port", str(port),
+            "--workers", str(self.workers), "--runtime-threads", str(self.runtime_threads),
+            "--runtime-mode", self.runtime_mode, "--loop", self.loop, "--http", self.http, "--no-ws",
+            "--blocking-threads", str(self.blocking_threads), "--backlog", str(self.backlog),
+            "--log-level", "warning", "--no-access-log", "--working-dir", str(Path(__file__).parent),
+            *(["--factory"] if self.interface == "asgi" else []), target,
+        ]  # fmt: skip
+
+
+def parse_granian_settings(text: str) -> list[GranianSettings]:
+    """``--granian``: comma-separated ``INTERFACE[/THREADS[/MODE]]`` (``asgi/1,asgi/2,rsgi/1``): interface
+    ``asgi`` or ``rsgi``, runtime threads (default 1, an integer >= 1), runtime mode ``auto`` (default),
+    ``st`` or ``mt``. Empty (or only commas): no granian floor. Raises ``ValueError`` naming the item
+    and the field that is wrong, or a setting given twice."""
+    out: list[GranianSettings] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        fields = item.split("/")
+        if len(fields) > 3:
+            raise ValueError(f"--granian {item!r}: at most INTERFACE/THREADS/MODE")
+        interface = fields[0]
+        if interface not in ("asgi", "rsgi"):
+            raise ValueError(f"--granian {item!r}: interface {interface!r} is not asgi or rsgi")
+        threads = 1
+        if len(fields) > 1:
+            if not fields[1].isdigit() or int(fields[1]) < 1:
+                raise ValueError(f"--granian {item!r}: runtime threads {fields[1]!r} is not an integer >= 1")
+            threads = int(fields[1])
+        mode = fields[2] if len(fields) > 2 else "auto"
+        if mode not in ("auto", "st", "mt"):
+            raise ValueError(f"--granian {item!r}: runtime mode {mode!r} is not auto, st or mt")
+        settings = GranianSettings(interface, threads, mode)
+        if settings in out:
+            raise ValueError(f"--granian {item!r}: given twice")
+        out.append(settings)
+    return out
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the OS's pick; granian binds by number, so another process may
+    take it before granian does: then granian fails to start, with its message)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def plane_baseline(model_dir: str, requests: int) -> int:
@@ -182,7 +262,8 @@ def plane_baseline(model_dir: str, requests: int) -> int:
 
 
 class FloorProcess:
-    """The floor server as a subprocess (``pid``, ``url``)."""
+    """The uvicorn floor server as a subprocess (``pid``, ``url``; ``main_pid``: the process whose main
+    thread runs the event loop, itself)."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
@@ -207,6 +288,10 @@ class FloorProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def main_pid(self) -> int:
+        return self.pid
+
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -214,6 +299,108 @@ class FloorProcess:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def granian_env(site_packages: str) -> dict[str, str]:
+    """The environment of a process of granian's venv: this one's, plus ``KUBEINFER_BENCH_SITE_PACKAGES``
+    (the overlay's .pth adds that directory after the venv's own packages: Starlette, uvloop and
+    kubeinfer come from the .venv this bench runs from) and ``PYTHONSAFEPATH`` (the working directory is
+    not put on ``sys.path``: the repository root's ``operator/`` would shadow the standard library's)."""
+    return {**os.environ, "KUBEINFER_BENCH_SITE_PACKAGES": site_packages, "PYTHONSAFEPATH": "1"}
+
+
+class GranianServer:
+    """A granian server (``GranianSettings``) as a subprocess of granian's venv (``GRANIAN_VENV``): ``pid``
+    granian's supervisor, ``main_pid`` its one worker (the process serving; its main thread runs the
+    event loop), ``port``. ``target``: ``GranianSettings.argv``'s (default: the floor); ``env``: more
+    environment; ``ready_path``: started once ``GET ready_path`` answers 200 (default: once the port
+    accepts). Raises ``FileNotFoundError`` when the venv is missing, ``RuntimeError`` (with granian's
+    output) when it is not started within ``start_timeout`` seconds."""
+
+    def __init__(
+        self,
+        settings: GranianSettings,
+        host: str = "127.0.0.1",
+        start_timeout: float = 30.0,
+        target: str | None = None,
+        env: dict[str, str] | None = None,
+        ready_path: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.host = host
+        self.start_timeout = start_timeout
+        self.target = target
+        self.env = env or {}
+        self.ready_path = ready_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.main_pid = 0
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115  # granian's output; closed in __exit__
+
+    def _started(self) -> bool:
+        if self.ready_path is None:
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), timeout=0.5):
+                return True
+            return False
+        url = f"http://{self.host}:{self.port}{self.ready_path}"
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2.0) as response:
+            return bool(response.status == 200)
+        return False
+
+    def __enter__(self) -> GranianServer:
+        import sysconfig
+
+        import psutil
+
+        python = GRANIAN_VENV / "bin" / "python"
+        if not python.exists():
+            raise FileNotFoundError(
+                f"{GRANIAN_VENV} is missing: `bash hack/setup.sh --bench-granian` installs it"
+            )
+        self.port = free_port(self.host)
+        self.proc = subprocess.Popen(
+            [str(python), "-m", "granian", *self.settings.argv(self.host, self.port, self.target)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
+            env={**granian_env(sysconfig.get_path("purelib")), **self.env},
+        )  # fmt: skip
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self._started():
+                children = psutil.Process(self.proc.pid).children()
+                if children:
+                    self.main_pid = children[0].pid
+                    return self
+            time.sleep(0.1)
+        tail = self.log_text()[-3000:]
+        self.__exit__()
+        raise RuntimeError(f"granian {self.settings.label} did not start: {tail}")
+
+    def log_text(self) -> str:
+        """granian's output so far (its workers' and the app's logs)."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def __exit__(self, *exc: object) -> None:
+        """SIGTERM to the supervisor (it stops its worker); after 10 s SIGKILL to both."""
+        import psutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            workers = psutil.Process(self.proc.pid).children(recursive=True)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            for worker in workers:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    worker.kill()
+        self._log.close()
 
 
 # --- clients --------------------------------------------------------------------------------------
@@ -402,11 +589,15 @@ async def run_rate(
     duration: float,
     seed: int,
     pid: int,
+    main_pid: int | None = None,
 ) -> dict[str, float]:
-    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; server CPU from /proc."""
+    """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; server CPU from /proc: of ``pid`` and
+    its children, and of the main thread of ``main_pid`` (default ``pid``: the process running the
+    event loop; granian's worker, a child of its supervisor)."""
     import psutil
 
     proc = psutil.Process(pid)
+    main_proc = proc if main_pid is None else psutil.Process(main_pid)
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * duration * 1.5) + 20))
     arrivals = arrivals[arrivals < duration]
@@ -425,7 +616,7 @@ async def run_rate(
             errors[status] += 1
 
     t_server0, t_front0 = pod_cpu(proc)
-    t_main0 = main_thread_cpu(proc)
+    t_main0 = main_thread_cpu(main_proc)
     t_client0 = time.process_time()
     start = loop.time() + 0.02
     tasks = []
@@ -439,7 +630,7 @@ async def run_rate(
     t_server1, t_front1 = pod_cpu(proc)
     front_cpu = t_front1 - t_front0
     server_cpu = t_server1 - t_server0 + front_cpu
-    main_cpu = main_thread_cpu(proc) - t_main0
+    main_cpu = main_thread_cpu(main_proc) - t_main0
     client_cpu = time.process_time() - t_client0
     n, ok = len(arrivals), len(latencies)
     lat = np.array(latencies) if latencies else np.array([float("inf")])
@@ -465,14 +656,18 @@ async def find_max_rate(
     pid: int,
     args: argparse.Namespace,
     start_rate: float,
+    main_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Rising rates until two fail, then ``args.refine`` bisection rounds; the figures of the best."""
+    """Rising rates until two fail, then ``args.refine`` bisection rounds; the figures of the best
+    (``main_pid``: ``run_rate``'s)."""
     points: list[dict[str, Any]] = []
-    await run_rate(call, payloads, min(start_rate, 100.0), 0.5, args.seed, pid)  # connections, caches
+    await run_rate(
+        call, payloads, min(start_rate, 100.0), 0.5, args.seed, pid, main_pid
+    )  # connections, caches
     # every server and encoding at the same rate too: CPU per request depends on the rate (batch sizes,
     # idle overheads), so the ratios to the floor are taken at this one
     ref_rate = args.ref_rate if start_rate >= args.start_rate else args.ref_rate / 10  # MiniLM: a tenth
-    ref = await run_rate(call, payloads, ref_rate, max(3.0, args.step_seconds), args.seed, pid)
+    ref = await run_rate(call, payloads, ref_rate, max(3.0, args.step_seconds), args.seed, pid, main_pid)
     cpu, main_cpu = ref["server_cpu_us_per_request"], ref["main_thread_cpu_us_per_request"]
     progress(
         f"{label:>14} {ref_rate:7.0f}/s (reference rate): server {cpu:5.0f} µs/req "
@@ -480,7 +675,9 @@ async def find_max_rate(
     )
 
     async def measure(rate: float, note: str) -> bool:
-        point = await run_rate(call, payloads, rate, args.step_seconds, args.seed + len(points), pid)
+        point = await run_rate(
+            call, payloads, rate, args.step_seconds, args.seed + len(points), pid, main_pid
+        )
         points.append(point)
         progress(
             f"{label:>14} {rate:7.0f}/s{note}: P50 {point['p50_seconds'] * 1e3:6.1f} ms, P99 "
@@ -705,8 +902,10 @@ async def profile_load(
 async def bench_server(
     name: str, host: str, port: int, grpc_port: int | None, pid: int, model: str, args: argparse.Namespace,
     start_rate: float, sentences: list[str], profile_dir: Path | None, encodings: tuple[str, ...],
+    main_pid: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Every encoding of ``encodings`` against one runtime: ``{encoding: figures}``."""
+    """Every encoding of ``encodings`` against one runtime: ``{encoding: figures}`` (``main_pid``:
+    ``run_rate``'s)."""
     result: dict[str, Any] = {}
     for encoding in encodings:
         if encoding == "grpc" and grpc_port is None:
@@ -720,7 +919,9 @@ async def bench_server(
             client = HTTPClient(host, port)
             payloads = request_payloads(host, port, model, encoding, sentences)
         try:
-            figures = await find_max_rate(f"{name} {encoding}", client.call, payloads, pid, args, start_rate)
+            figures = await find_max_rate(
+                f"{name} {encoding}", client.call, payloads, pid, args, start_rate, main_pid
+            )
             if profile_dir is not None:
                 # at most 70 % of the max; at the reference rate when no rate met the SLO (a busy machine)
                 rate = min(args.profile_rate, 0.7 * figures["max_slo_rps"]) or figures["ref_rate_rps"]
@@ -753,6 +954,72 @@ async def plane_baseline_run(tiny_dir: Path) -> dict[str, Any] | None:
     return None
 
 
+async def measure_floor(
+    label: str, server: FloorProcess | GranianServer, args: argparse.Namespace, sentences: list[str]
+) -> dict[str, Any]:
+    """One floor server's figures: ``find_max_rate``'s (``cpu_us_per_request`` and ``max_rps`` at the
+    highest rate meeting the SLO, the reference rate's), and at ``--profile-rate`` the CPU per request
+    of its processes and of each thread (``thread_cpu``: granian's Rust threads apart from the event
+    loop's)."""
+    import psutil
+
+    client = HTTPClient("127.0.0.1", server.port)
+    payloads = request_payloads("127.0.0.1", server.port, "floor", "json", sentences)
+    try:
+        figures = await find_max_rate(
+            label, client.call, payloads, server.pid, args, args.start_rate, server.main_pid
+        )
+        proc = psutil.Process(server.pid)
+        before = thread_cpu(proc)
+        at_profile = await run_rate(
+            client.call, payloads, args.profile_rate, args.profile_seconds, 7, server.pid, server.main_pid
+        )
+        after = thread_cpu(proc)
+    finally:
+        client.close()
+    ok = max(at_profile["ok"], 1.0)
+    # thread_cpu names the runtime's processes; here the floor's own: uvicorn's one, granian's two
+    names = (
+        (("model process", "supervisor"), ("front ends", "worker"))
+        if isinstance(server, GranianServer)
+        else (("model process", "server"),)
+    )
+    threads = {}
+    for key in after:
+        shown = key
+        for old, new in names:
+            shown = shown.replace(old, new, 1) if shown.startswith(old) else shown
+        threads[shown] = round((after[key] - before.get(key, 0.0)) / ok * 1e6, 1)
+    return {
+        "cpu_us_per_request": figures["cpu_us_per_request"],
+        "max_rps": figures["max_slo_rps"],
+        **{k: v for k, v in figures.items() if k not in ("cpu_us_per_request", "max_slo_rps")},
+        "profile_rate_rps": args.profile_rate,
+        "cpu_us_per_request_at_profile_rate": at_profile["server_cpu_us_per_request"],
+        "main_thread_cpu_us_per_request_at_profile_rate": at_profile["main_thread_cpu_us_per_request"],
+        "p99_seconds_at_profile_rate": at_profile["p99_seconds"],
+        "thread_us_per_request_at_profile_rate": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
+    }
+
+
+async def measure_floors(args: argparse.Namespace, sentences: list[str]) -> dict[str, Any]:
+    """uvicorn's floor (``floor``), then each of ``args.granian`` (``floor_granian``, by label, with its
+    settings): ``measure_floor``'s figures of each."""
+    out: dict[str, Any] = {}
+    progress("floor: the runtime's HTTP stack, fixed response, no model")
+    with FloorProcess() as floor:
+        out["floor"] = await measure_floor("floor", floor, args, sentences)
+    granian: dict[str, Any] = {}
+    for settings in args.granian:
+        progress(f"floor under granian {settings.label}: the same fixed response")
+        with GranianServer(settings) as server:
+            figures = await measure_floor(f"granian {settings.label}", server, args, sentences)
+        granian[settings.label] = {"settings": dataclasses.asdict(settings), **figures}
+    if granian:
+        out["floor_granian"] = granian
+    return out
+
+
 async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from kubeinfer.runtime.config import RuntimeConfig
     from kubeinfer.runtime.models.huggingface import heldout_sentences
@@ -772,22 +1039,7 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if tiny_dir is not None:
         result["plane_baseline"] = await plane_baseline_run(tiny_dir)
 
-    progress("floor: the runtime's HTTP stack, fixed response, no model")
-    with FloorProcess() as floor:
-        client = HTTPClient("127.0.0.1", floor.port)
-        payloads = request_payloads("127.0.0.1", floor.port, "floor", "json", sentences)
-        figures = await find_max_rate("floor", client.call, payloads, floor.pid, args, args.start_rate)
-        at_profile = await run_rate(
-            client.call, payloads, args.profile_rate, args.profile_seconds, 7, floor.pid
-        )
-        client.close()
-    result["floor"] = {
-        "cpu_us_per_request": figures["cpu_us_per_request"],
-        "max_rps": figures["max_slo_rps"],
-        **{k: v for k, v in figures.items() if k not in ("cpu_us_per_request", "max_slo_rps")},
-        "profile_rate_rps": args.profile_rate,
-        "cpu_us_per_request_at_profile_rate": at_profile["server_cpu_us_per_request"],
-    }
+    result.update(await measure_floors(args, sentences))
 
     models: list[tuple[str, RuntimeConfig, float]] = []
     if tiny_dir is not None:
@@ -811,12 +1063,133 @@ async def run_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     f"{name} w{workers}", rt.host, rt.port, gport, rt.pid, cfg.model.name, args, start,
                     sentences, profiled, encodings,
                 )  # fmt: skip
-            for encoding, fig in figures.items():
-                if "absent" in fig:
-                    entry.setdefault(encoding, {"workers": {}}).update(fig)
-                else:
-                    entry.setdefault(encoding, {"workers": {}})["workers"][str(workers)] = fig
+            file_figures(entry, figures, str(workers))
+    if tiny_dir is not None and args.granian_runtime is not None:
+        label = args.granian_runtime.label
+        for encoding, fig in (await granian_runtime_run(tiny_hf_config(tiny_dir), args, sentences)).items():
+            result["tiny"].setdefault(encoding, {"workers": {}})["granian"] = {label: fig}
     return result
+
+
+def file_figures(entry: dict[str, Any], figures: dict[str, Any], workers: str) -> None:
+    """``bench_server``'s figures into a model's ``{encoding: {"workers": {workers: figures}}}``; an
+    absent encoding's note (``{"absent": why}``) beside ``workers``."""
+    for encoding, fig in figures.items():
+        if "absent" in fig:
+            entry.setdefault(encoding, {"workers": {}}).update(fig)
+        else:
+            entry.setdefault(encoding, {"workers": {}})["workers"][workers] = fig
+
+
+async def granian_runtime_run(cfg: Any, args: argparse.Namespace, sentences: list[str]) -> dict[str, Any]:
+    """The tiny runtime (``cfg``, one process) with its ASGI app served by granian
+    (``bench/granian_runtime.py``, ``args.granian_runtime``'s settings): JSON and binary, as
+    ``bench_server`` measures them (gRPC is the runtime's own grpc.aio server either way)."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.server.http_workers = 1
+    cfg.server.shutdown_delay_seconds = 0  # leave at once: nothing routes to it
+    # as RuntimeProcess's --host/--port 0/--grpc-port 0: loopback, free ports (no uvicorn binds the
+    # HTTP one here; granian serves on its own)
+    cfg.server.host, cfg.server.port, cfg.server.grpc_port = "127.0.0.1", 0, 0
+    settings = args.granian_runtime
+    with tempfile.TemporaryDirectory(prefix="kubeinfer-granian-") as tmp:
+        path = Path(tmp) / "runtime.yaml"
+        path.write_text(cfg.to_yaml(), encoding="utf-8")
+        progress(f"tiny: starting the runtime's app under granian {settings.label} (load + warmup)")
+        server = GranianServer(
+            settings, start_timeout=300.0, target="granian_runtime:app",
+            env={"KUBEINFER_BENCH_RUNTIME_CONFIG": str(path)}, ready_path="/v2/health/ready",
+        )  # fmt: skip
+        with server:
+            progress(f"tiny: ready under granian at port {server.port} (worker pid {server.main_pid})")
+            figures = await bench_server(
+                f"tiny granian {settings.label}", server.host, server.port, None, server.pid, cfg.model.name,
+                args, args.start_rate, sentences, None, ("json", "binary"), server.main_pid,
+            )  # fmt: skip
+            errors = [
+                line for line in server.log_text().splitlines() if "Traceback" in line or " ERROR " in line
+            ]
+    for fig in figures.values():
+        fig["settings"] = dataclasses.asdict(settings)
+        fig["server_errors_logged"] = len(errors)
+    return figures
+
+
+def granian_floor_ratios(
+    floor: dict[str, Any], granian: dict[str, dict[str, Any]]
+) -> dict[str, float | None]:
+    """Each granian floor (``{label: measure_floor's figures}``) over uvicorn's (``floor``), same run:
+    ``granian_<label>_cpu_over_uvicorn`` (server CPU per request, each at its own highest rate meeting
+    the SLO), ``..._cpu_over_uvicorn_at_ref_rate`` and ``..._at_profile_rate`` (both servers at one
+    offered rate), ``..._max_rps_over_uvicorn``; labels with spaces joined by ``_``. None where a
+    figure is missing or zero (no rate met the SLO)."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    out: dict[str, float | None] = {}
+    for label, fig in granian.items():
+        key = "granian_" + label.replace(" ", "_")
+        out[f"{key}_cpu_over_uvicorn"] = ratio(fig["cpu_us_per_request"], floor["cpu_us_per_request"])
+        out[f"{key}_cpu_over_uvicorn_at_ref_rate"] = (
+            ratio(fig["cpu_us_per_request_at_ref_rate"], floor["cpu_us_per_request_at_ref_rate"])
+            if fig["ref_rate_rps"] == floor["ref_rate_rps"]
+            else None
+        )
+        out[f"{key}_cpu_over_uvicorn_at_profile_rate"] = (
+            ratio(fig["cpu_us_per_request_at_profile_rate"], floor["cpu_us_per_request_at_profile_rate"])
+            if fig["profile_rate_rps"] == floor["profile_rate_rps"]
+            else None
+        )
+        out[f"{key}_max_rps_over_uvicorn"] = ratio(fig["max_rps"], floor["max_rps"])
+    return out
+
+
+def granian_runtime_ratios(figures: dict[str, Any]) -> dict[str, float | None]:
+    """The tiny runtime under granian (``figures["tiny"][encoding]["granian"][label]``) against the floor
+    under granian with the same settings (``figures["floor_granian"][label]``, when measured) and against
+    the runtime under uvicorn (one process, ``["workers"]["1"]``), same run:
+    ``tiny_<enc>_granian_<label>_cpu_over_granian_floor`` (each at its highest rate meeting the SLO),
+    ``..._cpu_over_granian_floor_at_ref_rate``, ``..._main_thread_over_granian_floor_at_ref_rate`` (the
+    worker's main thread over the floor's whole server), ``..._cpu_over_uvicorn_at_ref_rate`` and
+    ``..._max_rps_over_uvicorn``. None where a figure is missing or zero, or the reference rates differ."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a and b else None
+
+    out: dict[str, float | None] = {}
+    floors = figures.get("floor_granian", {})
+    for enc, entry in figures.get("tiny", {}).items():
+        uvicorn = entry.get("workers", {}).get("1")
+        for label, fig in entry.get("granian", {}).items():
+            key = f"tiny_{enc}_granian_{label.replace(' ', '_')}"
+            floor = floors.get(label)
+            same_ref = floor is not None and floor["ref_rate_rps"] == fig["ref_rate_rps"]
+            out[f"{key}_cpu_over_granian_floor"] = (
+                ratio(fig["cpu_us_per_request"], floor["cpu_us_per_request"]) if floor else None
+            )
+            out[f"{key}_cpu_over_granian_floor_at_ref_rate"] = (
+                ratio(fig["cpu_us_per_request_at_ref_rate"], floor["cpu_us_per_request_at_ref_rate"])
+                if floor and same_ref
+                else None
+            )
+            out[f"{key}_main_thread_over_granian_floor_at_ref_rate"] = (
+                ratio(
+                    fig["main_thread_cpu_us_per_request_at_ref_rate"], floor["cpu_us_per_request_at_ref_rate"]
+                )
+                if floor and same_ref
+                else None
+            )
+            same = uvicorn is not None and uvicorn["ref_rate_rps"] == fig["ref_rate_rps"]
+            out[f"{key}_cpu_over_uvicorn_at_ref_rate"] = (
+                ratio(fig["cpu_us_per_request_at_ref_rate"], uvicorn["cpu_us_per_request_at_ref_rate"])
+                if uvicorn and same
+                else None
+            )
+            out[f"{key}_max_rps_over_uvicorn"] = (
+                ratio(fig["max_slo_rps"], uvicorn["max_slo_rps"]) if uvicorn else None
+            )
+    return out
 
 
 def workers_speedup(figures: dict[str, Any]) -> dict[str, Any]:
@@ -894,6 +1267,17 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-rate", type=float, default=1000.0, help="the profile's rate, /s (at most 70 %% of the max)"
     )
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument(
+        "--granian",
+        default=DEFAULT_GRANIAN,
+        help="granian floors beside uvicorn's, INTERFACE[/THREADS[/MODE]],... (asgi|rsgi, runtime threads, "
+        "auto|st|mt); '' for none; needs `bash hack/setup.sh --bench-granian`",
+    )
+    parser.add_argument(
+        "--granian-runtime",
+        default="asgi/1",
+        help="the tiny runtime's app under granian too, this setting (asgi[/THREADS[/MODE]]); '' for none",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "frontend.json"))
     quiet.add_arguments(parser)
@@ -905,6 +1289,20 @@ def main(argv: list[str] | None = None) -> int:
         return plane_baseline(args.plane_baseline, 3000)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.workers = [int(w) for w in args.workers.split(",") if w.strip()]
+    try:
+        args.granian = parse_granian_settings(args.granian)
+        runtime = parse_granian_settings(args.granian_runtime)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if len(runtime) > 1 or any(r.interface != "asgi" for r in runtime):
+        parser.error(
+            f"--granian-runtime {args.granian_runtime!r}: one setting, interface asgi (the runtime's app)"
+        )
+    args.granian_runtime = runtime[0] if runtime else None
+    if (args.granian or args.granian_runtime) and not (GRANIAN_VENV / "bin" / "python").exists():
+        parser.error(
+            f"--granian: {GRANIAN_VENV} is missing: `bash hack/setup.sh --bench-granian` installs it"
+        )
     logging.basicConfig(level=logging.WARNING)
     with quiet.quiet_run("frontend_bench", args, log=progress) as run:
         return measure(args, argv, run)
@@ -937,6 +1335,8 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
                 ratios[f"{name}_{enc}_main_thread_over_floor_at_ref_rate"] = (
                     main / floor["cpu_us_per_request_at_ref_rate"]
                 )
+    ratios.update(granian_floor_ratios(floor, figures.get("floor_granian", {})))
+    ratios.update(granian_runtime_ratios(figures))
     result = {
         **figures,
         "profile": profile_section(figures, args),
@@ -967,6 +1367,18 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
             "waves of N concurrent one-row requests: process CPU per request (main thread: the batcher's "
             "loop, validation, metrics; other threads: tokenization and the model); a transport adds to it",
         ],
+        "granian": (
+            "floor_granian: the same fixed response served by granian (one worker, its settings in each "
+            "entry: interface asgi with the floor's Starlette app, rsgi with no framework), measured like "
+            "the floor in this run; cpu_us_per_request is granian's supervisor and worker together, "
+            "main_thread_* the worker's main thread (the event loop); granian's Rust runtime threads "
+            "(tokio-rt-worker: I/O, HTTP) and its blocking thread carry the rest "
+            "(thread_us_per_request_at_profile_rate); ratios granian_* "
+            "over uvicorn's floor; tiny[encoding].granian: the tiny runtime's own app (RuntimeServer.app, "
+            "one process) served by granian (bench/granian_runtime.py: no uvicorn, no header/body read "
+            "timeouts), ratios tiny_*_granian_* over the granian floor of the same settings and over the "
+            "runtime under uvicorn"
+        ),
         "elapsed_seconds": time.monotonic() - started,
         "command": ["bench/frontend_bench.py", *(sys.argv[1:] if argv is None else argv)],
     }
@@ -975,6 +1387,14 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     progress(f"floor: {floor['cpu_us_per_request']:.0f} µs/req, max {floor['max_rps']:.0f}/s")
+    for label, fig in figures.get("floor_granian", {}).items():
+        cpu = fig["cpu_us_per_request"]
+        progress(
+            f"floor under granian {label}: {cpu if cpu is None else round(cpu)} µs/req, max "
+            f"{fig['max_rps']:.0f}/s; at {fig['profile_rate_rps']:.0f}/s "
+            f"{fig['cpu_us_per_request_at_profile_rate']:.0f} µs/req (uvicorn "
+            f"{floor['cpu_us_per_request_at_profile_rate']:.0f})"
+        )
     for name in ("tiny", "minilm"):
         for enc, entry in figures.get(name, {}).items():
             for workers, one in entry.get("workers", {}).items():
@@ -982,6 +1402,14 @@ def measure(args: argparse.Namespace, argv: list[str] | None, run: Any) -> int:
                 progress(
                     f"{name} {enc} workers {workers}: {cpu if cpu is None else round(cpu)} µs/req (all the "
                     f"pod's processes), max {one['max_slo_rps']:.0f}/s at P99 <= 100 ms"
+                )
+            for label, one in entry.get("granian", {}).items():
+                cpu = one["cpu_us_per_request"]
+                progress(
+                    f"{name} {enc} under granian {label}: {cpu if cpu is None else round(cpu)} µs/req, max "
+                    f"{one['max_slo_rps']:.0f}/s at P99 <= 100 ms; at {one['ref_rate_rps']:.0f}/s "
+                    f"{one['cpu_us_per_request_at_ref_rate']:.0f} µs/req (main thread "
+                    f"{one['main_thread_cpu_us_per_request_at_ref_rate']:.0f})"
                 )
     noisy = " (noisy: not a source of figures)" if run.noisy else ""
     progress(f"wrote {out} in {time.monotonic() - started:.0f} s{noisy}")

@@ -19,6 +19,10 @@ installed, compiled by ``uv pip compile`` with a sha256 hash for every file:
   bench-peers`` (bench/peers_bench.py) measures kubeinfer against (``PEERS``), compiled each on its own
   like a tool; ``make bench-peers`` (``hack/setup.sh --peers``), not ``make setup``, installs each into
   ``.cache/NAME``: they are benchmark baselines, not something the tests need.
+- ``requirements/bench-granian.txt``: a benchmark overlay (``OVERLAYS``): what a benchmark adds to
+  ``.venv`` (granian), compiled from ``requirements/bench-granian.in`` with lock.txt as constraints (a
+  package both have is the lock's version), installed by ``hack/setup.sh --bench-granian`` into
+  ``.cache/bench-granian``, a venv that reads the running .venv's packages after its own.
 
 The target is the images' platform: CPython 3.11 on x86_64 Linux (glibc >= 2.28), the Debian bookworm
 base and the development machines. torch is PyPI's wheel (``torch-X-cp311-cp311-manylinux_2_28_x86_64``,
@@ -67,6 +71,13 @@ PEERS: Mapping[str, str] = {
     " (it would add fastapi to the lock)",
     "peer-infinity": "infinity-emb 0.0.78: it pins numpy<2 and sentence-transformers<4 (transformers<5)",
 }
+#: Benchmark overlays, each a venv ``.cache/NAME`` with only what ``requirements/NAME.txt`` adds to .venv
+#: (which it reads after its own packages: ``hack/setup.sh`` OVERLAY_PTH), compiled from
+#: ``requirements/NAME.in`` with lock.txt as constraints; not in the lock, as no test or image needs them.
+OVERLAYS: Mapping[str, str] = {
+    "bench-granian": "granian 2.8.7, the HTTP server bench/frontend_bench.py measures beside uvicorn: a "
+    "lever under measurement, not a dependency",
+}
 #: The platform every file is compiled for (the images' Python; Debian bookworm has glibc 2.36).
 PYTHON_VERSION = "3.11"
 PYTHON_PLATFORM = "x86_64-manylinux_2_28"
@@ -75,6 +86,7 @@ EXTRAS = ("test",)
 __all__ = [
     "IMAGES",
     "LOCK",
+    "OVERLAYS",
     "PEERS",
     "TOOLS",
     "Pin",
@@ -168,7 +180,9 @@ def problems(root: Path = ROOT) -> list[str]:
       ``IMAGE.in`` name;
     - each Dockerfile installs only ``requirements/IMAGE.txt`` and kubeinfer itself (``dockerfile_problems``);
     - each ``TOOLS`` and ``PEERS`` file ``NAME.txt`` pins every ``NAME.in`` name (with hashes:
-      ``parse_lock``).
+      ``parse_lock``);
+    - each ``OVERLAYS`` file ``NAME.txt`` pins every ``NAME.in`` name, and each package lock.txt also
+      pins at the lock's version (``_overlay_problems``).
     """
     deps, build = declared((root / "pyproject.toml").read_text())
     locked = parse_lock((root / LOCK.relative_to(ROOT)).read_text())
@@ -193,6 +207,10 @@ def problems(root: Path = ROOT) -> list[str]:
             for name in names
             if name not in compiled
         ]
+    for overlay in OVERLAYS:
+        names = parse_in((root / image_file(overlay, ".in").relative_to(ROOT)).read_text())
+        compiled = parse_lock((root / image_file(overlay).relative_to(ROOT)).read_text())
+        out += _overlay_problems(overlay, names, compiled, locked)
     runtime_deps = _runtime_dependencies((root / "pyproject.toml").read_text())
     out += [
         f"pyproject.toml dependency {name} is in no image's requirements/IMAGE.in"
@@ -212,6 +230,27 @@ def _lock_problems(declared_reqs: Mapping[str, str], locked: Mapping[str, Pin]) 
         elif not _satisfied(req, pin.version):
             out.append(
                 f"{LOCK.name}: {name}=={pin.version} is outside pyproject.toml's {req!r}: run `make lock`"
+            )
+    return out
+
+
+def _overlay_problems(
+    overlay: str, names: Sequence[str], compiled: Mapping[str, Pin], locked: Mapping[str, Pin]
+) -> list[str]:
+    """How requirements/OVERLAY.txt (``compiled``) departs from its ``.in`` ``names`` and, for the packages
+    lock.txt pins too, from lock.txt's versions (the overlay's venv reads .venv's packages after its own:
+    another version would shadow the lock's)."""
+    out = [
+        f"{overlay}.txt: {name} (in {overlay}.in) is not pinned: run `make lock`"
+        for name in names
+        if name not in compiled
+    ]
+    for name, pin in sorted(compiled.items()):
+        want = locked.get(name)
+        if want is not None and want.version != pin.version:
+            out.append(
+                f"{overlay}.txt: {name}=={pin.version} differs from {LOCK.name}'s {name}=={want.version}: "
+                "run `make lock`"
             )
     return out
 
@@ -318,7 +357,8 @@ def _compile(args: Sequence[str], output: Path, upgrade: Iterable[str], stdin: s
 
 def compile_all(*, upgrade: bool = False, upgrade_packages: Sequence[str] = ()) -> None:
     """Write lock.txt from pyproject.toml, then each IMAGE.txt from IMAGE.in constrained by lock.txt,
-    then each ``TOOLS`` and ``PEERS`` file NAME.txt from NAME.in alone.
+    then each ``TOOLS`` and ``PEERS`` file NAME.txt from NAME.in alone, then each ``OVERLAYS`` file
+    NAME.txt from NAME.in constrained by lock.txt.
 
     Pins already in the files are kept unless ``upgrade`` (all) or ``upgrade_packages`` (those)
     says otherwise. Needs the package index (uv reads the versions and hashes there). Raises
@@ -339,6 +379,9 @@ def compile_all(*, upgrade: bool = False, upgrade_packages: Sequence[str] = ()) 
     for tool in (*TOOLS, *PEERS):
         # on its own: these pins conflict with the lock's (TOOLS and PEERS say why)
         _compile([str(image_file(tool, ".in").relative_to(ROOT))], image_file(tool), flags)
+    for overlay in OVERLAYS:
+        in_file = image_file(overlay, ".in").relative_to(ROOT)
+        _compile([str(in_file), "-c", str(LOCK.relative_to(ROOT))], image_file(overlay), flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,8 @@
 #   bash hack/setup.sh --peers         only the peer servers `make bench-peers` measures kubeinfer against:
 #                                      .cache/peer-mlserver, .cache/peer-litserve, .cache/peer-infinity
 #                                      (hack/lock.py PEERS), as step 9
+#   bash hack/setup.sh --bench-granian only .cache/bench-granian: granian for `make bench-frontend`, a venv
+#                                      that reads the running .venv's packages (hack/lock.py OVERLAYS)
 #   bash hack/setup.sh --perf-analyzer step 10 only (Triton's perf_analyzer)
 #
 # Steps:
@@ -55,9 +57,10 @@ case "${1:-}" in
   --python-only) MODE="python" ;;
   --binaries-only) MODE="binaries" ;;
   --peers) MODE="peers" ;;
+  --bench-granian) MODE="bench-granian" ;;
   --perf-analyzer) MODE="perf-analyzer" ;;
   "") ;;
-  *) echo "usage: $0 [--python-only|--binaries-only|--peers|--perf-analyzer]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--python-only|--binaries-only|--peers|--bench-granian|--perf-analyzer]" >&2; exit 2 ;;
 esac
 
 TOTAL=10
@@ -166,6 +169,25 @@ setup_peer_envs() {
   echo "[setup peers] bench-peers servers: .cache/peer-mlserver (MLServer), .cache/peer-litserve (LitServe),"
   echo "  .cache/peer-infinity (infinity-emb)"
   install_envs "${PEER_ENVS[@]}"
+}
+
+# Benchmark overlays (hack/lock.py OVERLAYS): a venv .cache/NAME with only what requirements/NAME.txt
+# adds (compiled with the lock as constraints) and a .pth file that, when KUBEINFER_BENCH_SITE_PACKAGES
+# names directories (os.pathsep-separated), adds each after the venv's own packages with
+# site.addsitedir, so their .pth files run too (kubeinfer's editable install). The benchmark sets it to
+# the site-packages of the .venv it runs from: the venv is shared by the git worktrees whose .cache is
+# a symlink to this one, each of which brings its own .venv and checkout. A venv made with
+# --system-site-packages would see the base interpreter's packages, not .venv's (itself a venv).
+OVERLAY_PTH='import os, site; list(map(site.addsitedir, filter(None, os.environ.get("KUBEINFER_BENCH_SITE_PACKAGES", "").split(os.pathsep))))'
+OVERLAY_ENVS=(bench-granian)
+setup_overlay_envs() {
+  echo "[setup bench-granian] .cache/bench-granian (granian, over .venv's packages) for make bench-frontend"
+  install_envs "${OVERLAY_ENVS[@]}"
+  local name site
+  for name in "${OVERLAY_ENVS[@]}"; do
+    site="$("$CACHE/$name/bin/python" -P -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    printf '%s\n' "$OVERLAY_PTH" > "$site/_kubeinfer_bench_overlay.pth"
+  done
 }
 
 # ---------------------------------------------------------------- 10. perf_analyzer
@@ -427,6 +449,7 @@ setup_storage_tools() {
 case "$MODE" in
   python) setup_python ;;
   peers) setup_peer_envs ;;
+  bench-granian) setup_overlay_envs ;;
   perf-analyzer) setup_perf_analyzer ;;
   binaries) setup_go; setup_k8s_binaries; setup_node_binaries; setup_node_prometheus; setup_storage_tools ;;
   all) setup_python; setup_prometheus; setup_node_packages; setup_go; setup_k8s_binaries; setup_node_binaries

@@ -79,6 +79,31 @@ def test_tool_environments_are_pinned_with_hashes_apart_from_the_lock(tmp_path: 
     assert any("kserve-client.txt: kserve (in kserve-client.in) is not pinned" in p for p in found)
 
 
+def test_overlay_pins_granian_and_the_locks_versions_of_what_it_shares(tmp_path: Path) -> None:
+    """requirements/bench-granian.txt (``hack/setup.sh --bench-granian``'s venv, which reads .venv's
+    packages after its own) pins granian with hashes and click at the lock's version; another click
+    would shadow the lock's in that venv and is refused, as is an unpinned .in name. hack/setup.sh
+    installs exactly the overlays lock.OVERLAYS names."""
+    assert set(lock.OVERLAYS) == {"bench-granian"}
+    pins = lock.parse_lock(lock.image_file("bench-granian").read_text())
+    locked = lock.parse_lock(lock.LOCK.read_text())
+    assert lock.parse_in(lock.image_file("bench-granian", ".in").read_text()) == ["granian"]
+    assert pins["granian"].version == "2.8.7" and pins["granian"].hashes and "granian" not in locked
+    assert pins["click"].version == locked["click"].version
+    setup = (ROOT / "hack" / "setup.sh").read_text()
+    assert "OVERLAY_ENVS=(bench-granian)" in setup
+    root = _copy_tree(tmp_path)
+    path = root / "requirements" / "bench-granian.txt"
+    _replace(path, f"click=={pins['click'].version}", "click==8.0.0")
+    assert any(
+        f"bench-granian.txt: click==8.0.0 differs from lock.txt's click=={locked['click'].version}" in p
+        for p in lock.problems(root)
+    )
+    _replace(path, "granian==2.8.7", "granian-other==1")
+    unpinned = "bench-granian.txt: granian (in bench-granian.in) is not pinned"
+    assert any(unpinned in p for p in lock.problems(root))
+
+
 def test_image_file_with_another_version_or_hash_fails(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
     path = root / "requirements" / "operator.txt"
