@@ -469,8 +469,9 @@ def kubeconfig_for_service_account(
 
 def _preload(workdir: Path, bin_dir: Path) -> None:
     """``preload``: the built images into the node's image store with a containerd of its own (in
-    ``WORKDIR/../preload``), no node. `make test` runs it beside the unit and integration tiers, so the
-    e2e session's node finds the images current instead of importing them (minutes after a rebuild).
+    ``WORKDIR/../preload``), no node. `make test` runs it beside the unit tier (``hack/test.sh``) and
+    starts the e2e tier when it is done, so the e2e session's node finds the images current instead of
+    importing them (minutes after a rebuild).
     Raises ClusterError (an image error included)."""
     from hack.images import ImageError
 

@@ -951,7 +951,7 @@ def _export_unlocked(name: str, *, log: Callable[[str], None] | None = None) -> 
     tmp = path.with_suffix(".tar.tmp")
     tmp.unlink(missing_ok=True)
     t0 = time.monotonic()
-    _run(["nice", "-n", "10", "buildah", "push", "--quiet", image.ref, f"docker-archive:{tmp}:{image.ref}"])
+    _run(["buildah", "push", "--quiet", image.ref, f"docker-archive:{tmp}:{image.ref}"])
     tmp.replace(path)
     stamp.write_text(digest + "\n")
     say(f"images: exported {image.ref} -> {path.relative_to(ROOT)} ({human(path.stat().st_size)}, "
@@ -1019,7 +1019,7 @@ def load(
             continue
         path = export(image.name, log=say)
         t0 = time.monotonic()
-        _run(["nice", "-n", "10", *_ctr(ctr, address, namespace, "images", "import", str(path))])
+        _run(_ctr(ctr, address, namespace, "images", "import", str(path)))
         _run(_ctr(ctr, address, namespace, "images", "label", image.ref, f"{HASH_LABEL}={digest}",
                   f"{PINNED_LABEL}=pinned"))  # fmt: skip
         say(f"images: loaded {image.ref} into containerd ({namespace}) in {time.monotonic() - t0:.0f} s")

@@ -3,9 +3,10 @@ of a run, so the suite's budget is in plain sight after every ``make test``.
 
 A tier is the first folder under ``tests/`` of a test's path. For each tier the summary gives:
 
-- ``wall``: seconds from the start of its first test to the end of its last one (tiers run one after
-  the other, in path order, so the walls add up to the run's time less collection; on pytest-xdist
-  workers a file at a time, the last files of one tier overlap the first of the next);
+- ``wall``: seconds from the start of its first test to the end of its last one (in one pytest run the
+  tiers run one after the other, in path order, so the walls add up to the run's time less collection;
+  on pytest-xdist workers a file at a time, the last files of one tier overlap the first of the next;
+  ``make test`` runs each tier as a pytest of its own, the integration tier beside the e2e tier);
 - ``tests``: the number of tests that ran, with their outcomes;
 - ``setup``/``call``/``teardown``: seconds summed over its tests per phase (session- and module-scoped
   fixtures are paid in the setup of the first test that uses them and the teardown of the last; on
