@@ -49,7 +49,7 @@ trap 'kill $preload $integration 2>/dev/null' EXIT
 record $? tests/unit
 
 # The lock is taken here and held by the integration pytest alone (fd 9 is inherited by it; its own
-# children are started with close_fds), so it is free from the moment that pytest ends, however.
+# children are started with close_fds), so it is free from the moment that pytest ends, however it ends.
 exec 9>"$TIER_LOCK"
 flock 9
 echo "tests/integration runs beside tests/e2e; its output: $INTEGRATION_LOG (printed when it ends)"

@@ -55,13 +55,14 @@ OPERATOR_NAMESPACE = "kubeinfer-system"
 RELEASE = "kubeinfer"
 #: The label selector of the chart's operator pods (the activator's pods share the name, not the component).
 OPERATOR_PODS = "app.kubernetes.io/name=kubeinfer,app.kubernetes.io/component=operator"
+#: The environment variable that names the lock of a tier running beside this one (``hack/test.sh``).
+QUIET_NODE_LOCK_ENV = "KUBEINFER_QUIET_NODE_LOCK"
+#: Seconds the ``quiet_node`` files wait for that lock before they run anyway: the integration tier's
+#: budget, twice.
+QUIET_NODE_WAIT_SECONDS = 1440.0
 #: ``helm install`` flags of the tests' releases: the operator's readiness probed every 2 s from 1 s
 #: (the chart's default, 5 s then every 10 s, keeps a started operator un-Ready for up to 10 s more;
 #: the tests start one several times: installs, a rollout restart, a scale back to 1). Same endpoint.
-#: The environment variable that names the lock of a tier running beside this one (``hack/test.sh``).
-QUIET_NODE_LOCK_ENV = "KUBEINFER_QUIET_NODE_LOCK"
-#: Seconds a ``quiet_node`` file waits for that lock before it fails: the integration tier's budget, twice.
-QUIET_NODE_WAIT_SECONDS = 1440.0
 FAST_READINESS = (
     "--set", "readinessProbe.initialDelaySeconds=1",
     "--set", "readinessProbe.periodSeconds=2",
