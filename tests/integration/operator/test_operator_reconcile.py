@@ -210,10 +210,18 @@ def test_status_follows_deployment_conditions(
             message="Ready=False FailedCreate",
         )
         assert "forbidden" in cond["message"] or "quota" in cond["message"]
-        events = cluster.kubectl(
-            "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
-        ).stdout
-        assert "FailedCreate" in events
+        # the Event is posted in the background (``Reconciler._event_later``: the reconcile does not
+        # wait for it): on a busy machine it shows a moment after the condition, so it is waited for
+        wait_until(
+            lambda: (
+                "FailedCreate"
+                in cluster.kubectl(
+                    "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}"
+                ).stdout
+            ),
+            timeout=30,
+            message="the FailedCreate Event",
+        )
     finally:
         cluster.kubectl("delete", "resourcequota", "no-pods", "-n", ns, "--ignore-not-found")
 
