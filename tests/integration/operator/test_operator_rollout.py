@@ -227,7 +227,10 @@ def test_rollout_ready_false_during_true_after_and_broken_update_keeps_serving(
     assert argocd_health(mid)["status"] == "Progressing"
     assert all(c["observedGeneration"] == generation + 1 for c in mid["status"]["conditions"])
 
-    assert ("Normal", "RolloutStarted") in _events(cluster, ns, name)
+    # posted in the background as the rollout starts: waited for, not read once
+    wait_until(
+        lambda: ("Normal", "RolloutStarted") in _events(cluster, ns, name), timeout=15, message="the Event"
+    )
     # the new pod becomes ready: the old one goes, Ready=True, Reconciling removed
     done = _wait_healthy(cluster, ns, name)
     assert done["status"]["updatedReady"] == "1/1" and _cond(done, "Reconciling") is None
