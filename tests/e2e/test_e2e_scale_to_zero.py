@@ -30,9 +30,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -191,6 +193,16 @@ def _routed_to_pods(cluster: Cluster, ns: str, name: str) -> bool:
     return bool(svc["spec"].get("selector")) and ENDPOINTSLICE_MANAGED_BY not in managers
 
 
+def _accepts(address: str) -> bool:
+    """Whether a TCP connection to ``address`` (``ip:port``) is accepted within 2 s."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2.0).close()
+    except OSError:
+        return False
+    return True
+
+
 def _all_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
     """The runtime pods of ``name``, terminating ones included."""
     pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", ns, "-l", f"{ISVC_LABEL}={name}")["items"]
@@ -332,18 +344,22 @@ def test_a_request_arriving_while_the_last_replica_drains_is_answered(
     cluster: Cluster, services: dict[str, Zero]
 ) -> None:
     zero = services[NAME]
-    # warm, then idle: watch for the autoscaler's record of the scale to zero and send at once
+    # warm, then idle: watch for the autoscaler's record of a scale to zero made after the warm request and
+    # send at once. The record is compared with the moment the warm request was answered, not with the value
+    # read after it: the service may have been about to idle from an earlier case's request, and a record
+    # written between the answer and that read would be taken as the old one (then nothing changes it again).
+    # One in the same second counts (a record has whole seconds; operator and test share the node's clock).
     assert send(zero, 1, 0) == ["ok"]
-    before = cluster.get_json("inferenceservice", NAME, "-n", zero.ns).get("status", {}).get("scaledToZeroAt")
-    wait_until(
-        lambda: (
-            cluster.get_json("inferenceservice", NAME, "-n", zero.ns).get("status", {}).get("scaledToZeroAt")
-            != before
-        ),
-        timeout=TO_ZERO_S,
-        interval=0.2,
-        message="the autoscaler records a scale to zero",
-    )
+    answered = datetime.now(UTC).replace(microsecond=0)
+
+    def recorded() -> bool:
+        at = cluster.get_json("inferenceservice", NAME, "-n", zero.ns).get("status", {}).get("scaledToZeroAt")
+        return at is not None and datetime.fromisoformat(at) >= answered
+
+    try:
+        wait_until(recorded, timeout=TO_ZERO_S, interval=0.2, message="a scale to zero recorded")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{_diagnosis(cluster, zero.ns, zero.name)}") from None
     outcomes = send(zero, 5, 5, offset=100)
     assert outcomes == ["ok"] * 10, outcomes
 
@@ -389,6 +405,13 @@ def test_a_replica_that_cannot_start_gets_504s_naming_the_stage(
         message="stuck routed",
     )
     http, grpc = _address(cluster, zero.ns, STUCK, "http"), _address(cluster, zero.ns, STUCK, "grpc")
+    # kube-proxy programs the new Service's ClusterIP after the API has it (until then the node refuses
+    # the connection): the subject here is the activator's answer, so its clock starts once both accept
+    since = time.monotonic()
+    wait_until(
+        lambda: _accepts(http) and _accepts(grpc), timeout=30, interval=0.2, message="the ClusterIP accepts"
+    )
+    print(f"stuck's ClusterIP accepted connections {time.monotonic() - since:.1f} s after its routing")
     started = time.monotonic()
     r = httpx.post(f"http://{http}/v2/models/{STUCK}/infer", json={"inputs": []}, timeout=CLIENT_TIMEOUT_S)
     assert r.status_code == 504, r.text
