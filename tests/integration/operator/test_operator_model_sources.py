@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubeinfer.operator import api
 
 from hack.devtools.operator_proc import TEST_ENV, OperatorProcess
 from tests.integration.operator.test_operator_reconcile import _create, _isvc_manifest, _ready
@@ -70,7 +71,10 @@ def _write_status(cluster: Cluster, ns: str, pod: str, status: dict[str, Any]) -
 
 
 def _warnings(cluster: Cluster, ns: str, name: str) -> list[str]:
-    items = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    """The reasons of the InferenceService's own Warning Events (not its Service's, which shares its name:
+    the API server's IP allocator repair loop may post ``ClusterIPNotAllocated`` there when busy)."""
+    selector = f"involvedObject.name={name},involvedObject.kind={api.KIND}"
+    items = cluster.get_json("events", "-n", ns, "--field-selector", selector)["items"]
     return [e["reason"] for e in items if e["type"] == "Warning"]
 
 

@@ -161,7 +161,11 @@ def _manifest(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _events(cluster: Cluster, ns: str, name: str) -> list[tuple[str, str]]:
-    items = cluster.get_json("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"]
+    """The InferenceService's Events, oldest first. Only its own: its Service shares its name, and the API
+    server's IP allocator repair loop may post a Warning ``ClusterIPNotAllocated`` on that Service when
+    the machine is busy."""
+    selector = f"involvedObject.name={name},involvedObject.kind={api.KIND}"
+    items = cluster.get_json("events", "-n", ns, "--field-selector", selector)["items"]
     return [(e["type"], e["reason"]) for e in sorted(items, key=lambda e: e["metadata"]["creationTimestamp"])]
 
 
