@@ -19,6 +19,9 @@ Every metric carries the label ``model``. Names (the cross-team contract; the au
   last sample period a kernel ran, ``nvmlDeviceGetUtilizationRates().gpu / 100``); on CPU, the fraction of
   wall time the executor threads were busy running batches over the last ``UTILIZATION_WINDOW_SECONDS``
   (busy seconds / (window * executors)).
+- ``kubeinfer_instance_concurrency`` gauge, 1 to the instance count: the mean number of model instances
+  running a batch while at least one is, over the same window (busy executor-seconds / seconds with any
+  busy; 1 when idle). A replica serves this times b / s(b); the autoscaler's SLO-capacity rule reads it.
 - ``kubeinfer_accelerator_memory_bytes`` gauge: on CUDA, bytes the process's torch allocator reserved on
   the device (``torch.cuda.memory_reserved``); absent on CPU (there is no accelerator).
 - ``kubeinfer_model_fetch_seconds``, ``kubeinfer_model_fetch_bytes`` gauges: what the fetch init container
@@ -216,6 +219,31 @@ class BusyTracker:
             return 0.0
         return max(0.0, min(1.0, busy / (span * self._executors)))
 
+    def concurrency(self) -> float:
+        """Mean executors busy while at least one is, over the window: busy executor-seconds / seconds
+        with any executor busy, 1.0 .. executors. 1.0 when none was busy in the window (one executor's
+        worth, the reading of a single instance).
+
+        With several instances it says how many batches really ran at once: the throughput of a replica
+        is this times b / s(b), where s(b) is measured on batches that overlapped (on a shared GPU they
+        take longer each, on separate CPU cores they do not)."""
+        with self._lock:
+            now = self._clock()
+            lo = now - self._window
+            while self._done and self._done[0][1] <= lo:
+                self._done.popleft()
+            spans = [(max(s, lo), min(e, now)) for s, e in self._done if e > lo]
+            spans += [(max(s, lo), now) for s in self._running.values()]
+        busy = sum(e - s for s, e in spans)
+        covered, reach = 0.0, -math.inf
+        for s, e in sorted(spans):  # the union of the busy intervals
+            if e > reach:
+                covered += e - max(s, reach)
+                reach = e
+        if covered <= 0:
+            return 1.0
+        return max(1.0, min(float(self._executors), busy / covered))
+
 
 class RuntimeMetrics:
     """The runtime's metrics in their own ``CollectorRegistry`` (one per server; tests make many)."""
@@ -402,6 +430,12 @@ class RuntimeMetrics:
         self.statistics = ModelStatistics()
         self.busy = BusyTracker(executors)
         self.device_utilization.set_function(self.busy.ratio)
+        Gauge(
+            "kubeinfer_instance_concurrency",
+            "Mean model instances running a batch while at least one is (sliding window), 1 to instances.",
+            labels,
+            registry=r,
+        ).labels(model).set_function(self.busy.concurrency)
         self.service_time = ServiceTimeFit()
         for part, words, read in (
             ("intercept", "a, seconds", self.service_time.intercept),

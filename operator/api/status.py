@@ -52,6 +52,11 @@ class ObservedSignals(_Status):
     service_time_slope_seconds: float | None = Field(
         default=None, description="The runtime's batch service time s(b) = a + c*b: c, seconds per row."
     )
+    instance_concurrency: float | None = Field(
+        default=None,
+        description="Mean model instances running a batch at once while any is (1 with one instance): "
+        "a replica's SLO capacity is this times b / s(b).",
+    )
     time: str | None = Field(default=None, description="RFC 3339 time of the observation.")
     unknown_reason: str | None = Field(
         default=None, description="Why a signal is unknown (no data, stale, NaN)."

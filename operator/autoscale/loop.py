@@ -138,6 +138,7 @@ def observed_status(obs: Observation, when: str) -> dict[str, Any]:
         "inflightRequests": num(obs.inflight_requests, 1),
         "serviceTimeInterceptSeconds": num(obs.service_time_a_seconds, 6),
         "serviceTimeSlopeSeconds": num(obs.service_time_c_seconds, 7),
+        "instanceConcurrency": num(obs.instance_concurrency, 3),
         "time": when,
         "unknownReason": obs.unknown_reason,
     }

@@ -21,6 +21,9 @@ Default PromQL (``<sel>`` is ``namespace="<ns>",inferenceservice="<name>"``, ``<
   the comparison drops a pod still exporting NaN, i.e. no fit yet; without them the rule is off and the
   reactive law decides) and
   ``min(kubeinfer_max_batch_size{<sel>})``
+- instance concurrency (optional, for the SLO-capacity rule): ``avg(kubeinfer_instance_concurrency{<sel>})``,
+  the mean number of model instances running a batch at once while any is (1 with one instance); a
+  replica's SLO capacity is this times b / s(b)
 
 Beside the signals, the runtime's deviation from fp32 measured at load (``status.quantization``, not a
 signal: the policy never reads it): ``quantization_query`` selects the gauges of :data:`QUANTIZATION_FIGURES`
@@ -104,6 +107,8 @@ class Queries:
     """s(b)'s slope c, seconds per row; ``""`` = not queried."""
     max_batch_size: str = ""
     """The runtime's max batch size in force, rows; ``""`` = not queried."""
+    instance_concurrency: str = ""
+    """Mean model instances running a batch at once while any is; ``""`` = not queried."""
 
 
 #: The target label of a ModelPool's pods' series (the chart's PodMonitor relabels the pods' label
@@ -151,13 +156,13 @@ def pool_queries(
     """The queries of one ModelPool: :func:`default_queries`' over the series of the pool's pods
     (``namespace="<ns>",pool="<pool>"``, :data:`POOL_TARGET_LABEL`), so over every model the pool serves:
     the P99 of all its models' requests, their queues, the pods' utilization, the arrival rate. Without
-    s(b) and the max batch size (each model has its own fit and its own batches; an average over models
-    is no one's), so the SLO-capacity rule is off and the reactive law decides. ``{name}`` in an override
-    is the pool's name."""
+    s(b), the max batch size and the instance concurrency (each model has its own fit, its own batches and
+    its own instances; an average over models is no one's), so the SLO-capacity rule is off and the
+    reactive law decides. ``{name}`` in an override is the pool's name."""
     full = _queries(
         _selector(namespace, pool, POOL_TARGET_LABEL), namespace, pool, window, overrides, arrival_window
     )
-    return replace(full, service_time_a="", service_time_c="", max_batch_size="")
+    return replace(full, service_time_a="", service_time_c="", max_batch_size="", instance_concurrency="")
 
 
 def _queries(
@@ -203,6 +208,7 @@ def _queries(
         service_time_a=f"avg(kubeinfer_service_time_intercept_seconds{{{sel}}} >= 0)",
         service_time_c=f"avg(kubeinfer_service_time_slope_seconds{{{sel}}} > 0)",
         max_batch_size=f"min(kubeinfer_max_batch_size{{{sel}}})",
+        instance_concurrency=f"avg(kubeinfer_instance_concurrency{{{sel}}})",
     )
 
 
@@ -301,6 +307,11 @@ def read_signals(query: QueryFn, queries: Queries, stale_after_seconds: float) -
             ),
             max_batch_size=(
                 _ask(query, queries.max_batch_size, "max batch size") if queries.max_batch_size else None
+            ),
+            instance_concurrency=(
+                _ask(query, queries.instance_concurrency, "instance concurrency")
+                if queries.instance_concurrency
+                else None
             ),
         )
     except SignalError as exc:

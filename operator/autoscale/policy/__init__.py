@@ -9,11 +9,13 @@ it count the replicas a demand needs instead of waiting for the P99 over the que
 breach. One replica meets the SLO with batches of b rows while ``timeout + 2*s(b) <= target`` (a
 request waits at most the max queue delay, the batch in progress and its own batch: Nexus' worst case,
 Shen et al., SOSP 2019), so it serves ``b/s(b)`` requests/s (the physical limit of a batching server;
-Clipper, Crankshaw et al., NSDI 2017; ``plan.slo_capacity``). The demand is the arrival rate (or the
-completion rate if higher) plus the requests in flight drained over ``plan.BACKLOG_DRAIN_SECONDS`` (Little's
-law, L = λW). ``needed = ceil(demand / (plan_utilization * b/s(b)))``, at least enough full-batch
-capacity for a ``surge_factor`` surge while the fleet is small (up to ``surge_max_replicas``: a cold
-start is longer than a burst takes to build a backlog). More than provisioned (starting replicas
+Clipper, Crankshaw et al., NSDI 2017; ``plan.slo_capacity``), times the batches its model instances
+run at once as the runtime measures it (``plan.instance_concurrency``, 1 with one instance). The demand
+is the arrival rate (or the completion rate if higher) plus the requests in flight drained over
+``plan.BACKLOG_DRAIN_SECONDS`` (Little's law, L = λW). ``needed = ceil(demand / (plan_utilization *
+b/s(b)))`` (that capacity times the concurrency), at least enough full-batch capacity for a
+``surge_factor`` surge while the fleet is small (up to ``surge_max_replicas``: a cold start is longer
+than a burst takes to build a backlog). More than provisioned (starting replicas
 count): scale out now, no cooldown (``capacity.ahead_of_demand``; proactive provisioning from a demand model
 as in MArk, Zhang et al., USENIX ATC 2019, and predictive scaling in Autopilot, Rzadca et al.,
 EuroSys 2020). While replicas it asked for start and the demand is over what the ready ones serve,

@@ -6,7 +6,8 @@ learned (``learned_burst``), and ``plan`` composes them: the replica count is th
 
 - ``slo_replicas``: the demand (``demand``: the arrival rate, or the completion rate if higher, plus the
   requests in flight drained over ``BACKLOG_DRAIN_SECONDS``) at ``plan_utilization`` of what one
-  replica serves at the SLO (``slo_capacity``: Nexus' batch bound).
+  replica serves at the SLO (``slo_capacity``: Nexus' batch bound, times the batches its instances run at
+  once, ``instance_concurrency``).
 - ``burst_headroom``: the learned burst factor times the arrival rate (``burst_base``), at a replica's
   full SLO capacity.
 - ``level_hold``: a level the traffic left suddenly, held at a replica's full SLO capacity.
@@ -35,6 +36,7 @@ __all__ = [
     "burst_headroom",
     "cold_start_timeout",
     "demand",
+    "instance_concurrency",
     "learned_burst",
     "level_hold",
     "plan",
@@ -77,7 +79,8 @@ class Plan:
     Attributes:
         demand: requests/s to plan for (arrival rate, else completion rate; plus the backlog drained
             over ``BACKLOG_DRAIN_SECONDS`` when the rule applies), ``None`` if neither rate is known.
-        capacity: requests/s one replica serves at the SLO (``slo_capacity``), ``None`` when the rule
+        capacity: requests/s one replica serves at the SLO (``slo_capacity`` times
+            ``instance_concurrency``), ``None`` when the rule
             does not apply (off, or s(b) or the max batch size unknown); ``0.0`` when not even one row
             meets the target.
         needed: replicas the rule asks for, within ``[min_replicas, max_replicas]``; ``None`` when the
@@ -117,6 +120,18 @@ def slo_capacity(a: float, c: float, max_batch: int, target: float, timeout: flo
     if b < 1:
         return 0, 0.0
     return b, b / (a + c * b)
+
+
+def instance_concurrency(obs: Observation) -> float:
+    """The batches a replica runs at once, >= 1: the runtime's measured mean over its instances while any
+    runs one (``Observation.instance_concurrency``), 1 when unknown.
+
+    A replica of several instances serves this times b / s(b): on separate CPU cores overlapping batches
+    keep their s(b) and the replica's throughput grows with the overlap; on one GPU they share the device,
+    each s(b) (measured on those same batches) grows, and the product stays near one instance's. At low
+    load the instances seldom overlap and this reads near 1: one instance's capacity, the safe side
+    (more replicas, not fewer)."""
+    return max(1.0, obs.instance_concurrency or 1.0)
 
 
 def cold_start_timeout(
@@ -213,11 +228,13 @@ def plan(obs: Observation, policy: Policy, timeout: float, burst: headroom.Burst
     wanted_rate = demand(obs, backlog=applies)
     if not applies or wanted_rate is None or a is None or c is None or batch is None:
         return Plan(demand=wanted_rate)
-    _, capacity = slo_capacity(a, c, int(batch), policy.target_p99_seconds, timeout)
+    overlap = instance_concurrency(obs)
+    _, one = slo_capacity(a, c, int(batch), policy.target_p99_seconds, timeout)
+    capacity = overlap * one
     if capacity <= 0:
         return Plan(demand=wanted_rate, capacity=0.0)
     wanted = slo_replicas(wanted_rate, capacity, policy)
-    full = int(batch) / (a + c * int(batch))  # a replica's throughput at full batches, requests/s
+    full = overlap * int(batch) / (a + c * int(batch))  # a replica's throughput at full batches, requests/s
     # The floor: the lowest arrival rate of the last reaction time (the level a burst stands on).
     floor = min(wanted_rate, burst.level) if burst is not None and burst.level is not None else wanted_rate
     # The terms over the demand's own count, in the order their words are preferred on a tie: the

@@ -59,6 +59,8 @@ class Observation:
         service_time_a_seconds, service_time_c_seconds: the runtime's batch service time
             s(b) = a + c*b, seconds and seconds per row; ``None`` when unknown (no capacity rule).
         max_batch_size: the runtime's max batch size in force, rows; ``None`` when unknown.
+        instance_concurrency: mean model instances running a batch at once while any is, averaged over
+            the service's pods (1 with one instance); ``None`` when unknown (read as 1).
 
     Values are as read (NaN, +Inf and negatives included); ``check_observation`` is the one place that
     says whether they can be acted on.
@@ -75,6 +77,7 @@ class Observation:
     service_time_a_seconds: float | None = None
     service_time_c_seconds: float | None = None
     max_batch_size: float | None = None
+    instance_concurrency: float | None = None
 
     @classmethod
     def unknown(cls, reason: str) -> Observation:
@@ -169,8 +172,8 @@ def check_observation(
 
     Returns:
         A ``Problem``, or the observation cleaned for use: optional signals (queue size, requests in
-        flight, arrival rate, s(b) intercept) that are NaN, infinite or negative, and a slope or max
-        batch size that is not > 0, become ``None``, an idle service's P99 becomes
+        flight, arrival rate, s(b) intercept) that are NaN, infinite or negative, and a slope, max
+        batch size or instance concurrency that is not > 0, become ``None``, an idle service's P99 becomes
         ``None``, GPU utilization is capped at 1 and a negative sample age (clock skew) becomes 0.
     """
     if observation.unknown_reason is not None:
@@ -183,6 +186,7 @@ def check_observation(
         service_time_a_seconds=_optional(observation.service_time_a_seconds),
         service_time_c_seconds=_positive(observation.service_time_c_seconds),
         max_batch_size=_positive(observation.max_batch_size),
+        instance_concurrency=_positive(observation.instance_concurrency),
     )
     for name in dict.fromkeys((*required, "gpu_utilization")):  # decide cannot act without it
         if getattr(obs, name) is None:

@@ -229,6 +229,28 @@ def test_capacity_rule_scales_ahead_of_the_p99() -> None:
     assert (out.replicas, out.recommendation, out.last_scale_up) == (4, 4, 0.0)
 
 
+def test_capacity_rule_counts_the_batches_a_replicas_instances_run_at_once() -> None:
+    # 3000/s at 85 % of 1142.9/s: 4 replicas of one instance (surge floor off). Two instances measured
+    # running 1.9 batches at once (separate CPU cores, s(b) as measured): 2171.4/s a replica, 3000 /
+    # (0.85 x 2171.4) → 2.
+    policy = replace(MODEL, surge_factor=1.0)
+    now = Current(1, 0.02)
+    two = decide(seen(0.04, 0.5, 3000.0, instance_concurrency=1.9), now, policy, SETTLED, 0.0)
+    assert two.replicas == 2 and "of 2171/s each" in two.reason, two.reason
+    # unknown, or under 1 (no overlap: one instance's worth), as with one instance
+    for overlap in (None, 1.0, 0.5):
+        obs = seen(0.04, 0.5, 3000.0, instance_concurrency=overlap)  # type: ignore[arg-type]
+        assert decide(obs, now, policy, SETTLED, 0.0).replicas == 4
+    # on a GPU the instances share the device: overlapping batches take twice as long each, so the
+    # measured s(b) doubles and the product is one instance's capacity again
+    shared = replace(
+        seen(0.04, 0.5, 3000.0, instance_concurrency=2.0),
+        service_time_a_seconds=2 * A,
+        service_time_c_seconds=2 * C,
+    )
+    assert decide(shared, now, policy, SETTLED, 0.0).replicas == 4
+
+
 def test_capacity_rule_no_cooldown_and_counts_starting_replicas() -> None:
     # Scaled up 10 s ago, 2 of 4 still starting: 4 cover 3000/s, nothing more; 5000/s needs 6 now.
     state = replace(SETTLED, last_scale_up=-10.0)

@@ -209,6 +209,10 @@ def test_autoscale_signals_capacity_inputs(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
     o = read(url).observation
     assert (o.service_time_a_seconds, o.service_time_c_seconds, o.max_batch_size) == (None, None, None)
+    assert o.instance_concurrency is None
+    assert QUERIES.instance_concurrency == (
+        'avg(kubeinfer_instance_concurrency{namespace="ns1",inferenceservice="svc"})'
+    )
     assert QUERIES.arrival_rate.startswith("sum(irate(kubeinfer_requests_total{")
     assert "deriv(kubeinfer_inflight_requests{" in QUERIES.arrival_rate
     # a pod with no fit yet exports NaN: the comparison drops it rather than averaging NaN in
@@ -218,6 +222,7 @@ def test_autoscale_signals_capacity_inputs(prom: tuple[FakeProm, str]) -> None:
         "kubeinfer_service_time_intercept_seconds": "0.004",
         "kubeinfer_service_time_slope_seconds": "0.00075",
         "kubeinfer_max_batch_size": "32",
+        "kubeinfer_instance_concurrency": "1.8",
         **fake.values,
     }
     o = read(url).observation
@@ -227,6 +232,7 @@ def test_autoscale_signals_capacity_inputs(prom: tuple[FakeProm, str]) -> None:
         0.00075,
         32.0,
     )
+    assert o.instance_concurrency == 1.8
     fake.values["kubeinfer_service_time_slope_seconds"] = "0"  # a slope of 0 is not a model
     assert read(url).observation.service_time_c_seconds is None
 

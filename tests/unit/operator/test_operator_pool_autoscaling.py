@@ -117,7 +117,7 @@ def test_pool_queries_select_the_pools_pods_over_all_its_models() -> None:
     assert q.queue_size == 'sum(my_queue{pool="small"})'  # an override's {name} is the pool's
     assert "inferenceservice" not in q.p99
     # each model has its own s(b) and batches: no average over models, the reactive law decides
-    assert (q.service_time_a, q.service_time_c, q.max_batch_size) == ("", "", "")
+    assert (q.service_time_a, q.service_time_c, q.max_batch_size, q.instance_concurrency) == ("", "", "", "")
     # the label the queries select on is the one the pool's Deployment sets on its pods
     assert pool_selector_labels("small")[POOL_LABEL] == "small"
     assert signals.POOL_TARGET_LABEL == "pool"

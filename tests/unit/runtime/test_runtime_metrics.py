@@ -96,6 +96,40 @@ def test_busy_tracker_ratio_over_window() -> None:
     assert len(t._done) <= 11
 
 
+def test_instance_concurrency_is_the_mean_of_executors_busy_while_any_is() -> None:
+    now = [0.0]
+    t = BusyTracker(executors=2, window=10.0, clock=lambda: now[0])
+    assert t.concurrency() == 1.0  # nothing ran: one instance's worth
+    a = t.begin()
+    now[0] = 2.0
+    b = t.begin()  # 2 s alone, then 2 s together, then 2 s of b alone: 8 busy s over 6 s with any busy
+    now[0] = 4.0
+    t.end(a)
+    now[0] = 6.0
+    t.end(b)
+    assert t.concurrency() == pytest.approx(8 / 6)
+    now[0] = 7.0
+    c, d = t.begin(), t.begin()  # both running now, 1 s so far: counted while they run
+    now[0] = 8.0
+    assert t.concurrency() == pytest.approx(10 / 7)
+    t.end(c)
+    t.end(d)
+    now[0] = 30.0  # out of the window
+    assert t.concurrency() == 1.0
+    one = BusyTracker(executors=1, window=10.0, clock=lambda: now[0])
+    for _ in range(3):  # one executor, back to back: exactly 1
+        token = one.begin()
+        now[0] += 1.5
+        one.end(token)
+    assert one.concurrency() == 1.0
+
+
+def test_instance_concurrency_is_exported() -> None:
+    metrics = RuntimeMetrics("m", executors=2)
+    text = generate_latest(metrics.registry).decode()
+    assert 'kubeinfer_instance_concurrency{model="m"} 1.0' in text
+
+
 def test_cuda_device_uses_nvml_and_torch_reserved_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     fake_nvml = types.SimpleNamespace(
