@@ -119,7 +119,13 @@ from kubeinfer.operator.api.sources import (
     pooled_uri_message,
     uri_scheme,
 )
-from kubeinfer.operator.api.spec import MAX_DEFAULT_HTTP_WORKERS, POOL_NAME_PATTERN, InferenceServiceSpec
+from kubeinfer.operator.api.spec import (
+    CPU_INSTANCES_MIN_CPUS,
+    DEFAULT_CPU_INSTANCES,
+    MAX_DEFAULT_HTTP_WORKERS,
+    POOL_NAME_PATTERN,
+    InferenceServiceSpec,
+)
 from kubeinfer.operator.api.status import (
     RENAMED_STATUS_FIELDS,
     AutoscalerDecisionStatus,
@@ -149,7 +155,9 @@ __all__ = [
     "AUTOSCALER_FIELD_MANAGER",
     "BEARER_TOKEN_ENV",
     "CONFIGMAP_KEY_PATTERN",
+    "CPU_INSTANCES_MIN_CPUS",
     "DATA_URI_PATTERN",
+    "DEFAULT_CPU_INSTANCES",
     "DEFAULT_IMAGE",
     "DEFAULT_MODEL_NAME",
     "DNS_SUBDOMAIN_PATTERN",

@@ -138,7 +138,8 @@ class ModelSpec(_Spec):
         "the replica's one device (the GPU, cuda:0, or the CPU), sharing one copy of the weights (a pt2 "
         "AOTInductor package loads one runner per instance). More than one helps where a batch leaves the "
         "device idle part of the time (tokenization, small batches, several CPU cores); the runtime's "
-        "instances and the model configuration's instance_group count. Unset: 1.",
+        "instances and the model configuration's instance_group count. Unset: 2 on a replica without a "
+        "GPU (resources.gpus 0) of at least 2 CPUs (resources.cpu), else 1.",
     )
     name: str | None = Field(
         default=None,

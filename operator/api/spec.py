@@ -32,6 +32,15 @@ from pydantic import ConfigDict, Field, model_validator
 #: Largest default of ``server.httpWorkers`` (``InferenceServiceSpec.http_workers_in_force``).
 MAX_DEFAULT_HTTP_WORKERS = 8
 
+#: ``model.instances``' default on a replica without a GPU of at least this many CPUs
+#: (``InferenceServiceSpec.instances_in_force``).
+CPU_INSTANCES_MIN_CPUS = 2
+#: ``model.instances``' default on such a replica: two batches computed at once, each on its own core.
+#: Measured on the bundled MiniLM int8 graph on two cores (bench/README.md, Peers: x1.11 the rate at a
+#: P99 of 100 ms on short sentences, x1.18 on passages, against one instance), where one instance leaves
+#: the second core to the front end and tokenization part of the time.
+DEFAULT_CPU_INSTANCES = 2
+
 #: A ModelPool's name (``spec.pool``): a DNS label (it names the pool's Deployment and labels its pods).
 POOL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -212,6 +221,17 @@ class InferenceServiceSpec(_Spec):
         if self.server.http_workers is not None:
             return self.server.http_workers
         return max(1, min(MAX_DEFAULT_HTTP_WORKERS, int(cpu_cores(self.resources.cpu) // 2)))
+
+    def instances_in_force(self) -> int:
+        """``model.instances``, else the default from the replica's device and CPUs: on a replica without
+        a GPU (``resources.gpus`` 0) of at least ``CPU_INSTANCES_MIN_CPUS`` CPUs (``resources.cpu``),
+        ``DEFAULT_CPU_INSTANCES``; otherwise 1 (a GPU's instances share the one device: more is a choice
+        the user measures)."""
+        if self.model.instances is not None:
+            return self.model.instances
+        if self.resources.gpus == 0 and cpu_cores(self.resources.cpu) >= CPU_INSTANCES_MIN_CPUS:
+            return DEFAULT_CPU_INSTANCES
+        return 1
 
     def max_queue_delay_in_force(self, status_max_queue_delay: float | None) -> float:
         """The max queue delay the runtime should use, float seconds.

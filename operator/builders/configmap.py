@@ -132,8 +132,9 @@ def runtime_config(isvc: api.InferenceService, max_queue_delay_seconds: float) -
         cfg.model = cfg.model.model_copy(update={"aggregation_strategy": spec.model.aggregation_strategy})
     if spec.model.overflow is not None:  # unset: refuse
         cfg.model = cfg.model.model_copy(update={"overflow": spec.model.overflow})
-    if spec.model.instances is not None:  # unset: one, runtime.yaml reads as it did before the field
-        cfg = cfg.model_copy(update={"instances": spec.model.instances})  # within the same contract bound
+    instances = spec.instances_in_force()
+    if spec.model.instances is not None or instances != 1:  # a default one: runtime.yaml as before the field
+        cfg = cfg.model_copy(update={"instances": instances})  # within the same contract bound
     if spec.model.max_text_tokens is not None:  # unset: the runtime's default
         cfg.limits = cfg.limits.model_copy(update={"max_text_tokens": spec.model.max_text_tokens})
     if spec.cache.enabled:  # left off, runtime.yaml reads as it did before the cache existed

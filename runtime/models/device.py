@@ -79,11 +79,13 @@ def resolve_engine_device(requested: Device) -> str:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, else ``os.cpu_count()``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """CPUs this process may use, >= 1: the least of the machine's CPUs, its affinity mask and its
+    cgroup's CPU quota rounded up (``cpu.max``, v1's CFS quota: a pod's ``resources.limits.cpu``, which
+    leaves the affinity at every CPU of the node), as ``joblib.cpu_count`` counts them (loky's count;
+    ``$LOKY_MAX_CPU_COUNT`` lowers it)."""
+    import joblib
+
+    return max(1, int(joblib.cpu_count()))
 
 
 def default_threads() -> int:

@@ -1,5 +1,6 @@
-"""``spec.server.httpWorkers``: the default from the CPU request, the explicit value, and what the operator
-renders into the runtime's configuration (``server.http_workers``)."""
+"""``spec.server.httpWorkers`` and ``spec.model.instances``: the defaults from the replica's CPUs (and GPU),
+the explicit values, and what the operator renders into the runtime's configuration (``server.http_workers``,
+``instances``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,42 @@ def test_default_is_one_front_end_per_two_cpus_at_most_eight(cpu: str, workers: 
         {"resources": {"cpu": cpu, "gpus": 0}, "runtime": {"device": "cpu"}}
     )
     assert spec.http_workers_in_force() == workers
+
+
+@pytest.mark.parametrize(
+    ("resources", "instances"),
+    [
+        ({"cpu": "2", "gpus": 0}, 2),
+        ({"cpu": "16", "gpus": 0}, 2),
+        ({"cpu": "1900m", "gpus": 0}, 1),
+        ({"cpu": "500m", "gpus": 0}, 1),
+        ({"cpu": "4", "gpus": 1}, 1),  # a GPU's instances share the one device
+        ({}, 1),  # the default replica has a GPU
+    ],
+)
+def test_default_instances_are_two_on_a_cpu_replica_of_two_cpus_or_more(
+    resources: dict[str, object], instances: int
+) -> None:
+    spec = api.InferenceServiceSpec.from_k8s({"resources": resources})
+    assert spec.instances_in_force() == instances
+    told = api.InferenceServiceSpec.from_k8s({"resources": resources, "model": {"instances": 3}})
+    assert told.instances_in_force() == 3
+
+
+def test_default_instances_are_rendered_and_one_keeps_the_old_file_and_hash() -> None:
+    cpu = _isvc({"resources": {"cpu": "2", "gpus": 0}})
+    assert yaml.safe_load(build_configmap(cpu, 0.005)["data"]["runtime.yaml"])["instances"] == 2
+    assert config_hash(cpu) == config_hash(
+        _isvc({"resources": {"cpu": "2", "gpus": 0}, "model": {"instances": 2}})
+    )
+    assert config_hash(cpu) != config_hash(
+        _isvc({"resources": {"cpu": "2", "gpus": 0}, "model": {"instances": 1}})
+    )
+    small = _isvc({"resources": {"cpu": "1", "gpus": 0}})  # one instance: the file as before the default
+    assert "instances" not in yaml.safe_load(build_configmap(small, 0.005)["data"]["runtime.yaml"])
+    assert config_hash(small) == config_hash(
+        _isvc({"resources": {"cpu": "1", "gpus": 0}, "model": {"instances": 1}})
+    )
 
 
 def test_explicit_value_wins_and_is_bounded() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -321,3 +322,12 @@ def test_device_resolution_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
         assert configure_torch(torch.device("cpu")) == default_threads() == max(1, available_cpus() - 1)
     finally:
         torch.set_num_threads(before)
+
+
+def test_available_cpus_are_the_least_of_the_counts_that_bound_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # loky's count: the machine, the affinity mask and the cgroup's CPU quota; its variable lowers it
+    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
+    assert available_cpus() == 1 and default_threads() == 1
