@@ -9,9 +9,11 @@ documented settings, and on the same engine and model file as kubeinfer where it
 pooling, L2-normalized, 256 tokens at most), in precision-matched pairs (``PAIRS``):
 
 - **int8, the same graph file**: ``kubeinfer`` (``kubeinfer-runtime serve``, engine ``onnxruntime``,
-  ``int8-dynamic``, max batch 32, the default queue delay and thread count: its best configuration at
-  cosine >= 0.99 to fp32) against ``mlserver-onnx`` (MLServer 1.7.1, ``.cache/peer-mlserver``, with
-  the runtime class a user writes around an ONNX graph, ``bench/peers/mlserver_onnx.py``) and
+  ``int8-dynamic``, max batch 32, the default queue delay and thread count, and the instance count the
+  operator gives a replica of this machine's CPUs without a GPU (``default_instances``: two on two
+  cores): its best configuration at cosine >= 0.99 to fp32) against ``mlserver-onnx`` (MLServer 1.7.1,
+  ``.cache/peer-mlserver``, with the runtime class a user writes around an ONNX graph,
+  ``bench/peers/mlserver_onnx.py``) and
   ``litserve-onnx`` (LitServe 0.2.19, ``.cache/peer-litserve``, its ``LitAPI`` and batching,
   ``bench/peers/litserve_onnx.py``). Both peers open the very file kubeinfer serves (its graph cache:
   ``hf_onnx.int8_dynamic_path``, made by loading the model in this process first) with the same
@@ -25,9 +27,10 @@ pooling, L2-normalized, 256 tokens at most), in precision-matched pairs (``PAIRS
   kubeinfer's torch engine) and ``infinity-torch`` (infinity-emb 0.0.78, ``infinity_emb v2``, torch
   engine on the CPU).
 - Not in the default order (``--order`` adds them): ``kubeinfer-fp32`` (ONNX Runtime fp32),
-  ``kubeinfer-2threads`` (``kubeinfer`` with two intra-op threads) and ``kubeinfer-2instances``
-  (``kubeinfer`` with ``instances: 2``: two batches computed at once, each on the default threads; its
-  ratios to the int8 peers are in ``ratios``).
+  ``kubeinfer-2threads`` (``kubeinfer`` with two intra-op threads and one instance) and
+  ``kubeinfer-1instance`` (``kubeinfer`` with ``instances: 1``, one batch computed at a time, the
+  default before the operator's CPU default; its ratios to ``kubeinfer`` and the int8 peers are in
+  ``ratios``).
 
 **Each peer at its best** (``peer_settings``, ``search_peer``): before the measured visits, each peer
 of ``--order`` is started once per setting of a short grid over the settings its documentation names
@@ -121,14 +124,32 @@ PEER_VENVS = {
 }
 #: kubeinfer's configurations: (engine, quantization mode, intra-op threads or None for the runtime's
 #: default: the CPUs less one, so one core stays for the event loop, HTTP and tokenization; instances:
-#: ``instances``, batches of the one queue computed at once, each on that many threads).
-KUBEINFER: dict[str, tuple[str, str, int | None, int]] = {
-    "kubeinfer": ("onnxruntime", "int8-dynamic", None, 1),
-    "kubeinfer-fp32": ("onnxruntime", "none", None, 1),
-    "kubeinfer-torch": ("torch", "none", None, 1),
+#: ``instances``, batches of the one queue computed at once, each on that many threads, or None for the
+#: operator's default on a replica of this machine's CPUs without a GPU, ``default_instances``).
+KUBEINFER: dict[str, tuple[str, str, int | None, int | None]] = {
+    "kubeinfer": ("onnxruntime", "int8-dynamic", None, None),
+    "kubeinfer-fp32": ("onnxruntime", "none", None, None),
+    "kubeinfer-torch": ("torch", "none", None, None),
     "kubeinfer-2threads": ("onnxruntime", "int8-dynamic", 2, 1),
-    "kubeinfer-2instances": ("onnxruntime", "int8-dynamic", None, 2),
+    "kubeinfer-1instance": ("onnxruntime", "int8-dynamic", None, 1),
 }
+
+
+def default_instances() -> int:
+    """The instance count the operator gives a replica of this machine's CPUs (``available_cpus``) and no
+    GPU (``InferenceServiceSpec.instances_in_force``): what a user of the bundled model gets on a node
+    like this one."""
+    from kubeinfer.operator.api import InferenceServiceSpec
+    from kubeinfer.runtime.models.device import available_cpus
+
+    spec = InferenceServiceSpec.model_validate({"resources": {"gpus": 0, "cpu": str(available_cpus())}})
+    return spec.instances_in_force()
+
+
+def instances_of(name: str) -> int:
+    """The instance count of kubeinfer configuration ``name`` (one of ``KUBEINFER``)."""
+    instances = KUBEINFER[name][3]
+    return default_instances() if instances is None else instances
 
 
 @dataclass(frozen=True)
@@ -183,9 +204,9 @@ RATIOS = (
         for peer in peers
     ),
     ("kubeinfer_2threads_to_kubeinfer", "kubeinfer-2threads", "kubeinfer"),
-    ("kubeinfer_2instances_to_kubeinfer", "kubeinfer-2instances", "kubeinfer"),
+    ("kubeinfer_to_kubeinfer_1instance", "kubeinfer", "kubeinfer-1instance"),
     *(
-        (f"kubeinfer_2instances_to_{peer.replace('-', '_')}", "kubeinfer-2instances", peer)
+        (f"kubeinfer_1instance_to_{peer.replace('-', '_')}", "kubeinfer-1instance", peer)
         for peer in PAIRS[0][2]
     ),
 )
@@ -451,7 +472,8 @@ def start_server(
 
         from hack.devtools.runtime_proc import RuntimeProcess
 
-        engine, mode, threads, instances = KUBEINFER[name]
+        engine, mode, threads, _ = KUBEINFER[name]
+        instances = instances_of(name)
         cfg = RuntimeConfig.model_validate(
             {
                 "model": {"engine": engine},
@@ -800,7 +822,8 @@ def in_process_limits(
     rng = np.random.default_rng(seed)
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(n for n in names if n in KUBEINFER):
-        engine, mode, threads, instances = KUBEINFER[name]
+        engine, mode, threads, _ = KUBEINFER[name]
+        instances = instances_of(name)
         t = threads or default_threads()
         progress(
             f"in process: {name} ({engine}, {mode}, {instances} x {t} thread(s)), "

@@ -179,6 +179,7 @@ def _observation(observed: dict[str, Any]) -> Observation:
         service_time_a_seconds=observed["serviceTimeInterceptSeconds"],
         service_time_c_seconds=observed["serviceTimeSlopeSeconds"],
         max_batch_size=MAX_BATCH,
+        instance_concurrency=observed["instanceConcurrency"],
     )
 
 

@@ -140,6 +140,7 @@ def test_metrics_carry_the_contract_names(runtime: RuntimeProcess) -> None:
         "kubeinfer_config_reload_errors_total",
         "kubeinfer_service_time_intercept_seconds",
         "kubeinfer_service_time_slope_seconds",
+        "kubeinfer_instance_concurrency",
         "kubeinfer_cold_start_stage_seconds_bucket",
     ):
         assert re.search(rf'^{name}{{.*model="minilm"', text, re.MULTILINE), name
@@ -155,6 +156,7 @@ def test_metrics_carry_the_contract_names(runtime: RuntimeProcess) -> None:
     # CPU: no accelerator memory series (absent, not a misleading zero)
     assert not re.search(r"^kubeinfer_accelerator_memory_bytes\{", text, re.MULTILINE)
     assert 0.0 < metric(text, 'kubeinfer_device_utilization_ratio{model="minilm"}') <= 1.0
+    assert metric(text, 'kubeinfer_instance_concurrency{model="minilm"}') == 1.0  # one instance
     assert metric(text, 'kubeinfer_model_load_seconds{model="minilm"}') > 0
     assert metric(text, 'kubeinfer_requests_total{code="200",model="minilm"}') >= 1
     # s(b) = a + c*b, fitted at warmup and from the batches run: a real line, in seconds (MiniLM on

@@ -42,13 +42,26 @@ def test_pairs_match_precision_and_every_server_has_a_kubeinfer_reference() -> N
     for _, kube, pair_peers in peers.PAIRS:
         engine, mode, _, instances = peers.KUBEINFER[kube]
         want = "onnxruntime" if mode == "int8-dynamic" else "torch"
-        assert engine == want and instances == 1 and all(peers.PEERS[p].engine == want for p in pair_peers)
+        # each pair's kubeinfer runs as the operator configures a CPU replica of this machine
+        assert engine == want and instances is None and all(peers.PEERS[p].engine == want for p in pair_peers)
         assert all(peers.KUBEINFER_REFERENCE[p] == kube for p in pair_peers)
     assert set(peers.KUBEINFER_REFERENCE) == set(peers.SERVERS)
-    # two instances of the int8 graph: compared with kubeinfer's one and with each int8 peer
-    assert peers.KUBEINFER["kubeinfer-2instances"] == ("onnxruntime", "int8-dynamic", None, 2)
-    two = {(num, den) for _, num, den in peers.RATIOS if num == "kubeinfer-2instances"}
-    assert two == {("kubeinfer-2instances", p) for p in ("kubeinfer", "mlserver-onnx", "litserve-onnx")}
+    # one instance of the int8 graph: compared with the default and with each int8 peer
+    assert peers.instances_of("kubeinfer-1instance") == 1
+    one = {(num, den) for _, num, den in peers.RATIOS if "kubeinfer-1instance" in (num, den)}
+    assert one == {("kubeinfer", "kubeinfer-1instance")} | {
+        ("kubeinfer-1instance", p) for p in ("mlserver-onnx", "litserve-onnx")
+    }
+
+
+def test_the_default_configuration_has_the_operators_instances_for_a_cpu_replica_of_this_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kubeinfer.runtime.models import device
+
+    for cpus, want in ((1, 1), (2, 2), (8, 2)):
+        monkeypatch.setattr(device, "available_cpus", lambda cpus=cpus: cpus)
+        assert peers.instances_of("kubeinfer") == want and peers.instances_of("kubeinfer-torch") == want
 
 
 def test_peer_settings_cover_the_documented_knobs() -> None:
