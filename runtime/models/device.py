@@ -82,10 +82,18 @@ def available_cpus() -> int:
     """CPUs this process may use, >= 1: the least of the machine's CPUs, its affinity mask and its
     cgroup's CPU quota rounded up (``cpu.max``, v1's CFS quota: a pod's ``resources.limits.cpu``, which
     leaves the affinity at every CPU of the node), as ``joblib.cpu_count`` counts them (loky's count;
-    ``$LOKY_MAX_CPU_COUNT`` lowers it)."""
+    ``$LOKY_MAX_CPU_COUNT`` lowers it).
+
+    Raises:
+        ValueError: ``$LOKY_MAX_CPU_COUNT`` is set and not an integer (named, with its value).
+    """
     import joblib
 
-    return max(1, int(joblib.cpu_count()))
+    try:
+        return max(1, int(joblib.cpu_count()))
+    except ValueError as exc:
+        raw = os.environ.get("LOKY_MAX_CPU_COUNT", "")
+        raise ValueError(f"LOKY_MAX_CPU_COUNT must be an integer, got {raw!r}") from exc
 
 
 def default_threads() -> int:

@@ -331,3 +331,6 @@ def test_available_cpus_are_the_least_of_the_counts_that_bound_the_process(
     assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
     assert available_cpus() == 1 and default_threads() == 1
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "two")  # a pod's spec.runtime.env: refused by name
+    with pytest.raises(ValueError, match="LOKY_MAX_CPU_COUNT must be an integer, got 'two'"):
+        available_cpus()
