@@ -77,6 +77,25 @@ def _settle(cluster: Cluster) -> None:
         time.sleep(1.0)
 
 
+def _quiet(operator: OperatorProcess, spell: float = 5.0, timeout: float = 60.0) -> None:
+    """Wait until ``operator`` sends no write request for ``spell`` seconds (more than two resync periods
+    of 2 s), at most ``timeout`` seconds: the module's other objects finish their transitions (Deployments
+    rolling, status following them), which take longer on a busy machine. An operator that wrote on every
+    resync would never be quiet for that long: the wait fails, naming its writes."""
+    deadline = time.monotonic() + timeout
+    sent = len(operator.proxy_writes())
+    since = time.monotonic()
+    while time.monotonic() - since < spell:
+        time.sleep(0.5)
+        now = len(operator.proxy_writes())
+        if now != sent:
+            sent, since = now, time.monotonic()
+        assert time.monotonic() < deadline, (
+            f"the operator kept writing for {timeout:.0f} s; its last writes:\n"
+            + "\n".join(operator.proxy_writes()[-20:])
+        )
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_example_produces_expected_objects(
     cluster: Cluster, op_namespace: str, operator: OperatorProcess, example: Path
@@ -311,9 +330,9 @@ def test_steady_state_resync_makes_zero_writes(
     _create(cluster, ns, _isvc_manifest("steady"))
     wait_until(lambda: _ready(cluster, ns, "steady"), timeout=30, message="status written")
     _settle(cluster)
-    time.sleep(4.0)  # in-flight transitions of the other objects of the module finish
     # the proxy sees this operator's writes (kopf's and its own): creating "steady" took some
     assert any("/deployments" in w for w in operator.proxy_writes()), operator.proxy_log()[-3000:]
+    _quiet(operator)  # in-flight transitions of the other objects of the module finish
     writes0, reconciles0, own0 = _api_writes(cluster), operator.reconciles(), operator.own_writes()
     sent0 = len(operator.proxy_writes())
     time.sleep(7.0)  # >= 3 resync periods of 2 s
