@@ -27,7 +27,7 @@ from kubeinfer.operator.api import DEFAULT_IMAGE
 from hack.devtools.prom import PrometheusServer
 from tests.e2e.conftest import accepting, isvc_condition, runtime_pods, wait_isvc
 from tests.support.cluster import Cluster, wait_until
-from tests.support.perf_analyzer import check_report, command, perf_analyzer, run
+from tests.support.perf_analyzer import MINILM, check_report, command, perf_analyzer, run
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "minilm"
@@ -321,7 +321,7 @@ def test_perf_analyzer_through_the_service_measures_it_with_the_server_side_brea
     for protocol, port in (("http", ports["http"]), ("grpc", ports["grpc"])):
         report = tmp_path / f"{protocol}.csv"
         address = f"{svc['spec']['clusterIP']}:{port}"
-        args = command(perf_analyzer(), NAME, address, protocol, report, "--string-length", "24")
+        args = command(perf_analyzer(), NAME, address, protocol, report, *MINILM)
         proc, shown = run(args, tmp_path)
         assert proc.returncode == 0, shown
         rows = check_report(report, shown)

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from hack.devtools.runtime_proc import RuntimeConfig, RuntimeProcess
-from tests.support.perf_analyzer import check_report, command, perf_analyzer, run
+from tests.support.perf_analyzer import MINILM, check_report, command, perf_analyzer, run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -208,7 +208,7 @@ def test_perf_analyzer_sweeps_minilm(runtime: RuntimeProcess, protocol: str, tmp
     # the runtime refuses texts over 64 tokens here) as the [rows, 1] text the metadata describes.
     address = runtime.address if protocol == "http" else runtime.grpc_address
     report = tmp_path / "report.csv"
-    args = command(perf_analyzer(), "minilm", address, protocol, report, "--string-length", "24")
+    args = command(perf_analyzer(), "minilm", address, protocol, report, *MINILM)
     proc, shown = run(args, tmp_path)
     assert proc.returncode == 0, shown
     rows = check_report(report, shown)
