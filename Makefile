@@ -107,7 +107,7 @@ bench-operator: setup ## operator benchmark -> bench/results/operator.json
 bench-cache: setup ## response cache: hit latency, max rate with 50 % repeats vs none -> bench/results/cache.json
 	$(PY) bench/cache_bench.py $(BENCH_NOISY)
 
-bench-peers: setup ## kubeinfer vs MLServer, LitServe (on its own int8 graph) and infinity-emb, each at its best setting (venvs .cache/peer-*, installed here), 30-40 min -> bench/results/peers.json
+bench-peers: setup ## kubeinfer vs MLServer, LitServe (on its own int8 graph) and infinity-emb, each at its best setting (venvs .cache/peer-*, installed here), 35-45 min -> bench/results/peers.json
 	@bash hack/setup.sh --peers
 	$(PY) bench/peers_bench.py $(BENCH_NOISY)
 

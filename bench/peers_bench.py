@@ -1,7 +1,7 @@
 """kubeinfer against the servers its users compare it with, like with like: each peer at the best of its
 documented settings, and on the same engine and model file as kubeinfer where it can be.
 
-    make bench-peers                          # installs the peers' venvs, then runs this (35 to 40 minutes)
+    make bench-peers                          # installs the peers' venvs, then runs this (35 to 45 minutes)
     .venv/bin/python bench/peers_bench.py     # -> bench/results/peers.json
     .venv/bin/python bench/peers_bench.py --quick --noisy --out /tmp/peers.json   # smoke: about 5 minutes
 
@@ -38,9 +38,11 @@ of ``--order`` is started once per setting of a short grid over the settings its
 torch also torch's own thread count; LitServe: ``workers_per_device``, ``max_batch_size``,
 ``batch_timeout``; infinity: ``--batch-size`` and torch's thread count), and each setting gets a coarse
 rate probe per text kind: the ramp of the search below with ``--search-seconds`` points, no
-bisection and a 1 s warmup. The setting with the highest rate at the SLO is kept, per text kind;
-every setting tried and its figures are in the JSON (``search``). ``--quick`` tries only the first
-setting of each grid.
+bisection and a 1 s warmup. Per text kind, the setting with the highest rate at the SLO goes on to the
+measured visits, with the next best when its probe came within one ramp step (x1.4) of it
+(``contenders``: 3 s points cannot tell such settings apart; MLServer's torch workers 1 and 2 swapped
+places between runs); every setting tried and its figures are in the JSON (``search``). ``--quick``
+tries only the first setting of each grid.
 
 **Texts** (``TEXT_KINDS``): ``sentences``, one random held-out sentence per request (the sentences of
 ``make bench-runtime``), and ``passages``, held-out sentences joined until each has at least 100
@@ -55,11 +57,11 @@ call: the int8 graph for the int8 pair, the torch engine for fp32): ``same_model
 server under cosine 0.999 to kubeinfer's answers is reported, not hidden.
 
 **Order** (``--order``, default ``DEFAULT_ORDER``): the measured visits run one server at a time,
-each starting it (a peer with its best setting for the text kind; two starts when the kinds' best
-settings differ), checking its answers, warming it up, finding its highest rate at P99 <= 100 ms,
+each starting it (a peer once per contending setting, each with the text kinds it contends for),
+checking its answers, warming it up, finding its highest rate at P99 <= 100 ms,
 then stopping it. kubeinfer is visited first and last, so a drift of the machine shows as a difference
-between its own visits; a server's figure is the median of its visits. Every visit records the
-machine's load average at its start and end.
+between its own visits; a server's figure is the median of its visits (for a peer visited with two
+settings, the better setting's). Every visit records the machine's load average at its start and end.
 
 **The search** (``max_slo_rate``): open-loop Poisson arrivals (``runtime_bench.run_rate``: seeded,
 latency from the scheduled arrival, the same aiohttp client), from ``--start-rate`` (or 0.7 of the
@@ -69,10 +71,11 @@ at geometric midpoints, ``--refine-seconds`` each. A start that misses halves th
 passes. Every point keeps P50, P99, the throughput, errors, and the server's CPU seconds per request
 (its whole process tree, psutil).
 
-**Figures** (``summarize``): per text kind, each server's highest rate at the SLO (median of its
-visits, and each visit's), the P99 at every rate it was offered (``p99_by_rate``: the tail beside the
-peers'), the setting it ran with, each kubeinfer / peer ratio, and per pair the ratio of kubeinfer to
-the best peer of its precision (``pairs``). The script reports; it asserts no target.
+**Figures** (``summarize``): per text kind, each server's highest rate at the SLO (the median of its
+visits with its best setting, and each visit's), the P99 at every rate it was offered
+(``p99_by_rate``: the tail beside the peers'), the setting it ran with, each kubeinfer / peer ratio,
+and per pair the ratio of kubeinfer to the best peer of its precision (``pairs``). The script reports;
+it asserts no target.
 
 Like every benchmark that measures, it runs under ``bench/quiet.py`` (the bench lock; no measurement
 over a 1-minute load of 0.5 unless ``--noisy``, and then the JSON says so).
@@ -734,13 +737,24 @@ def best_settings(tried: Sequence[dict[str, Any]]) -> dict[str, int]:
     """Per text kind, the index in ``tried`` (``search_peer``'s settings, each with ``texts``: kind ->
     ``{"max_slo_rps": ...}``) of the highest rate at the SLO; the first of equals; a kind no setting
     measured is left out."""
-    out: dict[str, int] = {}
+    return {kind: indices[0] for kind, indices in contenders(tried).items()}
+
+
+def contenders(tried: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per text kind, the indices in ``tried`` (as ``best_settings``) of the settings the measured
+    visits run: the best probe's first, then the next best when its probe came within the probe's
+    resolution of it (at least the best's rate / ``STEP``: one step of the ramp, where two settings'
+    coarse 3 s points cannot tell them apart). A kind no setting measured is left out."""
+    out: dict[str, list[int]] = {}
     for kind in TEXT_KINDS:
-        rates = [
-            (t["texts"][kind]["max_slo_rps"], -i) for i, t in enumerate(tried) if kind in t.get("texts", {})
-        ]
-        if rates:
-            out[kind] = -max(rates)[1]
+        probed = [(i, t["texts"][kind]) for i, t in enumerate(tried) if kind in t.get("texts", {})]
+        rates = sorted(((found["max_slo_rps"], -i) for i, found in probed), reverse=True)
+        if not rates:
+            continue
+        best = rates[0][0]
+        out[kind] = [-rates[0][1]]
+        if len(rates) > 1 and best > 0 and rates[1][0] * STEP >= best:
+            out[kind].append(-rates[1][1])
     return out
 
 
@@ -751,7 +765,8 @@ def search_peer(
     """Start peer ``name`` once per setting of ``settings`` and probe each text kind coarsely (the ramp
     of ``max_slo_rate`` with ``--search-seconds`` points, no bisection; each setting's search starts at
     0.7 of the best rate so far). Returns ``{"settings": [{"setting", "ready_seconds", "texts", ...}],
-    "best": {kind: index}}``; a setting whose server does not start is kept with its ``error``."""
+    "best": {kind: index}, "contenders": {kind: [index, ...]}}`` (``contenders``: the settings the
+    measured visits run); a setting whose server does not start is kept with its ``error``."""
     tried: list[dict[str, Any]] = []
     starts = first_starts(args)
     best_rate: dict[str, float] = {}
@@ -774,11 +789,11 @@ def search_peer(
             best_rate[kind] = max(best_rate.get(kind, 0.0), found["max_slo_rps"])
             if best_rate[kind]:
                 starts[kind] = 0.7 * best_rate[kind]
-    best = best_settings(tried)
-    for kind, index in best.items():
-        rate = tried[index]["texts"][kind]["max_slo_rps"]
-        progress(f"search {name} {kind}: best {tried[index]['setting']} ({rate:.0f}/s in the probe)")
-    return {"settings": tried, "best": best}
+    chosen = contenders(tried)
+    for kind, indices in chosen.items():
+        probes = [f"{tried[i]['setting']} ({tried[i]['texts'][kind]['max_slo_rps']:.0f}/s)" for i in indices]
+        progress(f"search {name} {kind}: visits {' and '.join(probes)}")
+    return {"settings": tried, "best": {k: v[0] for k, v in chosen.items()}, "contenders": chosen}
 
 
 # --- the engine's own limit ------------------------------------------------------------------------
@@ -892,10 +907,12 @@ def ratios_and_pairs(by_server: dict[str, dict[str, Any]]) -> dict[str, dict[str
 def summarize(
     visits: Sequence[dict[str, Any]], limits: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """Per text kind: each server's highest rate at the SLO (``max_slo_rps``: the median over its
-    visits; ``by_visit``: each visit's, in order), the P50 and P99 at that rate in its best visit
-    (``at_max``), the P99 at every rate it was offered in its visits (``p99_by_rate``: ``[rate, P99
-    seconds, met the SLO]``, by rate) and a peer's ``settings`` (those its visits ran with);
+    """Per text kind: each server's highest rate at the SLO (``max_slo_rps``: the median over the
+    visits of each setting it ran with, the best setting's; ``by_visit``: each visit's, in order;
+    ``by_setting``: ``[setting, median]`` per setting, in the order first visited, and ``setting``: the
+    one whose median is the figure), the P50 and P99 at that rate in its best visit (``at_max``), the
+    P99 at every rate it was offered in its visits (``p99_by_rate``: ``[rate, P99 seconds, met the
+    SLO]``, by rate) and a peer's ``settings`` (those its visits ran with, in order);
     ``ratios``: for each of ``RATIOS`` whose servers both ran and whose denominator served something,
     ``{"value"}``; ``pairs``: for each of ``PAIRS`` whose kubeinfer server and at least one peer
     serving something ran, ``{"kubeinfer", "best_peer", "value"}``, kubeinfer's rate over its best
@@ -910,8 +927,12 @@ def summarize(
             found = v["texts"].get(kind)
             if found is None:
                 continue
-            entry = by_server.setdefault(v["server"], {"by_visit": [], "at_max": None, "p99_by_rate": []})
+            entry = by_server.setdefault(
+                v["server"], {"by_visit": [], "at_max": None, "p99_by_rate": [], "_by_setting": {}}
+            )
             entry["by_visit"].append(found["max_slo_rps"])
+            key = json.dumps(v.get("setting"), sort_keys=True)
+            entry["_by_setting"].setdefault(key, (v.get("setting"), []))[1].append(found["max_slo_rps"])
             if v.get("setting") is not None:
                 entry.setdefault("settings", []).append(v["setting"])
             entry["p99_by_rate"] += [
@@ -929,7 +950,10 @@ def summarize(
                     for k in ("offered_rps", "p50_seconds", "p99_seconds", "server_cpu_seconds_per_request")
                 }
         for name, entry in by_server.items():
-            entry["max_slo_rps"] = statistics.median(entry["by_visit"])
+            visited = entry.pop("_by_setting").values()
+            per_setting = [[setting, statistics.median(rates)] for setting, rates in visited]
+            entry["by_setting"] = per_setting
+            entry["setting"], entry["max_slo_rps"] = max(per_setting, key=lambda sr: sr[1])
             entry["p99_by_rate"].sort(key=lambda r: r[0])
             limit = (limits or {}).get(name, {}).get(kind)
             if limit:
@@ -954,8 +978,10 @@ def table(summary: dict[str, Any]) -> list[str]:
             if "limit_rps" in entry:
                 limit = f"; {entry['served_to_limit']:.0%} of its in-process {entry['limit_rps']:.0f} rows/s"
             lines.append(f"  {name:18s} {entry['max_slo_rps']:7.1f}/s  (visits {visits}; {p50}{p99}{limit})")
-            if entry.get("settings"):
-                lines.append(f"    setting {entry['settings'][0]}")
+            if entry.get("setting") is not None:
+                others = [f"{r:.0f}/s with {st}" for st, r in entry["by_setting"] if st != entry["setting"]]
+                also = f" (also {'; '.join(others)})" if others else ""
+                lines.append(f"    setting {entry['setting']}{also}")
             tail = ", ".join(
                 f"{r:.3g}:{p * 1000:.0f}" for r, p, _ in entry["p99_by_rate"] if p is not None and p == p
             )
@@ -1111,20 +1137,21 @@ def run_visits(
     model_path: Path, graph: Path, workdir: Path, texts: dict[str, list[str]],
     references: dict[str, dict[str, np.ndarray]],
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """The measured visits of ``args.order``, each a peer with its best setting per text kind
-    (``searches``' ``best``), each search starting at ``starts`` (per server and kind; updated with
-    0.7 of each visit's rate); the visits' figures in order."""
+    """The measured visits of ``args.order``, each a peer with its contending settings per text kind
+    (``searches``' ``contenders``: the best probe's, and the next best's when the probe could not tell
+    them apart), each search starting at ``starts`` (per server and kind; updated with 0.7 of each
+    visit's rate); the visits' figures in order."""
     visits: list[dict[str, Any]] = []
     progress(f"{len(args.order)} visits: {', '.join(args.order)}")
     for i, name in enumerate(args.order, 1):
-        # a peer runs each text kind with its best setting: one start per distinct setting
+        # a peer runs each text kind with each of its contending settings: one start per setting
         runs: list[tuple[dict[str, Any] | None, tuple[str, ...]]] = [(None, TEXT_KINDS)]
         if name in PEERS:
-            tried, best = searches[name]["settings"], searches[name]["best"]
+            tried, chosen = searches[name]["settings"], searches[name]["contenders"]
             by_index: dict[int, tuple[str, ...]] = {}
             for kind in TEXT_KINDS:
-                if kind in best:
-                    by_index[best[kind]] = (*by_index.get(best[kind], ()), kind)
+                for index in chosen.get(kind, []):
+                    by_index[index] = (*by_index.get(index, ()), kind)
             runs = [(tried[index]["setting"], kinds) for index, kinds in by_index.items()]
         for setting, kinds in runs:
             progress(f"visit {i}/{len(args.order)}: starting {name}" + (f" {setting}" if setting else ""))
@@ -1203,6 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
                     searches[name] = {
                         "settings": [{"setting": settings[0]}],
                         "best": dict.fromkeys(TEXT_KINDS, 0),
+                        "contenders": {kind: [0] for kind in TEXT_KINDS},
                     }
                     continue
                 searches[name] = search_peer(

@@ -92,6 +92,19 @@ def test_best_settings_per_kind_first_of_equals_failed_starts_skipped() -> None:
     assert peers.best_settings([{"error": "exited"}]) == {}
 
 
+def test_contenders_add_the_runner_up_when_the_probe_cannot_tell_them_apart() -> None:
+    def tried(sentences: float, passages: float) -> dict[str, Any]:
+        return {"texts": {"sentences": {"max_slo_rps": sentences}, "passages": {"max_slo_rps": passages}}}
+
+    # sentences: 105 and 103 within a ramp step of each other, 50 not; passages: 30 alone (20 * 1.4 < 30)
+    runs = [tried(103, 20), {"setting": {}, "error": "exited"}, tried(105, 30), tried(50, 10)]
+    assert peers.contenders(runs) == {"sentences": [2, 0], "passages": [2]}
+    assert peers.best_settings(runs) == {"sentences": 2, "passages": 2}
+    # exactly one step apart still contends; nothing served: the first setting alone
+    assert peers.contenders([tried(100, 0), tried(100 * peers.STEP, 0)])["sentences"] == [1, 0]
+    assert peers.contenders([tried(0, 0), tried(0, 0)]) == {"sentences": [0], "passages": [0]}
+
+
 def test_same_model_check_against_kubeinfer_answers() -> None:
     a = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
     off = np.array([[1.0, 0.0], [0.1, 1.0]], dtype=np.float32)
@@ -275,6 +288,26 @@ def test_summary_takes_the_median_of_visits_and_the_best_peer_of_each_pair() -> 
     lines = peers.table(summary)
     assert any("pair int8: kubeinfer / litserve-onnx (best peer) x1.38" in line for line in lines)
     assert any("P99 ms by rate: 500:80, 600:80, 600:300, 720:300" in line for line in lines)
+
+
+def test_a_peer_visited_with_two_settings_counts_the_better_settings_median() -> None:
+    a, b = {"parallel_workers": 1}, {"parallel_workers": 2}
+    visits = [
+        _visit("kubeinfer", 500, 100),
+        _visit("mlserver-torch", 70, 9, a),
+        _visit("mlserver-torch", 104, 8, b),
+        _visit("mlserver-torch", 96, 8, b),
+        _visit("kubeinfer", 520, 100),
+    ]
+    summary = peers.summarize(visits)
+    m = summary["sentences"]["servers"]["mlserver-torch"]
+    assert m["by_visit"] == [70, 104, 96] and m["by_setting"] == [[a, 70], [b, 100]]
+    assert m["setting"] == b and m["max_slo_rps"] == 100 and m["settings"] == [a, b, b]
+    assert summary["passages"]["servers"]["mlserver-torch"]["setting"] == a
+    assert summary["sentences"]["servers"]["kubeinfer"]["setting"] is None
+    lines = peers.table(summary)
+    shown = "setting {'parallel_workers': 2} (also 70/s with {'parallel_workers': 1})"
+    assert any(line.strip() == shown for line in lines)
 
 
 def test_summary_skips_a_ratio_and_a_pair_whose_peers_did_not_run_or_served_nothing() -> None:
