@@ -364,14 +364,16 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
             write_termination_message(str(exc))
             return 2
         return await repository.wait()
-    server = RuntimeServer(cfg, config_path=args.config, overrides=overrides_from(args))
+    server = RuntimeServer(
+        cfg, config_path=args.config, overrides=overrides_from(args), freeze_after_load=True
+    )
     await server.start()
     return await server.wait()
 
 
 async def serve_model_process(cfg: RuntimeConfig, address: str) -> int:
     """One model of the model repository mode: load it and serve it at ``address`` only (no port)."""
-    server = RuntimeServer(cfg, ipc_address=address)
+    server = RuntimeServer(cfg, ipc_address=address, freeze_after_load=True)
     await server.start()
     return await server.wait()
 

@@ -43,3 +43,6 @@ def test_a_fetched_onnx_model_is_served_with_its_fetch_figures(
         assert status == 200
         log = rt.log_text()
         assert "model fetched by the init container: 1 file(s)" in log and "startup: fetch " in log
+        # its own process: what the load left is frozen out of garbage collection before ready
+        frozen = re.search(r"; (\d+) objects of the load frozen out of garbage collection", log)
+        assert frozen is not None and int(frozen.group(1)) > 10_000, log

@@ -9,6 +9,7 @@ import functools
 import logging
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -253,3 +254,57 @@ async def test_the_rest_waits_while_a_request_is_in_flight_and_stops_at_the_drai
         server2.close()
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+async def test_a_process_of_its_own_freezes_the_load_out_of_garbage_collection_before_ready(
+    freeze: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = PassesModel()
+    server = served(model, monkeypatch)
+    server._freeze_after_load = freeze
+    calls: list[bool] = []  # ready at each call: the freeze must come before readiness
+
+    def freeze_heap() -> int:  # the real one would freeze this test process's heap
+        calls.append(server.ready)
+        return 268400
+
+    monkeypatch.setattr(server_module, "freeze_heap", freeze_heap)
+    try:
+        with caplog.at_level(logging.INFO, logger="kubeinfer.runtime.server"):
+            await server._load()
+        assert server.ready
+        assert calls == ([False] if freeze else [])
+        frozen = "268400 objects of the load frozen out of garbage collection" in caplog.text
+        assert frozen is freeze, caplog.text
+    finally:
+        server.close()
+
+
+def test_freeze_heap_collects_the_garbage_first_then_freezes_what_is_alive(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = """
+import gc, weakref
+from kubeinfer.runtime.server import freeze_heap
+
+class Node:
+    pass
+
+a, b = Node(), Node()
+a.other, b.other = b, a
+dead = weakref.ref(a)
+del a, b
+kept = [Node() for _ in range(1000)]
+frozen = freeze_heap()
+assert dead() is None, "a garbage cycle was frozen instead of collected"
+assert frozen == gc.get_freeze_count() and frozen > len(kept), frozen
+before = gc.get_freeze_count()
+gc.collect()
+assert gc.get_freeze_count() == before  # a full collection leaves the frozen objects where they are
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr
