@@ -593,7 +593,8 @@ async def run_rate(
 ) -> dict[str, float]:
     """Open-loop Poisson arrivals at ``rate``/s for ``duration`` s; server CPU from /proc: of ``pid`` and
     its children, and of the main thread of ``main_pid`` (default ``pid``: the process running the
-    event loop; granian's worker, a child of its supervisor)."""
+    event loop; granian's worker, a child of its supervisor). The client's garbage collector is paused
+    for the point (``quiet.collector_paused``)."""
     import psutil
 
     proc = psutil.Process(pid)
@@ -615,23 +616,24 @@ async def run_rate(
         else:
             errors[status] += 1
 
-    t_server0, t_front0 = pod_cpu(proc)
-    t_main0 = main_thread_cpu(main_proc)
-    t_client0 = time.process_time()
-    start = loop.time() + 0.02
-    tasks = []
-    for i, offset in enumerate(arrivals.tolist()):
-        at = start + offset
-        delay = at - loop.time()
-        if delay > 0.0005:
-            await asyncio.sleep(delay)
-        tasks.append(loop.create_task(one(i, at)))
-    await asyncio.gather(*tasks)
-    t_server1, t_front1 = pod_cpu(proc)
+    with quiet.collector_paused():  # a collection during the point would read as the server's latency
+        t_server0, t_front0 = pod_cpu(proc)
+        t_main0 = main_thread_cpu(main_proc)
+        t_client0 = time.process_time()
+        start = loop.time() + 0.02
+        tasks = []
+        for i, offset in enumerate(arrivals.tolist()):
+            at = start + offset
+            delay = at - loop.time()
+            if delay > 0.0005:
+                await asyncio.sleep(delay)
+            tasks.append(loop.create_task(one(i, at)))
+        await asyncio.gather(*tasks)
+        t_server1, t_front1 = pod_cpu(proc)
+        main_cpu = main_thread_cpu(main_proc) - t_main0
+        client_cpu = time.process_time() - t_client0
     front_cpu = t_front1 - t_front0
     server_cpu = t_server1 - t_server0 + front_cpu
-    main_cpu = main_thread_cpu(main_proc) - t_main0
-    client_cpu = time.process_time() - t_client0
     n, ok = len(arrivals), len(latencies)
     lat = np.array(latencies) if latencies else np.array([float("inf")])
     return {

@@ -330,3 +330,29 @@ def test_no_committed_result_is_noisy() -> None:
     results = {p.name: json.loads(p.read_text(encoding="utf-8")) for p in (BENCH / "results").glob("*.json")}
     noisy = sorted(name for name, result in results.items() if result.get("noisy", False) is not False)
     assert noisy == [], f"noisy results committed under bench/results/: {noisy}"
+
+
+def test_collector_paused_collects_first_keeps_the_collector_off_inside_and_restores_it() -> None:
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    def garbage_cycle() -> weakref.ref[Node]:
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # type: ignore[attr-defined]
+        return weakref.ref(a)
+
+    before = garbage_cycle()
+    assert gc.isenabled()
+    with quiet.collector_paused():
+        assert before() is None  # the full collection ran before the block
+        assert not gc.isenabled()
+        inside = garbage_cycle()
+        for _ in range(2000):  # far past the first generation's threshold
+            Node()
+        assert inside() is not None  # no collection ran inside
+    assert gc.isenabled()
+    gc.collect()
+    assert inside() is None
