@@ -43,7 +43,7 @@ from kubeinfer.runtime.dataplane import Decoder, check_model, decode_off_loop, i
 from kubeinfer.runtime.errors import CLIENT_CLOSED, InferenceError
 from kubeinfer.runtime.grpc_server import create_grpc_server
 from kubeinfer.runtime.openai_api import OpenAIRoutes
-from kubeinfer.runtime.process import event_loop_factory, raise_open_files_limit
+from kubeinfer.runtime.process import event_loop_factory, freeze_heap, raise_open_files_limit
 from kubeinfer.runtime.rest import RestApp, UvicornServer, listen_socket, uvicorn_config
 
 log = logging.getLogger(__name__)
@@ -223,14 +223,16 @@ async def serve(cfg: RuntimeConfig, address: str, index: int) -> int:
         handshake_timeout=cfg.server.header_timeout_seconds,
     )
     await grpc_server.start()
+    frozen = freeze_heap()
     await client.send(ipc.Header(op="hello", pid=os.getpid(), code=index))
     log.info(
-        "front end %d listening on %s:%d, gRPC :%d (pid %d)",
+        "front end %d listening on %s:%d, gRPC :%d (pid %d; %d objects frozen out of garbage collection)",
         index,
         cfg.server.host,
         cfg.server.port,
         cfg.server.grpc_port,
         os.getpid(),
+        frozen,
     )
     try:
         await server.serve(sockets=[sock])  # until SIGTERM: uvicorn finishes the requests in flight

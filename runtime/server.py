@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import threading
@@ -37,6 +36,7 @@ from kubeinfer.runtime.frontend_pool import DRAIN_LINGER_SECONDS, FrontEndPool
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.models import REPORT_WARMUP_SECONDS, ServableModel, load_model
 from kubeinfer.runtime.models.base import WarmupPass, first_request_passes, run_warmup
+from kubeinfer.runtime.process import freeze_heap
 from kubeinfer.runtime.reload import ConfigWatcher
 from kubeinfer.runtime.service_time import calibrate_model
 from kubeinfer.runtime.startup import (
@@ -462,23 +462,6 @@ class RuntimeServer:
     def close(self) -> None:
         """Stop the batcher's threads."""
         self.plane.close()
-
-
-def freeze_heap() -> int:
-    """One full garbage collection, then every object alive moved to the collector's permanent
-    generation (``gc.freeze``); returns how many. Called once the model is loaded and warmed up, before
-    the runtime answers ready, in a process that is the runtime's alone (``freeze_after_load``).
-
-    What a load leaves (the engine's and the tokenizer's libraries, the model's Python objects: about
-    268,000 objects for MiniLM on ONNX Runtime int8) lives as long as the process, yet every full
-    collection would walk it again: 64 to 69 ms under load with the event loop and the executors'
-    Python stopped, about every 15 s at 1,000 requests/s, each a step in P99 (74 to 112 ms where one
-    fell, 25 to 40 ms elsewhere; docs/runtime.md, Cold start). Frozen, one takes 0.2 ms. Nothing frozen is
-    freed by the collector (reference counting still frees what is in no cycle); a model process
-    serves one model for its life, so nothing of an unloaded model is held by this."""
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 def rest_app(plane: DataPlane, cfg: RuntimeConfig) -> RestApp:

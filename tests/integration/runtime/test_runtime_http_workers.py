@@ -67,6 +67,10 @@ def test_two_front_ends_share_the_port_and_tritonclient_works_unchanged(runtime:
     pids = _frontends(runtime)
     assert sorted(pids) == [0, 1] and all(psutil.pid_exists(p) for p in pids.values())
     assert {p.pid for p in psutil.Process(runtime.pid).children()} == set(pids.values())
+    # each front end, once started, froze its heap out of garbage collection, and so did the model process
+    frozen = re.findall(r"front end \d+ listening on .*; (\d+) objects frozen", runtime.log_text())
+    assert len(frozen) >= 2 and all(int(n) > 10_000 for n in frozen), runtime.log_text()
+    assert "objects of the load frozen out of garbage collection" in runtime.log_text()
     client = httpclient.InferenceServerClient(runtime.address, concurrency=16)
     texts = [f"sentence number {i}" for i in range(32)]
     for binary in (True, False):

@@ -287,7 +287,7 @@ def test_freeze_heap_collects_the_garbage_first_then_freezes_what_is_alive(tmp_p
 
     code = """
 import gc, weakref
-from kubeinfer.runtime.server import freeze_heap
+from kubeinfer.runtime.process import freeze_heap
 
 class Node:
     pass
