@@ -338,8 +338,21 @@ def first_char(text: bytes | bytearray | memoryview) -> int:
     return _first_char(_bytes(text))
 
 
+def _small(text: bytes | bytearray | memoryview) -> bytes | None:
+    """``text`` as ``bytes`` when it is at most one block (a copy of a few KB, or none for ``bytes``),
+    else None: ``bytes.count`` is then cheaper than numpy's per-call cost (0.1 against 1.9 µs a count
+    for a 130-byte request), and holds the interpreter for at most a block's time."""
+    if isinstance(text, bytes):
+        return text if len(text) <= BLOCK_BYTES else None
+    view = memoryview(text).cast("B")
+    return view.tobytes() if len(view) <= BLOCK_BYTES else None
+
+
 def count_byte(text: bytes | bytearray | memoryview, byte: int) -> int:
-    """How many times ``byte`` occurs in ``text`` (in blocks: no copy of the text)."""
+    """How many times ``byte`` occurs in ``text`` (over a block: in blocks, with no copy of the text)."""
+    small = _small(text)
+    if small is not None:
+        return small.count(byte)
     data = _bytes(text)
     return sum(
         int(np.count_nonzero(data[start : start + BLOCK_BYTES] == byte))
@@ -351,4 +364,7 @@ def upper_bound(text: bytes | bytearray | memoryview) -> int:
     """At least as many as the values a parser builds for the JSON text ``text``: one, plus one per
     comma, colon (an object's key), bracket and brace (a container of k values holds k - 1 commas),
     wherever they are (in strings too). Four byte counts: cheap next to ``scan``."""
+    small = _small(text)
+    if small is not None:
+        return 1 + sum(small.count(c) for c in (_COMMA, _COLON, _OPEN[0], _OPEN[1]))
     return 1 + sum(count_byte(text, c) for c in (_COMMA, _COLON, _OPEN[0], _OPEN[1]))

@@ -380,6 +380,20 @@ def test_the_scan_counts_exactly_across_block_boundaries(block: int, monkeypatch
         assert jsonscan.upper_bound(text) >= counts.values
 
 
+@pytest.mark.parametrize("block", [1, 7, 64, jsonscan.BLOCK_BYTES])
+def test_byte_counts_are_exact_in_one_block_and_in_many(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a text of at most a block is counted with bytes.count, a longer one in numpy blocks: same counts
+    monkeypatch.setattr(jsonscan, "BLOCK_BYTES", block)
+    rng = random.Random(block)
+    for _ in range(100):
+        text = json.dumps([_random_value(rng, 1) for _ in range(rng.randint(0, 8))]).encode()
+        wanted = {c: text.count(c) for c in b',:[{"'}
+        bound = 1 + sum(wanted[c] for c in b",:[{")
+        for given in (text, bytearray(text), memoryview(bytearray(text)), memoryview(text)[: len(text)]):
+            assert {c: jsonscan.count_byte(given, c) for c in wanted} == wanted, (block, text)
+            assert jsonscan.upper_bound(given) == bound, (block, text)
+
+
 def test_escaped_quotes_and_backslash_runs_are_told_apart() -> None:
     texts = ['\\"', "\\\\", '\\\\"', "\\\\\\", '"', "x\\"]
     text = json.dumps(texts).encode()
