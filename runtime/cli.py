@@ -53,7 +53,7 @@ from kubeinfer.runtime.fetch import FetchError, FetchOptions
 from kubeinfer.runtime.fetch.context import DEFAULT_CONNECT_TIMEOUT, DEFAULT_RETRIES, DEFAULT_STALL_TIMEOUT
 from kubeinfer.runtime.fetch.progress import megabytes
 from kubeinfer.runtime.fetch.redact import redact_text, redact_url, secrets_from, strip_credentials
-from kubeinfer.runtime.process import event_loop_factory, raise_open_files_limit
+from kubeinfer.runtime.process import event_loop_factory, freeze_heap, raise_open_files_limit
 from kubeinfer.runtime.server import RuntimeServer
 from kubeinfer.runtime.termination import write_termination_message
 
@@ -363,6 +363,8 @@ async def serve(cfg: RuntimeConfig, args: argparse.Namespace) -> int:
             log.error("%s", exc)
             write_termination_message(str(exc))
             return 2
+        # this process serves every model's HTTP and gRPC: its start's objects leave full collections
+        log.info("%d objects of the started server frozen out of garbage collection", freeze_heap())
         return await repository.wait()
     server = RuntimeServer(
         cfg, config_path=args.config, overrides=overrides_from(args), freeze_after_load=True

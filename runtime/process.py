@@ -48,7 +48,7 @@ def freeze_heap() -> int:
     """One full garbage collection, then every object alive moved to the collector's permanent
     generation (``gc.freeze``); returns how many. A model process calls it once the model is loaded
     and warmed up, before it answers ready (``RuntimeServer``'s ``freeze_after_load``), a front end
-    once its servers are started.
+    and the model repository's serving process once their servers are started.
 
     What a load leaves (the engine's and the tokenizer's libraries, the model's Python objects: about
     268,000 objects for MiniLM on ONNX Runtime int8) lives as long as the process, yet every full

@@ -199,6 +199,10 @@ def test_concurrent_first_requests_share_one_load(runtime: RuntimeProcess) -> No
     # the model process's request metrics are on the pod's /metrics (a pool's autoscaler reads them)
     assert _metric(runtime, "kubeinfer_requests_total", model="a", code="200") >= 8
     assert _metric(runtime, "kubeinfer_request_duration_seconds_count", model="a") >= 8
+    # the serving process froze its start's objects out of garbage collection, each model process its load's
+    log = runtime.log_text()
+    assert "objects of the started server frozen out of garbage collection" in log, log[-3000:]
+    assert "objects of the load frozen out of garbage collection" in log, log[-3000:]
 
 
 def test_a_broken_model_fails_alone_with_its_name_and_cause(runtime: RuntimeProcess) -> None:
