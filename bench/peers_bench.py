@@ -69,7 +69,9 @@ server's previous visit or of its best setting's probe) up by x1.4 per ``--step-
 point misses the SLO (P99 >= 100 ms or under 99 % answered 200), then ``--refine`` rounds of bisection
 at geometric midpoints, ``--refine-seconds`` each. A start that misses halves the rate until one
 passes. Every point keeps P50, P99, the throughput, errors, and the server's CPU seconds per request
-(its whole process tree, psutil).
+(its whole process tree, psutil). The client's own garbage collector is paused during each point
+(``quiet.collector_paused``): this process holds sentence-transformers, and a full collection of it
+stopped the client's event loop 136 to 152 ms, read as the server's P99.
 
 **Figures** (``summarize``): per text kind, each server's highest rate at the SLO (the median of its
 visits with its best setting, and each visit's), the P99 at every rate it was offered
