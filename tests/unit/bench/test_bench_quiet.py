@@ -350,9 +350,9 @@ def test_collector_paused_collects_first_keeps_the_collector_off_inside_and_rest
         assert before() is None  # the full collection ran before the block
         assert not gc.isenabled()
         inside = garbage_cycle()
-        for _ in range(2000):  # far past the first generation's threshold
-            Node()
+        kept = [Node() for _ in range(5000)]  # alive: far past the first generation's threshold (700)
         assert inside() is not None  # no collection ran inside
+        del kept
     assert gc.isenabled()
     gc.collect()
     assert inside() is None
