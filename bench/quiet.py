@@ -19,9 +19,9 @@ Used by every script of bench/ that measures (``quiet_run``); none copies it.
 - **The client's own pauses** (``collector_paused``): every load generator of bench/ runs each measured
   point with its own cyclic garbage collector off (one full collection before): a collection of the
   client's heap stops its event loop, and every request in flight reads that stop as the server's
-  latency (the peers bench's client, sentence-transformers loaded, 511,000 objects: 136 to 152 ms a
-  full collection, one in most 6 s points at 900 to 1,200 requests/s, P99 170 to 260 ms where the
-  point without one read 28 ms).
+  latency (a development measurement of the peers bench's client, sentence-transformers loaded,
+  511,000 objects: 136 to 152 ms a full collection, one in most 6 s points at 900 to 1,200
+  requests/s, P99 170 to 260 ms where the point without one read 28 ms).
 - **The record** (``QuietRun.fields``): ``noisy`` and ``machine``: CPU model, core counts, the load
   averages (1, 5, 15 min) before and after, the limit, how the check went, the lock and how long it
   was waited for.

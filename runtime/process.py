@@ -53,8 +53,8 @@ def freeze_heap() -> int:
     What a load leaves (the engine's and the tokenizer's libraries, the model's Python objects: about
     268,000 objects for MiniLM on ONNX Runtime int8) lives as long as the process, yet every full
     collection would walk it again: 64 to 69 ms under load with the event loop and the executors'
-    Python stopped, about every 15 s at 1,000 requests/s, each a step in P99 (74 to 112 ms where one
-    fell, 25 to 40 ms elsewhere; docs/runtime.md, Cold start). Frozen, one takes 0.2 ms. Nothing frozen is
+    Python stopped, about every 15 s at 1,000 requests/s, each a step in P99 (a development
+    measurement; docs/runtime.md, Cold start, says how). Frozen, one takes 0.2 ms. Nothing frozen is
     freed by the collector (reference counting still frees what is in no cycle); a model process
     serves one model for its life, so nothing of an unloaded model is held by this."""
     gc.collect()
